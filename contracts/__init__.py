@@ -1,0 +1,53 @@
+"""Contracts: pure data and rules (attrs/cattrs/stdlib only), shared by every executor."""
+
+from .admission import AdmissionCertificate, admission_problems, check_admission
+from .capabilities import BackendCapabilities
+from .enums import (
+    ALL_AXES,
+    DERIVED_AXES,
+    KNOWN_PRECISIONS,
+    PHYSICAL_AXES,
+    CollectiveKind,
+    ParallelAxis,
+    PayloadKind,
+    StateLayout,
+)
+from .errors import CapabilityError, ContractError, MissingExtraError, NotAdmittedError
+from .evidence import NumericsEvidence, ObservedCollective, SDCAuditRecord, Tolerance
+from .frozen_mapping import FrozenDict
+from .plan import (
+    MeshCoordinate,
+    MeshShape,
+    ParallelPlan,
+    WorkerTopologyAttestation,
+    attest_worker_coordinate,
+)
+from .protocols import AdmissibleExecutor, TrainingBackend
+from .receipts import StepReceipt, TorchSessionState
+from .resources import DeviceSpec, Resources
+from .serialization import (
+    CONTRACT_TYPES,
+    SCHEMA_VERSION,
+    canonical_json,
+    content_digest,
+    converter,
+    from_dict,
+    from_json,
+    json_schema,
+    register_contract,
+    to_dict,
+    to_json,
+)
+from .updates import DistributedUpdate, ParameterLayout
+
+__all__ = [
+    "ALL_AXES", "AdmissibleExecutor", "AdmissionCertificate", "BackendCapabilities", "CONTRACT_TYPES",
+    "CapabilityError", "CollectiveKind", "ContractError", "DERIVED_AXES", "DeviceSpec",
+    "DistributedUpdate", "FrozenDict", "KNOWN_PRECISIONS", "MeshCoordinate", "MeshShape",
+    "MissingExtraError", "NotAdmittedError", "NumericsEvidence", "ObservedCollective", "PHYSICAL_AXES",
+    "ParallelAxis", "ParallelPlan", "ParameterLayout", "PayloadKind", "Resources", "SCHEMA_VERSION",
+    "SDCAuditRecord", "StateLayout", "StepReceipt", "Tolerance", "TorchSessionState", "TrainingBackend",
+    "WorkerTopologyAttestation", "admission_problems", "attest_worker_coordinate", "canonical_json",
+    "check_admission", "content_digest", "converter", "from_dict", "from_json", "json_schema",
+    "register_contract", "to_dict", "to_json",
+]

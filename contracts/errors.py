@@ -1,0 +1,41 @@
+"""Exceptions shared by every layer: what was wrong and what to do about it."""
+
+from __future__ import annotations
+
+
+class ContractError(ValueError):
+    """A document or value does not satisfy a contract; the message names the field path."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class CapabilityError(ValueError):
+    """A plan or precision asks a backend for something it does not execute."""
+
+
+class NotAdmittedError(RuntimeError):
+    """An executor was asked to run on a real device mesh without an accepted certificate."""
+
+    def __init__(self, reasons: tuple[str, ...] | list[str] | str) -> None:
+        if isinstance(reasons, str):
+            reasons = (reasons,)
+        self.reasons = tuple(reasons)
+        detail = "; ".join(self.reasons)
+        super().__init__(
+            f"not admitted: {detail}. Certify this executor and plan family with "
+            "`mixle-parallel certify` (or verification.certify) and pass the certificate, "
+            "or pass admission='unverified' to run anyway with that recorded in every receipt."
+        )
+
+
+class MissingExtraError(ImportError):
+    """An optional engine is not installed; the message names the extra that installs it."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        self.module = module
+        self.extra = extra
+        super().__init__(
+            f"{module} is not installed; install it with `pip install 'mixle-parallel[{extra}]'`"
+        )

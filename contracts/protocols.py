@@ -1,0 +1,29 @@
+"""Structural types for executors, so verification works on objects without importing executors."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from .capabilities import BackendCapabilities
+from .plan import ParallelPlan
+from .updates import DistributedUpdate
+
+
+@runtime_checkable
+class AdmissibleExecutor(Protocol):
+    """Anything with a capability declaration and a version can be certified and admitted."""
+
+    @property
+    def capabilities(self) -> BackendCapabilities: ...
+
+    @property
+    def version(self) -> str: ...
+
+
+@runtime_checkable
+class TrainingBackend(AdmissibleExecutor, Protocol):
+    """A training executor: declares its updates and prepares a session for a module and plan."""
+
+    def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]: ...
+
+    def prepare(self, module: Any, *, plan: ParallelPlan, **kwargs: Any) -> Any: ...

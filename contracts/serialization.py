@@ -1,0 +1,350 @@
+"""The one cattrs converter: versioned JSON envelopes, strict types, errors that name the field path."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+from cattrs.errors import (
+    AttributeValidationNote,
+    BaseValidationError,
+    ClassValidationError,
+    IterableValidationNote,
+)
+from cattrs.gen import make_dict_structure_fn
+from cattrs.v import format_exception
+
+from .admission import AdmissionCertificate
+from .capabilities import BackendCapabilities
+from .errors import ContractError
+from .evidence import NumericsEvidence, ObservedCollective, SDCAuditRecord, Tolerance
+from .frozen_mapping import FrozenDict, thaw_json
+from .plan import MeshCoordinate, MeshShape, ParallelPlan, WorkerTopologyAttestation
+from .receipts import StepReceipt, TorchSessionState
+from .resources import DeviceSpec, Resources
+from .updates import DistributedUpdate, ParameterLayout
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+"""Version written in every envelope; documents of another version are refused."""
+
+CONTRACT_TYPES: dict[str, type] = {}
+"""Every contract that can travel as a JSON document, by kind name."""
+
+
+def register_contract(cls: type[T]) -> type[T]:
+    """Make an attrs class a document kind (its class name) of the one converter."""
+    if not attrs.has(cls):
+        raise TypeError(f"{cls!r} is not an attrs class")
+    current = CONTRACT_TYPES.get(cls.__name__)
+    if current is not None and current is not cls:
+        raise ValueError(f"contract kind {cls.__name__!r} is already registered to {current!r}")
+    attrs.resolve_types(cls)
+    CONTRACT_TYPES[cls.__name__] = cls
+    return cls
+
+
+for _cls in (
+    ParallelPlan, MeshShape, MeshCoordinate, WorkerTopologyAttestation, BackendCapabilities,
+    DistributedUpdate, ParameterLayout, StepReceipt, TorchSessionState, DeviceSpec, Resources,
+    Tolerance, ObservedCollective, NumericsEvidence, SDCAuditRecord, AdmissionCertificate,
+):
+    register_contract(_cls)
+
+
+# ---- strict primitive hooks -----------------------------------------------------------------
+def _type_error(expected: str, value: Any) -> TypeError:
+    return TypeError(f"expected {expected}, got {type(value).__name__} ({value!r})")
+
+
+def _structure_int(value: Any, _: type) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _type_error("an integer", value)
+    return value
+
+
+def _structure_float(value: Any, _: type) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _type_error("a number", value)
+    return float(value)
+
+
+def _structure_str(value: Any, _: type) -> str:
+    if not isinstance(value, str):
+        raise _type_error("a string", value)
+    return value
+
+
+def _structure_bool(value: Any, _: type) -> bool:
+    if not isinstance(value, bool):
+        raise _type_error("true or false", value)
+    return value
+
+
+def _structure_frozen_dict(value: Any, _: type) -> FrozenDict:
+    if not isinstance(value, Mapping):
+        raise _type_error("an object", value)
+    return FrozenDict(value)
+
+
+def _is_sequence_type(tp: Any) -> bool:
+    return typing.get_origin(tp) in (tuple, frozenset)
+
+
+def _sequence_hook(converter: cattrs.Converter):  # noqa: ANN202 - hook factory
+    def factory(tp: Any) -> Any:
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        homogeneous = origin is frozenset or (len(args) == 2 and args[1] is Ellipsis)
+        item_types = [args[0]] if homogeneous else list(args)
+
+        def structure(value: Any, _: Any) -> Any:
+            if not isinstance(value, list):
+                raise _type_error("an array", value)
+            if not homogeneous and len(value) != len(item_types):
+                raise ValueError(f"expected an array of {len(item_types)} items, got {len(value)}")
+            items, errors = [], []
+            for i, item in enumerate(value):
+                item_type = item_types[0] if homogeneous else item_types[i]
+                try:
+                    items.append(converter.structure(item, item_type))
+                except Exception as exc:  # noqa: BLE001 - re-raised with the index as a note
+                    exc.__notes__ = [*getattr(exc, "__notes__", []),
+                                      IterableValidationNote(f"Structuring item @ index {i}", i, item_type)]
+                    errors.append(exc)
+            if errors:
+                raise cattrs.IterableValidationError(f"while structuring {tp!r}", errors, tp)
+            return frozenset(items) if origin is frozenset else tuple(items)
+
+        return structure
+
+    return factory
+
+
+def _all_fields_required(converter: cattrs.Converter):  # noqa: ANN202 - hook factory
+    """Documents spell out every field, defaults included: a missing key is an error, not a default."""
+
+    def factory(cls: type) -> Any:
+        attrs.resolve_types(cls)
+        generated = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True)
+        names = [f.name for f in attrs.fields(cls) if f.init]
+
+        def structure(value: Any, _: Any) -> Any:
+            if not isinstance(value, Mapping):
+                raise _type_error(f"a {cls.__name__} object", value)
+            missing = [n for n in names if n not in value]
+            if missing:
+                errors = []
+                for name in missing:
+                    exc = KeyError(name)
+                    exc.__notes__ = [AttributeValidationNote(
+                        f"Structuring class {cls.__qualname__} @ attribute {name}", name, None)]
+                    errors.append(exc)
+                raise ClassValidationError(f"While structuring {cls.__name__}", errors, cls)
+            return generated(value, cls)
+
+        return structure
+
+    return factory
+
+
+def _describe(exc: BaseException, tp: Any) -> str:
+    """cattrs' wording for type faults, the validator's own message for rule faults."""
+    if isinstance(exc, (ValueError, TypeError)) and str(exc) and not isinstance(exc, KeyError):
+        return str(exc)
+    return format_exception(exc, tp)
+
+
+def _canonical_sort_key(item: Any) -> str:
+    return json.dumps(item, sort_keys=True)
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    # Exact-type predicates: a StrEnum is a str subclass and must reach the enum hook below.
+    for primitive, hook in ((int, _structure_int), (float, _structure_float),
+                            (str, _structure_str), (bool, _structure_bool)):
+        conv.register_structure_hook_func(lambda t, p=primitive: t is p, hook)
+    conv.register_structure_hook(FrozenDict, _structure_frozen_dict)
+    conv.register_unstructure_hook(FrozenDict, thaw_json)
+
+    def structure_enum(value: Any, cls: type[enum.Enum]) -> enum.Enum:
+        if not isinstance(value, str):
+            raise _type_error(f"a {cls.__name__} name", value)
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not a {cls.__name__}; allowed: {[m.value for m in cls]}"
+            ) from None
+
+    conv.register_structure_hook(enum.Enum, structure_enum)
+    conv.register_unstructure_hook_func(
+        lambda t: isinstance(t, type) and issubclass(t, enum.Enum), lambda e: e.value
+    )
+    conv.register_structure_hook_factory(_is_sequence_type, _sequence_hook(conv))
+    conv.register_structure_hook_factory(attrs.has, _all_fields_required(conv))
+
+    def unstructure_frozenset(value: frozenset[Any]) -> list[Any]:
+        return sorted((conv.unstructure(v) for v in value), key=_canonical_sort_key)
+
+    conv.register_unstructure_hook_func(
+        lambda t: t is frozenset or typing.get_origin(t) is frozenset, unstructure_frozenset
+    )
+    return conv
+
+
+converter = _make_converter()
+"""The project's one converter; use it (or the functions below) for every contract."""
+
+
+def _kind_of(cls: type) -> str:
+    if cls.__name__ not in CONTRACT_TYPES or CONTRACT_TYPES[cls.__name__] is not cls:
+        raise TypeError(
+            f"{cls.__name__} is not a registered contract; known kinds: {sorted(CONTRACT_TYPES)}"
+        )
+    return cls.__name__
+
+
+def unstructure(obj: Any) -> Any:
+    """The plain JSON data of a contract (no envelope)."""
+    return converter.unstructure(obj)
+
+
+def _errors_as_text(exc: BaseException, root: str) -> tuple[str, str]:
+    if isinstance(exc, BaseValidationError):
+        messages = cattrs.transform_error(exc, path=root, format_exception=_describe)
+        first = messages[0] if messages else str(exc)
+        path = first.rsplit(" @ ", 1)[1] if " @ " in first else root
+        return "; ".join(messages), path
+    return str(exc), root
+
+
+def structure(data: Any, cls: type[T], *, path: str = "$") -> T:
+    """Build a contract from its plain JSON data (no envelope); ContractError on any fault."""
+    try:
+        return converter.structure(data, cls)
+    except (BaseValidationError, ValueError, TypeError, KeyError) as exc:
+        if isinstance(exc, ContractError):
+            raise
+        message, where = _errors_as_text(exc, path)
+        raise ContractError(f"invalid {cls.__name__} document: {message}", path=where) from exc
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """The versioned envelope ``{"kind", "version", "data"}`` of a contract."""
+    return {"kind": _kind_of(type(obj)), "version": SCHEMA_VERSION, "data": unstructure(obj)}
+
+
+def from_dict(document: Any, cls: type[T]) -> T:
+    """Inverse of ``to_dict``: check the envelope, then structure ``data`` strictly."""
+    kind = _kind_of(cls)
+    if not isinstance(document, Mapping):
+        raise ContractError(f"expected a {kind} document (an object), got {type(document).__name__}", path="$")
+    keys = set(document)
+    if keys != {"kind", "version", "data"}:
+        extra, missing = sorted(keys - {"kind", "version", "data"}), sorted({"kind", "version", "data"} - keys)
+        raise ContractError(
+            f"a document envelope has exactly kind, version, data; missing {missing}, unknown {extra}", path="$"
+        )
+    if document["kind"] != kind:
+        raise ContractError(f"expected a {kind} document, got kind {document['kind']!r}", path="$.kind")
+    version = document["version"]
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
+        raise ContractError(
+            f"document version {version!r} is not supported (this library reads version {SCHEMA_VERSION})",
+            path="$.version",
+        )
+    return structure(document["data"], cls, path="$.data")
+
+
+def to_json(obj: Any, **kwargs: Any) -> str:
+    """Serialize a contract to a JSON document; ``kwargs`` go to ``json.dumps`` (e.g. indent)."""
+    kwargs.setdefault("sort_keys", True)
+    return json.dumps(to_dict(obj), **kwargs)
+
+
+def from_json(text: str | bytes, cls: type[T]) -> T:
+    """Parse a JSON document produced by ``to_json``."""
+    try:
+        document = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ContractError(f"not valid JSON: {exc}", path="$") from None
+    return from_dict(document, cls)
+
+
+def canonical_json(obj: Any) -> str:
+    """The canonical text of a contract: sorted keys, no spaces; the input of every digest."""
+    return json.dumps(to_dict(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def content_digest(obj: Any) -> str:
+    """``sha256:<hex>`` of the canonical JSON: a content address."""
+    return "sha256:" + hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()
+
+
+# ---- JSON Schema ----------------------------------------------------------------------------
+def _schema_of(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is type(None):
+        return {"type": "null"}
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is str:
+        return {"type": "string"}
+    if tp is FrozenDict:
+        return {"type": "object"}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"type": "string", "enum": [m.value for m in tp]}
+    if origin in (typing.Union, types.UnionType):
+        return {"anyOf": [_schema_of(a, defs) for a in args]}
+    if origin is frozenset:
+        return {"type": "array", "uniqueItems": True, "items": _schema_of(args[0], defs)}
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return {"type": "array", "items": _schema_of(args[0], defs)}
+        return {
+            "type": "array", "prefixItems": [_schema_of(a, defs) for a in args],
+            "minItems": len(args), "maxItems": len(args),
+        }
+    if isinstance(tp, type) and attrs.has(tp):
+        if tp.__name__ not in defs:
+            defs[tp.__name__] = {}  # placeholder against recursion
+            attrs.resolve_types(tp)
+            fields = attrs.fields(tp)
+            defs[tp.__name__] = {
+                "type": "object",
+                "description": (tp.__doc__ or "").strip().splitlines()[0] if tp.__doc__ else "",
+                "properties": {f.name: _schema_of(f.type, defs) for f in fields},
+                "required": [f.name for f in fields if f.default is attrs.NOTHING],
+                "additionalProperties": False,
+            }
+        return {"$ref": f"#/$defs/{tp.__name__}"}
+    raise TypeError(f"no JSON Schema for type {tp!r}")  # pragma: no cover - guarded by a test
+
+
+def json_schema(cls: type) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a contract's document, envelope included."""
+    kind = _kind_of(cls)
+    defs: dict[str, Any] = {}
+    ref = _schema_of(cls, defs)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": kind,
+        "type": "object",
+        "properties": {"kind": {"const": kind}, "version": {"const": SCHEMA_VERSION}, "data": ref},
+        "required": ["kind", "version", "data"],
+        "additionalProperties": False,
+        "$defs": defs,
+    }

@@ -1,0 +1,129 @@
+"""Name -> executor registries: built-ins register the same way a third party does."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any, Callable
+
+_lock = threading.RLock()
+_training_backends: dict[str, Any] = {}
+_training_is_factory: dict[str, bool] = {}
+_encoded_data_backends: dict[str, Callable[..., Any]] = {}
+
+
+def normalize_backend_name(name: str) -> str:
+    """Canonical registry key: stripped, lower-case, '-' replaced by '_'."""
+    if not isinstance(name, str):
+        raise TypeError(f"backend name must be a str, got {type(name).__name__} ({name!r})")
+    key = name.strip().lower().replace("-", "_")
+    if not key:
+        raise ValueError("backend name must be a non-empty string, got an empty or blank name")
+    return key
+
+
+def _is_lazy_factory(backend: Any) -> bool:
+    """A class or a plain callable without ``prepare`` is a factory, an object with it is an instance."""
+    return inspect.isclass(backend) or (callable(backend) and not hasattr(backend, "prepare"))
+
+
+def register_training_backend(name: str, backend: Any, *, override: bool = False) -> None:
+    """Register a backend instance or a lazy zero-argument factory under ``name``.
+
+    Re-registering the identical object is a no-op; a different object under a taken name is a
+    ``ValueError`` unless ``override=True``.
+    """
+    key = normalize_backend_name(name)
+    with _lock:
+        current = _training_backends.get(key)
+        if current is not None and current is not backend and not override:
+            raise ValueError(
+                f"training backend {key!r} is already registered to {current!r}; "
+                "pass override=True to replace it deliberately"
+            )
+        _training_backends[key] = backend
+        _training_is_factory[key] = _is_lazy_factory(backend)
+
+
+def get_training_backend(name: str) -> Any:
+    """Resolve a registered backend, calling a lazy zero-argument factory once."""
+    key = normalize_backend_name(name)
+    with _lock:
+        if key not in _training_backends:
+            raise KeyError(
+                f"unknown training backend {name!r}; available: "
+                f"{', '.join(available_training_backends()) or '(none)'}"
+            )
+        if _training_is_factory[key]:
+            _training_backends[key] = _training_backends[key]()
+            _training_is_factory[key] = False
+        return _training_backends[key]
+
+
+def available_training_backends() -> tuple[str, ...]:
+    """Names of every registered training backend, sorted."""
+    with _lock:
+        return tuple(sorted(_training_backends))
+
+
+def register_encoded_data_backend(
+    name: str,
+    factory: Callable[..., Any],
+    aliases: tuple[str, ...] | list[str] = (),
+    *,
+    override: bool = False,
+) -> None:
+    """Register ``factory(data, **params) -> handle`` under ``name`` and every alias.
+
+    A name or alias bound to a different factory is a ``ValueError`` unless ``override=True``;
+    re-registering the identical factory is a no-op. Nothing is bound when any key collides.
+    """
+    if not callable(factory):
+        raise TypeError(f"encoded-data backend factory for {name!r} must be callable, got {factory!r}")
+    if isinstance(aliases, str):
+        raise TypeError(f"aliases must be a sequence of names, got the string {aliases!r}")
+    keys = [normalize_backend_name(name)] + [normalize_backend_name(a) for a in aliases]
+    with _lock:
+        if not override:
+            for key in keys:
+                current = _encoded_data_backends.get(key)
+                if current is not None and current is not factory:
+                    raise ValueError(
+                        f"encoded-data backend {key!r} is already registered to {current!r}; "
+                        "pass override=True to replace it deliberately"
+                    )
+        for key in keys:
+            _encoded_data_backends[key] = factory
+
+
+def get_encoded_data_backend(name: str) -> Callable[..., Any]:
+    """The factory registered under ``name`` (or one of its aliases)."""
+    key = normalize_backend_name(name)
+    with _lock:
+        try:
+            return _encoded_data_backends[key]
+        except KeyError:
+            raise KeyError(
+                f"unknown encoded-data backend {name!r}; available: "
+                f"{', '.join(available_encoded_data_backends()) or '(none)'}"
+            ) from None
+
+
+def available_encoded_data_backends() -> tuple[str, ...]:
+    """Every registered encoded-data backend name and alias, sorted."""
+    with _lock:
+        return tuple(sorted(_encoded_data_backends))
+
+
+def unregister_training_backend(name: str) -> None:
+    """Remove a training backend (for tests and hot-swapping); unknown names are ignored."""
+    key = normalize_backend_name(name)
+    with _lock:
+        _training_backends.pop(key, None)
+        _training_is_factory.pop(key, None)
+
+
+def unregister_encoded_data_backend(name: str) -> None:
+    """Remove one encoded-data backend key (for tests); unknown names are ignored."""
+    with _lock:
+        _encoded_data_backends.pop(normalize_backend_name(name), None)

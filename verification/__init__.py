@@ -1,0 +1,1 @@
+"""Verification: evidence machinery that works on executor objects typed by the contracts' protocols."""
