@@ -168,10 +168,9 @@ def _canonical_sort_key(item: Any) -> str:
 
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
-    # Exact-type predicates: a StrEnum is a str subclass and must reach the enum hook below.
     for primitive, hook in ((int, _structure_int), (float, _structure_float),
                             (str, _structure_str), (bool, _structure_bool)):
-        conv.register_structure_hook_func(lambda t, p=primitive: t is p, hook)
+        conv.register_structure_hook(primitive, hook)
     conv.register_structure_hook(FrozenDict, _structure_frozen_dict)
     conv.register_unstructure_hook(FrozenDict, thaw_json)
 
@@ -185,7 +184,9 @@ def _make_converter() -> cattrs.Converter:
                 f"{value!r} is not a {cls.__name__}; allowed: {[m.value for m in cls]}"
             ) from None
 
-    conv.register_structure_hook(enum.Enum, structure_enum)
+    # StrEnum/IntEnum come before str/int in their MRO, so enums reach this hook, not the strict str one.
+    for base in (enum.Enum, enum.StrEnum, enum.IntEnum):
+        conv.register_structure_hook(base, structure_enum)
     conv.register_unstructure_hook_func(
         lambda t: isinstance(t, type) and issubclass(t, enum.Enum), lambda e: e.value
     )

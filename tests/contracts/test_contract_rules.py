@@ -1,0 +1,270 @@
+"""Every validation rule of the contracts, one failing construction each (removing a rule fails a test)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import attrs
+import pytest
+
+from mixle_parallel.contracts import (
+    BackendCapabilities,
+    CapabilityError,
+    DeviceSpec,
+    DistributedUpdate,
+    FrozenDict,
+    MeshCoordinate,
+    NotAdmittedError,
+    NumericsEvidence,
+    ParallelPlan,
+    ParameterLayout,
+    Resources,
+    SDCAuditRecord,
+    StepReceipt,
+    Tolerance,
+    TorchSessionState,
+    WorkerTopologyAttestation,
+    admission_problems,
+    check_admission,
+)
+
+from .conftest import DIGEST, ToyExecutor, make_certificate
+
+
+def update(**changes: Any) -> DistributedUpdate:
+    fields: dict[str, Any] = dict(node_id="grad:dp_shard", payload="gradient", collective="reduce_scatter",
+                                  mesh_axes=("dp_shard",), state_layout="sharded", exact=False)
+    fields.update(changes)
+    return DistributedUpdate(**fields)
+
+
+EVIDENCE = dict(numerics_evidence_id=DIGEST, numerics_sample_count=10, determinism_observed=True,
+                maximum_absolute_error=0.0, maximum_relative_error=0.0)
+
+
+def receipt(**changes: Any) -> StepReceipt:
+    fields: dict[str, Any] = dict(step=1, loss=0.5, local_examples=4, local_tokens=64, microbatches=1,
+                                  accumulation_steps=1, data_parallel_size=2, optimizer="SGD", precision="fp32")
+    fields.update(changes)
+    return StepReceipt(**fields)
+
+
+def evidence(**changes: Any) -> NumericsEvidence:
+    fields: dict[str, Any] = dict(node_id="grad:dp_shard", payload="gradient", executor="toy",
+                                  plan=ParallelPlan(dp_shard=2), precision="fp32", trials=2, sample_count=100,
+                                  maximum_absolute_error=1e-7, maximum_relative_error=1e-6, deterministic=True,
+                                  within_tolerance=True, tolerance=Tolerance(1e-5, 1.3e-6))
+    fields.update(changes)
+    return NumericsEvidence(**fields)
+
+
+def audit(**changes: Any) -> SDCAuditRecord:
+    fields: dict[str, Any] = dict(family="training", step=3, rank=1, unit="grad:w", replay="same_rank",
+                                  expected_digest=DIGEST, observed_digest=DIGEST, matched=True)
+    fields.update(changes)
+    return SDCAuditRecord(**fields)
+
+
+OTHER = "sha256:" + "cd" * 32
+
+BAD: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
+    # BackendCapabilities
+    ("caps name blank", lambda: BackendCapabilities(" ", {"tp"}), ValueError, "name"),
+    ("caps no precision", lambda: BackendCapabilities("b", {"tp"}, precisions=()), ValueError, "at least one"),
+    ("caps unknown precision", lambda: BackendCapabilities("b", {"tp"}, precisions={"fp7"}), ValueError, "fp7"),
+    ("caps unknown axis", lambda: BackendCapabilities("b", {"model"}), ValueError, "ParallelAxis"),
+    ("caps bool field", lambda: BackendCapabilities("b", {"tp"}, distributed_optimizer=1), TypeError, "bool"),
+    ("caps one-axis incompatible set", lambda: BackendCapabilities("b", {"tp"}, incompatible_axis_sets=[{"tp"}]),
+     ValueError, "at least two"),
+    # DistributedUpdate
+    ("collective claims exact", lambda: update(exact=True), ValueError, "cannot claim"),
+    ("collective without axes", lambda: update(mesh_axes=()), ValueError, "needs the mesh"),
+    ("repeated axis", lambda: update(mesh_axes=("tp", "tp")), ValueError, "repeats"),
+    ("unknown payload", lambda: update(payload="weights"), ValueError, "PayloadKind"),
+    ("unknown collective", lambda: update(collective="gossip"), ValueError, "CollectiveKind"),
+    ("unknown layout", lambda: update(state_layout="everywhere"), ValueError, "StateLayout"),
+    ("evidence id without count", lambda: update(**{**EVIDENCE, "numerics_sample_count": 0}), ValueError,
+     "incomplete"),
+    ("evidence id without determinism", lambda: update(**{**EVIDENCE, "determinism_observed": None}), ValueError,
+     "determinism_observed"),
+    ("evidence id without abs error", lambda: update(**{**EVIDENCE, "maximum_absolute_error": None}), ValueError,
+     "maximum_absolute_error"),
+    ("evidence id without rel error", lambda: update(**{**EVIDENCE, "maximum_relative_error": None}), ValueError,
+     "maximum_relative_error"),
+    ("errors without evidence id", lambda: update(maximum_absolute_error=0.1), ValueError, "all-or-nothing"),
+    ("count without evidence id", lambda: update(numerics_sample_count=3), ValueError, "all-or-nothing"),
+    ("determinism without evidence id", lambda: update(determinism_observed=True), ValueError, "all-or-nothing"),
+    ("blank evidence id", lambda: update(**{**EVIDENCE, "numerics_evidence_id": " "}), ValueError, "blank"),
+    ("negative error", lambda: update(**{**EVIDENCE, "maximum_absolute_error": -1.0}), ValueError, ">= 0"),
+    ("nan error", lambda: update(**{**EVIDENCE, "maximum_relative_error": math.nan}), ValueError, "finite"),
+    ("inf error", lambda: update(**{**EVIDENCE, "maximum_absolute_error": math.inf}), ValueError, "finite"),
+    ("exact not bool", lambda: update(exact=0), TypeError, "bool"),
+    # ParameterLayout
+    ("bad placement", lambda: ParameterLayout("w", (4, 4), (("tp", "Sharded(0)"),)), ValueError, "must be"),
+    ("shard beyond rank", lambda: ParameterLayout("w", (4,), (("tp", "Shard(1)"),)), ValueError, "does not have"),
+    ("axis placed twice", lambda: ParameterLayout("w", (4,), (("tp", "Shard(0)"), ("tp", "Replicate()"))),
+     ValueError, "twice"),
+    ("derived axis placement", lambda: ParameterLayout("w", (4,), (("ep", "Shard(0)"),)), ValueError,
+     "not a mesh dimension"),
+    ("negative dim", lambda: ParameterLayout("w", (4, -1)), ValueError, "ints >= 0"),
+    ("blank id", lambda: ParameterLayout("", (4,)), ValueError, "logical_id"),
+    # StepReceipt / TorchSessionState
+    ("negative step", lambda: receipt(step=-1), ValueError, "step"),
+    ("zero microbatches", lambda: receipt(microbatches=0), ValueError, "microbatches"),
+    ("zero accumulation", lambda: receipt(accumulation_steps=0), ValueError, "accumulation_steps"),
+    ("zero dp size", lambda: receipt(data_parallel_size=0), ValueError, "data_parallel_size"),
+    ("negative bytes", lambda: receipt(collective_bytes=-8), ValueError, "collective_bytes"),
+    ("bool loss", lambda: receipt(loss=True), TypeError, "loss"),
+    ("skipped not bool", lambda: receipt(skipped="no"), TypeError, "skipped"),
+    ("global below local examples", lambda: receipt(global_examples_observed=3), ValueError, "global_examples"),
+    ("global below local tokens", lambda: receipt(global_tokens_observed=10), ValueError, "global_tokens"),
+    ("extra not json", lambda: receipt(extra={"x": object()}), TypeError, "JSON"),
+    ("extra not mapping", lambda: receipt(extra=[1]), TypeError, "mapping"),
+    ("blank optimizer", lambda: receipt(optimizer=""), ValueError, "optimizer"),
+    ("session negative pending", lambda: TorchSessionState(step=0, pending_accumulation=-1), ValueError, "pending"),
+    # Resources
+    ("unknown device kind", lambda: DeviceSpec("d", "quantum"), ValueError, "kind"),
+    ("zero throughput", lambda: DeviceSpec("d", throughput=0.0), ValueError, "throughput"),
+    ("nan throughput", lambda: DeviceSpec("d", throughput=math.nan), ValueError, "finite"),
+    ("negative memory", lambda: DeviceSpec("d", memory_bytes=-1), ValueError, "memory_bytes"),
+    ("no devices", lambda: Resources(()), ValueError, "at least one"),
+    ("duplicate device names", lambda: Resources((DeviceSpec("a"), DeviceSpec("a"))), ValueError, "unique"),
+    ("not a device", lambda: Resources(("cpu",)), TypeError, "DeviceSpec"),
+    ("local zero cpus", lambda: Resources.local(0), ValueError, "num_cpus"),
+    # Attestation / coordinate
+    ("rank beyond world", lambda: WorkerTopologyAttestation(2, 2, MeshCoordinate()), ValueError, "world_size"),
+    ("negative coordinate", lambda: MeshCoordinate(tp=-1), ValueError, "tp"),
+    ("coordinate type", lambda: WorkerTopologyAttestation(0, 1, {"tp": 0}), TypeError, "coordinate"),
+    # Tolerance / evidence
+    ("negative atol", lambda: Tolerance(-1.0, 0.0), ValueError, "atol"),
+    ("bitwise with atol", lambda: Tolerance(1e-6, 0.0, True), ValueError, "bitwise"),
+    ("bitwise pass with error", lambda: evidence(tolerance=Tolerance.exact()), ValueError, "bitwise"),
+    ("zero trials", lambda: evidence(trials=0), ValueError, "trials"),
+    ("zero samples", lambda: evidence(sample_count=0), ValueError, "sample_count"),
+    ("unknown precision", lambda: evidence(precision="fp12"), ValueError, "precision"),
+    # SDC audit records
+    ("bitwise match, digests differ", lambda: audit(observed_digest=OTHER), ValueError, "bitwise"),
+    ("match above bound", lambda: audit(bound=1e-6, maximum_absolute_difference=1e-3), ValueError, "bound"),
+    ("match with action", lambda: audit(action="warn"), ValueError, "no action"),
+    ("match with culprit", lambda: audit(attributed_rank=1), ValueError, "no action"),
+    ("mismatch without action", lambda: audit(matched=False, observed_digest=OTHER), ValueError, "needs the action"),
+    ("unknown family", lambda: audit(family="inference"), ValueError, "family"),
+    ("unknown replay", lambda: audit(replay="oracle"), ValueError, "replay"),
+    # AdmissionCertificate
+    ("no evidence", lambda: make_certificate(evidence_digests=()), ValueError, "needs evidence"),
+    ("bad digest", lambda: make_certificate(evidence_digests={"md5:00"}), ValueError, "sha256"),
+    ("family vs measured plan", lambda: make_certificate(axis_family={"tp"}), ValueError, "certified family"),
+    ("axes outside caps", lambda: make_certificate(
+        capabilities=BackendCapabilities("toy", {"dp_shard"}), measured_plan=ParallelPlan(dp_shard=2, tp=2)),
+     ValueError, "do not claim"),
+    ("precision outside caps", lambda: make_certificate(precision="fp16"), ValueError, "precision"),
+    ("executor vs caps name", lambda: make_certificate(executor="other"), ValueError, "differs"),
+    ("naive issue time", lambda: make_certificate(issued_at="2026-11-30T09:00:00"), ValueError, "UTC offset"),
+    ("garbage issue time", lambda: make_certificate(issued_at="yesterday"), ValueError, "ISO 8601"),
+]
+
+
+@pytest.mark.parametrize("name,build,error,match", BAD, ids=[b[0] for b in BAD])
+def test_rule_rejects(name: str, build: Callable[[], Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        build()
+
+
+def test_valid_examples_build() -> None:
+    update(**EVIDENCE)
+    update(collective="none", mesh_axes=(), exact=True)
+    ParameterLayout("w", (4, 8), (("dp_shard", "Shard(0)"), ("tp", "Shard(1)"), ("dp_replicate", "Replicate()")))
+    receipt(global_examples_observed=8, global_tokens_observed=128, loss=math.nan, extra={"a": [1, {"b": 2}]})
+    audit(matched=False, observed_digest=OTHER, action="skip_step", attributed_rank=1)
+    make_certificate()
+
+
+def test_contracts_are_frozen_and_hashable() -> None:
+    plan = ParallelPlan(tp=2)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        plan.tp = 4  # type: ignore[misc]
+    r = receipt(extra={"a": 1})
+    assert hash(r) == hash(receipt(extra={"a": 1}))
+    with pytest.raises(TypeError):
+        r.extra["a"] = 2  # type: ignore[index]
+    assert isinstance(r.extra, FrozenDict)
+
+
+def test_canonicalization() -> None:
+    u = update(mesh_axes=["dp_shard"], notes=["n"])
+    assert u.mesh_axes == (u.mesh_axes[0],) and isinstance(u.notes, tuple)
+    caps = BackendCapabilities("b", ["tp", "tp", "dp_shard"], precisions=["fp32"])
+    assert isinstance(caps.axes, frozenset) and len(caps.axes) == 2
+    assert isinstance(receipt(loss=1).loss, float)
+
+
+class TestCapabilities:
+    caps = BackendCapabilities("toy", {"dp_shard", "tp", "cp"}, precisions={"fp32"},
+                               incompatible_axis_sets=[{"tp", "cp"}])
+
+    def test_accepts_supported_plan(self) -> None:
+        self.caps.validate(ParallelPlan(dp_shard=2, tp=2))
+        self.caps.validate(ParallelPlan())
+
+    def test_rejects_unexecuted_axis_with_fix(self) -> None:
+        with pytest.raises(CapabilityError, match=r"does not execute axis pp \(size 2\).*Set pp=1"):
+            self.caps.validate(ParallelPlan(pp=2))
+
+    def test_rejects_precision(self) -> None:
+        with pytest.raises(CapabilityError, match="precision 'bf16'"):
+            self.caps.validate(ParallelPlan(), precision="bf16")
+
+    def test_rejects_incompatible_composition(self) -> None:
+        with pytest.raises(CapabilityError, match="cannot compose axes cp, tp"):
+            self.caps.validate(ParallelPlan(tp=2, cp=2))
+
+    def test_problems_lists_all(self) -> None:
+        assert len(self.caps.problems(ParallelPlan(pp=2, ep=1, tp=2, cp=2), "fp16")) == 3
+
+
+class TestAdmissionCheck:
+    plan = ParallelPlan(dp_shard=4, tp=2)
+
+    def test_accepts_same_family_any_sizes(self, toy_executor: ToyExecutor) -> None:
+        cert = make_certificate()
+        assert check_admission(cert, toy_executor, self.plan, "fp32") == cert.certificate_id
+
+    @pytest.mark.parametrize("mutate,reason", [
+        (lambda ex, cert, plan: (ex, None, plan), "no admission certificate"),
+        (lambda ex, cert, plan: (attrs.evolve(ex, version="2.0"), cert, plan), "version 1.0, running 2.0"),
+        (lambda ex, cert, plan: (ex, cert, ParallelPlan(dp_shard=2)), "plan uses"),
+        (lambda ex, cert, plan: (attrs.evolve(ex, capabilities=BackendCapabilities("toy", {"dp_shard", "tp", "cp"})),
+                                 cert, plan), "capabilities changed"),
+        (lambda ex, cert, plan: (attrs.evolve(ex, capabilities=BackendCapabilities("other", {"dp_shard", "tp"})),
+                                 cert, plan), "not 'other'"),
+    ])
+    def test_rejects_with_reason(self, toy_executor: ToyExecutor, mutate: Callable[..., Any], reason: str) -> None:
+        ex, cert, plan = mutate(toy_executor, make_certificate(), self.plan)
+        with pytest.raises(NotAdmittedError, match=reason):
+            check_admission(cert, ex, plan, "fp32")
+
+    def test_rejects_precision_and_library(self, toy_executor: ToyExecutor) -> None:
+        problems = admission_problems(make_certificate(), toy_executor, self.plan, "bf16",
+                                      library_versions={"torch": "2.14.0", "numpy": "2.0"})
+        assert any("precision fp32" in p for p in problems)
+        assert any("torch 2.13.0, running 2.14.0" in p for p in problems)
+        assert not any("numpy" in p for p in problems)
+
+    def test_signature(self, toy_executor: ToyExecutor) -> None:
+        cert = make_certificate()
+        signed = cert.signed(b"k1")
+        assert signed.certificate_id == cert.certificate_id
+        check_admission(signed, toy_executor, self.plan, "fp32", key=b"k1")
+        with pytest.raises(NotAdmittedError, match="does not verify"):
+            check_admission(signed, toy_executor, self.plan, "fp32", key=b"k2")
+        with pytest.raises(NotAdmittedError, match="unsigned"):
+            check_admission(cert, toy_executor, self.plan, "fp32", key=b"k1")
+        forged = attrs.evolve(signed, executor_version="1.0", precision="bf16",
+                              capabilities=BackendCapabilities("toy", {"dp_shard", "tp"}, precisions={"bf16", "fp32"}))
+        assert not forged.signature_valid(b"k1")
+
+    def test_certificate_id_is_content_addressed(self) -> None:
+        a, b = make_certificate(), make_certificate()
+        assert a.certificate_id == b.certificate_id and a.certificate_id.startswith("sha256:")
+        assert make_certificate(executor_version="1.1").certificate_id != a.certificate_id
