@@ -1,0 +1,100 @@
+"""The CLI: plan tables, JSON, schema output, backend checks, and one clear line with exit 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mixle_parallel import BackendCapabilities, ParallelPlan, to_json
+from mixle_parallel.cli import main
+from mixle_parallel.executors import register_training_backend, unregister_training_backend
+
+
+def test_plan_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--dp-shard", "2", "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "dp_shard=2 x tp=2 (world 4)" in out
+    assert "[0,1]  [2,3]" in out and "[0,2]  [1,3]" in out
+
+
+def test_plan_json_matches_plan_math(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--dp-replicate", "2", "--dp-shard", "2", "--json"]) == 0
+    layout = json.loads(capsys.readouterr().out)
+    plan = ParallelPlan(dp_replicate=2, dp_shard=2)
+    assert layout["ranks"] == [plan.coordinate(r).as_dict() for r in range(4)]
+    assert layout["groups"]["dp_shard"] == [[0, 1], [2, 3]]
+
+
+def test_plan_file_document_and_plain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = tmp_path / "plan.json"
+    doc.write_text(to_json(ParallelPlan(pp=2)))
+    assert main(["plan", "--plan", str(doc)]) == 0
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"tp": 2, "cp": 2}))
+    assert main(["plan", "--plan", str(plain)]) == 0
+    assert "cp=2 x tp=2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["plan", "--dp-shard", "2", "--ep", "3"], "ep=3 must divide"),
+    (["plan", "--tp", "0"], "tp must be >= 1"),
+    (["plan", "--plan", "/nonexistent.json"], "cannot read plan file"),
+    (["plan", "--plan", "/dev/null", "--tp", "2"], "not both"),
+    (["plan", "--backend", "no-such-backend"], "unknown training backend"),
+    (["schema", "NoSuchKind"], "unknown contract kind"),
+])
+def test_bad_input_exits_2_with_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_bad_plan_file_contents(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for content, message in [("{", "is not JSON"), ("[1]", "JSON object"), ('{"tensor": 2}', "unknown ParallelPlan"),
+                             ('{"kind": "ParallelPlan", "version": 1, "data": {"tp": 2}}', "required field missing")]:
+        path = tmp_path / "p.json"
+        path.write_text(content)
+        assert main(["plan", "--plan", str(path)]) == 2
+        assert message in capsys.readouterr().err
+
+
+class _Toy:
+    capabilities = BackendCapabilities("toy_cli", {"dp_shard"}, precisions={"fp32"})
+    version = "0"
+
+    def prepare(self, module: Any, *, plan: ParallelPlan, **kwargs: Any) -> Any:
+        return module
+
+
+def test_backend_capability_check(capsys: pytest.CaptureFixture[str]) -> None:
+    register_training_backend("toy_cli", _Toy())
+    try:
+        assert main(["plan", "--dp-shard", "2", "--backend", "toy-cli"]) == 0
+        assert "executes this plan" in capsys.readouterr().out
+        assert main(["plan", "--tp", "2", "--backend", "toy_cli"]) == 2
+        assert "does not execute axis tp" in capsys.readouterr().err
+        assert main(["plan", "--backend", "toy_cli", "--precision", "bf16"]) == 2
+    finally:
+        unregister_training_backend("toy_cli")
+
+
+def test_schema_lists_and_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema"]) == 0
+    assert "ParallelPlan" in capsys.readouterr().out.split()
+    assert main(["schema", "StepReceipt"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["title"] == "StepReceipt"
+
+
+def test_console_script_runs() -> None:
+    exe = Path(sys.executable).with_name("mixle-parallel")
+    out = subprocess.run([str(exe), "plan", "--tp", "2", "--ep", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.startswith("error: ")
+    out = subprocess.run([sys.executable, "-m", "mixle_parallel", "--version"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "mixle-parallel" in out.stdout
