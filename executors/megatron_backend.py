@@ -180,10 +180,10 @@ class MegatronBackend:
             # The alltoall dispatcher allocates torch.cuda.Stream(); allgather runs on gloo.
             extra.setdefault("moe_token_dispatcher_type", "allgather")
         return TransformerConfig(
-            num_layers=plan.pp, hidden_size=hidden, num_attention_heads=1,
+            num_layers=plan.pp, hidden_size=hidden, num_attention_heads=plan.tp,  # no attention; tp must divide it
             tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
             context_parallel_size=plan.cp, expert_model_parallel_size=plan.ep,
-            expert_tensor_parallel_size=plan.etp if plan.ep > 1 else None,
+            expert_tensor_parallel_size=plan.etp,
             use_cpu_initialization=device.type == "cpu", pipeline_dtype=torch.float32,
             params_dtype=torch.float32, **extra,
         )

@@ -59,6 +59,13 @@ PATCHED_MODULES: dict[str, tuple[str, ...]] = {
     ),
 }
 
+# Names megatron-core 0.16.1 reads but defines only when Transformer Engine imports: the MoE
+# router's gating reads ``te_general_gemm`` unconditionally (a NameError without TE). While the
+# layer is active it is bound to None, which selects megatron's own torch.mm path.
+MISSING_NAMES: dict[str, dict[str, Any]] = {
+    "megatron.core.transformer.moe.moe_utils": {"te_general_gemm": None},
+}
+
 # Tensor factories whose ``device=`` argument is redirected from CUDA to the CPU.
 REDIRECTED_FACTORIES: tuple[str, ...] = ("zeros", "empty", "ones", "tensor", "full", "arange")
 
@@ -120,6 +127,7 @@ _PROXY = _TorchOnCpu()
 _lock = threading.RLock()
 _users = 0
 _originals: dict[str, Any] = {}
+_added: dict[str, list[str]] = {}
 
 
 def is_installed() -> bool:
@@ -144,6 +152,12 @@ def install_cpu_compat() -> None:
                 _originals[name] = current
             for name in PATCHED_MODULES:
                 importlib.import_module(name).__dict__["torch"] = _PROXY
+            for name, values in MISSING_NAMES.items():
+                namespace = importlib.import_module(name).__dict__
+                added = [key for key in values if key not in namespace]
+                for key in added:
+                    namespace[key] = values[key]
+                _added[name] = added
         _users += 1
 
 
@@ -158,6 +172,11 @@ def uninstall_cpu_compat() -> None:
             for name, original in _originals.items():
                 importlib.import_module(name).__dict__["torch"] = original
             _originals.clear()
+            for name, added in _added.items():
+                namespace = importlib.import_module(name).__dict__
+                for key in added:
+                    namespace.pop(key, None)
+            _added.clear()
 
 
 @contextlib.contextmanager

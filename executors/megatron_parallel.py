@@ -58,7 +58,7 @@ def megatron_sizes(plan: ParallelPlan) -> dict[str, Any]:
         "pipeline_model_parallel_size": plan.pp,
         "context_parallel_size": plan.cp,
         "expert_model_parallel_size": plan.ep,
-        "expert_tensor_parallel_size": plan.etp if plan.ep > 1 else None,
+        "expert_tensor_parallel_size": plan.etp,
         # HSDP: the distributed optimizer shards over dp_shard inside each dp_replicate replica.
         "num_distributed_optimizer_instances": plan.dp_replicate if plan.dp_shard > 1 else 1,
         "order": MEGATRON_ORDER,

@@ -227,25 +227,29 @@ class MegatronSession:
         self._pending_losses = []
         self._pending_bytes = 0
 
-    def _shared_loss_and_counts(self) -> tuple[float, int, int]:
-        """The last stage's mean loss on every stage, and global example/token counts over dp."""
+    def _shared_loss_and_counts(self) -> tuple[float, float, int, int]:
+        """The loss averaged over data parallelism (every stage gets the last stage's), this rank's
+        data-parallel replica's own loss, and the global example/token counts."""
         from megatron.core import parallel_state as ps
 
-        loss = sum(self._pending_losses) / len(self._pending_losses) if self._pending_losses else 0.0
-        values = torch.tensor([loss, float(self._pending_examples), float(self._pending_tokens)],
+        local = sum(self._pending_losses) / len(self._pending_losses) if self._pending_losses else 0.0
+        values = torch.tensor([local, float(self._pending_examples), float(self._pending_tokens)],
                               dtype=torch.float64)
         if self.plan.pp > 1:
-            if not self.stage.post_process:
-                values[0] = 0.0
-            dist.all_reduce(values[:1], group=ps.get_pipeline_model_parallel_group())
-        counts = values[1:].clone()
+            loss = values[:1].clone() if self.stage.post_process else torch.zeros(1, dtype=torch.float64)
+            dist.all_reduce(loss, group=ps.get_pipeline_model_parallel_group())
+            values[0] = loss[0]
+        local = float(values[0])
+        weighted = torch.tensor([local * float(values[1]), float(values[1]), float(values[2])], dtype=torch.float64)
         if self.plan.data_parallel_size > 1:
-            dist.all_reduce(counts, group=ps.get_data_parallel_group())
-        return float(values[0]), int(counts[0]), int(counts[1])
+            dist.all_reduce(weighted, group=ps.get_data_parallel_group())
+        mean = float(weighted[0] / weighted[1]) if weighted[1] > 0 else local
+        return mean, local, int(weighted[1]), int(weighted[2])
 
     def _receipt(self, *, skipped: bool, reason: str | None, grad_norm: float | None = None) -> StepReceipt:
-        loss, global_examples, global_tokens = self._shared_loss_and_counts()
+        loss, local_loss, global_examples, global_tokens = self._shared_loss_and_counts()
         extra: dict[str, Any] = {
+            "local_loss": local_loss,
             "backend": "megatron",
             "admission": self.admission,
             "pp_stage": self.stage.stage,
