@@ -80,9 +80,9 @@ class MegatronBackend:
     @property
     def version(self) -> str:
         """This executor's identity for certificates: backend and megatron-core versions."""
-        from mixle_parallel._version import __version__
+        from importlib.metadata import version
 
-        return f"{__version__}+megatron-core-{megatron_version()}"
+        return f"{version('mixle-parallel')}+megatron-core-{megatron_version()}"
 
     def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
         """Every communication this backend performs for ``plan``."""
