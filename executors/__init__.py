@@ -12,8 +12,25 @@ from .registry import (
     unregister_training_backend,
 )
 
+# Heavy executors load on first attribute access, so importing this package stays torch-free.
+_LAZY = {
+    "MegatronBackend": ".megatron_backend",
+    "MegatronSession": ".megatron_session",
+    "cpu_compat": ".megatron_cpu_compat",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Load a heavy executor (torch, megatron, lightning, ray) only when it is first used."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "available_encoded_data_backends", "available_training_backends", "get_encoded_data_backend",
     "get_training_backend", "normalize_backend_name", "register_encoded_data_backend",
     "register_training_backend", "unregister_encoded_data_backend", "unregister_training_backend",
-]
+]  # the lazy names stay out of __all__: a star-import would load torch and megatron

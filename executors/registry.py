@@ -127,3 +127,14 @@ def unregister_encoded_data_backend(name: str) -> None:
     """Remove one encoded-data backend key (for tests); unknown names are ignored."""
     with _lock:
         _encoded_data_backends.pop(normalize_backend_name(name), None)
+
+
+# ---- built-in training backends: lazy factories, nothing heavy is imported here ----------------
+def _megatron_factory() -> Any:
+    """Import the megatron backend (torch, megatron-core) on first use."""
+    from .megatron_backend import create_megatron_backend
+
+    return create_megatron_backend()
+
+
+register_training_backend("megatron", _megatron_factory)
