@@ -7,8 +7,21 @@ from .encoded import (
     is_encoded_data_handle,
     register_builtin_encoded_data_backends,
 )
+from .component_parallel import (
+    ComponentParallelEncodedData,
+    ComponentParallelEstimator,
+    ModelParallelAccumulator,
+    ModelParallelAccumulatorFactory,
+    ModelParallelEncodedData,
+    ModelParallelEstimator,
+    component_parallel_fold,
+    component_thread_pool,
+    model_parallel_fold,
+)
 from .models import *  # noqa: F403 - the models' __all__
 from .models import __all__ as _models_all
+from .optimize import EMStep, FitResult, as_estimator, fit, optimize
+from .planner import UnrealizedModelPlacementError, auto_parallel_estimator, model_sharding_plan, plan
 from .runner import (
     DEFAULT_CHUNK_SIZE,
     ChunkedEncodedData,
@@ -34,6 +47,11 @@ register_builtin_encoded_data_backends()
 
 __all__ = [
     *_models_all,
+    "ComponentParallelEncodedData", "ComponentParallelEstimator", "EMStep", "FitResult",
+    "ModelParallelAccumulator", "ModelParallelAccumulatorFactory", "ModelParallelEncodedData",
+    "ModelParallelEstimator", "UnrealizedModelPlacementError", "as_estimator", "auto_parallel_estimator",
+    "component_parallel_fold", "component_thread_pool", "fit", "model_parallel_fold", "model_sharding_plan",
+    "optimize", "plan",
     "BUILTIN_ENCODED_DATA_BACKENDS", "ChunkResult", "ChunkRunner", "ChunkedEncodedData", "DEFAULT_CHUNK_SIZE",
     "EStepResult", "EncodedChunk", "EncodedDataControlConflictError", "WorkerLostError", "WorkerTimeoutError",
     "chunk_bounds", "chunk_estep", "chunk_initialize", "chunk_log_density", "chunk_rng",

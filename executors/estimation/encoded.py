@@ -27,6 +27,7 @@ BUILTIN_ENCODED_DATA_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
     # name: ("module (relative to this package):factory", aliases). Engine backends add a line here.
     "local": (".local:local_backend", ("thread", "threads")),
     "mp": (".mp:mp_backend", ("multiprocessing", "processes")),
+    "model_parallel": (".component_parallel:model_parallel_backend", ("component_parallel",)),
 }
 
 _LAZY_FACTORIES: dict[str, Any] = {}

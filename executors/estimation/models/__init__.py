@@ -10,6 +10,25 @@ from .combinators import (
     MixtureDistribution,
     MixtureEstimator,
 )
+from .discrete import (
+    CategoricalAccumulator,
+    CategoricalDistribution,
+    CategoricalEncoder,
+    CategoricalEstimator,
+    PoissonAccumulator,
+    PoissonDistribution,
+    PoissonEncoder,
+    PoissonEstimator,
+)
+from .multivariate import (
+    DiagonalGaussianAccumulator,
+    DiagonalGaussianDistribution,
+    DiagonalGaussianEstimator,
+    MultivariateGaussianAccumulator,
+    MultivariateGaussianDistribution,
+    MultivariateGaussianEstimator,
+    VectorEncoder,
+)
 from .continuous import (
     ExponentialAccumulator,
     ExponentialDistribution,
@@ -21,6 +40,10 @@ from .continuous import (
 )
 
 __all__ = [
+    "CategoricalAccumulator", "CategoricalDistribution", "CategoricalEncoder", "CategoricalEstimator",
+    "DiagonalGaussianAccumulator", "DiagonalGaussianDistribution", "DiagonalGaussianEstimator",
+    "MultivariateGaussianAccumulator", "MultivariateGaussianDistribution", "MultivariateGaussianEstimator",
+    "PoissonAccumulator", "PoissonDistribution", "PoissonEncoder", "PoissonEstimator", "VectorEncoder",
     "AccumulatorFactory", "CompositeAccumulator", "CompositeDistribution", "CompositeEncoder",
     "CompositeEstimator", "ExponentialAccumulator", "ExponentialDistribution", "ExponentialEstimator",
     "GaussianAccumulator", "GaussianDistribution", "GaussianEstimator", "MixtureAccumulator",
