@@ -244,7 +244,8 @@ class CompositeAccumulator:
 
     def update(self, enc: tuple[Any, ...], weights: np.ndarray | None, model: CompositeDistribution) -> None:
         """Add weighted rows to every field."""
-        for acc, e, d in zip(self.accumulators, enc, model.dists):
+        dists = model.dists if model is not None else (None,) * len(self.accumulators)
+        for acc, e, d in zip(self.accumulators, enc, dists):
             acc.update(e, weights, d)
         return None
 
