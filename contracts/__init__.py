@@ -22,6 +22,19 @@ from .plan import (
     WorkerTopologyAttestation,
     attest_worker_coordinate,
 )
+from .estimation import (
+    Accumulator,
+    AccumulatorFactory,
+    EncodedDataHandle,
+    Encoder,
+    Estimator,
+    Model,
+    StatisticFormatError,
+    canonical_statistic_bytes,
+    statistic_digest,
+    statistics_equal,
+)
+from .placement import ComponentShard, ModelShardingPlan, Placement, RowShard
 from .protocols import AdmissibleExecutor, TrainingBackend
 from .receipts import StepReceipt, TorchSessionState
 from .resources import DeviceSpec, Resources
@@ -41,6 +54,9 @@ from .serialization import (
 from .updates import DistributedUpdate, ParameterLayout
 
 __all__ = [
+    "Accumulator", "AccumulatorFactory", "ComponentShard", "EncodedDataHandle", "Encoder", "Estimator",
+    "Model", "ModelShardingPlan", "Placement", "RowShard", "StatisticFormatError",
+    "canonical_statistic_bytes", "statistic_digest", "statistics_equal",
     "ALL_AXES", "AdmissibleExecutor", "AdmissionCertificate", "BackendCapabilities", "CONTRACT_TYPES",
     "CapabilityError", "CollectiveKind", "ContractError", "DERIVED_AXES", "DeviceSpec",
     "DistributedUpdate", "FrozenDict", "KNOWN_PRECISIONS", "MeshCoordinate", "MeshShape",

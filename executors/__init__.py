@@ -1,5 +1,7 @@
 """Executors: registries and the pluggable backends that register themselves in them."""
 
+from typing import Any
+
 from .registry import (
     available_encoded_data_backends,
     available_training_backends,
@@ -20,12 +22,15 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    """Load a heavy executor (torch, megatron, lightning, ray) only when it is first used."""
-    if name in _LAZY:
-        import importlib
+def __getattr__(name: str) -> Any:
+    """Load an executor on first use: heavy ones (torch, megatron) and the numpy EM names alike."""
+    from importlib import import_module
 
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
+    estimation = import_module(".estimation", __name__)
+    if name in estimation.__all__:
+        return getattr(estimation, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
