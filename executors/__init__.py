@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from . import estimation  # numpy only; registers the built-in encoded-data backends (lazy factories)
 from .registry import (
     available_encoded_data_backends,
     available_training_backends,
@@ -28,7 +29,6 @@ def __getattr__(name: str) -> Any:
 
     if name in _LAZY:
         return getattr(import_module(_LAZY[name], __name__), name)
-    estimation = import_module(".estimation", __name__)
     if name in estimation.__all__:
         return getattr(estimation, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
