@@ -25,9 +25,14 @@ def pre_wrap_fqn(name: str) -> str:
     return ".".join(part for part in name.split(".") if part not in _WRAPPER_PARTS)
 
 
+def is_shard(placement: Any) -> bool:
+    """True for Shard(d) and for the strided shards FSDP2 uses on top of tensor parallelism."""
+    return bool(placement.is_shard()) or isinstance(getattr(placement, "dim", None), int)
+
+
 def placement_text(placement: Any) -> str:
     """'Shard(d)', 'Replicate()' or 'Partial(op)' for a DTensor placement (strided shards are shards of d)."""
-    if placement.is_shard():
+    if is_shard(placement):
         return f"Shard({placement.dim})"
     if placement.is_replicate():
         return "Replicate()"
@@ -82,4 +87,4 @@ def shard_count(param: torch.Tensor) -> int:
     if not isinstance(param, DTensor):
         return 1
     mesh = param.device_mesh
-    return math.prod(mesh.size(i) for i, p in enumerate(param.placements) if p.is_shard())
+    return math.prod(mesh.size(i) for i, p in enumerate(param.placements) if is_shard(p))
