@@ -195,7 +195,7 @@ def read_json(path: str | os.PathLike[str], *, what: str) -> Any:
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CorruptCheckpointError(path, f"the {what} is not valid JSON ({err}); a torn write?") from None
+        raise CorruptCheckpointError(path, f"the {what} is not valid JSON, likely a torn write ({err})") from None
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

@@ -39,8 +39,11 @@ from __future__ import annotations
 import base64
 import json
 import random
+import contextlib
 import threading
 import time
+import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -91,6 +94,15 @@ def _group(process_group: Any) -> tuple[Any, int, int]:
         return None, 0, 1
     pg = process_group if process_group is not None else dist.group.WORLD
     return pg, dist.get_rank(pg), dist.get_world_size(pg)
+
+
+@contextlib.contextmanager
+def _single_process_quiet(pg: Any) -> Iterator[None]:
+    """Silence DCP's 'assuming a single process' warning when that is exactly the intent."""
+    with warnings.catch_warnings():
+        if pg is None:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def _comm_device(pg: Any) -> torch.device:
@@ -347,13 +359,16 @@ def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
     writer = dcp.FileSystemWriter(str(gen_dir / DCP_DIR))
     if asynchronous:
         group = _async_group(pg) if pg is not None else None
-        response = dcp.async_save(tensors, storage_writer=writer, process_group=group, no_dist=group is None)
+        with _single_process_quiet(group):
+            response = dcp.async_save(tensors, storage_writer=writer, process_group=group,
+                                      no_dist=group is None)
         future = getattr(response, "upload_completion", response)
         handle = CheckpointHandle(gen_dir, future=future, pg=group, rank=rank, world=world, finalize=finalize)
         _IN_FLIGHT.append(handle)
         return handle
     try:
-        dcp.save(tensors, storage_writer=writer, process_group=pg, no_dist=pg is None)
+        with _single_process_quiet(pg):
+            dcp.save(tensors, storage_writer=writer, process_group=pg, no_dist=pg is None)
         if rank == 0:
             finalize()
     except Exception as err:  # noqa: BLE001 - shared with every rank
@@ -436,8 +451,9 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
     _agree(error, pg, world, what=f"matching checkpoint {gen_dir} to this model and optimizer")
 
     targets = {key: template[key] for key in saved}
-    dcp.load(targets, storage_reader=dcp.FileSystemReader(str(gen_dir / DCP_DIR)), process_group=pg,
-             no_dist=pg is None)
+    with _single_process_quiet(pg):
+        dcp.load(targets, storage_reader=dcp.FileSystemReader(str(gen_dir / DCP_DIR)), process_group=pg,
+                 no_dist=pg is None)
     set_state_dict(model, optimizer, model_state_dict=_from_json(state["model"], "model", targets),
                    optim_state_dict=_from_json(state["optimizer"], "optimizer", targets), options=_OPTIONS)
     if scheduler is not None:
