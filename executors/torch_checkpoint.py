@@ -330,7 +330,7 @@ def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
                       "typed_scheduler_state": _to_json(typed_scheduler_state, "typed_scheduler_state"),
                       "extra": _to_json(extra, "extra"), "model": model_json, "optimizer": optim_json,
                       "tensors": _shape_record(tensors)}
-    except (TypeError, ValueError, CheckpointError) as err:
+    except Exception as err:  # noqa: BLE001 - every rank must learn of it, or the others would hang
         error = err
     _agree(error, pg, world, what=f"encoding checkpoint state for {root}")
 
@@ -422,7 +422,7 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
         try:
             gen_dir, digest = resolve(root)
             located = json.dumps([str(gen_dir), digest])
-        except CheckpointError as err:
+        except Exception as err:  # noqa: BLE001 - every rank must learn of it
             error = err
     _agree(error, pg, world, what=f"locating the checkpoint at {root}")
     gen_text, digest = json.loads(_all_gather_text(located, pg, world)[0])
@@ -432,19 +432,21 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
             gen_dir, digest, rank, world, allow_world_size_change)
         if scheduler is not None and state.get("scheduler") is None:
             raise CheckpointError(f"{gen_dir / STATE_NAME} holds no scheduler state but a scheduler was passed")
-    except (CheckpointError, KeyError, TypeError, ValueError) as err:
-        error = err if isinstance(err, CheckpointError) else \
-            CorruptCheckpointError(gen_dir / STATE_NAME, f"unreadable state ({type(err).__name__}: {err})")
+    except (KeyError, TypeError, ValueError, AttributeError) as err:  # valid JSON of the wrong shape
+        error = CorruptCheckpointError(gen_dir / STATE_NAME, f"unreadable state ({type(err).__name__}: {err})")
+    except Exception as err:  # noqa: BLE001 - every rank must learn of it
+        error = err
     _agree(error, pg, world, what=f"verifying checkpoint {gen_dir}")
 
     fresh = not optimizer.state
-    optimizer.zero_grad(set_to_none=True)  # lets get_state_dict create the optimizer state template
-    msd, osd = get_state_dict(model, optimizer, options=_OPTIONS)
-    template = {**_split(msd, "model")[1], **_split(osd, "optimizer")[1]}
+    template: dict[str, torch.Tensor] = {}
     saved = state["tensors"]
     try:
+        optimizer.zero_grad(set_to_none=True)  # lets get_state_dict create the optimizer state template
+        msd, osd = get_state_dict(model, optimizer, options=_OPTIONS)
+        template = {**_split(msd, "model")[1], **_split(osd, "optimizer")[1]}
         _check_keys(saved, template, gen_dir)
-    except CheckpointError as err:
+    except Exception as err:  # noqa: BLE001 - every rank must learn of it
         error = err
         if fresh:
             optimizer.state.clear()
