@@ -27,6 +27,12 @@ _LAZY = {
     "TorchDistributedSession": "torch_session",
     "describe_parameter_layouts": "torch_layouts",
     "CollectiveMeter": "torch_comm",
+    "save_checkpoint": "torch_checkpoint",
+    "load_checkpoint": "torch_checkpoint",
+    "CheckpointHandle": "torch_checkpoint",
+    "CheckpointError": "checkpoint_manifest",
+    "CorruptCheckpointError": "checkpoint_manifest",
+    "WorldSizeChangeError": "checkpoint_manifest",
 }
 
 
