@@ -16,7 +16,19 @@ from .registry import (
 )
 
 # Heavy executors load on first attribute access, so importing this package stays torch-free.
+# They stay out of __all__: ``from mixle_parallel.executors import *`` (the facade) must not import
+# torch. Reach them as attributes, e.g. ``mixle_parallel.executors.TorchDistributedBackend``.
 _LAZY = {
+    "TorchDistributedBackend": ".torch_native",
+    "TorchDistributedSession": ".torch_session",
+    "describe_parameter_layouts": ".torch_layouts",
+    "CollectiveMeter": ".torch_comm",
+    "save_checkpoint": ".torch_checkpoint",
+    "load_checkpoint": ".torch_checkpoint",
+    "CheckpointHandle": ".torch_checkpoint",
+    "CheckpointError": ".checkpoint_manifest",
+    "CorruptCheckpointError": ".checkpoint_manifest",
+    "WorldSizeChangeError": ".checkpoint_manifest",
     "MegatronBackend": ".megatron_backend",
     "MegatronSession": ".megatron_session",
     "cpu_compat": ".megatron_cpu_compat",
