@@ -251,7 +251,84 @@ def _scenario_resharded(root: Path, rank: int, world: int) -> dict[str, Any]:
     return result
 
 
-SCENARIOS = {"world4": _scenario_world4, "resharded": _scenario_resharded}
+# ---- the same through the torch_native session (TinyLM, default token cross-entropy) ---------
+def _session(world: int, seed: int):
+    import torch
+    from _models import TinyLM  # tests/torch/_models.py, beside this script
+    from mixle_parallel.contracts import ParallelPlan
+    from mixle_parallel.executors import get_training_backend
+
+    torch.manual_seed(seed)
+    backend = get_training_backend("torch_native")
+    return backend.prepare(
+        TinyLM(), plan=ParallelPlan(dp_shard=world), admission="unverified",
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.5, momentum=0.9),
+        scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+
+
+def _tokens(step: int, rank: int, world: int):
+    import torch
+    from _models import SEQ, VOCAB
+
+    gen = torch.Generator().manual_seed(2000 + step)
+    tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ + 1), generator=gen)
+    per = GLOBAL_BATCH // world
+    mine = tokens[rank * per:(rank + 1) * per]
+    return mine[:, :-1], mine[:, 1:]
+
+
+def _session_steps(session, steps, rank: int, world: int) -> list[float]:
+    losses = []
+    for step in steps:
+        receipt = session.train_batch(*_tokens(step, rank, world))
+        assert not receipt.skipped, receipt
+        losses.append(receipt.loss)
+    return losses
+
+
+def _session_params(session) -> dict[str, list[float]]:
+    return _full_params(session.module)
+
+
+def _scenario_session4(root: Path, rank: int, world: int) -> dict[str, Any]:
+    """Session at dp_shard=4: train, save (sync and async), continue uninterrupted."""
+    result: dict[str, Any] = {}
+    session = _session(world, seed=0)
+    result["losses_before"] = _session_steps(session, range(START_STEP), rank, world)
+    handle = session.save_checkpoint(str(root / "session"), loader_state={"epoch": 0, "samples": 24},
+                                     extra={"run": "e2e"})
+    result["generation"] = handle.wait().name
+    result["reference_losses"] = _session_steps(session, range(START_STEP, START_STEP + RESUME_STEPS), rank, world)
+    result["reference_params"] = _session_params(session)
+    at_save = _session_params(session)
+    handle = session.save_checkpoint(str(root / "session_async"), asynchronous=True)
+    result["async_steps"] = _session_steps(session, range(10, 12), rank, world)  # train while it writes
+    handle.wait()
+    fresh = _session(world, seed=5)
+    loaded = fresh.load_checkpoint(str(root / "session_async"))
+    result["async_step"] = fresh.step
+    result["async_equal"] = _session_params(fresh) == at_save and loaded["saved_world_size"] == world
+    fresh.close()
+    session.close()
+    return result
+
+
+def _scenario_session_resharded(root: Path, rank: int, world: int) -> dict[str, Any]:
+    """Session at dp_shard=world: refuse without permission, then load resharded and continue."""
+    result: dict[str, Any] = {}
+    session = _session(world, seed=7)
+    result["refused"] = _expect_error(lambda: session.load_checkpoint(str(root / "session")))
+    loaded = session.load_checkpoint(str(root / "session"), allow_world_size_change=True)
+    result["loaded"] = {k: loaded[k] for k in ("loader_state", "extra", "saved_world_size", "world_size", "rng")}
+    result["state"] = {"step": session.state().step, "pending": session.state().pending_accumulation}
+    result["losses"] = _session_steps(session, range(START_STEP, START_STEP + RESUME_STEPS), rank, world)
+    result["params"] = _session_params(session)
+    session.close()
+    return result
+
+
+SCENARIOS = {"world4": _scenario_world4, "resharded": _scenario_resharded,
+             "session4": _scenario_session4, "session_resharded": _scenario_session_resharded}
 
 
 def _main(argv: list[str]) -> int:
