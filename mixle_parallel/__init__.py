@@ -57,3 +57,12 @@ _estimation_names = [
 ]
 
 __all__ = ["__version__", *_contract_names, *_executor_names, *_estimation_names]
+
+
+def __getattr__(name: str) -> object:
+    """Heavy executors (TorchDistributedBackend, MegatronBackend, ...) load on first access."""
+    from mixle_parallel import executors
+
+    if name in executors._LAZY:
+        return getattr(executors, name)
+    raise AttributeError(f"module 'mixle_parallel' has no attribute {name!r}")
