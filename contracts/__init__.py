@@ -39,9 +39,17 @@ from .serialization import (
     to_json,
 )
 from .updates import DistributedUpdate, ParameterLayout
+from .verifiable import (
+    VERIFICATION_LAUNCHES,
+    EstimationWorkload,
+    TrainingWorkload,
+    VerifiableExecutor,
+    VerificationTrial,
+)
 
 __all__ = [
-    "ALL_AXES", "AdmissibleExecutor", "AdmissionCertificate", "BackendCapabilities", "CONTRACT_TYPES",
+    "ALL_AXES", "AdmissibleExecutor", "EstimationWorkload", "TrainingWorkload", "VERIFICATION_LAUNCHES",
+    "VerifiableExecutor", "VerificationTrial", "AdmissionCertificate", "BackendCapabilities", "CONTRACT_TYPES",
     "CapabilityError", "CollectiveKind", "ContractError", "DERIVED_AXES", "DeviceSpec",
     "DistributedUpdate", "FrozenDict", "KNOWN_PRECISIONS", "MeshCoordinate", "MeshShape",
     "MissingExtraError", "NotAdmittedError", "NumericsEvidence", "ObservedCollective", "PHYSICAL_AXES",
