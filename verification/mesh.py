@@ -13,11 +13,15 @@ import multiprocessing
 import os
 import queue
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from .admission import VERIFYING_ENV
+
+STORE_DIR_ENV = "MIXLE_PARALLEL_MESH_STORE_DIR"
+"""Set in every rank: a private folder for FileStore files (fresh process groups need new ones)."""
 
 DEFAULT_TIMEOUT_S = 300.0
 """Generous default: process start and gloo rendezvous are slow on a loaded machine."""
@@ -63,24 +67,35 @@ def run_on_gloo_mesh(
         child_env[VERIFYING_ENV] = "1"
     with tempfile.TemporaryDirectory(prefix="mixle-mesh-") as folder:
         store = os.path.join(folder, "store")
+        child_env[STORE_DIR_ENV] = folder
         procs = [context.Process(target=_worker, args=(r, world_size, store, fn, args, results, child_env),
                                  daemon=True) for r in range(world_size)]
         for proc in procs:
             proc.start()
         collected: dict[int, Any] = {}
         failure: str | None = None
+        deadline = time.monotonic() + timeout
+        grace: float | None = None
         try:
-            for _ in range(world_size):
+            while len(collected) < world_size and failure is None:
                 try:
-                    rank, ok, value = results.get(timeout=timeout)
+                    rank, ok, value = results.get(timeout=0.5)
                 except queue.Empty:
-                    missing = sorted(set(range(world_size)) - set(collected))
-                    failure = f"ranks {missing} produced no result within {timeout:.0f}s"
-                    break
+                    now = time.monotonic()
+                    dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in collected]
+                    if dead:
+                        grace = grace or now + 5.0  # its result may still be in the pipe
+                        if now > grace:
+                            codes = {r: procs[r].exitcode for r in dead}
+                            failure = f"ranks {dead} exited (exit codes {codes}) without a result"
+                    elif now > deadline:
+                        missing = sorted(set(range(world_size)) - set(collected))
+                        failure = f"ranks {missing} produced no result within {timeout:.0f}s"
+                    continue
                 if not ok:
                     failure = f"rank {rank} failed:\n{value}"
-                    break
-                collected[rank] = value
+                else:
+                    collected[rank] = value
         finally:
             for proc in procs:
                 proc.join(timeout=5 if failure else 60)
@@ -92,3 +107,13 @@ def run_on_gloo_mesh(
         if failure:
             raise MeshError(f"verification mesh of {world_size} ranks: {failure}")
     return [collected[r] for r in range(world_size)]
+
+
+def fresh_process_group(index: int) -> None:
+    """Inside a mesh rank: replace the default gloo process group by a new one (a fresh rendezvous)."""
+    import torch.distributed as dist
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    store = os.path.join(os.environ[STORE_DIR_ENV], f"store-{index}")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
