@@ -96,12 +96,15 @@ def _now() -> str:
 def library_versions() -> dict[str, str]:
     """Versions of Python and the libraries a run depends on (torch only if already imported)."""
     import sys
+    from importlib.metadata import PackageNotFoundError, version
 
     import numpy
 
-    from mixle_parallel._version import __version__
-
-    versions = {"python": platform.python_version(), "mixle_parallel": __version__, "numpy": numpy.__version__}
+    try:
+        own = version("mixle-parallel")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        own = "unknown"
+    versions = {"python": platform.python_version(), "mixle_parallel": own, "numpy": numpy.__version__}
     torch = sys.modules.get("torch")
     if torch is not None:
         versions["torch"] = str(torch.__version__)

@@ -44,7 +44,8 @@ class ToyDDPExecutor:
 
     def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
         axes = _dp_axes(plan)
-        grad = DistributedUpdate(f"grad:{','.join(axes)}", PayloadKind.GRADIENT, CollectiveKind.ALL_REDUCE, axes,
+        collective = CollectiveKind.ALL_REDUCE if axes else CollectiveKind.NONE
+        grad = DistributedUpdate(f"grad:{','.join(axes) or 'local'}", PayloadKind.GRADIENT, collective, axes,
                                  StateLayout.REPLICATED, False)
         return (grad, DistributedUpdate("optimizer:local", PayloadKind.PARAMETER, CollectiveKind.NONE, (),
                                         StateLayout.REPLICATED, True))
@@ -84,7 +85,7 @@ class _ToyTrial:
             group = dist.new_group(list(ranks))
             if rank in ranks:
                 mine = group
-        self.ddp = torch.nn.parallel.DistributedDataParallel(self.module, process_group=mine, broadcast_buffers=False)
+        self.ddp = torch.nn.parallel.DistributedDataParallel(self.module, process_group=mine)
         self.optimizer = workload.make_optimizer(self.module.parameters())
 
     def step(self, step: int) -> dict[str, dict[str, Any]]:
