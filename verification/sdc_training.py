@@ -5,7 +5,7 @@ How an executor uses it, inside a step, after backward and before ``optimizer.st
     if auditor.should_audit(step):                       # same answer on every rank (seeded)
         verdict = auditor.audit(step=step, rank=rank, observed=local_grads,
                                 recompute=lambda: replay_local_grads(batch, rng_state),
-                                inputs=(batch, params))
+                                inputs=(batch, params), defer_policy=True)
         verdict = auditor.agree(verdict, group=dp_group)  # every rank learns every finding
         if verdict.skip: ...keep the update out (zero grads / skip optimizer.step())
 
