@@ -12,6 +12,35 @@ from .registry import (
     unregister_training_backend,
 )
 
+
+def _torch_native_factory() -> object:
+    """Lazy factory: imports torch only when the torch_native backend is first resolved."""
+    from .torch_native import TorchDistributedBackend
+
+    return TorchDistributedBackend()
+
+
+register_training_backend("torch_native", _torch_native_factory)
+
+_LAZY = {
+    "TorchDistributedBackend": "torch_native",
+    "TorchDistributedSession": "torch_session",
+    "describe_parameter_layouts": "torch_layouts",
+    "CollectiveMeter": "torch_comm",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Load torch-backed names on first access so importing this package never imports torch."""
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# The lazy names stay out of __all__: ``from mixle_parallel.executors import *`` (the facade) must
+# not import torch. Reach them as attributes: ``mixle_parallel.executors.TorchDistributedBackend``.
 __all__ = [
     "available_encoded_data_backends", "available_training_backends", "get_encoded_data_backend",
     "get_training_backend", "normalize_backend_name", "register_encoded_data_backend",
