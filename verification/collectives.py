@@ -43,6 +43,19 @@ _DATA_DTYPES = frozenset({"Float", "Double", "Half", "BFloat16", "ComplexFloat",
                           "Float8_e4m3fn", "Float8_e5m2"})
 
 
+GLOO_REALIZATIONS: dict[CollectiveKind, CollectiveKind] = {CollectiveKind.REDUCE_SCATTER: CollectiveKind.ALL_REDUCE}
+"""How gloo really runs a collective: ProcessGroupGloo has no native reduce-scatter and records
+``reduce_scatter_tensor`` as ``gloo:all_reduce`` (checked on torch 2.13), so on a gloo mesh a declared
+reduce-scatter is matched by an all-reduce over the same axes."""
+
+
+def realized_kinds(kind: CollectiveKind, backend: str = "gloo") -> tuple[CollectiveKind, ...]:
+    """The kinds a declared collective may be recorded as on ``backend``."""
+    if backend == "gloo" and kind in GLOO_REALIZATIONS:
+        return (kind, GLOO_REALIZATIONS[kind])
+    return (kind,)
+
+
 def collective_kind(profiling_name: str) -> CollectiveKind | None:
     """The CollectiveKind of a flight-recorder entry (None for a barrier); CUSTOM when unknown."""
     name = profiling_name.split(":", 1)[-1].lower()

@@ -34,6 +34,7 @@ from mixle_parallel.contracts import (
     Tolerance,
 )
 
+from .collectives import realized_kinds
 from .harness_worker import gloo_rank_main, resolve_executor, run_trials
 from .mesh import DEFAULT_TIMEOUT_S, run_on_gloo_mesh
 from .sdc_digest import digest
@@ -178,7 +179,9 @@ def verify(
     # undeclared collectives on the steady steps after it when the workload has more than one
     steady, strays, _ = _observed_pairs(plan, by_rank, traced=launch == "gloo", first_step=1 if work.steps > 1 else 0)
     failures: list[str] = []
-    declared = {(u.collective, tuple(sorted(u.mesh_axes))) for u in updates if u.collective is not CollectiveKind.NONE}
+    backend = "gloo" if launch == "gloo" else "self"
+    declared = {(kind, tuple(sorted(u.mesh_axes))) for u in updates if u.collective is not CollectiveKind.NONE
+                for kind in realized_kinds(u.collective, backend)}
     undeclared = [f"{kind.value} over {[a.value for a in axes]} x{n}" for (kind, axes), n in sorted(steady.items())
                   if (kind, axes) not in declared] + list(strays)
     if undeclared:
@@ -252,12 +255,16 @@ def _judge(update: DistributedUpdate, by_rank: list[list[dict[str, Any]]], refer
                         f"{' (bitwise)' if tol.bitwise else ''}")
     if not deterministic:
         failures.append(f"{where}: check 'determinism' failed: {'; '.join(notes)}")
-    pair = (update.collective, tuple(sorted(update.mesh_axes)))
+    axes = tuple(sorted(update.mesh_axes))
     seen = []
     collectives_ok = not undeclared
     if update.collective is not CollectiveKind.NONE:
-        count = observed.get(pair, 0)
-        seen = [ObservedCollective(update.collective, update.mesh_axes, count)] if count else []
+        kinds = realized_kinds(update.collective, "gloo" if launch == "gloo" else "self")
+        seen = [ObservedCollective(k, update.mesh_axes, observed[(k, axes)]) for k in kinds if observed.get((k, axes))]
+        count = sum(c.count for c in seen)
+        if any(c.kind is not update.collective for c in seen):
+            notes.append(f"gloo realizes {update.collective.value} as "
+                         f"{', '.join(c.kind.value for c in seen if c.kind is not update.collective)}")
         if not reported:
             collectives_ok = False
             failures.append(f"{where}: check 'collectives' failed: the executor launches its own workers and "

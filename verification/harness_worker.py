@@ -79,13 +79,14 @@ def run_trials(executor: Any, workload: Any, plan: ParallelPlan, *, precision: s
                 try:
                     for step in range(workload.steps):
                         mark = tracer.mark() if tracer else None
-                        observed = _observables(trial.step(step))
+                        raw = trial.step(step)
                         if tracer is not None:
                             collectives: Any = tracer.since(mark)
                         else:
                             reported = getattr(trial, "observed_collectives", None)
                             collectives = tuple(reported()) if reported else None
-                        steps.append({"observables": observed, "collectives": collectives})
+                        # unsharding DTensors (full_tensor) happens here, outside the traced window
+                        steps.append({"observables": _observables(raw), "collectives": collectives})
                 finally:
                     trial.close()
             runs.append({"seed": seed, "repeat": repeat, "steps": steps})

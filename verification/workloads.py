@@ -125,6 +125,10 @@ class MLPWorkload(_TrainingWorkload):
         return torch.nn.Sequential(torch.nn.Linear(self.in_features, self.hidden), torch.nn.Tanh(),
                                    torch.nn.Linear(self.hidden, self.out_features))
 
+    def tp_plan(self) -> dict[str, str]:
+        """Tensor-parallel styles by module path: the first layer column-wise, the second row-wise."""
+        return {"0": "colwise", "2": "rowwise"}
+
     def global_batch(self, step: int, seed: int) -> tuple[Any, Any]:
         """Seeded inputs and targets for ``step``."""
         import torch
@@ -161,6 +165,12 @@ class TinyLMWorkload(_TrainingWorkload):
         torch.manual_seed(seed)
         return _tiny_lm_class()(self.vocab, self.d_model, self.heads, self.layers, self.seq_len)
 
+    def tp_plan(self) -> dict[str, str]:
+        """Tensor-parallel styles by module path (torchtitan's: q/k/v and w1 column-wise, wo and w2 row-wise)."""
+        return {"layers.*.attention.wq": "colwise", "layers.*.attention.wk": "colwise",
+                "layers.*.attention.wv": "colwise", "layers.*.attention.wo": "rowwise",
+                "layers.*.feed_forward.w1": "colwise", "layers.*.feed_forward.w2": "rowwise"}
+
     def global_batch(self, step: int, seed: int) -> tuple[Any, Any]:
         """Next-token prediction on a seeded corpus with a learnable pattern."""
         import torch
@@ -191,12 +201,12 @@ def _tiny_lm_class() -> type:
     class Attention(nn.Module):
         def __init__(self, d_model: int, heads: int) -> None:
             super().__init__()
-            self.heads = heads
+            self.head_dim = d_model // heads  # local head count follows from it under tensor parallelism
             self.wq, self.wk, self.wv, self.wo = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             b, t, _ = x.shape
-            q, k, v = (w(x).view(b, t, self.heads, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+            q, k, v = (w(x).view(b, t, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
             y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
