@@ -68,11 +68,13 @@ class RayRunner:
         *,
         address: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
+        start_timeout: float | None = DEFAULT_TIMEOUT_S,
         init_kwargs: dict[str, Any] | None = None,
         num_cpus_per_worker: float | None = None,
     ) -> None:
         ray = require_engine("ray", "ray")
         self.timeout = check_timeout(timeout)
+        self.start_timeout = check_timeout(start_timeout)
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False)
@@ -116,18 +118,16 @@ class RayRunner:
     def _wait(self, refs: list[Any], what: str) -> list[Any]:
         import ray
 
-        ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=self.timeout)
+        ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout)
         if not_ready:
             raise WorkerTimeoutError(
-                f"ray actors did not finish {what} within {self.timeout} s; raise timeout= (seconds) "
-                "or check that the Ray cluster has free CPUs for the actors"
+                f"ray actors did not finish {what} within {self.start_timeout} s; raise start_timeout= "
+                "(seconds) or check that the Ray cluster has free CPUs for the actors"
             )
         return ray.get(ready)
 
     def _reassign(self, dead: int) -> list[int]:
-        """Move a dead actor's chunks to survivors (round robin, fewest first); returns the ids."""
-        import ray
-
+        """Move a dead actor's chunks to the survivors (round robin); returns the moved ids."""
         self._alive[dead] = False
         survivors = [w for w, ok in enumerate(self._alive) if ok]
         lost = [i for i, w in enumerate(self._owner) if w == dead]
@@ -139,7 +139,8 @@ class RayRunner:
             w = survivors[k % len(survivors)]
             self._owner[i] = w
             moved[w].append(i)
-        ray.get([self._actors[w].load.remote(ids, [self._refs[i] for i in ids]) for w, ids in moved.items() if ids])
+        self._wait([self._actors[w].load.remote(ids, [self._refs[i] for i in ids]) for w, ids in moved.items() if ids],
+                   "re-placing chunks of a dead actor")
         self.recoveries += len(lost)
         return lost
 
@@ -205,12 +206,19 @@ def ray_encoded_data(
     num_workers: int | None = None,
     address: str | None = None,
     timeout: float | None = DEFAULT_TIMEOUT_S,
+    start_timeout: float | None = DEFAULT_TIMEOUT_S,
+    init_kwargs: dict[str, Any] | None = None,
     **params: Any,
 ) -> Any:
-    """``encoded_data(..., backend="ray")``: a handle over a :class:`RayRunner`."""
+    """``encoded_data(..., backend="ray")``: a handle over a :class:`RayRunner`.
+
+    ``timeout`` bounds each data pass, ``start_timeout`` the actors' start and chunk placement;
+    ``init_kwargs`` go to ``ray.init`` when no Ray is running yet (the runner then owns it).
+    """
     from .runner import handle_from_runner
 
-    runner = RayRunner(num_workers, address=address, timeout=timeout)
+    runner = RayRunner(num_workers, address=address, timeout=timeout, start_timeout=start_timeout,
+                       init_kwargs=init_kwargs)
     try:
         return handle_from_runner(runner, data, **params)
     except BaseException:

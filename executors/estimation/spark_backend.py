@@ -9,6 +9,7 @@ a lost partition; a pass that does not finish within ``timeout`` seconds is canc
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import uuid
@@ -72,6 +73,9 @@ class SparkRunner:
                 "spark.executorEnv.MKL_NUM_THREADS": "1",
             }
             settings.update(conf or {})
+            # Python workers run PYSPARK_PYTHON (default: "python3" on PATH, which may lack this
+            # package); the driver's interpreter is the one that has it.
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             spark_conf = pyspark.SparkConf().setAll(list(settings.items()))
             spark_context = pyspark.SparkContext(conf=spark_conf)
             spark_context.setLogLevel("ERROR")

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("ray")
 
 import chunk_probes as probes  # noqa: E402
+import em_case  # noqa: E402
 from conftest import by_value  # noqa: E402
 
 from mixle_parallel.executors.estimation.ray_backend import RayRunner  # noqa: E402
@@ -99,3 +100,40 @@ def test_hung_actor_raises_timeout(ray_session, tmp_path):
     finally:
         release.touch()
         runner.close()
+
+
+# ---- a whole fit: an actor killed mid-iteration, a hung actor, an owned Ray -------------------------
+def test_fit_survives_an_actor_killed_mid_iteration(ray_session, tmp_path):
+    est = probes.SabotageEstimator(em_case.estimator(), str(tmp_path), action="kill")
+    got = em_case.run("ray", 2, est=est, on_step=est.arm_at(3), timeout=300)
+    assert (tmp_path / "fired").exists()  # an actor process really died during pass 4
+    assert got == em_case.reference()
+
+
+def test_fit_with_a_hung_actor_raises_timeout(ray_session, tmp_path):
+    est = probes.SabotageEstimator(em_case.estimator(), str(tmp_path), action="hang")
+    try:
+        with pytest.raises(WorkerTimeoutError, match="did not return chunk"):
+            em_case.run("ray", 2, est=est, on_step=est.arm_at(1), timeout=5.0)
+    finally:
+        (tmp_path / "release").touch()
+
+
+def test_owned_ray_starts_and_shuts_down():
+    """With no Ray running, the backend starts one, fits the same bits and shuts it down (own process)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import json, ray, em_case\n"
+        "sig = em_case.run('ray', 2, init_kwargs={'num_cpus': 2, 'include_dashboard': False})\n"
+        "print(json.dumps({'sig': sig, 'up': ray.is_initialized()}))\n"
+    )
+    here = Path(__file__).resolve().parent
+    proc = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["up"] is False
+    assert (out["sig"][0], tuple(out["sig"][1])) == em_case.reference()

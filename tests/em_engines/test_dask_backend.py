@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("distributed")
 
 import chunk_probes as probes  # noqa: E402
+import em_case  # noqa: E402
 from conftest import by_value  # noqa: E402
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
@@ -134,3 +135,23 @@ def test_resources_from_dask_client(client):
         assert device.memory_bytes == worker["memory_limit"]
         assert device.host == "127.0.0.1"
     assert Resources.from_json(res.to_json()) == res
+
+
+# ---- a whole fit: a worker killed mid-iteration, a hung worker -------------------------------------
+def test_fit_survives_a_worker_killed_mid_iteration(client, tmp_path):
+    est = probes.SabotageEstimator(em_case.estimator(), str(tmp_path), action="kill")
+    pids_before = set(_worker_pids(client).values())
+    got = em_case.run("dask", None, est=est, client=client, on_step=est.arm_at(3), timeout=300)
+    assert (tmp_path / "fired").exists()  # a worker process really died during pass 4
+    assert got == em_case.reference()  # ... and the fit still ends on the uninterrupted bits
+    client.wait_for_workers(2, timeout=120)
+    assert set(_worker_pids(client).values()) != pids_before
+
+
+def test_fit_with_a_hung_worker_raises_timeout(client, tmp_path):
+    est = probes.SabotageEstimator(em_case.estimator(), str(tmp_path), action="hang")
+    try:
+        with pytest.raises(WorkerTimeoutError, match="did not return chunk"):
+            em_case.run("dask", None, est=est, client=client, on_step=est.arm_at(1), timeout=5.0)
+    finally:
+        (tmp_path / "release").touch()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -25,6 +26,7 @@ def spark_context():
     conf = (SparkConf().setMaster("local[2]").setAppName("mixle-parallel-tests")
             .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
             .set("spark.driver.bindAddress", "127.0.0.1").set("spark.pyspark.python", sys.executable))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this package's venv
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
     by_value(probes)
