@@ -30,9 +30,9 @@ __all__ = ["DaskRunner", "dask_encoded_data"]
 _log = logging.getLogger(__name__)
 
 
-def _apply(fn: Callable[[Any, Any], Any], chunk: Any, payload: Any) -> Any:
-    """Run ``fn`` on a worker (module-level so dask pickles it by reference)."""
-    return fn(chunk, payload)
+def _apply_batch(fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: list[int], *chunks: Any) -> list[tuple[int, Any]]:
+    """Run ``fn`` over a worker's resident chunks (module-level so dask pickles it by reference)."""
+    return [(i, fn(chunk, payload)) for i, chunk in zip(chunk_ids, chunks)]
 
 
 class DaskRunner:
@@ -119,78 +119,77 @@ class DaskRunner:
         self._where[chunk_id] = target
         self.recoveries += 1
 
-    def _submit(self, fn: Callable[[Any, Any], Any], chunk_id: int, payload: Any) -> Any:
-        if self._futures[chunk_id] is None or self._futures[chunk_id].status != "finished":
-            self._replace(chunk_id)
-        return self.client.submit(
-            _apply, fn, self._futures[chunk_id], payload, pure=False,
-            workers=[self._where[chunk_id]], allow_other_workers=False,
-        )
+    def _submit(self, fn: Callable[[Any, Any], Any], chunk_ids: list[int], payload: Any) -> dict[Any, list[int]]:
+        """One task per worker over the chunks it holds (re-placing lost chunks first)."""
+        by_worker: dict[str, list[int]] = {}
+        for i in chunk_ids:
+            if self._futures[i] is None or self._futures[i].status != "finished":
+                self._replace(i)
+            by_worker.setdefault(self._where[i], []).append(i)
+        return {
+            self.client.submit(
+                _apply_batch, fn, payload, wids, *[self._futures[i] for i in wids], pure=False,
+                workers=[worker], allow_other_workers=False,
+            ): wids
+            for worker, wids in sorted(by_worker.items())
+        }
 
     # -- data passes --------------------------------------------------------------------------
     def map_chunks(
         self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None
     ) -> list[Any]:
-        """``fn(chunk, payload)`` on the worker holding each chunk; results in chunk-id order."""
+        """``fn(chunk, payload)`` on the worker holding each chunk; results in chunk-id order.
+
+        One task per worker and pass; a task lost with its worker is resubmitted after its
+        chunks are re-placed on live workers.
+        """
         distributed = require_engine("distributed", "dask")
         from distributed.utils import CancelledError
 
         ids = requested_ids(chunk_ids, len(self._chunks))
         deadline = Deadline(self.timeout)
-        pending = {i: self._submit(fn, i, payload) for i in ids}
+        pending = self._submit(fn, ids, payload)
         results: dict[int, Any] = {}
-        attempts = dict.fromkeys(ids, 0)
+        losses = 0
         while pending:
             try:
-                distributed.wait(list(pending.values()), timeout=deadline.remaining(), return_when="FIRST_COMPLETED")
+                distributed.wait(list(pending), timeout=deadline.remaining(), return_when="FIRST_COMPLETED")
             except (TimeoutError, CancelledError):
                 pass  # a timeout or cancelled futures: inspected one by one below
             progressed = False
-            finished = {i: f for i, f in pending.items() if f.status == "finished"}
-            if finished:
+            for fut in [f for f in pending if f.status == "finished"]:
+                try:
+                    pairs = fut.result()
+                except CancelledError:
+                    continue  # the result was on a worker that died: handled as lost below
+                results.update(pairs)
+                del pending[fut]
                 progressed = True
-                results.update(self._gather(finished))
-                for i in finished:
-                    if i in results:
-                        del pending[i]
-            for i, fut in list(pending.items()):
-                status = fut.status
-                if status == "error":
+            lost: list[int] = []
+            for fut in list(pending):
+                if fut.status == "error":
                     fut.result()  # fn raised on the worker: propagate its exception
-                elif status in ("cancelled", "lost") or (i in finished and i not in results):
-                    attempts[i] += 1
-                    if attempts[i] > self.max_recoveries:
-                        raise WorkerLostError(
-                            f"dask chunk {i} was lost {attempts[i]} times (workers keep dying); "
-                            "check the workers' memory limits and logs"
-                        )
-                    pending[i] = self._submit(fn, i, payload)
-                    progressed = True
+                elif fut.status in ("cancelled", "lost", "finished"):
+                    lost.extend(pending.pop(fut))
+            if lost:
+                losses += 1
+                if losses > self.max_recoveries:
+                    raise WorkerLostError(
+                        f"dask lost chunks {sorted(lost)} {losses} times in one pass (workers keep dying); "
+                        "check the workers' memory limits and logs"
+                    )
+                pending.update(self._submit(fn, sorted(lost), payload))
+                progressed = True
             if pending and not progressed and deadline.expired():
-                hung = sorted({self._where[i] for i in pending})
-                self.client.cancel(list(pending.values()))
+                waiting = sorted(i for wids in pending.values() for i in wids)
+                hung = sorted({self._where[i] for i in waiting})
+                self.client.cancel(list(pending))
                 raise WorkerTimeoutError(
-                    f"dask worker(s) {hung} did not return chunk(s) {sorted(pending)} within "
+                    f"dask worker(s) {hung} did not return chunk(s) {waiting} within "
                     f"{self.timeout} s; a worker is hung or overloaded. Raise timeout= (seconds) "
                     "or restart the hung worker."
                 )
         return ordered_results(results, ids, self.name)
-
-    def _gather(self, futures: dict[int, Any]) -> dict[int, Any]:
-        """Results of finished futures; one whose result died with its worker is left out."""
-        from distributed.utils import CancelledError
-
-        try:
-            return dict(zip(futures, self.client.gather(list(futures.values()))))
-        except CancelledError:
-            pass  # some result was on a worker that died: fetch one by one, skip the lost ones
-        out: dict[int, Any] = {}
-        for i, fut in futures.items():
-            try:
-                out[i] = fut.result()
-            except CancelledError:
-                continue
-        return out
 
     # -- lifetime -----------------------------------------------------------------------------
     def _release(self) -> None:

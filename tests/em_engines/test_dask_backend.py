@@ -106,7 +106,7 @@ def test_hung_worker_raises_timeout(client, tmp_path):
     release = tmp_path / "release"
     try:
         runner.scatter(chunks)
-        with pytest.raises(WorkerTimeoutError, match=r"chunk\(s\) \[1\]"):
+        with pytest.raises(WorkerTimeoutError, match=r"chunk\(s\) \[0, 1\]"):
             runner.map_chunks(probes.probe, {"hang_chunk": 1, "release": str(release)})
     finally:
         release.touch()
