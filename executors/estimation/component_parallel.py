@@ -19,7 +19,7 @@ import numpy as np
 
 from .local import LocalChunkRunner
 from .models._base import as_weights
-from .models.combinators import MixtureAccumulator, MixtureDistribution, posterior_from_log_densities
+from .models.combinators import MixtureAccumulator, _stacked_kernel, MixtureDistribution, posterior_from_log_densities
 from .runner import ChunkedEncodedData, EStepResult
 
 __all__ = [
@@ -65,6 +65,10 @@ def model_parallel_fold(
     ``parallel_ids`` limits the threaded work to those components (the rest run inline).
     """
     k = len(model.components)
+    if _stacked_kernel(model.components, "stacked_log_density") or _stacked_kernel(acc.accumulators, "stacked_update"):
+        # A stacked kernel already evaluates every component in one vectorized pass; running it
+        # serially is both the fastest path and, trivially, the serial bits.
+        return acc.update(enc, weights, model)
     if len(acc.accumulators) != k:
         raise ValueError(f"accumulator has {len(acc.accumulators)} components, model has {k}")
     threaded = set(range(k) if parallel_ids is None else (int(i) for i in parallel_ids))

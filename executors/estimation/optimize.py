@@ -101,6 +101,11 @@ def fit(
     if seed is not None and rng is not None:
         raise ValueError("pass seed= or rng=, not both")
     estimator = as_estimator(estimator)
+    is_mixle = type(estimator).__name__ == "MixleEstimator"
+    if is_mixle:
+        from .mixle_interop import wrap_mixle_model
+
+        prev_estimate = wrap_mixle_model(prev_estimate)
     init_est = estimator if init_estimator is None else as_estimator(init_estimator)
     own = not is_encoded_data_handle(data)
     handle = (
@@ -132,6 +137,10 @@ def fit(
                 break
             model = new_model
         last = history[-1] if history else math.nan
+        if is_mixle:
+            from .mixle_interop import unwrap_mixle
+
+            model = unwrap_mixle(model)
         return FitResult(model, last, len(history), converged, tuple(history))
     finally:
         if bar is not None:

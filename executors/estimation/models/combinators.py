@@ -17,8 +17,22 @@ __all__ = [
 
 
 # ---- mixture ---------------------------------------------------------------------------------------
+def _stacked_kernel(objects: Sequence[Any], name: str) -> Any:
+    """The shared vectorized kernel ``name`` of objects that all have the same type, else None."""
+    first = type(objects[0]) if objects else None
+    if first is None or not all(type(o) is first for o in objects):
+        return None
+    return getattr(first, name, None)
+
+
 def component_log_densities(model: "MixtureDistribution", enc: Any, components: Sequence[int] | None = None) -> np.ndarray:
     """(K, n) matrix: log weight + log density of each component (rows are components)."""
+    if components is None:
+        stacked = _stacked_kernel(model.components, "stacked_log_density")
+        if stacked is not None:
+            out = stacked(model.components, enc)
+            out += model.log_weights[:, None]
+            return out
     ids = range(len(model.components)) if components is None else components
     rows = [model.components[k].log_density(enc) + model.log_weights[k] for k in ids]
     return np.stack(rows) if rows else np.empty((0, 0))
@@ -106,6 +120,10 @@ class MixtureAccumulator:
         if w is not None:
             resp *= w
         self.counts += np.sum(resp, axis=1)
+        stacked = _stacked_kernel(self.accumulators, "stacked_update")
+        if stacked is not None:
+            stacked(self.accumulators, enc, resp)
+            return lse
         for k, acc in enumerate(self.accumulators):
             acc.update(enc, resp[k], model.components[k])
         return lse
@@ -244,7 +262,8 @@ class CompositeAccumulator:
 
     def update(self, enc: tuple[Any, ...], weights: np.ndarray | None, model: CompositeDistribution) -> None:
         """Add weighted rows to every field."""
-        for acc, e, d in zip(self.accumulators, enc, model.dists):
+        dists = model.dists if model is not None else (None,) * len(self.accumulators)
+        for acc, e, d in zip(self.accumulators, enc, dists):
             acc.update(e, weights, d)
         return None
 

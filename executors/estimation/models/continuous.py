@@ -238,3 +238,33 @@ class ExponentialEstimator:
         if not sx > 0.0:
             return ExponentialDistribution(self.max_rate)
         return ExponentialDistribution(min(sw / sx, self.max_rate))
+
+
+# ---- stacked kernels (used by MixtureDistribution when every component is a Gaussian) ----------
+def gaussian_stacked_log_density(components: Any, x: np.ndarray) -> np.ndarray:
+    """(K, n) log densities of K univariate Gaussians in one vectorized pass."""
+    mu = np.array([c.mu for c in components])[:, None]
+    h = np.array([c._h for c in components])[:, None]
+    c0 = np.array([c._c for c in components])[:, None]
+    d = x[None, :] - mu
+    d *= d
+    d *= h
+    d += c0
+    return d
+
+
+def gaussian_stacked_update(accumulators: Any, x: np.ndarray, resp: np.ndarray) -> None:
+    """Add (K, n) responsibilities to K Gaussian accumulators with one 2-D matrix product."""
+    feats = np.empty((len(x), 2))
+    feats[:, 0] = x
+    feats[:, 1] = x * x
+    sums = resp @ feats  # (K, 2): a GEMM; never split along rows, so the same bits at any thread count
+    sw = np.sum(resp, axis=1)
+    for k, acc in enumerate(accumulators):
+        acc.sw += float(sw[k])
+        acc.sx += float(sums[k, 0])
+        acc.sx2 += float(sums[k, 1])
+
+
+GaussianDistribution.stacked_log_density = staticmethod(gaussian_stacked_log_density)
+GaussianAccumulator.stacked_update = staticmethod(gaussian_stacked_update)

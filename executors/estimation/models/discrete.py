@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from scipy.special import gammaln
 
 from ._base import AccumulatorFactory, as_weights, weighted_sum
 
@@ -15,6 +14,15 @@ __all__ = [
     "CategoricalAccumulator", "CategoricalDistribution", "CategoricalEncoder", "CategoricalEstimator",
     "PoissonAccumulator", "PoissonDistribution", "PoissonEncoder", "PoissonEstimator",
 ]
+
+
+def gammaln(x: np.ndarray) -> np.ndarray:
+    """log Gamma(x), through scipy when installed (fast), else the standard library."""
+    try:
+        from scipy.special import gammaln as scipy_gammaln
+    except ImportError:  # scipy is optional: fall back to math.lgamma per element
+        return np.vectorize(math.lgamma, otypes=[np.float64])(x)
+    return scipy_gammaln(x)
 
 
 # ---- Poisson ---------------------------------------------------------------------------------------

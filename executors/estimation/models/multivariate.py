@@ -257,3 +257,32 @@ class MultivariateGaussianEstimator:
                 cov = cov + jitter * np.eye(self.dim)
                 jitter *= 10.0
         return MultivariateGaussianDistribution(mu, cov)
+
+
+# ---- stacked kernels (used by MixtureDistribution when every component is a diagonal Gaussian) -----
+def diagonal_stacked_log_density(components: Any, x: np.ndarray) -> np.ndarray:
+    """(K, n) log densities of K diagonal Gaussians through one matrix product (as scikit-learn)."""
+    prec = np.stack([c._prec for c in components])
+    mu = np.stack([c.mu for c in components])
+    coef = np.concatenate([prec, -2.0 * mu * prec], axis=1)  # (K, 2d)
+    feats = np.concatenate([x * x, x], axis=1)  # (n, 2d)
+    out = coef @ feats.T
+    const = np.array([c._c for c in components]) - 0.5 * np.sum(mu * mu * prec, axis=1)
+    out *= -0.5
+    out += const[:, None]
+    return out
+
+
+def diagonal_stacked_update(accumulators: Any, x: np.ndarray, resp: np.ndarray) -> None:
+    """Add (K, n) responsibilities to K diagonal-Gaussian accumulators with one 2-D matrix product."""
+    d = x.shape[1]
+    sums = resp @ np.concatenate([x, x * x], axis=1)  # (K, 2d) GEMM
+    sw = np.sum(resp, axis=1)
+    for k, acc in enumerate(accumulators):
+        acc.sw += float(sw[k])
+        acc.sx += sums[k, :d]
+        acc.sx2 += sums[k, d:]
+
+
+DiagonalGaussianDistribution.stacked_log_density = staticmethod(diagonal_stacked_log_density)
+DiagonalGaussianAccumulator.stacked_update = staticmethod(diagonal_stacked_update)
