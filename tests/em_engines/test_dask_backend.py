@@ -13,7 +13,7 @@ pytest.importorskip("distributed")
 
 import chunk_probes as probes  # noqa: E402
 import em_case  # noqa: E402
-from conftest import by_value  # noqa: E402
+from engine_helpers import by_value  # noqa: E402
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
 from mixle_parallel.executors.estimation.dask_backend import DaskRunner  # noqa: E402

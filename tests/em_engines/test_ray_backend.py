@@ -11,7 +11,7 @@ pytest.importorskip("ray")
 
 import chunk_probes as probes  # noqa: E402
 import em_case  # noqa: E402
-from conftest import by_value  # noqa: E402
+from engine_helpers import by_value  # noqa: E402
 
 from mixle_parallel.executors.estimation.ray_backend import RayRunner  # noqa: E402
 from mixle_parallel.executors.estimation.runner import WorkerTimeoutError  # noqa: E402

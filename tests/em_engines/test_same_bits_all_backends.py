@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import em_case
-from conftest import run_mpi
+from engine_helpers import run_mpi
 
 pytestmark = pytest.mark.slow
 

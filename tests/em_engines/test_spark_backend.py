@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 import chunk_probes as probes  # noqa: E402
-from conftest import by_value  # noqa: E402
+from engine_helpers import by_value  # noqa: E402
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
 from mixle_parallel.executors.estimation.runner import WorkerTimeoutError  # noqa: E402

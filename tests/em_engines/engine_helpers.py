@@ -1,4 +1,4 @@
-"""Shared helpers for the engine-backend tests: probe functions pickled by value, mpiexec runs."""
+"""Helpers for the engine-backend tests: probe functions pickled by value, mpiexec runs."""
 
 from __future__ import annotations
 
