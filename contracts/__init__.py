@@ -22,6 +22,19 @@ from .plan import (
     WorkerTopologyAttestation,
     attest_worker_coordinate,
 )
+from .estimation import (
+    Accumulator,
+    AccumulatorFactory,
+    EncodedDataHandle,
+    Encoder,
+    Estimator,
+    Model,
+    StatisticFormatError,
+    canonical_statistic_bytes,
+    statistic_digest,
+    statistics_equal,
+)
+from .placement import ComponentShard, ModelShardingPlan, Placement, RowShard
 from .protocols import AdmissibleExecutor, TrainingBackend
 from .receipts import StepReceipt, TorchSessionState
 from .resources import DeviceSpec, Resources
@@ -48,8 +61,11 @@ from .verifiable import (
 )
 
 __all__ = [
-    "ALL_AXES", "AdmissibleExecutor", "EstimationWorkload", "TrainingWorkload", "VERIFICATION_LAUNCHES",
-    "VerifiableExecutor", "VerificationTrial", "AdmissionCertificate", "BackendCapabilities", "CONTRACT_TYPES",
+    "Accumulator", "AccumulatorFactory", "ComponentShard", "EncodedDataHandle", "Encoder", "Estimator",
+    "Model", "ModelShardingPlan", "Placement", "RowShard", "StatisticFormatError",
+    "canonical_statistic_bytes", "statistic_digest", "statistics_equal",
+    "EstimationWorkload", "TrainingWorkload", "VERIFICATION_LAUNCHES", "VerifiableExecutor", "VerificationTrial",
+    "ALL_AXES", "AdmissibleExecutor", "AdmissionCertificate", "BackendCapabilities", "CONTRACT_TYPES",
     "CapabilityError", "CollectiveKind", "ContractError", "DERIVED_AXES", "DeviceSpec",
     "DistributedUpdate", "FrozenDict", "KNOWN_PRECISIONS", "MeshCoordinate", "MeshShape",
     "MissingExtraError", "NotAdmittedError", "NumericsEvidence", "ObservedCollective", "PHYSICAL_AXES",

@@ -12,6 +12,8 @@ from .registry import (
     unregister_training_backend,
 )
 
+from typing import Any
+
 
 def _torch_native_factory() -> object:
     """Lazy factory: imports torch only when the torch_native backend is first resolved."""
@@ -30,12 +32,16 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    """Load torch-backed names on first access so importing this package never imports torch."""
-    if name in _LAZY:
-        from importlib import import_module
+def __getattr__(name: str) -> Any:
+    """Torch-backed names and EM names (``optimize``, ``encoded_data``, models, planner) load on first use,
+    so importing this package never imports torch."""
+    from importlib import import_module
 
+    if name in _LAZY:
         return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    estimation = import_module(".estimation", __name__)
+    if name in estimation.__all__:
+        return getattr(estimation, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

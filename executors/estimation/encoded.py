@@ -1,0 +1,142 @@
+"""``encoded_data``: create a resident encoded-data handle through the backend registry."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from mixle_parallel.contracts.estimation import EncodedDataHandle
+
+from ..registry import (
+    available_encoded_data_backends,
+    get_encoded_data_backend,
+    register_encoded_data_backend,
+)
+
+__all__ = [
+    "BUILTIN_ENCODED_DATA_BACKENDS", "EncodedDataControlConflictError", "encoded_data",
+    "is_encoded_data_handle", "register_builtin_encoded_data_backends",
+]
+
+
+class EncodedDataControlConflictError(ValueError):
+    """Controls were given together with an already encoded handle, which cannot change."""
+
+
+BUILTIN_ENCODED_DATA_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # name: ("module (relative to this package):factory", aliases). Engine backends add a line here.
+    "local": (".local:local_backend", ("thread", "threads")),
+    "mp": (".mp:mp_backend", ("multiprocessing", "processes")),
+    "model_parallel": (".component_parallel:model_parallel_backend", ("component_parallel",)),
+    "mpi": (".mpi_backend:mpi_encoded_data", ("mpi4py",)),
+    "spark": (".spark_backend:spark_encoded_data", ("pyspark",)),
+    "dask": (".dask_backend:dask_encoded_data", ("distributed",)),
+    "ray": (".ray_backend:ray_encoded_data", ()),
+}
+
+_LAZY_FACTORIES: dict[str, Any] = {}
+
+
+def _lazy_factory(name: str, target: str) -> Any:
+    """A factory that imports its backend module on first use (keeps imports light)."""
+    if name in _LAZY_FACTORIES:
+        return _LAZY_FACTORIES[name]
+    module_name, attr = target.split(":")
+
+    def factory(data: Any, **params: Any) -> Any:
+        module = importlib.import_module(module_name, __package__)
+        return getattr(module, attr)(data, **params)
+
+    factory.__name__ = factory.__qualname__ = f"{name}_backend_lazy"
+    factory.__doc__ = f"Lazy factory of the {name!r} encoded-data backend ({target})."
+    _LAZY_FACTORIES[name] = factory
+    return factory
+
+
+def register_builtin_encoded_data_backends() -> None:
+    """Register every built-in backend the same way a third party would (idempotent)."""
+    for name, (target, aliases) in BUILTIN_ENCODED_DATA_BACKENDS.items():
+        register_encoded_data_backend(name, _lazy_factory(name, target), aliases)
+
+
+def is_encoded_data_handle(obj: Any) -> bool:
+    """True when ``obj`` exposes the encoded-data handle contract (the ``pysp_seq_*`` methods)."""
+    return isinstance(obj, EncodedDataHandle)
+
+
+def encoded_data(
+    data: Any,
+    estimator: Any | None = None,
+    model: Any | None = None,
+    encoder: Any | None = None,
+    placement: Any | None = None,
+    resources: Any | None = None,
+    engine: Any | None = None,
+    precision: Any | None = None,
+    num_chunks: int | None = None,
+    sub_chunks: int = 1,
+    backend: str | None = None,
+    num_workers: int | None = None,
+    client: Any | None = None,
+    comm: Any | None = None,
+    root: int = 0,
+    root_only: bool = False,
+    parallel_chunks: bool = False,
+    chunk_workers: int | None = None,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
+    seed: int | None = None,
+    chunk_size: int | None = None,
+    **backend_options: Any,
+) -> Any:
+    """Create an encoded-data handle on ``backend`` (default ``local``), or reuse a handle unchanged.
+
+    Passing an existing handle with any control set raises ``EncodedDataControlConflictError``: a
+    handle's data is already placed, so controls cannot apply; omit them to reuse it.
+    ``backend_options`` go to the backend factory (e.g. ``timeout=`` for ``mp``).
+    """
+    if is_encoded_data_handle(data):
+        conflicts = [
+            name for name, active in (
+                ("estimator", estimator is not None), ("model", model is not None),
+                ("encoder", encoder is not None), ("placement", placement is not None),
+                ("resources", resources is not None), ("engine", engine is not None),
+                ("precision", precision is not None), ("num_chunks", num_chunks is not None),
+                ("sub_chunks", sub_chunks != 1), ("backend", backend is not None),
+                ("num_workers", num_workers is not None), ("client", client is not None),
+                ("comm", comm is not None), ("root", root != 0), ("root_only", bool(root_only)),
+                ("parallel_chunks", bool(parallel_chunks)), ("chunk_workers", chunk_workers is not None),
+                ("batch_size", batch_size is not None), ("shuffle", shuffle is not None),
+                ("seed", seed is not None), ("chunk_size", chunk_size is not None),
+                *((k, True) for k in sorted(backend_options)),
+            ) if active
+        ]
+        if conflicts:
+            raise EncodedDataControlConflictError(
+                f"an existing encoded handle ({data!r}) cannot apply control(s): {', '.join(conflicts)}; "
+                "omit them to reuse the handle unchanged, or build a new handle from the raw data"
+            )
+        return data
+    if backend is None:
+        backend = "local"
+    if not isinstance(backend, str) or not backend.strip():
+        raise ValueError(
+            f"encoded-data backend must be a non-empty name (or None for 'local'), got {backend!r}; "
+            f"registered: {', '.join(available_encoded_data_backends())}"
+        )
+    if isinstance(sub_chunks, bool) or not isinstance(sub_chunks, int) or sub_chunks < 1:
+        raise ValueError(f"sub_chunks must be an int >= 1, got {sub_chunks!r}")
+    if num_chunks is not None and sub_chunks > 1:
+        num_chunks = num_chunks * sub_chunks
+    register_builtin_encoded_data_backends()
+    try:
+        factory = get_encoded_data_backend(backend)
+    except KeyError as exc:
+        raise ValueError(str(exc.args[0])) from None
+    return factory(
+        data, estimator=estimator, model=model, encoder=encoder, placement=placement,
+        resources=resources, engine=engine, precision=precision, num_chunks=num_chunks,
+        sub_chunks=sub_chunks, num_workers=num_workers, client=client, comm=comm, root=root,
+        root_only=root_only, parallel_chunks=parallel_chunks, chunk_workers=chunk_workers,
+        batch_size=batch_size, shuffle=shuffle, seed=seed, chunk_size=chunk_size, **backend_options,
+    )

@@ -1,0 +1,71 @@
+"""The ``local`` backend: chunks stay in this process, a reused thread pool maps over them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from mixle_parallel.contracts.resources import local_cpu_count
+
+from .runner import ChunkedEncodedData, handle_from_runner
+
+__all__ = ["LocalChunkRunner", "local_backend"]
+
+
+class LocalChunkRunner:
+    """Chunk-level thread pool (numpy releases the GIL in its kernels); one worker runs inline."""
+
+    name = "local"
+
+    def __init__(self, num_workers: int | None = None) -> None:
+        n = local_cpu_count() if num_workers is None else num_workers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"local backend num_workers must be an int >= 1, got {num_workers!r}")
+        self.num_workers = n
+        self._chunks: list[Any] = []
+        self._pool: ThreadPoolExecutor | None = None
+
+    def scatter(self, chunks: Sequence[Any]) -> None:
+        """Keep the encoded chunks (list index = chunk id)."""
+        self._chunks = list(chunks)
+
+    def map_chunks(
+        self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None
+    ) -> list[Any]:
+        """``fn(chunk, payload)`` per chunk id, results in chunk-id order."""
+        ids = range(len(self._chunks)) if chunk_ids is None else sorted(chunk_ids)
+        if self.num_workers == 1 or len(ids) <= 1:
+            return [fn(self._chunks[i], payload) for i in ids]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="mixle-em-local")
+        futures = [self._pool.submit(fn, self._chunks[i], payload) for i in ids]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Stop the thread pool and drop the chunks."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._chunks = []
+
+
+def local_backend(
+    data: Any,
+    *,
+    num_workers: int | None = None,
+    chunk_workers: int | None = None,
+    parallel_chunks: bool = False,
+    resources: Any = None,
+    **params: Any,
+) -> ChunkedEncodedData:
+    """Factory of the ``local`` backend: one thread by default, ``num_workers`` threads on request."""
+    workers = num_workers if num_workers is not None else chunk_workers
+    if workers is None:
+        if resources is not None:
+            workers = len(resources)
+        elif parallel_chunks:
+            workers = local_cpu_count()
+        else:
+            workers = 1
+    return handle_from_runner(LocalChunkRunner(workers), data, **params)

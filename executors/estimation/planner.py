@@ -1,0 +1,169 @@
+"""Planner: advisory row placement by device throughput and component-axis model sharding.
+
+Memory is counted per device over everything resident on it: its rows of encoded data, a full
+copy of the model, and the working memory of one chunk's E-step (a K x chunk-rows score matrix
+and its temporaries). Data parallelism never needs the responsibilities of all rows at once, so
+a plain estimator serves whenever one copy of the model fits on every device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mixle_parallel.contracts.placement import ComponentShard, ModelShardingPlan, Placement, RowShard
+from mixle_parallel.contracts.resources import Resources
+
+from .runner import DEFAULT_CHUNK_SIZE, chunk_bounds, resolve_encoder
+
+__all__ = ["UnrealizedModelPlacementError", "auto_parallel_estimator", "model_sharding_plan", "plan"]
+
+WORK_ARRAYS = 3
+"""Float64 K x rows temporaries alive at once in a mixture E-step (scores, exp, responsibilities)."""
+
+
+class UnrealizedModelPlacementError(RuntimeError):
+    """The planner would split model storage across devices, which this runtime cannot execute."""
+
+    def __init__(self, plan: ModelShardingPlan) -> None:
+        self.plan = plan
+        super().__init__(
+            f"the model ({plan.model_bytes} bytes, {plan.num_components} components) does not fit on "
+            f"every device, so the plan splits its components: {plan.reason}. This runtime keeps the "
+            "full model resident in each process; add memory per device, shrink the model, or use "
+            "ComponentParallelEstimator explicitly if one copy does fit"
+        )
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of the arrays and scalars in a plain-data tree (strings and others by length)."""
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_nbytes(k) + _nbytes(v) for k, v in value.items())
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    return 8
+
+
+def _model_bytes(model: Any) -> int:
+    if model is None:
+        return 0
+    params = getattr(model, "params", None)
+    return _nbytes(params()) if callable(params) else 0
+
+
+def _num_components(model: Any, estimator: Any) -> int:
+    for obj, attr in ((model, "components"), (estimator, "estimators"), (getattr(estimator, "inner", None), "estimators")):
+        if obj is not None and hasattr(obj, attr):
+            return max(1, len(getattr(obj, attr)))
+    return 1
+
+
+def plan(
+    data: Any = None,
+    model: Any = None,
+    estimator: Any = None,
+    encoder: Any = None,
+    resources: Resources | None = None,
+    engine: Any = None,
+    precision: Any = None,
+    num_chunks: int | None = None,
+    sub_chunks: int = 1,
+    sample_size: int = 256,
+    safety_factor: float = 1.25,
+) -> Placement:
+    """An advisory placement: whole chunks to devices in proportion to their throughput."""
+    if resources is None:
+        resources = Resources.local()
+    if safety_factor < 1.0:
+        raise ValueError(f"safety_factor must be >= 1, got {safety_factor}")
+    n = 0 if data is None else len(data)
+    bytes_per_row = 0
+    if n:
+        enc = resolve_encoder(estimator, model, encoder)
+        sample = data[: max(1, min(sample_size, n))]
+        bytes_per_row = max(1, -(-_nbytes(enc.encode(sample)) // len(sample)))
+    if num_chunks is not None:
+        num_chunks = num_chunks * max(1, sub_chunks)
+    bounds = chunk_bounds(n, num_chunks=num_chunks) if num_chunks else chunk_bounds(n)
+    k = _num_components(model, estimator)
+    model_bytes = _model_bytes(model)
+    devices = list(resources.devices)
+    total = resources.total_throughput
+    shards, notes, fits = [], [], True
+    cum, first = 0.0, 0
+    for j, dev in enumerate(devices):
+        cum += dev.throughput
+        last = len(bounds) if j == len(devices) - 1 else int(round(len(bounds) * cum / total))
+        last = max(first, min(last, len(bounds)))
+        start = bounds[first][0] if first < len(bounds) else n
+        stop = bounds[last - 1][1] if last > first else start
+        rows_per_chunk = max((b - a for a, b in bounds[first:last]), default=0)
+        work = WORK_ARRAYS * 8 * k * min(rows_per_chunk, DEFAULT_CHUNK_SIZE if num_chunks is None else rows_per_chunk)
+        resident = int(safety_factor * ((stop - start) * bytes_per_row + model_bytes + work))
+        if dev.memory_bytes is not None and resident > dev.memory_bytes:
+            fits = False
+            notes.append(f"{dev.name}: needs {resident} bytes resident, has {dev.memory_bytes}")
+        shards.append(RowShard(dev.name, start, stop, first, last, resident))
+        first = last
+    return Placement(n, len(bounds), bytes_per_row, model_bytes, tuple(shards), fits, tuple(notes))
+
+
+def model_sharding_plan(
+    model: Any,
+    resources: Resources,
+    estimator: Any = None,
+    axis: str = "components",
+    min_components_per_shard: int = 1,
+) -> ModelShardingPlan:
+    """Replicate the model when one copy fits on every device; else split components by memory."""
+    if axis != "components":
+        raise ValueError(f"only the 'components' axis can be planned, got {axis!r}")
+    if min_components_per_shard < 1:
+        raise ValueError(f"min_components_per_shard must be >= 1, got {min_components_per_shard}")
+    k = _num_components(model, estimator)
+    model_bytes = _model_bytes(model)
+    per_component = -(-model_bytes // k) if model_bytes else 0
+    caps = [d.memory_bytes for d in resources.devices]
+    if all(c is None or c >= model_bytes for c in caps):
+        shards = tuple(ComponentShard(d.name, 0, k, model_bytes) for d in resources.devices)
+        return ModelShardingPlan(axis, k, model_bytes, shards, False, True,
+                                 "one copy of the model fits on every device: replicate it, split the data")
+    # Split components in proportion to memory, at least min_components_per_shard each.
+    usable = [d for d in resources.devices if d.memory_bytes and d.memory_bytes >= per_component * min_components_per_shard]
+    capacity = sum(d.memory_bytes // max(per_component, 1) for d in usable)
+    shards_list, start = [], 0
+    for d in usable:
+        if start >= k:
+            break
+        take = max(min_components_per_shard, int(d.memory_bytes // max(per_component, 1)))
+        stop = min(k, start + take)
+        shards_list.append(ComponentShard(d.name, start, stop, (stop - start) * per_component))
+        start = stop
+    fits = start >= k and capacity >= k
+    if not shards_list:
+        shards_list = [ComponentShard(resources.devices[0].name, 0, k, model_bytes)]
+    reason = (f"the model needs {model_bytes} bytes but the smallest device holds "
+              f"{min(c for c in caps if c is not None)}; components split over {len(shards_list)} device(s)")
+    return ModelShardingPlan(axis, k, model_bytes, tuple(shards_list), True, fits, reason)
+
+
+def auto_parallel_estimator(
+    estimator: Any,
+    model: Any,
+    resources: Resources | None = None,
+    *,
+    n_data: int | None = None,
+    min_components_per_shard: int = 1,
+) -> Any:
+    """The plain estimator when data parallelism serves; raises when model storage must be split."""
+    if resources is None:
+        resources = Resources.local()
+    sharding = model_sharding_plan(model, resources, estimator, min_components_per_shard=min_components_per_shard)
+    if sharding.requires_split:
+        raise UnrealizedModelPlacementError(sharding)
+    return estimator

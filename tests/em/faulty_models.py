@@ -1,0 +1,70 @@
+"""Estimators that kill or hang the worker process that claims a marker file (fault-injection tests).
+
+The wrapped statistics are the inner estimator's, untouched, so a recovered fit must end on the
+same bits as an uninterrupted one. Module-level so spawned mp workers can import it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+
+def _claim(marker: str) -> bool:
+    try:
+        os.rename(marker, marker + f".taken-by-{os.getpid()}")
+        return True
+    except FileNotFoundError:
+        return False
+
+
+class FaultyAccumulator:
+    def __init__(self, inner: Any, marker: str, mode: str) -> None:
+        self.inner, self.marker, self.mode = inner, marker, mode
+
+    def update(self, enc: Any, weights: Any, model: Any) -> Any:
+        if _claim(self.marker):
+            if self.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(3600)  # hang
+        return self.inner.update(enc, weights, model)
+
+    def initialize(self, enc: Any, weights: Any, rng: Any) -> None:
+        self.inner.initialize(enc, weights, rng)
+
+    def combine(self, stats: Any) -> "FaultyAccumulator":
+        self.inner.combine(stats)
+        return self
+
+    def value(self) -> Any:
+        return self.inner.value()
+
+    def from_value(self, stats: Any) -> "FaultyAccumulator":
+        self.inner.from_value(stats)
+        return self
+
+
+class FaultyFactory:
+    def __init__(self, est: "FaultyEstimator") -> None:
+        self.est = est
+
+    def make(self) -> FaultyAccumulator:
+        return FaultyAccumulator(self.est.inner.accumulator_factory().make(), self.est.marker, self.est.mode)
+
+
+class FaultyEstimator:
+    """``inner`` whose E-step kills (mode='kill') or hangs (mode='hang') the claiming process."""
+
+    def __init__(self, inner: Any, marker: str, mode: str = "kill") -> None:
+        self.inner, self.marker, self.mode = inner, marker, mode
+
+    def accumulator_factory(self) -> FaultyFactory:
+        return FaultyFactory(self)
+
+    def estimate(self, nobs: Any, stats: Any) -> Any:
+        return self.inner.estimate(nobs, stats)
+
+    def encoder(self) -> Any:
+        return self.inner.encoder()
