@@ -17,6 +17,7 @@ from .admission import (
     save_certificate,
     verifying,
 )
+from .cli import main_certify, main_verify
 from .conformance import CHECKS, ConformanceFailure, main_conformance, run_conformance
 from .harness import VerificationReport, verify
 from .keys import KEY_ENV, load_key
@@ -43,6 +44,6 @@ __all__ = [
     "LedgerFault", "LedgerReport", "MLPWorkload", "MeshError", "SDCDetectedError", "TinyLMWorkload",
     "TrainingAuditor", "VerificationReport", "audited_fold", "certify", "compare", "current_library_versions",
     "default_tolerance", "digest", "flip_bit", "is_verifying", "load_certificate", "load_key", "main_audit",
-    "main_conformance", "read_ledger", "require_admission", "run_conformance", "run_on_gloo_mesh",
+    "main_certify", "main_conformance", "main_verify", "read_ledger", "require_admission", "run_conformance", "run_on_gloo_mesh",
     "save_certificate", "tolerance_policy", "truncate_torn_tail", "verify", "verify_ledger", "verifying",
 ]

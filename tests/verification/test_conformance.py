@@ -67,3 +67,23 @@ def test_pytest_plugin_runs_the_suite(pytester):
     bad.assert_outcomes(passed=5, failed=1)
     bad.stdout.fnmatch_lines(["*test_harness_admits*", "*check 'numerics' failed*"])
     assert sys.executable
+
+
+def test_verify_and_certify_commands(tmp_path, capsys):
+    from mixle_parallel.verification.admission import load_certificate
+    from mixle_parallel.verification.cli import main_certify, main_verify
+
+    spec = "toy_executors:ToyEMExecutor"
+    common = ["--backend", spec, "--plan", "dp_replicate=2", "--precision", "fp64", "--workload", "gaussian_mixture"]
+    assert main_verify(common) == 0
+    assert "PASSED" in capsys.readouterr().out
+    key = tmp_path / "key"
+    key.write_text("secret\n")
+    assert main_certify([*common, "--out", str(tmp_path / "cert.json"), "--key-file", str(key)]) == 0
+    assert load_certificate(tmp_path / "cert.json").signature_valid(b"secret")
+    bad = ["--backend", "toy_executors:PerWorkerEMExecutor", "--plan", "dp_replicate=3", "--precision", "fp64",
+           "--workload", "gaussian_mixture"]
+    assert main_verify(bad) == 1
+    assert main_certify([*bad, "--out", str(tmp_path / "bad.json")]) == 1
+    assert not (tmp_path / "bad.json").exists()
+    assert main_verify(["--backend", spec, "--plan", "nope"]) == 2
