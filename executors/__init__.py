@@ -29,6 +29,9 @@ _LAZY = {
     "TorchDistributedSession": "torch_session",
     "describe_parameter_layouts": "torch_layouts",
     "CollectiveMeter": "torch_comm",
+    "VerifiableTorchNative": "torch_verification",
+    "VerifiableEncodedData": "em_verification",
+    "em_capabilities": "em_verification",
 }
 
 

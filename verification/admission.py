@@ -233,10 +233,18 @@ def require_admission(
     """The admission gate for ``prepare()`` / ``encoded_data()``; raises NotAdmittedError when refused.
 
     ``certificate`` may be a certificate or a path to its document (else ``MIXLE_PARALLEL_CERTIFICATE``);
-    ``admission`` is None (require a certificate on a real mesh) or ``"unverified"`` (run anyway).
+    ``admission`` is None (require a certificate on a real mesh), ``"unverified"`` (run anyway), or
+    the certificate itself (or its path), for executors that take one ``admission=`` argument.
     """
+    if isinstance(admission, (AdmissionCertificate, os.PathLike)) or (
+            isinstance(admission, str) and admission not in ("required", "unverified")
+            and (admission.endswith(".json") or os.path.sep in admission)):
+        if certificate is not None:
+            raise ValueError("pass the certificate once: as certificate= or as admission=, not both")
+        certificate, admission = admission, None  # executors' one-argument form: admission=<certificate>
     if admission not in (None, "required", "unverified"):
-        raise ValueError(f"admission={admission!r}; expected None, 'required' or 'unverified'")
+        raise ValueError(f"admission={admission!r}; expected None, 'required', 'unverified', a certificate "
+                         "or the path of a certificate document")
     name = executor.capabilities.name
     common = {"executor": name, "plan": plan.describe(), "precision": precision}
     if is_verifying():

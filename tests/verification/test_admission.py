@@ -107,9 +107,16 @@ def test_unverified_local_and_verifying_modes(plan, monkeypatch, tmp_path):
         assert is_verifying()
         assert require_admission(StubExecutor(), plan, "fp32", world_size=4, accelerator=False).mode == "verifying"
     assert not is_verifying()
+    cert = certify([make_evidence(plan)], executor=StubExecutor(), plan=plan, precision="fp32")
+    one_argument = require_admission(StubExecutor(), plan, "fp32", admission=cert, world_size=4, accelerator=False)
+    assert one_argument.certified
+    path = save_certificate(cert, tmp_path / "one.json")
+    assert require_admission(StubExecutor(), plan, "fp32", admission=str(path), world_size=4, accelerator=False).certified
+    with pytest.raises(ValueError, match="pass the certificate once"):
+        require_admission(StubExecutor(), plan, "fp32", admission=cert, certificate=cert, world_size=4,
+                          accelerator=False)
     with pytest.raises(ValueError, match="admission='maybe'"):
         require_admission(StubExecutor(), plan, "fp32", admission="maybe", world_size=4, accelerator=False)
-    cert = certify([make_evidence(plan)], executor=StubExecutor(), plan=plan, precision="fp32")
     monkeypatch.setenv("MIXLE_PARALLEL_CERTIFICATE", str(save_certificate(cert, tmp_path / "cert.json")))
     assert require_admission(StubExecutor(), plan, "fp32", world_size=4, accelerator=False).certified
 
