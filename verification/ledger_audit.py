@@ -92,6 +92,11 @@ def _check_payload(entry: LedgerEntry, run: _Run, fault: Any) -> None:
         linked = receipt.extra.get("certificate")
         if linked is not None and linked != run.certificate:
             fault(f"receipt says certificate {linked!r}, the run's is {run.certificate!r}")
+        mode = receipt.extra.get("admission")
+        if mode == UNVERIFIED and run.certificate != UNVERIFIED:
+            fault(f"receipt says the run is unverified, but it started under certificate {run.certificate}")
+        if mode == "certified" and run.certificate == UNVERIFIED:
+            fault("receipt says certified, but the run started unverified")
         previous = run.last_step.get(rank)
         if previous is not None and receipt.step < previous:
             fault(f"rank {rank} step went backwards: {receipt.step} after {previous}")

@@ -203,3 +203,14 @@ def test_garbage_line_in_the_middle_is_named(tmp_path, plan, capsys):
     assert main_audit([str(path), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["ok"] is False
     assert main_audit([str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_receipt_admission_mode_must_agree_with_the_run(tmp_path, plan):
+    path = tmp_path / "run.jsonl"
+    ledger = Ledger(path)
+    ledger.run_start(plan=plan, certificate="sha256:" + "3" * 64)
+    ledger.receipt(make_receipt(0, extra={"admission": "certified", "certificate": "sha256:" + "3" * 64}))
+    ledger.receipt(make_receipt(1, extra={"admission": "unverified"}))
+    ledger.run_end()
+    report = verify_ledger(path)
+    assert report.first_bad.seq == 2 and "unverified" in report.first_bad.message
