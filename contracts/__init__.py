@@ -52,11 +52,19 @@ from .serialization import (
     to_json,
 )
 from .updates import DistributedUpdate, ParameterLayout
+from .verifiable import (
+    VERIFICATION_LAUNCHES,
+    EstimationWorkload,
+    TrainingWorkload,
+    VerifiableExecutor,
+    VerificationTrial,
+)
 
 __all__ = [
     "Accumulator", "AccumulatorFactory", "ComponentShard", "EncodedDataHandle", "Encoder", "Estimator",
     "Model", "ModelShardingPlan", "Placement", "RowShard", "StatisticFormatError",
     "canonical_statistic_bytes", "statistic_digest", "statistics_equal",
+    "EstimationWorkload", "TrainingWorkload", "VERIFICATION_LAUNCHES", "VerifiableExecutor", "VerificationTrial",
     "ALL_AXES", "AdmissibleExecutor", "AdmissionCertificate", "BackendCapabilities", "CONTRACT_TYPES",
     "CapabilityError", "CollectiveKind", "ContractError", "DERIVED_AXES", "DeviceSpec",
     "DistributedUpdate", "FrozenDict", "KNOWN_PRECISIONS", "MeshCoordinate", "MeshShape",

@@ -32,6 +32,9 @@ _LAZY = {
     "MegatronBackend": ".megatron_backend",
     "MegatronSession": ".megatron_session",
     "cpu_compat": ".megatron_cpu_compat",
+    "VerifiableTorchNative": ".torch_verification",
+    "VerifiableEncodedData": ".em_verification",
+    "em_capabilities": ".em_verification",
 }
 
 

@@ -28,6 +28,10 @@ BUILTIN_ENCODED_DATA_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "local": (".local:local_backend", ("thread", "threads")),
     "mp": (".mp:mp_backend", ("multiprocessing", "processes")),
     "model_parallel": (".component_parallel:model_parallel_backend", ("component_parallel",)),
+    "mpi": (".mpi_backend:mpi_encoded_data", ("mpi4py",)),
+    "spark": (".spark_backend:spark_encoded_data", ("pyspark",)),
+    "dask": (".dask_backend:dask_encoded_data", ("distributed",)),
+    "ray": (".ray_backend:ray_encoded_data", ()),
 }
 
 _LAZY_FACTORIES: dict[str, Any] = {}

@@ -1,0 +1,100 @@
+"""Helpers shared by the engine runners (mpi, spark, dask, ray): lazy imports, chunk placement.
+
+Nothing here imports an engine at module level; each runner imports its engine through
+:func:`require_engine`, which turns a missing package into a ``MissingExtraError`` naming the
+extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from mixle_parallel.contracts.errors import MissingExtraError
+
+DEFAULT_TIMEOUT_S = 600.0
+"""Seconds a runner waits for one data pass before it declares a worker hung."""
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S", "Deadline", "block_assignment", "cap_blas_threads", "check_timeout",
+    "ordered_results", "require_engine", "requested_ids",
+]
+
+
+def require_engine(module: str, extra: str) -> ModuleType:
+    """Import ``module`` or raise ``MissingExtraError`` naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(module.split(".")[0], extra) from exc
+
+
+def block_assignment(num_chunks: int, num_workers: int) -> list[list[int]]:
+    """Contiguous blocks of chunk ids per worker (worker ``w`` gets ``[a_w, b_w)``).
+
+    Only placement depends on the worker count; results are always combined in chunk order.
+    """
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    edges = [(w * num_chunks) // num_workers for w in range(num_workers + 1)]
+    return [list(range(edges[w], edges[w + 1])) for w in range(num_workers)]
+
+
+def requested_ids(chunk_ids: Sequence[int] | None, num_chunks: int) -> list[int]:
+    """The chunk ids a map runs over, ascending: all (default) or the given ones, validated."""
+    if chunk_ids is None:
+        return list(range(num_chunks))
+    ids = sorted(int(i) for i in chunk_ids)
+    bad = [i for i in ids if not 0 <= i < num_chunks]
+    if bad:
+        raise IndexError(f"chunk ids {bad} are out of range: this runner holds chunks 0..{num_chunks - 1}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"chunk ids must be distinct, got {ids}")
+    return ids
+
+
+def ordered_results(results: dict[int, Any], ids: Sequence[int], backend: str) -> list[Any]:
+    """Results in the order of ``ids`` (ascending chunk id); a missing id is a backend bug, reported as such."""
+    missing = [i for i in ids if i not in results]
+    if missing:
+        raise RuntimeError(f"{backend} runner lost the results of chunks {missing}; this is a bug in the runner")
+    return [results[i] for i in ids]
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """Validate a timeout in seconds (``None`` waits forever)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    return float(timeout)
+
+
+class Deadline:
+    """A wall-clock deadline for one data pass (``None``: no deadline)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self._end = None if timeout is None else time.monotonic() + timeout
+
+    def remaining(self) -> float | None:
+        """Seconds left (never negative), or ``None`` without a deadline."""
+        return None if self._end is None else max(0.0, self._end - time.monotonic())
+
+    def expired(self) -> bool:
+        """Whether the deadline has passed."""
+        return self._end is not None and time.monotonic() >= self._end
+
+
+def cap_blas_threads(limit: int = 1) -> bool:
+    """Cap BLAS/OpenMP threads of this process (one per worker avoids oversubscription)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # optional: without it the engine's own defaults stay
+        return False
+    threadpool_limits(limits=limit)
+    return True

@@ -1,0 +1,226 @@
+"""The ``ray`` chunk runner: chunks ``ray.put`` once and held by one actor per worker.
+
+The driver puts every encoded chunk into the object store once (it owns those objects, so they
+outlive any worker), and each actor resolves the ids of its contiguous block once and keeps them
+resident. A data pass sends each live actor the function, the payload (put once per pass) and its
+chunk ids. When an actor dies its chunks move to the survivors, which resolve them from the object
+store and recompute them; a pass that does not finish within ``timeout`` seconds raises
+``WorkerTimeoutError``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .engine_support import (
+    DEFAULT_TIMEOUT_S,
+    Deadline,
+    block_assignment,
+    cap_blas_threads,
+    check_timeout,
+    ordered_results,
+    require_engine,
+    requested_ids,
+)
+from .runner import WorkerLostError, WorkerTimeoutError
+
+__all__ = ["RayChunkWorker", "RayRunner", "ray_encoded_data"]
+
+_log = logging.getLogger(__name__)
+
+
+class RayChunkWorker:
+    """Actor body: holds resident chunks and maps functions over them."""
+
+    def __init__(self) -> None:
+        cap_blas_threads()
+        self.chunks: dict[int, Any] = {}
+
+    def pid(self) -> int:
+        """The worker's process id (tests kill it to prove recovery)."""
+        import os
+
+        return os.getpid()
+
+    def load(self, chunk_ids: list[int], refs: list[Any]) -> int:
+        """Resolve chunk objects from the store once and keep them; returns how many it holds."""
+        import ray
+
+        for i, value in zip(chunk_ids, ray.get(list(refs))):
+            self.chunks[int(i)] = value
+        return len(self.chunks)
+
+    def run(self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: list[int]) -> list[tuple[int, Any]]:
+        """``fn(chunk, payload)`` for each of ``chunk_ids``, as ``(chunk id, result)`` pairs."""
+        return [(i, fn(self.chunks[i], payload)) for i in chunk_ids]
+
+
+class RayRunner:
+    """Chunk runner over Ray actors (a running Ray, or a local one it starts and owns)."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        num_workers: int | None = None,
+        *,
+        address: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+        start_timeout: float | None = DEFAULT_TIMEOUT_S,
+        init_kwargs: dict[str, Any] | None = None,
+        num_cpus_per_worker: float | None = None,
+    ) -> None:
+        ray = require_engine("ray", "ray")
+        self.timeout = check_timeout(timeout)
+        self.start_timeout = check_timeout(start_timeout)
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False)
+            kwargs.update(init_kwargs or {})
+            ray.init(address=address, **kwargs)
+        cpus = float(ray.cluster_resources().get("CPU", 1.0))
+        n = max(1, int(cpus)) if num_workers is None else int(num_workers)
+        if n < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
+        per_worker = min(1.0, cpus / n) if num_cpus_per_worker is None else float(num_cpus_per_worker)
+        actor_cls = ray.remote(num_cpus=per_worker, max_restarts=0)(RayChunkWorker)
+        self._actors: list[Any] = [actor_cls.remote() for _ in range(n)]
+        self._alive = [True] * n
+        self.num_workers = n
+        self._refs: list[Any] = []
+        self._owner: list[int] = []
+        self.recoveries = 0
+        """Chunks moved to a surviving actor after one died (for tests and logs)."""
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live actors, in worker order."""
+        import ray
+
+        return ray.get([a.pid.remote() for a, ok in zip(self._actors, self._alive) if ok])
+
+    # -- placement ----------------------------------------------------------------------------
+    def scatter(self, chunks: Sequence[Any]) -> None:
+        """``ray.put`` every chunk once and load contiguous blocks into the actors."""
+        import ray
+
+        self._refs = [ray.put(c) for c in chunks]
+        self._owner = [0] * len(self._refs)
+        loads = []
+        for w, ids in enumerate(block_assignment(len(self._refs), self.num_workers)):
+            for i in ids:
+                self._owner[i] = w
+            if ids:
+                loads.append(self._actors[w].load.remote(ids, [self._refs[i] for i in ids]))
+        self._wait(loads, "placing chunks")
+
+    def _wait(self, refs: list[Any], what: str) -> list[Any]:
+        import ray
+
+        ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout)
+        if not_ready:
+            raise WorkerTimeoutError(
+                f"ray actors did not finish {what} within {self.start_timeout} s; raise start_timeout= "
+                "(seconds) or check that the Ray cluster has free CPUs for the actors"
+            )
+        return ray.get(ready)
+
+    def _reassign(self, dead: int) -> list[int]:
+        """Move a dead actor's chunks to the survivors (round robin); returns the moved ids."""
+        self._alive[dead] = False
+        survivors = [w for w, ok in enumerate(self._alive) if ok]
+        lost = [i for i, w in enumerate(self._owner) if w == dead]
+        if not survivors:
+            raise WorkerLostError(f"every ray actor died; chunks {lost} cannot be recomputed. Restart Ray.")
+        _log.warning("ray: actor %d died; moving chunks %s to actors %s", dead, lost, survivors)
+        moved: dict[int, list[int]] = {w: [] for w in survivors}
+        for k, i in enumerate(lost):
+            w = survivors[k % len(survivors)]
+            self._owner[i] = w
+            moved[w].append(i)
+        self._wait([self._actors[w].load.remote(ids, [self._refs[i] for i in ids]) for w, ids in moved.items() if ids],
+                   "re-placing chunks of a dead actor")
+        self.recoveries += len(lost)
+        return lost
+
+    # -- data passes --------------------------------------------------------------------------
+    def map_chunks(
+        self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None
+    ) -> list[Any]:
+        """``fn(chunk, payload)`` on the actor holding each chunk; results in chunk-id order."""
+        ray = require_engine("ray", "ray")
+        ids = requested_ids(chunk_ids, len(self._refs))
+        deadline = Deadline(self.timeout)
+        payload_ref = ray.put(payload)
+        results: dict[int, Any] = {}
+        inflight: dict[Any, tuple[int, list[int]]] = {}
+
+        def submit(chunk_list: list[int]) -> None:
+            by_worker: dict[int, list[int]] = {}
+            for i in chunk_list:
+                by_worker.setdefault(self._owner[i], []).append(i)
+            for w, wids in sorted(by_worker.items()):
+                inflight[self._actors[w].run.remote(fn, payload_ref, wids)] = (w, wids)
+
+        submit(ids)
+        while inflight:
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=deadline.remaining())
+            if not ready:
+                hung = sorted({w for w, _ in inflight.values()})
+                pending = sorted(i for _, wids in inflight.values() for i in wids)
+                raise WorkerTimeoutError(
+                    f"ray actor(s) {hung} did not return chunk(s) {pending} within {self.timeout} s; "
+                    "a worker is hung or overloaded. Raise timeout= (seconds) or restart it."
+                )
+            for ref in ready:
+                w, wids = inflight.pop(ref)
+                try:
+                    pairs = ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    self._reassign(w)
+                    # Chunks of this actor still in flight elsewhere are none; resubmit its share.
+                    submit(wids)
+                    continue
+                results.update(pairs)
+        return ordered_results(results, ids, self.name)
+
+    # -- lifetime -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Kill the actors, drop the chunk objects; shut Ray down when this runner started it."""
+        ray = require_engine("ray", "ray")
+        for actor in self._actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        self._actors, self._refs = [], []
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+            self._owns_ray = False
+
+
+def ray_encoded_data(
+    data: Any,
+    *,
+    num_workers: int | None = None,
+    address: str | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    start_timeout: float | None = DEFAULT_TIMEOUT_S,
+    init_kwargs: dict[str, Any] | None = None,
+    **params: Any,
+) -> Any:
+    """``encoded_data(..., backend="ray")``: a handle over a :class:`RayRunner`.
+
+    ``timeout`` bounds each data pass, ``start_timeout`` the actors' start and chunk placement;
+    ``init_kwargs`` go to ``ray.init`` when no Ray is running yet (the runner then owns it).
+    """
+    from .runner import handle_from_runner
+
+    runner = RayRunner(num_workers, address=address, timeout=timeout, start_timeout=start_timeout,
+                       init_kwargs=init_kwargs)
+    try:
+        return handle_from_runner(runner, data, **params)
+    except BaseException:
+        runner.close()
+        raise

@@ -1,0 +1,119 @@
+"""Chunk functions for the engine tests; pickled by value so engine workers need not import tests/."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+
+
+def claim(marker: str) -> bool:
+    """True exactly once per marker path (atomic create), across processes."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def make_chunks(num_chunks: int, rows: int = 50, seed: int = 7) -> list[tuple[int, np.ndarray]]:
+    """``(chunk id, float64 array)`` chunks with awkward values so summation order matters."""
+    rng = np.random.default_rng(seed)
+    return [(i, rng.standard_normal(rows) * 10.0 ** rng.integers(-8, 8, rows)) for i in range(num_chunks)]
+
+
+def expected(chunks: list[tuple[int, np.ndarray]], scale: float = 1.0) -> list[tuple[int, float]]:
+    """What ``probe`` returns for each chunk, computed in this process."""
+    return [(cid, float(np.sum(arr)) * scale) for cid, arr in chunks]
+
+
+def probe(chunk: tuple[int, np.ndarray], payload: dict[str, Any]) -> tuple[int, float]:
+    """Sum a chunk; on request kill this worker (once), hang until released, or raise."""
+    cid, arr = chunk
+    if payload.get("kill_chunk") == cid and claim(payload["marker"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if payload.get("hang_chunk") == cid:
+        end = time.monotonic() + payload.get("hang_s", 120.0)
+        while not os.path.exists(payload["release"]) and time.monotonic() < end:
+            time.sleep(0.05)
+    if payload.get("fail_chunk") == cid:
+        raise ValueError(f"chunk {cid} is bad on purpose")
+    return cid, float(np.sum(arr)) * payload.get("scale", 1.0)
+
+
+def worker_pid(chunk: Any, payload: Any) -> int:
+    """The process id of the worker holding ``chunk``."""
+    return os.getpid()
+
+
+class _SabotageFactory:
+    def __init__(self, owner: "SabotageEstimator") -> None:
+        self.owner = owner
+
+    def make(self) -> "_SabotageAccumulator":
+        return _SabotageAccumulator(self.owner, self.owner.inner.accumulator_factory().make())
+
+
+class _SabotageAccumulator:
+    """Delegates to the wrapped accumulator; once armed, its E-step kills or stalls its worker."""
+
+    def __init__(self, owner: "SabotageEstimator", inner: Any) -> None:
+        self.owner, self.inner = owner, inner
+
+    def initialize(self, enc: Any, weights: Any, rng: Any) -> None:
+        self.inner.initialize(enc, weights, rng)
+
+    def update(self, enc: Any, weights: Any, model: Any) -> Any:
+        o = self.owner
+        if os.getpid() != o.driver_pid and os.path.exists(o.arm) and claim(o.marker):
+            if o.action == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            end = time.monotonic() + 120.0
+            while not os.path.exists(o.release) and time.monotonic() < end:
+                time.sleep(0.05)
+        return self.inner.update(enc, weights, model)
+
+    def combine(self, stats: Any) -> "_SabotageAccumulator":
+        self.inner.combine(stats)
+        return self
+
+    def value(self) -> Any:
+        return self.inner.value()
+
+    def from_value(self, stats: Any) -> "_SabotageAccumulator":
+        self.inner.from_value(stats)
+        return self
+
+
+class SabotageEstimator:
+    """Wraps an estimator; after the ``arm`` file appears, the first remote E-step of a chunk
+    kills its worker process (``action='kill'``) or hangs it until ``release`` exists ('hang').
+    The statistics are the wrapped estimator's, so a recovered fit has the plain fit's bits."""
+
+    def __init__(self, inner: Any, workdir: str, action: str = "kill") -> None:
+        self.inner, self.action = inner, action
+        self.arm = os.path.join(workdir, "arm")
+        self.marker = os.path.join(workdir, "fired")
+        self.release = os.path.join(workdir, "release")
+        self.driver_pid = os.getpid()
+
+    def accumulator_factory(self) -> _SabotageFactory:
+        return _SabotageFactory(self)
+
+    def estimate(self, nobs: Any, stats: Any) -> Any:
+        return self.inner.estimate(nobs, stats)
+
+    def encoder(self) -> Any:
+        return self.inner.encoder()
+
+    def arm_at(self, iteration: int) -> Any:
+        """An ``on_step`` callback that arms the sabotage after pass ``iteration``."""
+
+        def on_step(step: Any) -> None:
+            if step.iteration == iteration:
+                open(self.arm, "w").close()
+
+        return on_step

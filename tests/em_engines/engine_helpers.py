@@ -1,0 +1,75 @@
+"""Helpers for the engine-backend tests: probe functions pickled by value, mpiexec runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = HERE / "mpi_scripts"
+
+
+def by_value(module: Any) -> None:
+    """Pickle ``module``'s functions by value for every engine's cloudpickle flavour present."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
+    for name in ("ray.cloudpickle", "pyspark.cloudpickle"):
+        if name.split(".")[0] in sys.modules:
+            try:
+                __import__(name)
+                sys.modules[name].register_pickle_by_value(module)
+            except (ImportError, AttributeError):  # pragma: no cover - older vendored copies
+                pass
+
+
+def mpiexec() -> str | None:
+    """The mpiexec installed beside mpi4py's MPI (the mpich wheel), else the one on PATH."""
+    import importlib.util
+
+    candidates = [Path(sys.executable).parent / "mpiexec"]
+    spec = importlib.util.find_spec("mpi4py")
+    if spec is not None and spec.origin:
+        # <prefix>/lib/pythonX.Y/site-packages/mpi4py/__init__.py -> <prefix>/bin/mpiexec
+        candidates.append(Path(spec.origin).resolve().parents[4] / "bin" / "mpiexec")
+    for candidate in candidates:
+        if candidate.exists():
+            return str(candidate)
+    return shutil.which("mpiexec")
+
+
+def mpi_env(exe: str) -> dict[str, str]:
+    """Environment for ranks: the MPI library of ``exe``'s install on the loader path."""
+    env = dict(os.environ)
+    lib = str(Path(exe).resolve().parent.parent / "lib")
+    env["LD_LIBRARY_PATH"] = lib + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    return env
+
+
+def run_mpi(script: str, n: int, *args: str, timeout: float = 240.0) -> list[dict[str, Any]]:
+    """Run ``mpi_scripts/script`` on ``n`` ranks; each rank writes ``$MPI_TEST_OUT/rank<r>.json``."""
+    import tempfile
+
+    exe = mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec found: install the [mpi] extra (mpi4py + mpich)")
+    with tempfile.TemporaryDirectory(prefix="mpi-test-") as out:
+        env = mpi_env(exe)
+        env["MPI_TEST_OUT"] = out
+        proc = subprocess.run(
+            [exe, "-n", str(n), sys.executable, str(SCRIPTS / script), *args],
+            capture_output=True, text=True, timeout=timeout, env=env, cwd=str(HERE),
+        )
+        assert proc.returncode == 0, f"mpiexec -n {n} {script} failed:\n{proc.stdout}\n{proc.stderr}"
+        rows = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
+    assert sorted(r["rank"] for r in rows) == list(range(n)), proc.stdout + proc.stderr
+    return sorted(rows, key=lambda r: r["rank"])

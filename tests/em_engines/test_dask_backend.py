@@ -1,0 +1,157 @@
+"""DaskRunner against a real LocalCluster: placement, ordering, worker death, hung worker."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+
+pytest.importorskip("distributed")
+
+import chunk_probes as probes  # noqa: E402
+import em_case  # noqa: E402
+from engine_helpers import by_value  # noqa: E402
+
+from mixle_parallel.contracts.resources import Resources  # noqa: E402
+from mixle_parallel.executors.estimation.dask_backend import DaskRunner  # noqa: E402
+from mixle_parallel.executors.estimation.runner import WorkerTimeoutError  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client, LocalCluster
+
+    by_value(probes)
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                           silence_logs=logging.ERROR)
+    client = Client(cluster)
+    try:
+        client.wait_for_workers(2, timeout=120)
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+def _worker_pids(client) -> dict[str, int]:
+    return client.run(os.getpid)
+
+
+def test_results_in_chunk_order_and_chunks_pinned(client):
+    chunks = probes.make_chunks(7)
+    runner = DaskRunner(client, timeout=120)
+    try:
+        assert runner.num_workers == 2
+        runner.scatter(chunks)
+        # Contiguous blocks: chunks 0-2 on the first worker, 3-6 on the second, each placed once.
+        who = client.who_has(runner._futures)
+        holders = [who[f.key] for f in runner._futures]
+        assert all(len(h) == 1 for h in holders)
+        assert len({h[0] for h in holders[:3]}) == 1 and len({h[0] for h in holders[3:]}) == 1
+        assert holders[0] != holders[3]
+        assert runner.map_chunks(probes.probe, {"scale": 2.0}) == probes.expected(chunks, 2.0)
+        assert runner.map_chunks(probes.probe, {}, chunk_ids=[5, 1]) == [probes.expected(chunks)[1], probes.expected(chunks)[5]]
+        with pytest.raises(IndexError, match="out of range"):
+            runner.map_chunks(probes.probe, {}, chunk_ids=[7])
+        with pytest.raises(ValueError, match="bad on purpose"):
+            runner.map_chunks(probes.probe, {"fail_chunk": 4})
+    finally:
+        runner.close()
+    assert client.status == "running"  # a given client is not closed by the runner
+
+
+def test_worker_killed_mid_pass_is_recomputed_on_survivors(client, tmp_path):
+    chunks = probes.make_chunks(6)
+    runner = DaskRunner(client, timeout=180)
+    try:
+        runner.scatter(chunks)
+        before = set(_worker_pids(client).values())
+        payload = {"kill_chunk": 4, "marker": str(tmp_path / "killed")}
+        assert runner.map_chunks(probes.probe, payload) == probes.expected(chunks)
+        assert (tmp_path / "killed").exists()  # the worker really died mid-pass
+        assert runner.recoveries >= 1
+        client.wait_for_workers(2, timeout=120)  # the nanny restarts the dead worker
+        assert set(_worker_pids(client).values()) != before
+        assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
+    finally:
+        runner.close()
+
+
+def test_worker_killed_between_passes(client):
+    chunks = probes.make_chunks(5)
+    runner = DaskRunner(client, timeout=180)
+    try:
+        runner.scatter(chunks)
+        assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
+        victim = runner._where[0]
+        os.kill(_worker_pids(client)[victim], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert runner.map_chunks(probes.probe, {"scale": 3.0}) == probes.expected(chunks, 3.0)
+        assert runner.recoveries >= 1
+        client.wait_for_workers(2, timeout=120)
+    finally:
+        runner.close()
+
+
+def test_hung_worker_raises_timeout(client, tmp_path):
+    chunks = probes.make_chunks(4)
+    runner = DaskRunner(client, timeout=3.0)
+    release = tmp_path / "release"
+    try:
+        runner.scatter(chunks)
+        with pytest.raises(WorkerTimeoutError, match=r"chunk\(s\) \[0, 1\]"):
+            runner.map_chunks(probes.probe, {"hang_chunk": 1, "release": str(release)})
+    finally:
+        release.touch()
+        runner.close()
+
+
+def test_owned_local_cluster_starts_and_closes():
+    runner = DaskRunner(None, num_workers=1, timeout=120)
+    cluster = runner._cluster
+    try:
+        assert runner.num_workers == 1
+        chunks = probes.make_chunks(3)
+        runner.scatter(chunks)
+        assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
+    finally:
+        runner.close()
+    assert cluster.status.name == "closed"
+
+
+def test_resources_from_dask_client(client):
+    res = Resources.from_dask(client)
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    assert len(res) == 2 == len(info)
+    for device, (address, worker) in zip(res, sorted(info.items())):
+        assert device.kind == "cpu" and device.name == f"dask:{address}/0"
+        assert device.memory_bytes == worker["memory_limit"]
+        assert device.host == "127.0.0.1"
+    assert Resources.from_json(res.to_json()) == res
+
+
+# ---- a whole fit: a worker killed mid-iteration, a hung worker -------------------------------------
+def test_fit_survives_a_worker_killed_mid_iteration(client, tmp_path):
+    est = probes.SabotageEstimator(em_case.estimator(), str(tmp_path), action="kill")
+    pids_before = set(_worker_pids(client).values())
+    got = em_case.run("dask", None, est=est, client=client, on_step=est.arm_at(3), timeout=300)
+    assert (tmp_path / "fired").exists()  # a worker process really died during pass 4
+    assert got == em_case.reference()  # ... and the fit still ends on the uninterrupted bits
+    client.wait_for_workers(2, timeout=120)
+    assert set(_worker_pids(client).values()) != pids_before
+
+
+def test_fit_with_a_hung_worker_raises_timeout(client, tmp_path):
+    est = probes.SabotageEstimator(em_case.estimator(), str(tmp_path), action="hang")
+    try:
+        with pytest.raises(WorkerTimeoutError, match="did not return chunk"):
+            em_case.run("dask", None, est=est, client=client, on_step=est.arm_at(1), timeout=5.0)
+    finally:
+        (tmp_path / "release").touch()

@@ -1,0 +1,139 @@
+"""RayRunner against a real local Ray (num_cpus=2): placement, ordering, actor death, hung actor."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+pytest.importorskip("ray")
+
+import chunk_probes as probes  # noqa: E402
+import em_case  # noqa: E402
+from engine_helpers import by_value  # noqa: E402
+
+from mixle_parallel.executors.estimation.ray_backend import RayRunner  # noqa: E402
+from mixle_parallel.executors.estimation.runner import WorkerTimeoutError  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    by_value(probes)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def test_results_in_chunk_order_and_chunks_resident(ray_session):
+    chunks = probes.make_chunks(7)
+    runner = RayRunner(2, timeout=120)
+    try:
+        runner.scatter(chunks)
+        # Contiguous blocks, resident in one actor each: chunks 0-2 / 3-6 report two distinct pids.
+        pids = runner.map_chunks(probes.worker_pid, None)
+        assert len(set(pids[:3])) == 1 and len(set(pids[3:])) == 1 and pids[0] != pids[3]
+        assert sorted(set(pids)) == sorted(runner.worker_pids())
+        assert runner.map_chunks(probes.probe, {"scale": 2.0}) == probes.expected(chunks, 2.0)
+        assert runner.map_chunks(probes.probe, {}, chunk_ids=[6, 0]) == [probes.expected(chunks)[0], probes.expected(chunks)[6]]
+        with pytest.raises(ValueError, match="bad on purpose"):
+            runner.map_chunks(probes.probe, {"fail_chunk": 2})
+    finally:
+        runner.close()
+    assert ray_session.is_initialized()  # a Ray the runner did not start stays up
+
+
+def test_three_workers_on_two_cpus(ray_session):
+    chunks = probes.make_chunks(5)
+    runner = RayRunner(3, timeout=120)
+    try:
+        runner.scatter(chunks)
+        assert len(set(runner.map_chunks(probes.worker_pid, None))) == 3
+        assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
+    finally:
+        runner.close()
+
+
+def test_actor_killed_mid_pass_is_recomputed_on_survivors(ray_session, tmp_path):
+    chunks = probes.make_chunks(6)
+    runner = RayRunner(2, timeout=180)
+    try:
+        runner.scatter(chunks)
+        payload = {"kill_chunk": 4, "marker": str(tmp_path / "killed")}
+        assert runner.map_chunks(probes.probe, payload) == probes.expected(chunks)
+        assert (tmp_path / "killed").exists()
+        assert runner.recoveries == 3  # the dead actor's block (chunks 3-5) moved
+        assert len(runner.worker_pids()) == 1
+        assert len(set(runner.map_chunks(probes.worker_pid, None))) == 1
+        assert runner.map_chunks(probes.probe, {"scale": 0.5}) == probes.expected(chunks, 0.5)
+    finally:
+        runner.close()
+
+
+def test_actor_killed_between_passes(ray_session):
+    chunks = probes.make_chunks(4)
+    runner = RayRunner(2, timeout=180)
+    try:
+        runner.scatter(chunks)
+        assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
+        os.kill(runner.worker_pids()[0], signal.SIGKILL)
+        assert runner.map_chunks(probes.probe, {"scale": 3.0}) == probes.expected(chunks, 3.0)
+        assert runner.recoveries == 2
+    finally:
+        runner.close()
+
+
+def test_hung_actor_raises_timeout(ray_session, tmp_path):
+    chunks = probes.make_chunks(4)
+    runner = RayRunner(2, timeout=3.0)
+    release = tmp_path / "release"
+    try:
+        runner.scatter(chunks)
+        with pytest.raises(WorkerTimeoutError, match=r"chunk\(s\) \[2, 3\]"):
+            runner.map_chunks(probes.probe, {"hang_chunk": 2, "release": str(release)})
+    finally:
+        release.touch()
+        runner.close()
+
+
+# ---- a whole fit: an actor killed mid-iteration, a hung actor, an owned Ray -------------------------
+def test_fit_survives_an_actor_killed_mid_iteration(ray_session, tmp_path):
+    est = probes.SabotageEstimator(em_case.estimator(), str(tmp_path), action="kill")
+    got = em_case.run("ray", 2, est=est, on_step=est.arm_at(3), timeout=300)
+    assert (tmp_path / "fired").exists()  # an actor process really died during pass 4
+    assert got == em_case.reference()
+
+
+def test_fit_with_a_hung_actor_raises_timeout(ray_session, tmp_path):
+    est = probes.SabotageEstimator(em_case.estimator(), str(tmp_path), action="hang")
+    try:
+        with pytest.raises(WorkerTimeoutError, match="did not return chunk"):
+            em_case.run("ray", 2, est=est, on_step=est.arm_at(1), timeout=5.0)
+    finally:
+        (tmp_path / "release").touch()
+
+
+def test_owned_ray_starts_and_shuts_down():
+    """With no Ray running, the backend starts one, fits the same bits and shuts it down (own process)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import json, ray, em_case\n"
+        "sig = em_case.run('ray', 2, init_kwargs={'num_cpus': 2, 'include_dashboard': False})\n"
+        "print(json.dumps({'sig': sig, 'up': ray.is_initialized()}))\n"
+    )
+    here = Path(__file__).resolve().parent
+    proc = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["up"] is False
+    assert (out["sig"][0], tuple(out["sig"][1])) == em_case.reference()

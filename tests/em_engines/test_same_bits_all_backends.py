@@ -1,0 +1,96 @@
+"""Every backend (local, mp, mpi, spark, dask, ray) with 1, 2 or 3 workers fits the same bits.
+
+The reference is the plain in-process fit (``local``, one worker) of the case in ``em_case``;
+each backend's model parameters and whole log-likelihood trajectory must equal it bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import pytest
+
+import em_case
+from engine_helpers import run_mpi
+
+pytestmark = pytest.mark.slow
+
+WORKERS = [1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
+                                       dashboard_address=":0", silence_logs=logging.ERROR)
+    client = distributed.Client(cluster)
+    try:
+        client.wait_for_workers(3, timeout=120)
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def spark_context():
+    pyspark = pytest.importorskip("pyspark")
+    conf = (pyspark.SparkConf().setMaster("local[2]").setAppName("mixle-parallel-bits")
+            .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
+            .set("spark.driver.bindAddress", "127.0.0.1").set("spark.pyspark.python", sys.executable))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this package's venv
+    sc = pyspark.SparkContext(conf=conf)
+    sc.setLogLevel("ERROR")
+    try:
+        yield sc
+    finally:
+        sc.stop()
+
+
+def test_reference_fit_is_a_real_fit():
+    digest, history = em_case.reference()
+    lls = [float.fromhex(h) for h in history]
+    assert len(lls) == em_case.FIT_KWARGS["max_its"] and lls[-1] > lls[0]  # EM climbs
+
+
+@pytest.mark.parametrize("n", WORKERS)
+@pytest.mark.parametrize("backend", ["local", "mp"])
+def test_in_process_backends(backend, n):
+    assert em_case.run(backend, n) == em_case.reference()
+
+
+@pytest.mark.parametrize("n", WORKERS)
+def test_dask(dask_client, n):
+    assert em_case.run("dask", n, client=dask_client) == em_case.reference()
+
+
+@pytest.mark.parametrize("n", WORKERS)
+def test_ray(ray_session, n):
+    assert em_case.run("ray", n) == em_case.reference()
+
+
+@pytest.mark.parametrize("n", WORKERS)
+def test_spark(spark_context, n):
+    assert em_case.run("spark", n, client=spark_context) == em_case.reference()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n, mode", [(1, "all"), (2, "all"), (3, "all"), (2, "root_only"), (3, "root_only")])
+def test_mpi(n, mode):
+    pytest.importorskip("mpi4py")
+    digest, history = em_case.reference()
+    for row in run_mpi("fit_check.py", n, mode):
+        assert row["size"] == n
+        assert (row["digest"], tuple(row["history"])) == (digest, history), f"rank {row['rank']} differs"

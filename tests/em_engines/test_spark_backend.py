@@ -1,0 +1,77 @@
+"""SparkRunner against a real SparkContext on local[2]: partitions, ordering, hung executor."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+import chunk_probes as probes  # noqa: E402
+from engine_helpers import by_value  # noqa: E402
+
+from mixle_parallel.contracts.resources import Resources  # noqa: E402
+from mixle_parallel.executors.estimation.runner import WorkerTimeoutError  # noqa: E402
+from mixle_parallel.executors.estimation.spark_backend import SparkRunner  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def spark_context():
+    from pyspark import SparkConf, SparkContext
+
+    conf = (SparkConf().setMaster("local[2]").setAppName("mixle-parallel-tests")
+            .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
+            .set("spark.driver.bindAddress", "127.0.0.1").set("spark.pyspark.python", sys.executable))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this package's venv
+    sc = SparkContext(conf=conf)
+    sc.setLogLevel("ERROR")
+    by_value(probes)
+    try:
+        yield sc
+    finally:
+        sc.stop()
+
+
+def test_partitions_hold_contiguous_chunks_results_in_order(spark_context):
+    chunks = probes.make_chunks(7)
+    runner = SparkRunner(spark_context, timeout=300)
+    try:
+        assert runner.num_workers == 2
+        runner.scatter(chunks)
+        layout = runner._rdd.glom().map(lambda part: [cid for cid, _ in part]).collect()
+        assert layout == [[0, 1, 2], [3, 4, 5, 6]]
+        assert runner.map_chunks(probes.probe, {"scale": 2.0}) == probes.expected(chunks, 2.0)
+        assert runner.map_chunks(probes.probe, {}, chunk_ids=[4, 1]) == [probes.expected(chunks)[1], probes.expected(chunks)[4]]
+        with pytest.raises(Exception, match="bad on purpose"):
+            runner.map_chunks(probes.probe, {"fail_chunk": 5})
+    finally:
+        runner.close()
+    assert spark_context._jsc is not None  # a context the runner did not start stays up
+
+
+def test_hung_executor_is_cancelled_by_timeout(spark_context, tmp_path):
+    chunks = probes.make_chunks(4)
+    runner = SparkRunner(spark_context, timeout=4.0)
+    release = tmp_path / "release"
+    try:
+        runner.scatter(chunks)
+        with pytest.raises(WorkerTimeoutError, match="did not finish within 4.0 s"):
+            runner.map_chunks(probes.probe, {"hang_chunk": 0, "release": str(release)})
+    finally:
+        release.touch()
+        runner.close()
+    runner = SparkRunner(spark_context, timeout=300)
+    try:  # the context is usable after a cancelled job
+        runner.scatter(chunks)
+        assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
+    finally:
+        runner.close()
+
+
+def test_resources_from_spark(spark_context):
+    res = Resources.from_spark(spark_context)
+    assert [d.name for d in res] == ["spark:0", "spark:1"]

@@ -1,0 +1,164 @@
+"""Count the collectives a rank really issued (PyTorch's flight recorder) and name their mesh axes.
+
+The flight recorder (``TORCH_FR_BUFFER_SIZE`` > 0 before the process group starts) logs every
+collective a c10d process group runs, including those issued from C++ (the DDP reducer) and
+by functional collectives (DTensor). ``FlightRecorderTrace`` snapshots it around a step; the
+process-group name of each entry is mapped to its global ranks, and ``axes_of_group`` maps
+ranks to the plan axes whose process group they are.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from mixle_parallel.contracts import (
+    PHYSICAL_AXES,
+    CollectiveKind,
+    ObservedCollective,
+    ParallelAxis,
+    ParallelPlan,
+)
+
+# flight-recorder profiling names -> collective kinds (substring match, gloo and nccl spellings)
+_KIND_PATTERNS: tuple[tuple[str, CollectiveKind | None], ...] = (
+    ("reduce_scatter", CollectiveKind.REDUCE_SCATTER),
+    ("allgather", CollectiveKind.ALL_GATHER),
+    ("all_gather", CollectiveKind.ALL_GATHER),
+    ("allreduce", CollectiveKind.ALL_REDUCE),
+    ("all_reduce", CollectiveKind.ALL_REDUCE),
+    ("alltoall", CollectiveKind.ALL_TO_ALL),
+    ("all_to_all", CollectiveKind.ALL_TO_ALL),
+    ("broadcast", CollectiveKind.BROADCAST),
+    ("send", CollectiveKind.P2P),
+    ("recv", CollectiveKind.P2P),
+    ("barrier", None),
+)
+
+
+_DATA_DTYPES = frozenset({"Float", "Double", "Half", "BFloat16", "ComplexFloat", "ComplexDouble",
+                          "Float8_e4m3fn", "Float8_e5m2"})
+
+
+GLOO_REALIZATIONS: dict[CollectiveKind, CollectiveKind] = {CollectiveKind.REDUCE_SCATTER: CollectiveKind.ALL_REDUCE}
+"""How gloo really runs a collective: ProcessGroupGloo has no native reduce-scatter and records
+``reduce_scatter_tensor`` as ``gloo:all_reduce`` (checked on torch 2.13), so on a gloo mesh a declared
+reduce-scatter is matched by an all-reduce over the same axes."""
+
+
+def realized_kinds(kind: CollectiveKind, backend: str = "gloo") -> tuple[CollectiveKind, ...]:
+    """The kinds a declared collective may be recorded as on ``backend``."""
+    if backend == "gloo" and kind in GLOO_REALIZATIONS:
+        return (kind, GLOO_REALIZATIONS[kind])
+    return (kind,)
+
+
+def collective_kind(profiling_name: str) -> CollectiveKind | None:
+    """The CollectiveKind of a flight-recorder entry (None for a barrier); CUSTOM when unknown."""
+    name = profiling_name.split(":", 1)[-1].lower()
+    for pattern, kind in _KIND_PATTERNS:
+        if pattern in name:
+            return kind
+    return CollectiveKind.CUSTOM
+
+
+def _dump() -> list[dict[str, Any]]:
+    from torch._C._distributed_c10d import _dump_fr_trace_json
+
+    return list(json.loads(_dump_fr_trace_json()).get("entries", []))
+
+
+def group_ranks_by_name() -> dict[str, tuple[int, ...]]:
+    """Every live process group's name -> its global ranks (this process's view)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    names = {}
+    for group, name in c10d._world.pg_names.items():
+        try:
+            names[str(name)] = tuple(sorted(dist.get_process_group_ranks(group)))
+        except (RuntimeError, ValueError):  # a group this rank is not part of
+            continue
+    return names
+
+
+class FlightRecorderTrace:
+    """Snapshots of the flight recorder; ``since(mark)`` lists the collectives issued after a mark."""
+
+    def __init__(self) -> None:
+        import os
+
+        if int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0") or 0) <= 0:
+            raise RuntimeError(
+                "collective tracing needs TORCH_FR_BUFFER_SIZE > 0 before the process group starts "
+                "(the verification mesh sets it)"
+            )
+
+    def mark(self) -> set[int]:
+        """Record ids of every entry recorded so far (unique per process)."""
+        return {int(e["record_id"]) for e in _dump()}
+
+    def since(self, mark: set[int]) -> list[tuple[str, tuple[int, ...]]]:
+        """(profiling name, global ranks of its group) for each entry recorded after ``mark``.
+
+        Broadcasts of integer tensors only are metadata set-up (DDP's bucket-order sync after its
+        first iteration), not an update's data; they are left out.
+        """
+        groups = group_ranks_by_name()
+        out = []
+        for entry in _dump():
+            if int(entry["record_id"]) in mark:
+                continue
+            profiling = str(entry["profiling_name"])
+            dtypes = [str(d) for d in entry.get("input_dtypes", [])]
+            if collective_kind(profiling) is CollectiveKind.BROADCAST and dtypes and not any(
+                    d in _DATA_DTYPES for d in dtypes):
+                continue
+            out.append((profiling, groups.get(str(entry["process_group"][0]), ())))
+        return out
+
+
+def _physical_groups(plan: ParallelPlan, axes: tuple[ParallelAxis, ...]) -> set[frozenset[int]]:
+    groups: dict[tuple[int, ...], set[int]] = {}
+    for rank in range(plan.world_size):
+        coord = plan.coordinate(rank)
+        key = tuple(coord[a] for a in PHYSICAL_AXES if a not in axes)
+        groups.setdefault(key, set()).add(rank)
+    return {frozenset(g) for g in groups.values()}
+
+
+def axes_of_group(plan: ParallelPlan, ranks: Iterable[int]) -> tuple[ParallelAxis, ...] | None:
+    """The plan axes whose process group is exactly ``ranks`` (smallest set, mesh order); None if none."""
+    members = frozenset(ranks)
+    if len(members) < 2:
+        return ()
+    active = [a for a in PHYSICAL_AXES if plan.size(a) > 1]
+    for size in range(1, len(active) + 1):
+        for combo in itertools.combinations(active, size):
+            if members in _physical_groups(plan, combo):
+                return combo
+    for axis in (ParallelAxis.EP, ParallelAxis.ETP):
+        if plan.size(axis) > 1 and members in {frozenset(g) for g in plan.axis_group_ranks(axis)}:
+            return (axis,)
+    return None
+
+
+def summarize(plan: ParallelPlan, entries: Iterable[tuple[str, tuple[int, ...]]]) -> tuple[
+        tuple[ObservedCollective, ...], tuple[str, ...]]:
+    """Count entries by (kind, axes); entries on groups that match no axis are returned as text."""
+    counts: Counter[tuple[CollectiveKind, tuple[ParallelAxis, ...]]] = Counter()
+    strays: Counter[str] = Counter()
+    for profiling_name, ranks in entries:
+        kind = collective_kind(profiling_name)
+        if kind is None or len(set(ranks)) < 2:
+            continue  # barriers and single-rank groups move no data between ranks
+        axes = axes_of_group(plan, ranks)
+        if axes is None:
+            strays[f"{kind.value} over ranks {list(ranks)} (not the group of any axis of {plan.describe()})"] += 1
+        else:
+            counts[(kind, axes)] += 1
+    observed = tuple(ObservedCollective(kind, axes, n) for (kind, axes), n in sorted(counts.items()))
+    return observed, tuple(f"{text} x{n}" for text, n in sorted(strays.items()))
