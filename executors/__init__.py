@@ -11,8 +11,10 @@ from .registry import (
     normalize_backend_name,
     register_encoded_data_backend,
     register_training_backend,
+    register_verification_target,
     unregister_encoded_data_backend,
     unregister_training_backend,
+    verification_target,
 )
 
 # Heavy executors load on first attribute access, so importing this package stays torch-free.
@@ -52,5 +54,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "available_encoded_data_backends", "available_training_backends", "get_encoded_data_backend",
     "get_training_backend", "normalize_backend_name", "register_encoded_data_backend",
-    "register_training_backend", "unregister_encoded_data_backend", "unregister_training_backend",
+    "register_training_backend", "register_verification_target", "unregister_encoded_data_backend",
+    "unregister_training_backend", "verification_target",
 ]  # the lazy names stay out of __all__: a star-import would load torch and megatron

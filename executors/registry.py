@@ -129,6 +129,44 @@ def unregister_encoded_data_backend(name: str) -> None:
         _encoded_data_backends.pop(normalize_backend_name(name), None)
 
 
+_verification_targets: dict[str, Any] = {}
+
+
+def register_verification_target(name: str, target: Any, *, override: bool = False) -> None:
+    """Bind a backend name to what the verification harness measures for it.
+
+    ``target`` is a ``"module:attr"`` spec (resolved inside each harness rank) or a zero-argument
+    factory returning an executor object that implements ``contracts.VerifiableExecutor``.
+    """
+    key = normalize_backend_name(name)
+    with _lock:
+        current = _verification_targets.get(key)
+        if current is not None and current != target and not override:
+            raise ValueError(
+                f"verification target for {key!r} is already {current!r}; pass override=True to replace it"
+            )
+        _verification_targets[key] = target
+
+
+def verification_target(name: str) -> Any:
+    """The harness target of a registered backend name: a ``module:attr`` spec or an executor object.
+
+    A value containing ``:`` is already a spec and is returned unchanged.
+    """
+    if ":" in name:
+        return name
+    key = normalize_backend_name(name)
+    with _lock:
+        target = _verification_targets.get(key)
+    if target is None:
+        known = ", ".join(sorted(_verification_targets)) or "(none)"
+        raise KeyError(
+            f"backend {name!r} has no verification target; certifiable backends: {known}. "
+            "Pass an executor as 'package.module:attribute' or register one with register_verification_target"
+        )
+    return target if isinstance(target, str) else target()
+
+
 # ---- built-in training backends: lazy factories, nothing heavy is imported here ----------------
 def _megatron_factory() -> Any:
     """Import the megatron backend (torch, megatron-core) on first use."""
@@ -146,3 +184,4 @@ def _torch_native_factory() -> Any:
 
 register_training_backend("megatron", _megatron_factory)
 register_training_backend("torch_native", _torch_native_factory)
+register_verification_target("torch_native", "mixle_parallel.executors.torch_verification:VerifiableTorchNative")

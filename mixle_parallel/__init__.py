@@ -45,6 +45,42 @@ from mixle_parallel.executors.estimation import (
     plan,
 )
 
+from mixle_parallel.verification import (
+    AdmissionDecision,
+    AuditSchedule,
+    BitFlip,
+    CertificationError,
+    EMAuditor,
+    FaultInjector,
+    GaussianMixtureWorkload,
+    Ledger,
+    MLPWorkload,
+    SDCDetectedError,
+    TinyLMWorkload,
+    TrainingAuditor,
+    VerificationReport,
+    audited_fold,
+    certify,
+    default_tolerance,
+    flip_bit,
+    load_certificate,
+    require_admission,
+    run_conformance,
+    save_certificate,
+    tolerance_policy,
+    verify,
+    verify_ledger,
+    verifying,
+)
+
+_verification_names = [
+    "AdmissionDecision", "AuditSchedule", "BitFlip", "CertificationError", "EMAuditor", "FaultInjector",
+    "GaussianMixtureWorkload", "Ledger", "MLPWorkload", "SDCDetectedError", "TinyLMWorkload", "TrainingAuditor",
+    "VerificationReport", "audited_fold", "certify", "default_tolerance", "flip_bit", "load_certificate",
+    "require_admission", "run_conformance", "save_certificate", "tolerance_policy", "verify", "verify_ledger",
+    "verifying",
+]
+
 _estimation_names = [
     "CategoricalDistribution", "CategoricalEstimator", "ComponentParallelEncodedData", "ComponentParallelEstimator",
     "CompositeDistribution", "CompositeEstimator", "DiagonalGaussianDistribution", "DiagonalGaussianEstimator",
@@ -56,7 +92,7 @@ _estimation_names = [
     "model_parallel_fold", "model_sharding_plan", "optimize", "plan",
 ]
 
-__all__ = ["__version__", *_contract_names, *_executor_names, *_estimation_names]
+__all__ = ["__version__", *_contract_names, *_executor_names, *_estimation_names, *_verification_names]
 
 
 def __getattr__(name: str) -> object:

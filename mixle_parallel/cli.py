@@ -15,6 +15,7 @@ from mixle_parallel import contracts as c
 from mixle_parallel import executors
 
 EXIT_BAD_INPUT = 2
+_PASS_THROUGH = ("verify", "certify", "audit", "conformance", "demo")
 _PLAN_FIELDS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "etp", "microbatches",
                 "gradient_accumulation_steps")
 
@@ -97,6 +98,26 @@ def _cmd_schema(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _pass_through(name: str):  # noqa: ANN202 - handler factory
+    """A handler that hands the remaining arguments to a verification command function."""
+
+    def handler(args: argparse.Namespace, console: Console) -> int:
+        from mixle_parallel import verification
+
+        function = getattr(verification, name)
+        if name in ("main_verify", "main_certify"):
+            return int(function(args.rest, resolve=executors.verification_target))
+        return int(function(args.rest))
+
+    return handler
+
+
+def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    from mixle_parallel.demo import run_demo
+
+    return run_demo(args.rest, console)
+
+
 def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", metavar="FILE.json", help="a ParallelPlan document (or an object of sizes)")
     for field in _PLAN_FIELDS:
@@ -119,6 +140,24 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="print the JSON Schema of a contract (no KIND: list the kinds)")
     schema.add_argument("kind", nargs="?", metavar="KIND")
     schema.set_defaults(handler=_cmd_schema)
+
+    commands = {
+        "verify": ("main_verify", "measure a backend (registered name or module:attr) against the single-process "
+                                  "reference on a small real mesh"),
+        "certify": ("main_certify", "verify, then write an admission certificate for the plan family"),
+        "audit": ("main_audit", "verify a ledger's hash chain, step order and certificate links"),
+        "conformance": ("main_conformance", "run the standard contract and executor checks against a backend"),
+    }
+    for command, (function, text) in commands.items():
+        passthrough = sub.add_parser(command, help=text, add_help=False)
+        passthrough.add_argument("rest", nargs=argparse.REMAINDER)
+        passthrough.set_defaults(handler=_pass_through(function))
+    demo = sub.add_parser("demo", help="the main job: a certified, audited run on a local 4-rank CPU mesh",
+                          add_help=False)
+    demo.add_argument("rest", nargs=argparse.REMAINDER)
+    demo.set_defaults(handler=_cmd_demo)
+    parser._mixle_handlers = {  # type: ignore[attr-defined]
+        **{command: _pass_through(function) for command, (function, _) in commands.items()}, "demo": _cmd_demo}
     return parser
 
 
@@ -130,7 +169,13 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 and one line on stderr for bad input)."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] in _PASS_THROUGH:
+        # argparse's REMAINDER cannot start with an option, so these commands take argv as it is.
+        args = argparse.Namespace(handler=parser._mixle_handlers[argv[0]], rest=argv[1:])  # type: ignore[attr-defined]
+    else:
+        args = parser.parse_args(argv)
     console = Console()
     try:
         return int(args.handler(args, console))

@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from mixle_parallel.contracts import to_dict
 
 from .admission import CertificationError, save_certificate
 from .conformance import parse_plan
 from .harness import verify
+from .harness_worker import resolve_executor
 from .keys import KEY_ENV, load_key
 
 
@@ -24,29 +26,43 @@ def _parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=doc)
     parser.add_argument("--backend", required=True, help="backend as 'package.module:attribute'")
     parser.add_argument("--plan", required=True, help="plan, e.g. 'dp_shard=2,tp=2'")
-    parser.add_argument("--precision", default="fp32", help="fp32 (default), fp64, bf16, ...")
+    parser.add_argument("--precision", default=None,
+                        help="fp32, fp64, bf16, ... (default: fp32, or the backend's only precision)")
     parser.add_argument("--workload", default="mlp", help="mlp (default), tiny_lm or gaussian_mixture")
     parser.add_argument("--trials", type=int, default=1, help="seeds to run (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     return parser
 
 
-def _run(args: argparse.Namespace, prog: str):  # noqa: ANN202 - report or None
+Resolver = Callable[[str], Any]
+"""Maps a ``--backend`` value to an executor object or ``module:attr`` spec (the facade maps registry names)."""
+
+
+def _identity(spec: str) -> Any:
+    return spec
+
+
+def _run(args: argparse.Namespace, prog: str, resolve: Resolver):  # noqa: ANN202 - report or None
     try:
         plan = parse_plan(args.plan)
-    except ValueError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        target = resolve(args.backend)
+    except (ValueError, KeyError) as exc:
+        print(f"{prog}: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return None
-    return verify(args.backend, plan, precision=args.precision, workload=args.workload, trials=args.trials,
+    args.target = target
+    if args.precision is None:
+        precisions = resolve_executor(target).capabilities.precisions
+        args.precision = "fp32" if "fp32" in precisions or not precisions else sorted(precisions)[0]
+    return verify(target, plan, precision=args.precision, workload=args.workload, trials=args.trials,
                   seed=args.seed)
 
 
-def main_verify(argv: Sequence[str] | None = None) -> int:
+def main_verify(argv: Sequence[str] | None = None, *, resolve: Resolver = _identity) -> int:
     """``mixle-parallel verify``: measure a backend on a plan; exit 1 when a check fails."""
     parser = _parser("mixle-parallel verify", main_verify.__doc__)
     parser.add_argument("--json", action="store_true", help="print the evidence as JSON documents")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    report = _run(args, "mixle-parallel verify")
+    report = _run(args, "mixle-parallel verify", resolve)
     if report is None:
         return 2
     if args.json:
@@ -58,7 +74,7 @@ def main_verify(argv: Sequence[str] | None = None) -> int:
     return 0 if report.passed else 1
 
 
-def main_certify(argv: Sequence[str] | None = None) -> int:
+def main_certify(argv: Sequence[str] | None = None, *, resolve: Resolver = _identity) -> int:
     """``mixle-parallel certify``: verify, then write the certificate; exit 1 when not certifiable."""
     parser = _parser("mixle-parallel certify", main_certify.__doc__)
     parser.add_argument("--out", required=True, help="where to write the certificate document")
@@ -70,12 +86,12 @@ def main_certify(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"mixle-parallel certify: {exc}", file=sys.stderr)
         return 2
-    report = _run(args, "mixle-parallel certify")
+    report = _run(args, "mixle-parallel certify", resolve)
     if report is None:
         return 2
     print(report.summary())
     try:
-        certificate = report.certify(args.backend, key=key)
+        certificate = report.certify(args.target, key=key)
     except CertificationError as exc:
         print(f"not certified: {exc}", file=sys.stderr)
         return 1

@@ -96,11 +96,16 @@ def run_trials(executor: Any, workload: Any, plan: ParallelPlan, *, precision: s
 def gloo_rank_main(rank: int, world_size: int, executor_spec: Any, workload: Any, plan: ParallelPlan,
                    precision: str, seeds: Sequence[int], repeats: int) -> list[dict[str, Any]]:
     """Entry point of one spawned rank (see ``mesh.run_on_gloo_mesh``)."""
+    import logging
+
     import torch
 
     from .mesh import fresh_process_group
 
     torch.use_deterministic_algorithms(True, warn_only=True)
+    # Unsharding observables for comparison (full_tensor) makes DTensor warn about sequential
+    # all-gathers on every rank; that cost is the harness's own, not the executor's.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     executor = resolve_executor(executor_spec)
     return run_trials(executor, workload, plan, precision=precision, seeds=seeds, repeats=repeats, rank=rank,
                       world_size=world_size, trace=True, fresh_group=fresh_process_group)

@@ -8,6 +8,7 @@ from typing import Any
 from mixle_parallel.contracts.estimation import EncodedDataHandle
 
 from ..registry import (
+    register_verification_target,
     available_encoded_data_backends,
     get_encoded_data_backend,
     register_encoded_data_backend,
@@ -53,10 +54,27 @@ def _lazy_factory(name: str, target: str) -> Any:
     return factory
 
 
+_VERIFICATION_FACTORIES: dict[str, Any] = {}
+
+
+def _verification_factory(name: str) -> Any:
+    """A cached zero-argument factory of the harness adapter for EM on ``name``."""
+    if name not in _VERIFICATION_FACTORIES:
+        def build() -> Any:
+            from ..em_verification import VerifiableEncodedData
+
+            return VerifiableEncodedData(name)
+
+        _VERIFICATION_FACTORIES[name] = build
+    return _VERIFICATION_FACTORIES[name]
+
+
 def register_builtin_encoded_data_backends() -> None:
     """Register every built-in backend the same way a third party would (idempotent)."""
     for name, (target, aliases) in BUILTIN_ENCODED_DATA_BACKENDS.items():
         register_encoded_data_backend(name, _lazy_factory(name, target), aliases)
+        if name != "model_parallel":  # a wrapper over another backend, certified through that one
+            register_verification_target(name, _verification_factory(name))
 
 
 def is_encoded_data_handle(obj: Any) -> bool:

@@ -98,3 +98,29 @@ def test_console_script_runs() -> None:
     out = subprocess.run([sys.executable, "-m", "mixle_parallel", "--version"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and "mixle-parallel" in out.stdout
+
+
+def test_verification_commands_take_registry_names(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", "--backend", "megatron", "--plan", "pp=2"]) == 2
+    assert "has no verification target" in capsys.readouterr().err
+    assert main(["certify", "--backend", "no-such", "--plan", "dp_shard=2", "--out", "/dev/null"]) == 2
+
+
+def test_certify_then_audit_pass_through(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """EM on the mp backend (2 real worker processes) certified from the CLI by its registry name."""
+    cert = tmp_path / "cert.json"
+    assert main(["certify", "--backend", "mp", "--plan", "dp_replicate=2", "--workload", "gaussian_mixture",
+                 "--out", str(cert)]) == 0
+    from mixle_parallel import AdmissionCertificate, from_json
+
+    certificate = from_json(cert.read_text(), AdmissionCertificate)
+    assert certificate.executor == "em_mp" and certificate.precision == "fp64"
+    assert main(["audit", str(tmp_path / "missing.jsonl")]) != 0
+    capsys.readouterr()
+
+
+def test_pass_through_help_reaches_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["audit", "--help"])
+    assert info.value.code == 0
+    assert "usage: mixle-parallel audit" in capsys.readouterr().out
