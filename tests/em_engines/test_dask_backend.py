@@ -155,3 +155,8 @@ def test_fit_with_a_hung_worker_raises_timeout(client, tmp_path):
             em_case.run("dask", None, est=est, client=client, on_step=est.arm_at(1), timeout=5.0)
     finally:
         (tmp_path / "release").touch()
+
+
+def test_more_workers_than_the_client_has_is_an_error(client):
+    with pytest.raises(ValueError, match="the dask client has 2 worker"):
+        DaskRunner(client, num_workers=3)
