@@ -1,7 +1,7 @@
 """The ``dask`` chunk runner: chunks scattered once onto dask.distributed workers.
 
 Each chunk is scattered (``client.scatter``) to one worker, in contiguous blocks, and every data
-pass submits one task per chunk pinned to the worker holding it. When a worker dies its scattered
+pass submits one task per worker, pinned there, over the chunks it holds. When a worker dies its scattered
 chunks are lost (dask cannot recompute scattered data), so the runner keeps the encoded chunks on
 the driver, re-scatters the lost ones onto live workers and resubmits; a pass that does not finish
 within ``timeout`` seconds raises ``WorkerTimeoutError`` instead of waiting forever.
@@ -124,29 +124,37 @@ class DaskRunner:
             for i, fut in zip(ids, futures):
                 self._futures[i], self._where[i] = fut, worker
 
-    def _replace(self, chunk_id: int) -> None:
-        """Re-scatter a lost chunk onto the live worker holding the fewest chunks."""
+    def _replace(self, chunk_ids: list[int]) -> None:
+        """Re-scatter lost chunks, each onto the live worker holding the fewest chunks."""
         live = self._live_workers()  # survivors and any replacement the cluster started
         if not live:
             raise WorkerLostError(
-                f"every dask worker is gone; chunk {chunk_id} cannot be recomputed. Restart the cluster."
+                f"every dask worker is gone; chunks {chunk_ids} cannot be recomputed. Restart the cluster."
             )
-        load = {w: 0 for w in live}
-        for w in self._where:
-            if w in load:
+        load = dict.fromkeys(live, 0)
+        lost = set(chunk_ids)
+        for i, w in enumerate(self._where):
+            if w in load and i not in lost:
                 load[w] += 1
-        target = min(live, key=lambda w: (load[w], w))
-        _log.warning("dask: re-placing chunk %d (was on %s) onto %s", chunk_id, self._where[chunk_id], target)
-        (self._futures[chunk_id],) = self.client.scatter([self._chunks[chunk_id]], workers=[target], hash=False)
-        self._where[chunk_id] = target
-        self.recoveries += 1
+        targets: dict[str, list[int]] = {}
+        for i in chunk_ids:
+            target = min(live, key=lambda w: (load[w], w))
+            load[target] += 1
+            targets.setdefault(target, []).append(i)
+        _log.warning("dask: re-placing lost chunks %s onto %s", chunk_ids, sorted(targets))
+        for target, ids in targets.items():
+            futures = self.client.scatter([self._chunks[i] for i in ids], workers=[target], hash=False)
+            for i, fut in zip(ids, futures):
+                self._futures[i], self._where[i] = fut, target
+        self.recoveries += len(chunk_ids)
 
     def _submit(self, fn: Callable[[Any, Any], Any], chunk_ids: list[int], payload: Any) -> dict[Any, list[int]]:
         """One task per worker over the chunks it holds (re-placing lost chunks first)."""
+        lost = [i for i in chunk_ids if self._futures[i] is None or self._futures[i].status != "finished"]
+        if lost:
+            self._replace(lost)
         by_worker: dict[str, list[int]] = {}
         for i in chunk_ids:
-            if self._futures[i] is None or self._futures[i].status != "finished":
-                self._replace(i)
             by_worker.setdefault(self._where[i], []).append(i)
         return {
             self.client.submit(
