@@ -69,6 +69,7 @@ class SparkRunner:
                 "spark.master": master or f"local[{n},{LOCAL_TASK_ATTEMPTS}]",
                 "spark.app.name": "mixle-parallel-em",
                 "spark.ui.enabled": "false",
+                "spark.ui.showConsoleProgress": "false",
                 "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1",
                 "spark.pyspark.python": sys.executable,
