@@ -58,3 +58,12 @@ __all__ = [
     "combine_in_chunk_order", "encode_chunks", "encoded_data", "handle_from_runner",
     "is_encoded_data_handle", "register_builtin_encoded_data_backends", "resolve_encoder", "seed_from",
 ]
+
+# Engine runners (mpi, spark, dask, ray): these modules import their engine only when a runner is
+# constructed, so importing them here keeps this package light.
+from .dask_backend import DaskRunner
+from .mpi_backend import MPIChunkError, MPIEncodedData, MPIRunner
+from .ray_backend import RayRunner
+from .spark_backend import SparkRunner
+
+__all__ += ["DaskRunner", "MPIChunkError", "MPIEncodedData", "MPIRunner", "RayRunner", "SparkRunner"]

@@ -8,17 +8,29 @@ combine: statistics are reduced in one fixed order and every rank ends on the sa
 With ``root_only=True`` only the root has the rows: it encodes the chunks and scatters each rank
 its block; the other ranks pass ``data=None``. Otherwise every rank has the rows and encodes only
 its own chunks. A failure inside one rank's chunk function is all-gathered and raised on every
-rank, so one bad rank does not leave the others blocked in a collective.
+rank, so one bad rank does not leave the others blocked in a collective. Before the all-gather the
+ranks meet at a non-blocking barrier polled against ``timeout``: a rank that does not arrive (hung
+in its chunks) makes the others raise ``WorkerTimeoutError`` instead of waiting forever (run the
+script with ``python -m mpi4py`` so an uncaught error aborts the whole job).
 """
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .engine_support import block_assignment, ordered_results, require_engine, requested_ids
-from .runner import ChunkedEncodedData, EncodedChunk, resolve_encoder
+from .engine_support import (
+    DEFAULT_TIMEOUT_S,
+    Deadline,
+    block_assignment,
+    check_timeout,
+    ordered_results,
+    require_engine,
+    requested_ids,
+)
+from .runner import ChunkedEncodedData, EncodedChunk, WorkerTimeoutError, resolve_encoder
 
 __all__ = ["MPIChunkError", "MPIEncodedData", "MPIRunner", "mpi_encoded_data"]
 
@@ -32,7 +44,11 @@ class MPIRunner:
 
     name = "mpi"
 
-    def __init__(self, comm: Any = None, *, root: int = 0, root_only: bool = False) -> None:
+    def __init__(
+        self, comm: Any = None, *, root: int = 0, root_only: bool = False,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.timeout = check_timeout(timeout)
         if comm is None:
             comm = require_engine("mpi4py.MPI", "mpi").COMM_WORLD
         self.comm = comm
@@ -109,6 +125,7 @@ class MPIRunner:
         except Exception as exc:  # noqa: BLE001 - shared with every rank below, then re-raised
             failure = exc
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        self._meet(ids)
         gathered = self.comm.allgather((mine, error))
         errors = [(r, e) for r, (_, e) in enumerate(gathered) if e is not None]
         if errors:
@@ -118,6 +135,23 @@ class MPIRunner:
         for part, _ in gathered:
             results.update(part)
         return ordered_results(results, ids, self.name)
+
+    def _meet(self, ids: list[int]) -> None:
+        """Wait for every rank at a non-blocking barrier, at most ``timeout`` seconds."""
+        if self.timeout is None or self.size == 1:
+            return
+        request = self.comm.Ibarrier()
+        deadline = Deadline(self.timeout)
+        pause = 1e-5
+        while not request.Test():
+            if deadline.expired():
+                raise WorkerTimeoutError(
+                    f"mpi rank {self.rank} waited {self.timeout} s for the other ranks to finish their "
+                    f"chunks (pass over {len(ids)} chunk(s)); a rank is hung or "
+                    "overloaded. Raise timeout= (seconds); run with `python -m mpi4py` so this aborts the job."
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
 
     def close(self) -> None:
         """Drop this rank's chunks (MPI itself stays initialized; the launcher owns it)."""
@@ -161,10 +195,11 @@ def mpi_encoded_data(
     comm: Any = None,
     root: int = 0,
     root_only: bool = False,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
     **params: Any,
 ) -> MPIEncodedData:
     """``encoded_data(..., backend="mpi")``: call on every rank (SPMD); see the module docstring."""
-    runner = MPIRunner(comm, root=root, root_only=root_only)
+    runner = MPIRunner(comm, root=root, root_only=root_only, timeout=timeout)
     if root_only:
         n = len(data) if runner.is_root else None
         num_rows = runner.comm.bcast(n, root=runner.root)

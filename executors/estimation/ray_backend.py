@@ -127,22 +127,43 @@ class RayRunner:
         return ray.get(ready)
 
     def _reassign(self, dead: int) -> list[int]:
-        """Move a dead actor's chunks to the survivors (round robin); returns the moved ids."""
+        """Move the chunks of dead actors to the survivors (round robin); returns the moved ids.
+
+        A survivor that dies while loading them is marked dead too and its chunks move as well.
+        """
+        import ray
+
         self._alive[dead] = False
-        survivors = [w for w, ok in enumerate(self._alive) if ok]
-        lost = [i for i, w in enumerate(self._owner) if w == dead]
-        if not survivors:
-            raise WorkerLostError(f"every ray actor died; chunks {lost} cannot be recomputed. Restart Ray.")
-        _log.warning("ray: actor %d died; moving chunks %s to actors %s", dead, lost, survivors)
-        moved: dict[int, list[int]] = {w: [] for w in survivors}
-        for k, i in enumerate(lost):
-            w = survivors[k % len(survivors)]
-            self._owner[i] = w
-            moved[w].append(i)
-        self._wait([self._actors[w].load.remote(ids, [self._refs[i] for i in ids]) for w, ids in moved.items() if ids],
-                   "re-placing chunks of a dead actor")
-        self.recoveries += len(lost)
-        return lost
+        moved_ids: list[int] = []
+        while True:
+            lost = [i for i, w in enumerate(self._owner) if not self._alive[w]]
+            if not lost:
+                break
+            survivors = [w for w, ok in enumerate(self._alive) if ok]
+            if not survivors:
+                raise WorkerLostError(f"every ray actor died; chunks {lost} cannot be recomputed. Restart Ray.")
+            _log.warning("ray: moving chunks %s of dead actor(s) to actors %s", lost, survivors)
+            moved: dict[int, list[int]] = {}
+            for k, i in enumerate(lost):
+                moved.setdefault(survivors[k % len(survivors)], []).append(i)
+            loads = {w: self._actors[w].load.remote(ids, [self._refs[i] for i in ids]) for w, ids in moved.items()}
+            ready, not_ready = ray.wait(list(loads.values()), num_returns=len(loads), timeout=self.start_timeout)
+            if not_ready:
+                raise WorkerTimeoutError(
+                    f"ray actors did not take over chunks {lost} within {self.start_timeout} s; "
+                    "raise start_timeout= (seconds) or check the Ray cluster"
+                )
+            for w, ref in loads.items():
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    self._alive[w] = False  # died too: its chunks (old and new) move next round
+                    continue
+                for i in moved[w]:
+                    self._owner[i] = w
+                moved_ids.extend(moved[w])
+        self.recoveries += len(moved_ids)
+        return sorted(moved_ids)
 
     # -- data passes --------------------------------------------------------------------------
     def map_chunks(
@@ -179,8 +200,7 @@ class RayRunner:
                     pairs = ray.get(ref)
                 except ray.exceptions.RayActorError:
                     self._reassign(w)
-                    # Chunks of this actor still in flight elsewhere are none; resubmit its share.
-                    submit(wids)
+                    submit(wids)  # this pass's share of the dead actor, now on survivors
                     continue
                 results.update(pairs)
         return ordered_results(results, ids, self.name)

@@ -2,8 +2,8 @@
 
 The chunks are parallelized once as ``(chunk id, chunk)`` records into contiguous partitions
 (one per worker) and cached; every data pass maps ``fn`` over the cached partitions and collects
-``(chunk id, result)`` pairs, which the runner orders by chunk id. Spark's own lineage recomputes
-a lost partition; a pass that does not finish within ``timeout`` seconds is cancelled and raises
+``(chunk id, result)`` pairs, which the runner orders by chunk id. Spark retries a failed task
+(a Python worker that died) from the partition's lineage; a pass that does not finish within ``timeout`` seconds is cancelled and raises
 ``WorkerTimeoutError``.
 """
 
@@ -25,7 +25,10 @@ from .engine_support import (
 )
 from .runner import WorkerTimeoutError
 
-__all__ = ["SparkRunner", "spark_encoded_data"]
+__all__ = ["LOCAL_TASK_ATTEMPTS", "SparkRunner", "spark_encoded_data"]
+
+LOCAL_TASK_ATTEMPTS = 4
+"""Attempts per task on a ``local[n, F]`` master the runner starts (Spark's cluster default)."""
 
 
 def _partition_runner(fn: Callable[[Any, Any], Any], payload: Any, wanted: frozenset[int] | None) -> Callable:
@@ -61,9 +64,12 @@ class SparkRunner:
 
             n = local_cpu_count() if num_workers is None else int(num_workers)
             settings = {
-                "spark.master": master or f"local[{n}]",
+                # local[n, F]: n threads, and a failed task (say a killed Python worker) is
+                # retried up to F times from the cached partition's lineage; plain local[n] never retries.
+                "spark.master": master or f"local[{n},{LOCAL_TASK_ATTEMPTS}]",
                 "spark.app.name": "mixle-parallel-em",
                 "spark.ui.enabled": "false",
+                "spark.ui.showConsoleProgress": "false",
                 "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1",
                 "spark.pyspark.python": sys.executable,

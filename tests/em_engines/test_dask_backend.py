@@ -114,10 +114,15 @@ def test_hung_worker_raises_timeout(client, tmp_path):
 
 
 def test_owned_local_cluster_starts_and_closes():
-    runner = DaskRunner(None, num_workers=1, timeout=120)
+    runner = DaskRunner(None, num_workers=1, timeout=120, cluster_kwargs={"threads_per_worker": 2})
     cluster = runner._cluster
     try:
         assert runner.num_workers == 1
+        # Resources.from_dask: one slot per worker thread, the worker's memory limit split between them.
+        (address, worker), = runner.client.scheduler_info(n_workers=-1)["workers"].items()
+        res = Resources.from_dask(runner.client)
+        assert [d.name for d in res] == [f"dask:{address}/0", f"dask:{address}/1"]
+        assert [d.memory_bytes for d in res] == [worker["memory_limit"] // 2] * 2
         chunks = probes.make_chunks(3)
         runner.scatter(chunks)
         assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
@@ -155,3 +160,8 @@ def test_fit_with_a_hung_worker_raises_timeout(client, tmp_path):
             em_case.run("dask", None, est=est, client=client, on_step=est.arm_at(1), timeout=5.0)
     finally:
         (tmp_path / "release").touch()
+
+
+def test_more_workers_than_the_client_has_is_an_error(client):
+    with pytest.raises(ValueError, match="the dask client has 2 worker"):
+        DaskRunner(client, num_workers=3)

@@ -24,3 +24,13 @@ def test_mpi_runner_spmd(n, mode):
         names = [f"mpi:{r}" for r in range(n)]
         assert row["resources_comm"] == names  # Resources.from_mpi(comm)
         assert row["resources_env"] == names  # Resources.from_mpi() from the launcher's PMI_SIZE
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_hung_rank_is_detected_by_timeout(n):
+    """The last rank hangs in its chunk for 120 s; the others raise after 3 s and abort the job."""
+    rows = run_mpi("hang_check.py", n, timeout=90, abort_on_error=True, check=False)
+    # The first rank to time out aborts the job, possibly before another waiting rank writes.
+    assert rows and all(r["rank"] < n - 1 for r in rows), rows
+    for row in rows:
+        assert "waited 3.0 s for the other ranks" in row["timeout"]

@@ -14,7 +14,7 @@ import em_case  # noqa: E402
 from engine_helpers import by_value  # noqa: E402
 
 from mixle_parallel.executors.estimation.ray_backend import RayRunner  # noqa: E402
-from mixle_parallel.executors.estimation.runner import WorkerTimeoutError  # noqa: E402
+from mixle_parallel.executors.estimation.runner import WorkerLostError, WorkerTimeoutError  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -85,6 +85,17 @@ def test_actor_killed_between_passes(ray_session):
         os.kill(runner.worker_pids()[0], signal.SIGKILL)
         assert runner.map_chunks(probes.probe, {"scale": 3.0}) == probes.expected(chunks, 3.0)
         assert runner.recoveries == 2
+    finally:
+        runner.close()
+
+
+def test_losing_every_actor_is_a_clear_error(ray_session, tmp_path):
+    chunks = probes.make_chunks(3)
+    runner = RayRunner(1, timeout=180)
+    try:
+        runner.scatter(chunks)
+        with pytest.raises(WorkerLostError, match="every ray actor died"):
+            runner.map_chunks(probes.probe, {"kill_chunk": 1, "marker": str(tmp_path / "killed")})
     finally:
         runner.close()
 

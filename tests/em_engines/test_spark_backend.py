@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow
 def spark_context():
     from pyspark import SparkConf, SparkContext
 
-    conf = (SparkConf().setMaster("local[2]").setAppName("mixle-parallel-tests")
+    # local[2,4]: 2 threads, up to 4 attempts per task (plain local[2] never retries a task).
+    conf = (SparkConf().setMaster("local[2,4]").setAppName("mixle-parallel-tests")
             .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
             .set("spark.driver.bindAddress", "127.0.0.1").set("spark.pyspark.python", sys.executable))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this package's venv
@@ -68,6 +69,18 @@ def test_hung_executor_is_cancelled_by_timeout(spark_context, tmp_path):
     try:  # the context is usable after a cancelled job
         runner.scatter(chunks)
         assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
+    finally:
+        runner.close()
+
+
+def test_python_worker_killed_mid_pass_is_retried(spark_context, tmp_path):
+    chunks = probes.make_chunks(6)
+    runner = SparkRunner(spark_context, timeout=300)
+    try:
+        runner.scatter(chunks)
+        payload = {"kill_chunk": 4, "marker": str(tmp_path / "killed")}
+        assert runner.map_chunks(probes.probe, payload) == probes.expected(chunks)
+        assert (tmp_path / "killed").exists()  # the Python worker really died mid-pass
     finally:
         runner.close()
 
