@@ -14,11 +14,24 @@ from .registry import (
     unregister_training_backend,
 )
 
+def _torch_native_factory() -> object:
+    """Lazy factory: imports torch only when the torch_native backend is first resolved."""
+    from .torch_native import TorchDistributedBackend
+
+    return TorchDistributedBackend()
+
+
+register_training_backend("torch_native", _torch_native_factory)
+
 # Heavy executors load on first attribute access, so importing this package stays torch-free.
 _LAZY = {
     "MegatronBackend": ".megatron_backend",
     "MegatronSession": ".megatron_session",
     "cpu_compat": ".megatron_cpu_compat",
+    "TorchDistributedBackend": ".torch_native",
+    "TorchDistributedSession": ".torch_session",
+    "describe_parameter_layouts": ".torch_layouts",
+    "CollectiveMeter": ".torch_comm",
 }
 
 
