@@ -32,6 +32,11 @@ _LAZY = {
     "TorchDistributedSession": ".torch_session",
     "describe_parameter_layouts": ".torch_layouts",
     "CollectiveMeter": ".torch_comm",
+    "LaunchContext": ".launchers",
+    "bind_launched_rank": ".launchers",
+    "TorchrunLauncher": ".launchers_torchrun",
+    "LightningFabricLauncher": ".launchers_fabric",
+    "RayTrainLauncher": ".launchers_ray",
 }
 
 
