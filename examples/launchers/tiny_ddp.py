@@ -38,7 +38,8 @@ def global_batches(data_parallel_size: int) -> list[list[tuple[torch.Tensor, tor
     ]
 
 
-def _optimizer(params: Any) -> torch.optim.Optimizer:
+def make_optimizer(params: Any) -> torch.optim.Optimizer:
+    """SGD with momentum, the same for every launcher and the reference."""
     return torch.optim.SGD(params, lr=0.2, momentum=0.9)
 
 
@@ -47,7 +48,7 @@ def _run(plan: ParallelPlan, model: nn.Module, batches: list[tuple[torch.Tensor,
     # admission="unverified": these are launcher tests, not a certified run; a multi-rank prepare()
     # would otherwise require an AdmissionCertificate. The opt-out is recorded in every receipt.
     session = get_training_backend("torch_native").prepare(
-        model, plan=plan, optimizer=_optimizer, admission="unverified"
+        model, plan=plan, optimizer=make_optimizer, admission="unverified"
     )
     try:
         losses = [session.train_batch(x, y).loss for x, y in batches]
