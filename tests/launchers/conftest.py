@@ -12,11 +12,14 @@ import os
 import pathlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "launchers"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "launchers"
+JOBS = pathlib.Path(__file__).resolve().parent / "_jobs.py"
 TIMEOUT_S = 600
 # torchrun/torch.distributed variables a launching process must not pass on to the job it starts
 _DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -69,19 +72,25 @@ def fabric_records(tmp_path_factory: pytest.TempPathFactory, tiny_ddp: Any) -> l
 
 
 @pytest.fixture(scope="session")
-def ray_records(tmp_path_factory: pytest.TempPathFactory, tiny_ddp: Any) -> list[dict[str, Any]]:
-    """A local Ray with 2 CPUs, started and shut down here; the example's launch() runs on it."""
+def local_ray(tiny_ddp: Any) -> Iterator[Any]:
+    """A local Ray with 2 CPUs, started once for the session and shut down at its end."""
     ray = pytest.importorskip("ray")
-    import ray_ddp
-
-    out = tmp_path_factory.mktemp("ray")
-    # the workers import the example module (tiny_ddp.train travels by reference)
-    path = os.pathsep.join(p for p in (str(EXAMPLES), os.environ.get("PYTHONPATH")) if p)
+    # workers import the example module and tests.launchers._jobs (functions travel by reference)
+    path = os.pathsep.join(p for p in (str(EXAMPLES), str(ROOT), os.environ.get("PYTHONPATH")) if p)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     try:
-        records = ray_ddp.launch(str(out))
+        yield ray
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_records(tmp_path_factory: pytest.TempPathFactory, tiny_ddp: Any, local_ray: Any) -> list[dict[str, Any]]:
+    """The Ray example's launch(): 2 Ray Train CPU workers on the local Ray."""
+    import ray_ddp
+
+    out = tmp_path_factory.mktemp("ray")
+    records = ray_ddp.launch(str(out))
     assert read_records(out, tiny_ddp.PLAN.world_size) == records
     return records

@@ -1,0 +1,38 @@
+"""Failing jobs for the launcher failure tests; run as a script (torchrun, Fabric) or imported by Ray workers.
+
+    python -m torch.distributed.run ... _jobs.py world4     every rank binds a world-4 plan in a world of 2
+    python _jobs.py fabric_rank1_fails                       Fabric rank 1 raises, rank 0 returns
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from mixle_parallel.contracts import ParallelPlan
+
+
+def fail_on_rank1(context: Any) -> int:
+    """Raise on rank 1 before any collective; return the rank elsewhere."""
+    if context.rank == 1:
+        raise ValueError(f"boom on rank {context.rank} at {context.coordinate.as_dict()}")
+    return context.rank
+
+
+def main(job: str) -> None:
+    """Run one named failing job."""
+    if job == "world4":
+        from mixle_parallel.executors import TorchrunLauncher
+
+        with TorchrunLauncher.worker(ParallelPlan(dp_replicate=4)):
+            raise AssertionError("a world-4 plan was bound in a world of 2")
+    elif job == "fabric_rank1_fails":
+        from mixle_parallel.executors import LightningFabricLauncher
+
+        LightningFabricLauncher(ParallelPlan(dp_replicate=2), accelerator="cpu").launch(fail_on_rank1)
+    else:
+        raise SystemExit(f"unknown job {job!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
