@@ -48,6 +48,13 @@ EXAMPLES: dict[type, Any] = {
     c.SDCAuditRecord: c.SDCAuditRecord("training", 40, 1, "grad:layers.0.mlp.w1.weight", "peer", DIGEST,
                                        "sha256:" + "77" * 32, False, "skip_step", auditor_rank=3,
                                        attributed_rank=1, maximum_absolute_difference=0.5, injected=True),
+    c.RowShard: c.RowShard("cpu:0", 0, 500_000, 0, 8, 4_000_000 + 4096),
+    c.Placement: c.Placement(1_000_000, 16, 8, 4096, (c.RowShard("cpu:0", 0, 500_000, 0, 8, 4_004_096),
+                                                     c.RowShard("cpu:1", 500_000, 1_000_000, 8, 16, 4_004_096)),
+                             True),
+    c.ComponentShard: c.ComponentShard("cpu:0", 0, 8, 4096),
+    c.ModelShardingPlan: c.ModelShardingPlan("components", 8, 4096, (c.ComponentShard("cpu:0", 0, 8, 4096),), False,
+                                             True, "the whole model fits on every device: replicate it"),
     c.AdmissionCertificate: c.AdmissionCertificate(
         "torch_native", "0.1.0", CAPS, PLAN.axis_family, PLAN, "fp32", {"torch": "2.13.0+cpu"}, {DIGEST}, TOL,
         "2026-11-30T09:00:00+00:00"),

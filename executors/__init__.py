@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from . import estimation  # numpy only; registers the built-in encoded-data backends (lazy factories)
 from .registry import (
     available_encoded_data_backends,
     available_training_backends,
@@ -14,24 +15,23 @@ from .registry import (
     unregister_training_backend,
 )
 
-def _torch_native_factory() -> object:
-    """Lazy factory: imports torch only when the torch_native backend is first resolved."""
-    from .torch_native import TorchDistributedBackend
-
-    return TorchDistributedBackend()
-
-
-register_training_backend("torch_native", _torch_native_factory)
-
 # Heavy executors load on first attribute access, so importing this package stays torch-free.
+# They stay out of __all__: ``from mixle_parallel.executors import *`` (the facade) must not import
+# torch. Reach them as attributes, e.g. ``mixle_parallel.executors.TorchDistributedBackend``.
 _LAZY = {
-    "MegatronBackend": ".megatron_backend",
-    "MegatronSession": ".megatron_session",
-    "cpu_compat": ".megatron_cpu_compat",
     "TorchDistributedBackend": ".torch_native",
     "TorchDistributedSession": ".torch_session",
     "describe_parameter_layouts": ".torch_layouts",
     "CollectiveMeter": ".torch_comm",
+    "save_checkpoint": ".torch_checkpoint",
+    "load_checkpoint": ".torch_checkpoint",
+    "CheckpointHandle": ".torch_checkpoint",
+    "CheckpointError": ".checkpoint_manifest",
+    "CorruptCheckpointError": ".checkpoint_manifest",
+    "WorldSizeChangeError": ".checkpoint_manifest",
+    "MegatronBackend": ".megatron_backend",
+    "MegatronSession": ".megatron_session",
+    "cpu_compat": ".megatron_cpu_compat",
     "LaunchContext": ".launchers",
     "bind_launched_rank": ".launchers",
     "TorchrunLauncher": ".launchers_torchrun",
@@ -46,7 +46,6 @@ def __getattr__(name: str) -> Any:
 
     if name in _LAZY:
         return getattr(import_module(_LAZY[name], __name__), name)
-    estimation = import_module(".estimation", __name__)
     if name in estimation.__all__:
         return getattr(estimation, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -137,4 +137,12 @@ def _megatron_factory() -> Any:
     return create_megatron_backend()
 
 
+def _torch_native_factory() -> Any:
+    """Import the torch_native backend (torch) on first use."""
+    from .torch_native import TorchDistributedBackend
+
+    return TorchDistributedBackend()
+
+
 register_training_backend("megatron", _megatron_factory)
+register_training_backend("torch_native", _torch_native_factory)

@@ -32,7 +32,7 @@ CAPABILITIES = BackendCapabilities(
     axes=frozenset({A.DP_REPLICATE, A.DP_SHARD, A.TP, A.CP}),
     precisions=frozenset({"fp32", "bf16"}),
     distributed_optimizer=False,
-    reshardable_checkpoint=False,
+    reshardable_checkpoint=True,
     elastic_restart=False,
     requirements=("torch>=2.6",),
     # compositions the test-suite does not run (yet): refused before any process group exists

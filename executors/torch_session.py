@@ -158,6 +158,60 @@ class TorchDistributedSession:
                 dist.all_reduce(t, group=self.mesh.get_group(axis.value))
         return tuple(float(v) for v in t.cpu().tolist())
 
+    def save_checkpoint(
+        self,
+        path: str,
+        *,
+        loader_state: Any = None,
+        typed_scheduler_state: Any = None,
+        extra: Any = None,
+        asynchronous: bool = False,
+    ) -> Any:
+        """Save model, optimizer, scheduler, clocks, RNG and loader state as a new published generation.
+
+        Collective (every rank calls it). Returns a handle whose ``wait()`` (collective) returns the
+        published folder; see docs/checkpoints.md and ``executors.torch_checkpoint``.
+        """
+        self._check_open()
+        if self._pending:
+            raise ValueError(
+                f"cannot save mid-accumulation (pending_accumulation={self._pending}): pending gradients are "
+                "not checkpointed; save after a commit or call finish_accumulation()/discard_accumulation() first"
+            )
+        from mixle_parallel.contracts import to_dict
+
+        from .torch_checkpoint import save_checkpoint
+
+        return save_checkpoint(
+            path, model=self.module, optimizer=self.optimizer, scheduler=self.scheduler,
+            session_state=to_dict(self.state())["data"], loader_state=loader_state,
+            typed_scheduler_state=typed_scheduler_state, extra=extra, asynchronous=asynchronous,
+        )
+
+    def load_checkpoint(self, path: str, *, allow_world_size_change: bool = False) -> dict[str, Any]:
+        """Restore model, optimizer, scheduler, RNG and the step clock from the generation ``path`` publishes.
+
+        Collective. A checkpoint saved at another world size is refused unless
+        ``allow_world_size_change=True`` (then DCP reshards and rank-local state is re-derived by
+        the rule in docs/checkpoints.md). Returns loader_state, typed_scheduler_state, extra,
+        saved_world_size and the rest of ``executors.torch_checkpoint.load_checkpoint``'s dict.
+        """
+        self._check_open()
+        from mixle_parallel.contracts import SCHEMA_VERSION, from_dict
+
+        from .torch_checkpoint import load_checkpoint
+
+        loaded = load_checkpoint(
+            path, model=self.module, optimizer=self.optimizer, scheduler=self.scheduler,
+            allow_world_size_change=allow_world_size_change,
+        )
+        self.restore_state(from_dict(
+            {"kind": "TorchSessionState", "version": SCHEMA_VERSION, "data": loaded["session_state"]},
+            TorchSessionState,
+        ))
+        self._clear_gradients()
+        return loaded
+
     def close(self) -> None:
         """Release the session; destroys the process group only if ``prepare`` created it."""
         if self._closed:

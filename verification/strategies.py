@@ -12,17 +12,21 @@ from mixle_parallel.contracts import (
     AdmissionCertificate,
     BackendCapabilities,
     CollectiveKind,
+    ComponentShard,
     DeviceSpec,
     DistributedUpdate,
     MeshCoordinate,
     MeshShape,
+    ModelShardingPlan,
     NumericsEvidence,
     ObservedCollective,
     ParallelAxis,
     ParallelPlan,
     ParameterLayout,
     PayloadKind,
+    Placement,
     Resources,
+    RowShard,
     SDCAuditRecord,
     StateLayout,
     StepReceipt,
@@ -293,7 +297,47 @@ def admission_certificates(draw: Any) -> AdmissionCertificate:
     return cert
 
 
+@st.composite
+def row_shards(draw: Any) -> RowShard:
+    """One device's contiguous rows and whole chunks."""
+    start, rows = draw(st.integers(0, 10**6)), draw(st.integers(0, 10**6))
+    first = draw(st.integers(0, 1000))
+    return RowShard(draw(_names), start, start + rows, first, first + draw(st.integers(0, 100)),
+                    draw(st.integers(0, 2**40)))
+
+
+@st.composite
+def placements(draw: Any) -> Placement:
+    """Placements whose shards tile the rows in order."""
+    sizes = draw(st.lists(st.integers(0, 10**5), min_size=1, max_size=4))
+    shards, start = [], 0
+    for i, size in enumerate(sizes):
+        shards.append(RowShard(f"cpu:{i}", start, start + size, i, i + 1, draw(st.integers(0, 2**40))))
+        start += size
+    return Placement(start, len(sizes), draw(st.integers(0, 4096)), draw(st.integers(0, 2**30)), tuple(shards),
+                     draw(st.booleans()), tuple(draw(st.lists(_names, max_size=2))))
+
+
+@st.composite
+def component_shards(draw: Any) -> ComponentShard:
+    """Components [start, stop) on one device."""
+    start = draw(st.integers(0, 64))
+    return ComponentShard(draw(_names), start, start + draw(st.integers(0, 64)), draw(st.integers(0, 2**40)))
+
+
+@st.composite
+def model_sharding_plans(draw: Any) -> ModelShardingPlan:
+    """Replicated or split component plans."""
+    shards = tuple(draw(st.lists(component_shards(), min_size=1, max_size=3)))
+    return ModelShardingPlan("components", draw(st.integers(1, 256)), draw(st.integers(0, 2**30)), shards,
+                             draw(st.booleans()), draw(st.booleans()), draw(_names))
+
+
 STRATEGIES: dict[type, Any] = {
+    RowShard: row_shards,
+    Placement: placements,
+    ComponentShard: component_shards,
+    ModelShardingPlan: model_sharding_plans,
     ParallelPlan: parallel_plans,
     MeshShape: mesh_shapes,
     MeshCoordinate: mesh_coordinates,

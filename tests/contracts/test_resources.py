@@ -97,16 +97,18 @@ def test_from_mpi_under_mpiexec(tmp_path: Path) -> None:
     mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).with_name("mpiexec"))
     pytest.importorskip("mpi4py", reason="mpi4py comes with the optional [mpi] extra")
     script = tmp_path / "mpi_slots.py"
+    # Each rank writes its own file: ranks' stdout lines can interleave under mpiexec.
     script.write_text(
-        "from mpi4py import MPI\nimport json\nfrom mixle_parallel import Resources\n"
+        "from mpi4py import MPI\nimport json, sys\nfrom mixle_parallel import Resources\n"
         "comm = MPI.COMM_WORLD\n"
         "a, b = Resources.from_mpi(comm), Resources.from_mpi()\n"
-        "print(json.dumps([comm.Get_rank(), len(a), len(b), a == b]), flush=True)\n"
+        "open(f'{sys.argv[1]}/rank{comm.Get_rank()}.json', 'w').write("
+        "json.dumps([comm.Get_rank(), len(a), len(b), a == b]))\n"
     )
-    out = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=180)
+    out = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script), str(tmp_path)], capture_output=True,
+                         text=True, timeout=180)
     assert out.returncode == 0, out.stderr
-    rows = sorted(json.loads(line) for line in out.stdout.splitlines() if line.startswith("["))
+    rows = sorted(json.loads(p.read_text()) for p in tmp_path.glob("rank*.json"))
     assert rows == [[0, 2, 2, True], [1, 2, 2, True]]
 
 

@@ -42,8 +42,9 @@ class TinyLM(nn.Module):
 class AttnLM(nn.Module):
     """Non-causal single-head-group attention LM (permutation-equivariant, so CP load balancing is exact)."""
 
-    def __init__(self) -> None:
+    def __init__(self, causal: bool = False) -> None:
         super().__init__()
+        self.causal = causal
         self.embed = nn.Embedding(VOCAB, DIM)
         self.layers = nn.ModuleList([nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)])
         self.head = nn.Linear(DIM, VOCAB)
@@ -52,7 +53,7 @@ class AttnLM(nn.Module):
         x = self.embed(tokens)
         b, s, _ = x.shape
         q, k, v = self.layers[0](x).view(b, s, 3, 2, DIM // 2).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=False)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         x = x + self.layers[1](a.transpose(1, 2).reshape(b, s, DIM))
         return self.head(x)
 
@@ -61,9 +62,9 @@ TP_PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise", "head": "colwis
 
 
 def make_model(kind: str = "mlp", tied: bool = False) -> nn.Module:
-    """The same initial weights on every process."""
+    """The same initial weights on every process ('mlp', 'attn' or 'causal_attn')."""
     torch.manual_seed(1234)
-    return TinyLM(tied) if kind == "mlp" else AttnLM()
+    return TinyLM(tied) if kind == "mlp" else AttnLM(causal=kind == "causal_attn")
 
 
 def global_batches(steps: int, sizes: list[int], seed: int = 7) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -83,15 +84,16 @@ def global_batches(steps: int, sizes: list[int], seed: int = 7) -> list[list[tup
 
 
 def reference_run(kind: str, batches: list, *, lr: float = 0.1, momentum: float = 0.9,
-                  max_grad_norm: float | None = None, bf16: bool = False, tied: bool = False) -> dict:
+                  max_grad_norm: float | None = None, bf16: bool = False, tied: bool = False,
+                  device: str = "cpu") -> dict:
     """The single-process truth: one global batch per step, loss = token-mean cross-entropy, SGD+momentum."""
-    model = make_model(kind, tied)
+    model = make_model(kind, tied).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     losses, norms = [], []
     for per_rank in batches:
-        x = torch.cat([b[0] for b in per_rank])
-        y = torch.cat([b[1] for b in per_rank])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        x = torch.cat([b[0] for b in per_rank]).to(device)
+        y = torch.cat([b[1] for b in per_rank]).to(device)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, VOCAB).float(), y.reshape(-1), ignore_index=-100)
         opt.zero_grad()
@@ -100,4 +102,4 @@ def reference_run(kind: str, batches: list, *, lr: float = 0.1, momentum: float 
         norms.append(float(norm))
         opt.step()
         losses.append(float(loss))
-    return {"losses": losses, "norms": norms, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    return {"losses": losses, "norms": norms, "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()}}

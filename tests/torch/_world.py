@@ -13,12 +13,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _entry(rank: int, world_size: int, store_path: str, module: str, function: str, out_dir: str) -> None:
+def _entry(rank: int, world_size: int, store_path: str, module: str, function: str, out_dir: str,
+           backend: str = "gloo") -> None:
     import importlib
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size,
+        backend, store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size,
         timeout=timedelta(minutes=5),
     )
     try:
@@ -32,13 +33,13 @@ def _entry(rank: int, world_size: int, store_path: str, module: str, function: s
         dist.destroy_process_group()
 
 
-def run_world(world_size: int, module: str, function: str) -> list[Any]:
+def run_world(world_size: int, module: str, function: str, backend: str = "gloo") -> list[Any]:
     """Run ``module.function()`` on ``world_size`` gloo ranks (FileStore rendezvous); return each rank's result."""
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
         try:
             mp.start_processes(
-                _entry, args=(world_size, store, module, function, tmp), nprocs=world_size, start_method="spawn"
+                _entry, args=(world_size, store, module, function, tmp, backend), nprocs=world_size, start_method="spawn"
             )
         except Exception as err:
             errors = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.endswith(".err")]

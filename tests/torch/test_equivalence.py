@@ -84,9 +84,10 @@ def test_accumulation_equals_one_big_batch(world2: list[dict], scenario: str) ->
 def test_non_commit_micro_steps_issue_no_gradient_sync(world2: list[dict]) -> None:
     for rank in world2:
         ddp = rank["accum_ddp"]["receipts"]
-        for skipped in ddp[::2]:  # DDP no_sync: a non-commit call talks to nobody
-            assert skipped["extra"]["collectives"] == {}
-            assert skipped["collective_bytes"] == 0
+        grad_bytes = 4 * rank["misc"]["bytes_ddp"]["n_params"]
+        for skipped in ddp[::2]:  # DDP no_sync: no gradient all-reduce on a non-commit call
+            assert set(skipped["extra"]["collectives"]) <= {"broadcast"}  # DDP's own small per-forward broadcast
+            assert skipped["collective_bytes"] < 0.01 * grad_bytes, (skipped["collective_bytes"], grad_bytes)
         for commit in ddp[1::2]:  # one bucket all-reduce (tiny model) + the metric all-reduce
             assert commit["extra"]["collectives"] == {"all_reduce": 2}
         fsdp = rank["accum_fsdp"]["receipts"]

@@ -1,0 +1,136 @@
+"""Session overhead: TorchDistributedSession.train_batch vs a hand-written loop with the same transforms.
+
+World 2 on gloo (CPU). For DDP and FSDP2, both loops train the same model on the same batches;
+steps alternate in blocks (hand, session, hand, ...) so machine load hits both alike. Prints the
+median step time of each over >= 30 measured steps after warm-up, and their ratio.
+
+    python benchmarks/train_step_overhead.py [--steps 40] [--warmup 5] [--dim 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+class LM(nn.Module):
+    def __init__(self, vocab: int, dim: int, depth: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList([Block(dim) for _ in range(depth)])
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+def hand_written(kind: str, model: nn.Module, mesh) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """What a user writes by hand: the same DDP / fully_shard transforms, mean loss, backward, step."""
+    if kind == "ddp":
+        model = nn.parallel.DistributedDataParallel(model, device_mesh=mesh["dp_replicate"], broadcast_buffers=False)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh["dp_shard"])
+        fully_shard(model, mesh=mesh["dp_shard"])
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def worker(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from mixle_parallel.contracts import ParallelPlan
+    from mixle_parallel.executors import get_training_backend
+
+    rows = []
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
+    y = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
+    for kind, plan, name in (("ddp", ParallelPlan(dp_replicate=2), "dp_replicate"),
+                             ("fsdp", ParallelPlan(dp_shard=2), "dp_shard")):
+        torch.manual_seed(0)
+        session = get_training_backend("torch_native").prepare(
+            LM(args.vocab, args.dim, args.depth), plan=plan,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9), admission="unverified")
+        torch.manual_seed(0)
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=(name,))
+        model, opt = hand_written(kind, LM(args.vocab, args.dim, args.depth), mesh)
+
+        def hand_step() -> None:
+            loss = F.cross_entropy(model(x).reshape(-1, args.vocab), y.reshape(-1), ignore_index=-100)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        def session_step() -> None:
+            session.train_batch(x, y)
+
+        times = {"hand": [], "session": []}
+        for _ in range(args.warmup):
+            hand_step(), session_step()
+        block = 5
+        for i in range(0, args.steps, block):
+            for label, fn in (("hand", hand_step), ("session", session_step)) if i % 2 == 0 else (
+                    ("session", session_step), ("hand", hand_step)):
+                for _ in range(block):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    fn()
+                    times[label].append(time.perf_counter() - t0)
+        hand, sess = statistics.median(times["hand"]), statistics.median(times["session"])
+        rows.append((kind, len(times["hand"]), hand * 1e3, sess * 1e3, sess / hand))
+        session.close()
+    if rank == 0:
+        torch.save(rows, out)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=64)
+    args = parser.parse_args()
+    if args.steps < 30:
+        parser.error("--steps must be >= 30 so the median is meaningful")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.pt")
+        mp.start_processes(worker, args=(args, os.path.join(tmp, "store"), out), nprocs=2, start_method="spawn")
+        rows = torch.load(out)
+    print(f"world 2 (gloo, CPU), dim={args.dim} depth={args.depth} vocab={args.vocab} "
+          f"batch={args.batch}x{args.seq} per rank, {args.warmup} warm-up steps")
+    print(f"{'transform':<10}{'steps':>7}{'hand ms':>10}{'session ms':>12}{'ratio':>8}")
+    for kind, n, hand, sess, ratio in rows:
+        print(f"{kind:<10}{n:>7}{hand:>10.2f}{sess:>12.2f}{ratio:>8.3f}")
+
+
+if __name__ == "__main__":
+    main()
