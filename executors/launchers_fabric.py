@@ -102,15 +102,25 @@ class LightningFabricLauncher:
         if not callable(fn):
             raise TypeError(f"fn must be callable as fn(context, ...), got {fn!r}")
         fabric = self.fabric()
-        result = fabric.launch(_run_rank, self.plan, fn, args, kwargs)
+        try:
+            result = fabric.launch(_run_rank, self.plan, fn, args, kwargs)
+        except BaseException:
+            for proc in self._children(fabric):  # do not leave the started ranks running on
+                proc.kill()
+                proc.wait()
+            raise
         self._wait_for_children(fabric)
         return result
 
+    @staticmethod
+    def _children(fabric: Any) -> list[Any]:
+        """The rank processes Fabric's script launcher started from this process (none on other ranks)."""
+        return list(getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or ())
+
     def _wait_for_children(self, fabric: Any) -> None:
         """On the launching rank, wait for the ranks Fabric started as subprocesses; raise if one failed."""
-        procs = list(getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or ())
         failed = []
-        for proc in procs:
+        for proc in self._children(fabric):
             try:
                 code = proc.wait(timeout=self.child_timeout_s)
             except Exception:  # subprocess.TimeoutExpired: the rank hangs
