@@ -37,6 +37,11 @@ _LAZY = {
     "VerifiableTorchNative": ".torch_verification",
     "VerifiableEncodedData": ".em_verification",
     "em_capabilities": ".em_verification",
+    "LaunchContext": ".launchers",
+    "bind_launched_rank": ".launchers",
+    "TorchrunLauncher": ".launchers_torchrun",
+    "LightningFabricLauncher": ".launchers_fabric",
+    "RayTrainLauncher": ".launchers_ray",
 }
 
 
