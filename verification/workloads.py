@@ -17,6 +17,8 @@ import numpy as np
 
 from mixle_parallel.contracts import ParallelPlan
 
+from .harness_worker import to_numpy
+
 TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """Precision name -> torch dtype name used by the workloads."""
 
@@ -87,22 +89,12 @@ class _TrainingWorkload:
             output = module(inputs)
             loss = self.loss(output, targets)
             loss.backward()
-            record = {"loss": _np(loss), "output": _np(output)}
-            record.update({f"grad/{n}": _np(p.grad) for n, p in module.named_parameters()})
+            record = {"loss": to_numpy(loss), "output": to_numpy(output)}
+            record.update({f"grad/{n}": to_numpy(p.grad) for n, p in module.named_parameters()})
             optimizer.step()
-            record.update({f"param/{n}": _np(p) for n, p in module.named_parameters()})
+            record.update({f"param/{n}": to_numpy(p) for n, p in module.named_parameters()})
             out.append(record)
         return out
-
-
-def _np(tensor: Any) -> np.ndarray:
-    tensor = tensor.detach()
-    if hasattr(tensor, "full_tensor"):
-        tensor = tensor.full_tensor()
-    tensor = tensor.cpu()
-    if str(tensor.dtype) in ("torch.bfloat16", "torch.float16"):
-        tensor = tensor.float()
-    return tensor.numpy().copy()
 
 
 @attrs.frozen
