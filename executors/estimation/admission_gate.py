@@ -71,6 +71,11 @@ def planned_world(name: str, *, num_workers: int | None, resources: Any = None, 
         if n is None:
             n = local_cpu_count() if parallel_chunks and name == "local" else 1
         return max(1, n), 1
+    engine = {"dask": ("distributed", "dask"), "ray": ("ray", "ray"), "spark": ("pyspark", "spark")}.get(name)
+    if engine is not None:  # a missing engine is reported first (importing it starts no worker)
+        from .engine_support import require_engine
+
+        require_engine(*engine)
     if name == "mp":
         n = n if n is not None else (len(resources) if resources is not None else local_cpu_count())
     elif name == "mpi":
