@@ -69,4 +69,5 @@ def test_detection_over_random_chunks_matches_the_audit_rate(rows, start):
     assert {(r.step, int(r.unit.split(":")[1])) for r in bad} == audited
     assert all(r.attributed_rank == owners[int(r.unit.split(":")[1])] and r.action == "warn" for r in bad)
     result = binomtest(len(audited), trials, rate)
+    print(f"detected {len(audited)} of {trials} flips at audit rate {rate}: two-sided p = {result.pvalue:.3f}")
     assert result.pvalue > CONFIDENCE_P, (len(audited), trials, result)
