@@ -48,12 +48,14 @@ class EMAuditor:
     """Chooses audited chunks (seeded), runs peer/witness replays, and tracks quarantined workers."""
 
     def __init__(self, *, rate: float = DEFAULT_AUDIT_RATE, seed: int = 0, policy: str = "quarantine",
-                 ledger: Any = None) -> None:
+                 ledger: Any = None, digest: Callable[[Any], str] = digest) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"EM audit rate={rate} must be within [0, 1]")
         if policy not in EM_POLICIES:
             raise ValueError(f"EM audit policy {policy!r}; allowed: {list(EM_POLICIES)}")
         self.rate, self.seed, self.policy, self.ledger = rate, seed, policy, ledger
+        self.digest = digest
+        """The checksum compared (default ``sdc_digest.digest``; EM handles pass ``statistic_digest``)."""
         self.quarantined: set[int] = set()
         self.records: list[SDCAuditRecord] = []
 
@@ -102,9 +104,9 @@ class EMAuditor:
         if not peers:
             raise ValueError(f"cannot audit chunk {chunk}: no healthy worker other than {primary} in {list(workers)}")
         auditor = peers[0]
-        primary_digest = digest(statistic)
+        primary_digest = self.digest(statistic)
         replayed = recompute(auditor)
-        replay_digest = digest(replayed)
+        replay_digest = self.digest(replayed)
         if replay_digest == primary_digest:
             record = self._record(iteration, chunk, primary, "peer", auditor, replay_digest, primary_digest,
                                   "none", None, injected)
@@ -118,7 +120,7 @@ class EMAuditor:
             raise SDCDetectedError([record])
         witness = witnesses[0]
         witnessed = recompute(witness)
-        witness_digest = digest(witnessed)
+        witness_digest = self.digest(witnessed)
         if witness_digest == replay_digest:
             faulty, value = primary, replayed
         elif witness_digest == primary_digest:
@@ -133,6 +135,18 @@ class EMAuditor:
         if quarantined is not None:
             self.quarantined.add(quarantined)
         return self._finish(ChunkAudit(iteration, chunk, (peer_record, witness_record), value, quarantined))
+
+    def audit_same_worker(self, *, iteration: int, chunk: int, worker: int, statistic: Any, replayed: Any,
+                          injected: bool = False) -> ChunkAudit:
+        """Compare a chunk with its replay on the same worker (runners that cannot place work on a peer).
+
+        A mismatch cannot be attributed between two runs on one worker: it is recorded against
+        ``worker`` and, unless the policy is ``warn``, raises ``SDCDetectedError``.
+        """
+        expected, observed = self.digest(replayed), self.digest(statistic)
+        action = "warn" if self.policy == "warn" else "raise"
+        record = self._record(iteration, chunk, worker, "same_rank", worker, expected, observed, action, worker, injected)
+        return self._finish(ChunkAudit(iteration, chunk, (record,), statistic))
 
     def _finish(self, outcome: ChunkAudit, *, enforce: bool = True) -> ChunkAudit:
         self.records.extend(outcome.records)

@@ -114,6 +114,19 @@ class FaultInjector:
         with self._lock:
             return tuple(self._pending)
 
+    def claim(self, kind: str, name: str, *, rank: int, step: int) -> BitFlip | None:
+        """Take the planned flip matching (kind, name, rank, step), if any, and mark it applied.
+
+        For executors that strike the value elsewhere (inside a worker process) with ``flip_bit``.
+        """
+        with self._lock:
+            for flip in self._pending:
+                if flip.matches(kind, name, rank, step):
+                    self._pending.remove(flip)
+                    self._applied.append(flip)
+                    return flip
+        return None
+
     def apply(self, kind: str, name: str, value: Any, *, rank: int, step: int) -> bool:
         """Flip ``value`` in place if a planned flip matches; True when one struck."""
         with self._lock:

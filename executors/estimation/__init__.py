@@ -30,7 +30,9 @@ from .runner import (
     EncodedChunk,
     EStepResult,
     WorkerLostError,
+    WorkerTask,
     WorkerTimeoutError,
+    WorkerUnavailableError,
     chunk_bounds,
     chunk_estep,
     chunk_initialize,
@@ -41,6 +43,7 @@ from .runner import (
     handle_from_runner,
     resolve_encoder,
     seed_from,
+    supports_worker_placement,
 )
 
 register_builtin_encoded_data_backends()
@@ -57,6 +60,7 @@ __all__ = [
     "chunk_bounds", "chunk_estep", "chunk_initialize", "chunk_log_density", "chunk_rng",
     "combine_in_chunk_order", "encode_chunks", "encoded_data", "handle_from_runner",
     "is_encoded_data_handle", "register_builtin_encoded_data_backends", "resolve_encoder", "seed_from",
+    "WorkerTask", "WorkerUnavailableError", "supports_worker_placement",
 ]
 
 # Engine runners (mpi, spark, dask, ray): these modules import their engine only when a runner is

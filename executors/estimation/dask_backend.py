@@ -23,7 +23,7 @@ from .engine_support import (
     require_engine,
     requested_ids,
 )
-from .runner import WorkerLostError, WorkerTimeoutError
+from .runner import WorkerLostError, WorkerTask, WorkerTimeoutError, WorkerUnavailableError, check_tasks
 
 __all__ = ["DaskRunner", "dask_config_for_em", "dask_encoded_data"]
 
@@ -57,6 +57,7 @@ class DaskRunner:
     """Chunk runner over a dask.distributed ``Client`` (given, or a ``LocalCluster`` it owns)."""
 
     name = "dask"
+    supports_worker_placement = True
 
     def __init__(
         self,
@@ -220,6 +221,62 @@ class DaskRunner:
                     "or restart the hung worker."
                 )
         return ordered_results(results, ids, self.name)
+
+    # -- placement (the SDC audit recomputes a chunk on a chosen worker) -----------------------
+    def worker_ids(self) -> list[int]:
+        """Ids (positions in the worker list fixed at start) of the workers still in the cluster."""
+        live = set(self._live_workers())
+        return [i for i, address in enumerate(self._workers) if address in live]
+
+    def chunk_owners(self) -> list[int]:
+        """The worker id each chunk is resident on (-1 for a chunk re-placed on a worker not in the list)."""
+        index = {address: i for i, address in enumerate(self._workers)}
+        return [index.get(address, -1) for address in self._where]
+
+    def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
+        """One task per chosen worker, pinned there (chunks held elsewhere are moved by dask); a chosen
+        worker that is gone or loses its task raises ``WorkerUnavailableError``."""
+        distributed = require_engine("distributed", "dask")
+        from distributed.utils import CancelledError
+
+        checked = check_tasks(tasks, len(self._chunks), self.worker_ids(), self.name)
+        needed = sorted({i for t in checked.values() for i in t.chunk_ids})
+        lost = [i for i in needed if self._futures[i] is None or self._futures[i].status != "finished"]
+        if lost:
+            self._replace(lost)
+        futures = {
+            self.client.submit(_apply_batch, t.fn, t.payload, list(t.chunk_ids), *[self._futures[i] for i in t.chunk_ids],
+                               pure=False, workers=[self._workers[w]], allow_other_workers=False): w
+            for w, t in checked.items() if t.chunk_ids
+        }
+        try:
+            distributed.wait(list(futures), timeout=self.timeout)
+        except (TimeoutError, CancelledError):
+            pass
+        out: dict[int, list[Any]] = {w: [] for w in checked}
+        gone: list[int] = []
+        for fut, w in futures.items():
+            if fut.status == "finished":
+                try:
+                    out[w] = [value for _, value in fut.result()]
+                    continue
+                except CancelledError:
+                    pass
+            elif fut.status == "error":
+                fut.result()  # fn raised on the worker: propagate its exception
+            elif fut.status == "pending":
+                self.client.cancel(list(futures))
+                raise WorkerTimeoutError(f"dask worker {self._workers[w]} did not return chunks {list(checked[w].chunk_ids)} "
+                                         f"within {self.timeout} s; raise timeout= (seconds) or restart it")
+            gone.append(w)
+        if gone:
+            raise WorkerUnavailableError(gone, f"dask worker(s) {[self._workers[w] for w in gone]} were lost "
+                                               "while computing chosen chunks")
+        return out
+
+    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+        """``fn`` over ``chunk_ids`` on worker ``worker``."""
+        return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
 
     # -- lifetime -----------------------------------------------------------------------------
     def _release(self) -> None:

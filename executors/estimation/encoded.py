@@ -105,6 +105,14 @@ def encoded_data(
     shuffle: bool | None = None,
     seed: int | None = None,
     chunk_size: int | None = None,
+    *,
+    admission: Any = None,
+    audit: bool | None = None,
+    audit_rate: float | None = None,
+    audit_policy: str = "quarantine",
+    audit_seed: int = 0,
+    ledger: Any = None,
+    fault_injector: Any = None,
     **backend_options: Any,
 ) -> Any:
     """Create an encoded-data handle on ``backend`` (default ``local``), or reuse a handle unchanged.
@@ -112,6 +120,20 @@ def encoded_data(
     Passing an existing handle with any control set raises ``EncodedDataControlConflictError``: a
     handle's data is already placed, so controls cannot apply; omit them to reuse it.
     ``backend_options`` go to the backend factory (e.g. ``timeout=`` for ``mp``).
+
+    Verification (see docs/verification.md):
+
+    * ``admission``: on a real device mesh (more than one worker process) the run needs an
+      ``AdmissionCertificate`` for ``em_<backend>`` (the certificate, or the path of its document)
+      that ``check_admission`` accepts, else ``NotAdmittedError`` is raised before any worker
+      starts; ``admission="unverified"`` runs anyway and says so in the handle and every ledger entry.
+    * ``audit`` / ``audit_rate`` / ``audit_policy`` / ``audit_seed``: the SDC audit of E-steps
+      (default on with two workers or more, rate 0.05 and at least one chunk per fit; policy
+      ``quarantine``, ``raise`` or ``warn``). Findings: ``handle.audit_records``.
+    * ``ledger``: a ``verification.Ledger`` (or a path): run_start, one receipt per E-step, audit
+      records, run_end on ``close``.
+    * ``fault_injector``: a ``verification.FaultInjector`` of ``BitFlip("statistic", "chunk:<c>",
+      rank=<worker>, step=<iteration>, index, bit)`` to prove the audit (tests, drills).
     """
     if is_encoded_data_handle(data):
         conflicts = [
@@ -126,6 +148,10 @@ def encoded_data(
                 ("parallel_chunks", bool(parallel_chunks)), ("chunk_workers", chunk_workers is not None),
                 ("batch_size", batch_size is not None), ("shuffle", shuffle is not None),
                 ("seed", seed is not None), ("chunk_size", chunk_size is not None),
+                ("admission", admission is not None), ("audit", audit is not None),
+                ("audit_rate", audit_rate is not None), ("audit_policy", audit_policy != "quarantine"),
+                ("audit_seed", audit_seed != 0), ("ledger", ledger is not None),
+                ("fault_injector", fault_injector is not None),
                 *((k, True) for k in sorted(backend_options)),
             ) if active
         ]
@@ -151,10 +177,33 @@ def encoded_data(
         factory = get_encoded_data_backend(backend)
     except KeyError as exc:
         raise ValueError(str(exc.args[0])) from None
-    return factory(
+    from .admission_gate import admit_encoded_data, canonical_backend, planned_world
+
+    name = canonical_backend(backend, BUILTIN_ENCODED_DATA_BACKENDS)
+    workers, world = planned_world(
+        name, num_workers=num_workers, resources=resources, client=client, comm=comm, chunk_workers=chunk_workers,
+        parallel_chunks=parallel_chunks, factory=factory, options=backend_options)
+    decision, certificate = admit_encoded_data(name, admission=admission, workers=workers, world_size=world)
+    handle = factory(
         data, estimator=estimator, model=model, encoder=encoder, placement=placement,
         resources=resources, engine=engine, precision=precision, num_chunks=num_chunks,
         sub_chunks=sub_chunks, num_workers=num_workers, client=client, comm=comm, root=root,
         root_only=root_only, parallel_chunks=parallel_chunks, chunk_workers=chunk_workers,
         batch_size=batch_size, shuffle=shuffle, seed=seed, chunk_size=chunk_size, **backend_options,
     )
+    attach = getattr(handle, "attach_verification", None)
+    if attach is None:
+        asked = [k for k, v in (("audit", audit), ("audit_rate", audit_rate), ("ledger", ledger),
+                                ("fault_injector", fault_injector)) if v is not None]
+        if asked:
+            handle.close()
+            raise ValueError(f"backend {backend!r} returned a {type(handle).__name__}, which has no SDC audit or "
+                             f"ledger; drop {', '.join(asked)} or build the backend on ChunkedEncodedData")
+        return handle
+    try:
+        attach(admission=decision, certificate=certificate, audit=audit, audit_rate=audit_rate,
+               audit_policy=audit_policy, audit_seed=audit_seed, ledger=ledger, fault_injector=fault_injector)
+    except BaseException:
+        handle.close()
+        raise
+    return handle

@@ -8,7 +8,8 @@ from typing import Any
 
 from mixle_parallel.contracts.resources import local_cpu_count
 
-from .runner import ChunkedEncodedData, handle_from_runner
+from .engine_support import block_assignment
+from .runner import ChunkedEncodedData, WorkerTask, check_tasks, handle_from_runner
 
 __all__ = ["LocalChunkRunner", "local_backend"]
 
@@ -17,6 +18,7 @@ class LocalChunkRunner:
     """Chunk-level thread pool (numpy releases the GIL in its kernels); one worker runs inline."""
 
     name = "local"
+    supports_worker_placement = True
 
     def __init__(self, num_workers: int | None = None) -> None:
         n = local_cpu_count() if num_workers is None else num_workers
@@ -25,6 +27,7 @@ class LocalChunkRunner:
         self.num_workers = n
         self._chunks: list[Any] = []
         self._pool: ThreadPoolExecutor | None = None
+        self._pinned: list[ThreadPoolExecutor] = []
 
     def scatter(self, chunks: Sequence[Any]) -> None:
         """Keep the encoded chunks (list index = chunk id)."""
@@ -42,11 +45,44 @@ class LocalChunkRunner:
         futures = [self._pool.submit(fn, self._chunks[i], payload) for i in ids]
         return [f.result() for f in futures]
 
+    # -- placement (the SDC audit recomputes a chunk on another worker thread) ---------------------
+    def worker_ids(self) -> list[int]:
+        """Worker thread ids ``0..num_workers-1``."""
+        return list(range(self.num_workers))
+
+    def chunk_owners(self) -> list[int]:
+        """The worker thread each chunk is assigned to by default (contiguous blocks)."""
+        owners = [0] * len(self._chunks)
+        for w, ids in enumerate(block_assignment(len(self._chunks), self.num_workers)):
+            for i in ids:
+                owners[i] = w
+        return owners
+
+    def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
+        """Each task on its own pinned worker thread; results per worker in the order of its ids."""
+        checked = check_tasks(tasks, len(self._chunks), self.worker_ids(), self.name)
+        if not self._pinned:
+            self._pinned = [ThreadPoolExecutor(1, thread_name_prefix=f"mixle-em-local-w{w}")
+                            for w in range(self.num_workers)]
+
+        def run(task: WorkerTask) -> list[Any]:
+            return [task.fn(self._chunks[i], task.payload) for i in task.chunk_ids]
+
+        futures = {w: self._pinned[w].submit(run, t) for w, t in checked.items()}
+        return {w: f.result() for w, f in futures.items()}
+
+    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+        """``fn`` over ``chunk_ids`` on worker thread ``worker``."""
+        return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
+
     def close(self) -> None:
-        """Stop the thread pool and drop the chunks."""
+        """Stop the thread pools and drop the chunks."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        for pool in self._pinned:
+            pool.shutdown(wait=True)
+        self._pinned = []
         self._chunks = []
 
 

@@ -24,7 +24,17 @@ import numpy as np
 
 from mixle_parallel.contracts.resources import local_cpu_count
 
-from .runner import ChunkedEncodedData, EncodedChunk, WorkerLostError, WorkerTimeoutError, handle_from_runner
+from .engine_support import block_assignment
+from .runner import (
+    ChunkedEncodedData,
+    EncodedChunk,
+    WorkerLostError,
+    WorkerTask,
+    WorkerTimeoutError,
+    WorkerUnavailableError,
+    check_tasks,
+    handle_from_runner,
+)
 
 __all__ = ["BLAS_THREAD_VARIABLES", "MPChunkRunner", "WorkerTaskError", "mp_backend"]
 
@@ -134,6 +144,7 @@ class MPChunkRunner:
     """Worker processes over shared memory; recomputes a dead worker's chunks on survivors."""
 
     name = "mp"
+    supports_worker_placement = True
 
     def __init__(
         self,
@@ -257,8 +268,50 @@ class MPChunkRunner:
         todo = list(ids)
         while todo:
             self._dispatch(fn, payload, todo)
-            todo = self._collect(results)
+            lost = self._collect(lambda w, cid, value: results.__setitem__(cid, value))
+            todo = sorted(c for _, cids in lost for c in cids)
         return [results[i] for i in ids]
+
+    # -- placement (the SDC audit recomputes a chunk on a chosen worker) -------------------------------
+    def worker_ids(self) -> list[int]:
+        """Ids of the live worker processes."""
+        return self.live_workers
+
+    def chunk_owners(self) -> list[int]:
+        """The worker each chunk goes to in a plain pass (contiguous blocks over the live workers)."""
+        live = self.live_workers
+        owners = [0] * self._num_chunks
+        if live:
+            for w, ids in zip(live, block_assignment(self._num_chunks, len(live))):
+                for i in ids:
+                    owners[i] = w
+        return owners
+
+    def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
+        """Each worker computes its task's chunk ids; a requested worker that is gone or dies raises
+        ``WorkerUnavailableError`` (the runner drops it; any worker can compute any chunk later)."""
+        if self._shm is None:
+            raise RuntimeError("MPChunkRunner.run_on_workers before scatter(); scatter the chunks first")
+        checked = check_tasks(tasks, self._num_chunks, self.live_workers, self.name)
+        by_index = {w.index: w for w in self._workers}
+        sent_to_dead = []
+        for index, task in checked.items():
+            if not task.chunk_ids:
+                continue
+            message = pickle.dumps(("map", task.fn, task.payload, list(task.chunk_ids)), protocol=pickle.HIGHEST_PROTOCOL)
+            if not self._send(by_index[index], message, list(task.chunk_ids)):
+                by_index[index].pending = list(task.chunk_ids)
+                sent_to_dead.append(index)
+        results: dict[tuple[int, int], Any] = {}
+        lost = self._collect(lambda w, cid, value: results.__setitem__((w, cid), value))
+        gone = sorted({w for w, _ in lost} | set(sent_to_dead))
+        if gone:
+            raise WorkerUnavailableError(gone, f"mp worker(s) {gone} died while computing chosen chunks")
+        return {w: [results[(w, c)] for c in t.chunk_ids] for w, t in checked.items()}
+
+    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+        """``fn`` over ``chunk_ids`` on worker process ``worker``."""
+        return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
 
     def _dispatch(self, fn: Callable[[Any, Any], Any], payload: Any, ids: list[int]) -> None:
         live = [w for w in self._workers if w.process.is_alive()]
@@ -280,11 +333,12 @@ class MPChunkRunner:
             if not self._send(w, message, block):
                 w.pending = list(block)  # collected as lost below
 
-    def _collect(self, results: dict[int, Any]) -> list[int]:
-        """Wait for every busy worker; return the chunk ids of workers that died meanwhile."""
+    def _collect(self, store: Callable[[int, int, Any], None]) -> list[tuple[int, list[int]]]:
+        """Wait for every busy worker, ``store(worker, chunk id, value)`` each result; return the
+        (worker, chunk ids) of workers that died meanwhile."""
         busy = {w.conn: w for w in self._workers if w.pending}
         sentinels = {w.process.sentinel: w for w in busy.values()}
-        lost: list[int] = []
+        lost: list[tuple[int, list[int]]] = []
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while busy:
             wait_for = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -307,7 +361,7 @@ class MPChunkRunner:
                         raise EOFError
                     reply = pickle.loads(w.conn.recv_bytes())
                 except (EOFError, ConnectionError, OSError):
-                    lost.extend(w.pending)
+                    lost.append((w.index, list(w.pending)))
                     self.recovered_chunks.extend(w.pending)
                     w.pending = []
                     del busy[w.conn]
@@ -321,11 +375,11 @@ class MPChunkRunner:
                     self._drain(busy, w)
                     raise WorkerTaskError(f"mp worker {w.index} failed on chunk {cid}:\n{tb}")
                 for cid, value in reply[1]:
-                    results[cid] = value
+                    store(w.index, cid, value)
                 w.pending = []
                 del busy[w.conn]
                 sentinels.pop(w.process.sentinel, None)
-        return sorted(lost)
+        return lost
 
     def _drain(self, busy: dict[Any, _Worker], failed: _Worker) -> None:
         """After a task error, read (and drop) the replies of the other busy workers."""

@@ -43,6 +43,8 @@ class MPIRunner:
     """SPMD chunk runner over an mpi4py communicator (``COMM_WORLD`` by default)."""
 
     name = "mpi"
+    supports_worker_placement = False
+    """Declined: an SPMD rank computes only its own block; the SDC audit recomputes a chunk on the same runner (``same_rank``)."""
 
     def __init__(
         self, comm: Any = None, *, root: int = 0, root_only: bool = False,
@@ -106,6 +108,18 @@ class MPIRunner:
                 raise ValueError(f"rank {self.rank} owns chunks {missing} but was given None for them")
         self._num_chunks = int(n)
         self._local = dict(mine)
+
+    def chunk_owners(self) -> list[int]:
+        """The worker (rank / partition) each chunk is computed on: contiguous blocks."""
+        n = self._num_chunks
+        return [w for w, ids in enumerate(block_assignment(n, self.size)) for _ in ids]
+
+    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+        """Not supported: an SPMD rank computes only its own block."""
+        raise NotImplementedError(
+            "the mpi runner cannot compute chosen chunks on a chosen worker (an SPMD rank computes only its "
+            "own block); check supports_worker_placement first"
+        )
 
     # -- data passes --------------------------------------------------------------------------
     def map_chunks(

@@ -24,16 +24,26 @@ class EMStep(NamedTuple):
     improvement: float
     model: Any
     seconds: float
+    audit_records: tuple[Any, ...] = ()
+    """The ``SDCAuditRecord``s of this pass (empty when no chunk was audited)."""
 
 
 class FitResult(NamedTuple):
-    """What ``fit`` returns: the model, its last measured log-likelihood and the trajectory."""
+    """What ``fit`` returns: the model, its last measured log-likelihood, the trajectory and the evidence."""
 
     model: Any
     log_likelihood: float
     iterations: int
     converged: bool
     history: tuple[float, ...]
+    audit_records: tuple[Any, ...] = ()
+    """Every ``SDCAuditRecord`` of the fit's audited passes."""
+    admission: str | None = None
+    """How the run was admitted: 'certified', 'unverified', 'local' or 'verifying' (None: unknown handle)."""
+    certificate: str | None = None
+    """The admitting certificate's id, or 'unverified'."""
+    quarantined: tuple[int, ...] = ()
+    """Workers the audit quarantined during the fit."""
 
 
 def as_estimator(estimator: Any) -> Any:
@@ -114,7 +124,10 @@ def fit(
         if own else encoded_data(data, **encoded_data_options)
     )
     bar = None
+    audits: list[Any] = []
     try:
+        if hasattr(handle, "begin_fit"):
+            handle.begin_fit()
         model = prev_estimate
         if model is None:
             model = handle.pysp_seq_initialize(init_est, seed if rng is None else rng, init_p)
@@ -127,8 +140,10 @@ def fit(
             ll, new_model = _one_pass(handle, estimator, model)
             improvement = math.inf if not history else ll - history[-1]
             history.append(ll)
+            found = tuple(getattr(handle, "last_audit_records", ()))
+            audits.extend(found)
             if on_step is not None:
-                on_step(EMStep(it, ll, improvement, model, time.perf_counter() - t0))
+                on_step(EMStep(it, ll, improvement, model, time.perf_counter() - t0, found))
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loglik=f"{ll:.6g}")
@@ -141,7 +156,14 @@ def fit(
             from .mixle_interop import unwrap_mixle
 
             model = unwrap_mixle(model)
-        return FitResult(model, last, len(history), converged, tuple(history))
+        decision = getattr(handle, "admission", None)
+        return FitResult(model, last, len(history), converged, tuple(history), tuple(audits),
+                         getattr(decision, "mode", None), getattr(decision, "ledger_link", None),
+                         tuple(sorted(getattr(handle, "quarantined", ()))))
+    except BaseException as exc:
+        if own and hasattr(handle, "record_failure"):
+            handle.record_failure(exc)
+        raise
     finally:
         if bar is not None:
             bar.close()
@@ -169,6 +191,9 @@ def optimize(
     drawn from ``seed`` per chunk (the same on every backend and worker count). ``data`` may be
     raw rows or a handle from :func:`encoded_data`; other keywords (``on_step``, ``progress``,
     ``prev_estimate``, ``init_estimator``, ``num_chunks``, ``chunk_size``, ``timeout``...) are
-    passed on.
+    passed on, among them the verification controls of :func:`encoded_data`: ``admission=`` (a
+    certificate, its path, or ``"unverified"``; required with more than one worker process),
+    ``audit=``, ``audit_rate=``, ``audit_policy=``, ``ledger=`` and ``fault_injector=``.
+    :func:`fit` returns the audit records, admission mode and quarantined workers as well.
     """
     return fit(data, estimator, max_its, delta, init_p, seed, backend, num_workers, **kwargs).model

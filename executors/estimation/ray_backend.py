@@ -24,7 +24,7 @@ from .engine_support import (
     require_engine,
     requested_ids,
 )
-from .runner import WorkerLostError, WorkerTimeoutError
+from .runner import WorkerLostError, WorkerTask, WorkerTimeoutError, WorkerUnavailableError, check_tasks
 
 __all__ = ["RayChunkWorker", "RayRunner", "ray_encoded_data"]
 
@@ -56,11 +56,21 @@ class RayChunkWorker:
         """``fn(chunk, payload)`` for each of ``chunk_ids``, as ``(chunk id, result)`` pairs."""
         return [(i, fn(self.chunks[i], payload)) for i in chunk_ids]
 
+    def run_any(self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: list[int],
+                borrowed: dict[int, Any]) -> list[Any]:
+        """``fn`` over ``chunk_ids`` in order; chunks not resident here come from the store (``borrowed``
+        holds their object refs, wrapped in a list so Ray passes them unresolved) and are not kept."""
+        import ray
+
+        extra = dict(zip(borrowed, ray.get([ref[0] for ref in borrowed.values()]))) if borrowed else {}
+        return [fn(self.chunks[i] if i in self.chunks else extra[i], payload) for i in chunk_ids]
+
 
 class RayRunner:
     """Chunk runner over Ray actors (a running Ray, or a local one it starts and owns)."""
 
     name = "ray"
+    supports_worker_placement = True
 
     def __init__(
         self,
@@ -204,6 +214,51 @@ class RayRunner:
                     continue
                 results.update(pairs)
         return ordered_results(results, ids, self.name)
+
+    # -- placement (the SDC audit recomputes a chunk on a chosen actor) ------------------------
+    def worker_ids(self) -> list[int]:
+        """Ids of the live actors."""
+        return [w for w, ok in enumerate(self._alive) if ok]
+
+    def chunk_owners(self) -> list[int]:
+        """The actor each chunk is resident on."""
+        return list(self._owner)
+
+    def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
+        """Each actor computes its task's chunk ids (non-resident ones fetched from the object store);
+        an actor that is gone or dies raises ``WorkerUnavailableError`` (its chunks move to survivors)."""
+        ray = require_engine("ray", "ray")
+        checked = check_tasks(tasks, len(self._refs), self.worker_ids(), self.name)
+        deadline = Deadline(self.timeout)
+        refs = {}
+        for w, task in checked.items():
+            if not task.chunk_ids:
+                continue
+            borrowed = {i: [self._refs[i]] for i in task.chunk_ids if self._owner[i] != w}
+            refs[self._actors[w].run_any.remote(task.fn, task.payload, list(task.chunk_ids), borrowed)] = w
+        out: dict[int, list[Any]] = {w: [] for w in checked}
+        dead: list[int] = []
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=deadline.remaining())
+            if not ready:
+                hung = sorted(refs[r] for r in pending)
+                raise WorkerTimeoutError(f"ray actor(s) {hung} did not answer within {self.timeout} s; "
+                                         "a worker is hung or overloaded. Raise timeout= (seconds).")
+            for ref in ready:
+                try:
+                    out[refs[ref]] = ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    dead.append(refs[ref])
+        if dead:
+            for w in dead:
+                self._reassign(w)
+            raise WorkerUnavailableError(sorted(dead), f"ray actor(s) {sorted(dead)} died while computing chosen chunks")
+        return out
+
+    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+        """``fn`` over ``chunk_ids`` on actor ``worker``."""
+        return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:

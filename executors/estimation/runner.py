@@ -19,6 +19,16 @@ The contract (for backend authors: local, mp, mpi, spark, dask, ray, or yours)
   methods). It combines chunk statistics **in chunk order** with the estimator's accumulator, and
   initialization draws come from a per-chunk generator seeded by ``(seed, chunk_id)``
   (:func:`chunk_rng`), so every backend and every worker count yields the same bits.
+* Optional capability, needed for the SDC audit to recompute a chunk on a *different* worker:
+  a runner with ``supports_worker_placement = True`` also has ``worker_ids()`` (live worker ids,
+  ints), ``chunk_owners()`` (the worker each chunk is resident on) and
+  ``run_on_workers({worker: WorkerTask(fn, payload, chunk_ids)})`` returning, per worker, the
+  results of its chunk ids in the order given (a chunk may be listed for several workers); a
+  requested worker that is gone or dies raises :class:`WorkerUnavailableError`.
+  ``compute_on(worker, fn, payload, chunk_ids)`` is the one-worker form. ``local``, ``mp``,
+  ``dask`` and ``ray`` have it; ``mpi`` and ``spark`` declare ``supports_worker_placement =
+  False`` (an SPMD rank / a Spark task cannot be aimed at a chosen worker), so their audits
+  recompute a chunk on the same runner (``same_rank`` replays).
 * A backend registers ``factory(data, **params) -> handle`` through
   ``executors.registry.register_encoded_data_backend``; :func:`handle_from_runner` does the
   encoding and wiring, so an engine backend is a runner plus a few lines.
@@ -39,7 +49,8 @@ DEFAULT_CHUNK_SIZE = 16384
 
 __all__ = [
     "ChunkResult", "ChunkRunner", "ChunkedEncodedData", "DEFAULT_CHUNK_SIZE", "EStepResult",
-    "EncodedChunk", "WorkerLostError", "WorkerTimeoutError", "chunk_bounds", "chunk_estep",
+    "EncodedChunk", "WorkerLostError", "WorkerTask", "WorkerTimeoutError", "WorkerUnavailableError",
+    "chunk_bounds", "chunk_estep", "supports_worker_placement",
     "chunk_initialize", "chunk_log_density", "chunk_rng", "combine_in_chunk_order", "encode_chunks",
     "handle_from_runner", "resolve_encoder", "seed_from",
 ]
@@ -51,6 +62,43 @@ class WorkerLostError(RuntimeError):
 
 class WorkerTimeoutError(TimeoutError):
     """A worker did not answer within the runner's timeout (hung or overloaded)."""
+
+
+class WorkerUnavailableError(WorkerLostError):
+    """A worker asked to compute chosen chunks is gone or died meanwhile; ``workers`` names it."""
+
+    def __init__(self, workers: Sequence[int], message: str) -> None:
+        self.workers = tuple(int(w) for w in workers)
+        super().__init__(message)
+
+
+class WorkerTask(NamedTuple):
+    """Work for one chosen worker: ``fn(chunk, payload)`` over ``chunk_ids``, in that order."""
+
+    fn: Callable[[Any, Any], Any]
+    payload: Any
+    chunk_ids: tuple[int, ...]
+
+
+def supports_worker_placement(runner: Any) -> bool:
+    """Whether ``runner`` can compute chosen chunks on a chosen worker (``run_on_workers``)."""
+    return bool(getattr(runner, "supports_worker_placement", False))
+
+
+def check_tasks(tasks: Any, num_chunks: int, live: Sequence[int], backend: str) -> dict[int, WorkerTask]:
+    """Validate a ``run_on_workers`` request; a worker not in ``live`` raises ``WorkerUnavailableError``."""
+    out: dict[int, WorkerTask] = {}
+    for worker, task in tasks.items():
+        fn, payload, ids = task
+        ids = tuple(int(i) for i in ids)
+        bad = [i for i in ids if not 0 <= i < num_chunks]
+        if bad:
+            raise IndexError(f"chunk ids {bad} are out of range: the {backend} runner holds chunks 0..{num_chunks - 1}")
+        out[int(worker)] = WorkerTask(fn, payload, ids)
+    gone = sorted(w for w, t in out.items() if t.chunk_ids and w not in set(live))
+    if gone:
+        raise WorkerUnavailableError(gone, f"{backend} worker(s) {gone} are not alive (live: {list(live)})")
+    return out
 
 
 class EncodedChunk(NamedTuple):
@@ -241,6 +289,15 @@ class ChunkedEncodedData:
         self._encoder = encoder if encoder is not None else (
             resolve_encoder(estimator, model) if (estimator is not None or model is not None) else None
         )
+        self.admission: Any = None
+        """The ``AdmissionDecision`` that let this handle run (set by ``encoded_data``)."""
+        self.ledger: Any = None
+        self.iteration = 0
+        """E-steps done so far (the step number of the next ledger receipt and audit)."""
+        self.last_audits: tuple[Any, ...] = ()
+        self._audit: Any = None
+        self._fit_first = True
+        self._failure: str | None = None
         if self._encoder is not None:
             self._ensure_scattered(None, None)
 
@@ -281,7 +338,10 @@ class ChunkedEncodedData:
 
     def _map(self, fn: Callable[[Any, Any], Any], payload: Any, estimator: Any = None, model: Any = None) -> list[Any]:
         self._ensure_scattered(estimator, model)
-        results = self.runner.map_chunks(fn, payload)
+        if self._audit is not None and self._audit.excluded:  # keep quarantined / lost workers idle
+            results = self._audit.placed_map(fn, payload, self.num_chunks)
+        else:
+            results = self.runner.map_chunks(fn, payload)
         if len(results) != self.num_chunks:
             raise RuntimeError(
                 f"backend {self.backend!r} returned {len(results)} chunk results for {self.num_chunks} "
@@ -299,12 +359,110 @@ class ChunkedEncodedData:
         return [statistic_digest(r.stats) for r in self.chunk_statistics(estimator, model)]
 
     def estep(self, estimator: Any, model: Any) -> EStepResult:
-        """One data pass: the statistics under ``model``, its log-likelihood, and the M-step."""
-        results = self.chunk_statistics(estimator, model)
+        """One data pass: the statistics under ``model``, its log-likelihood, and the M-step.
+
+        Audited (see ``executors.estimation.audit``) when the handle has an SDC audit; each pass
+        is one ledger receipt when the handle has a ledger.
+        """
+        iteration = self.iteration
+        if self._audit is not None:
+            self._ensure_scattered(estimator, model)
+            raw, outcomes = self._audit.estep_results(self, estimator, model, iteration, first_of_fit=self._fit_first)
+            results = [ChunkResult(*r) for r in raw]
+        else:
+            results, outcomes = self.chunk_statistics(estimator, model), ()
+        self._fit_first = False
         nobs = _ordered_sum([r.count for r in results])
         ll = _ordered_sum([r.log_likelihood for r in results])
         stats = combine_in_chunk_order(estimator, [r.stats for r in results])
-        return EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
+        out = EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
+        self.iteration = iteration + 1
+        self.last_audits = tuple(outcomes)
+        if self.ledger is not None:
+            from .audit import em_receipt
+
+            self.ledger.receipt(em_receipt(iteration, nobs, ll, workers=self.num_workers, admission=self.admission,
+                                           outcomes=outcomes, quarantined=sorted(self.quarantined)))
+        return out
+
+    # -- verification -----------------------------------------------------------------------------
+    @property
+    def audit(self) -> Any:
+        """The handle's ``EMAudit`` (None when not audited)."""
+        return self._audit
+
+    @property
+    def audit_records(self) -> tuple[Any, ...]:
+        """Every ``SDCAuditRecord`` of this handle's audited passes."""
+        return self._audit.records if self._audit is not None else ()
+
+    @property
+    def last_audit_records(self) -> tuple[Any, ...]:
+        """The ``SDCAuditRecord``s of the last E-step."""
+        return tuple(r for outcome in self.last_audits for r in outcome.records)
+
+    @property
+    def quarantined(self) -> frozenset[int]:
+        """Workers quarantined by the audit (they get no chunks)."""
+        return self._audit.quarantined if self._audit is not None else frozenset()
+
+    def readmit(self, workers: Sequence[int] | None = None) -> None:
+        """Give quarantined workers chunks again (all when ``workers`` is None), e.g. after a repair."""
+        if self._audit is not None:
+            self._audit.readmit(workers)
+            if self.ledger is not None:
+                self.ledger.note("quarantined worker(s) readmitted", workers=None if workers is None else list(workers))
+
+    def begin_fit(self) -> None:
+        """Mark the next E-step as a fit's first: the audit then checks at least one chunk."""
+        self._fit_first = True
+
+    def record_failure(self, error: BaseException) -> None:
+        """Remember why the run failed; ``close`` writes it into the ledger's run_end."""
+        self._failure = f"{type(error).__name__}: {error}"[:500]
+
+    def attach_verification(self, *, admission: Any = None, certificate: Any = None, audit: bool | None = None,
+                            audit_rate: float | None = None, audit_policy: str = "quarantine", audit_seed: int = 0,
+                            ledger: Any = None, fault_injector: Any = None) -> None:
+        """Bind the admission decision, the SDC audit and the ledger (``encoded_data`` calls this).
+
+        ``audit=None`` audits when the runner has two workers or more; ``audit_rate`` defaults to
+        0.05. ``ledger`` (a ``verification.Ledger`` or a path) gets run_start now, one receipt per
+        E-step, every audit record, and run_end on ``close``.
+        """
+        from .audit import DEFAULT_AUDIT_RATE, EMAudit
+
+        self.admission = admission
+        if ledger is not None and not hasattr(ledger, "receipt"):
+            from mixle_parallel.verification.ledger import Ledger
+
+            ledger = Ledger(ledger)
+        self.ledger = ledger
+        on = (self.num_workers > 1) if audit is None else bool(audit)
+        if fault_injector is not None and not on:
+            raise ValueError("fault_injector= needs the audit on (audit=True or more than one worker)")
+        if on:
+            rate = DEFAULT_AUDIT_RATE if audit_rate is None else float(audit_rate)
+            self._audit = EMAudit(self.runner, rate=rate, policy=audit_policy, seed=audit_seed, ledger=ledger,
+                                  fault_injector=fault_injector)
+        elif audit_rate is not None and audit is False:
+            raise ValueError("audit=False contradicts audit_rate=; drop one of them")
+        if ledger is not None:
+            self._ledger_start(certificate)
+
+    def _ledger_start(self, certificate: Any) -> None:
+        from mixle_parallel.contracts import ParallelPlan
+
+        decision = self.admission
+        link = certificate if certificate is not None else (decision.ledger_link if decision is not None else "unverified")
+        self.ledger.run_start(
+            plan=ParallelPlan(dp_replicate=max(1, self.num_workers)), certificate=link,
+            executor=decision.executor if decision is not None else f"em_{self.backend}",
+            extra={"kind": "em_fit", "backend": self.backend, "rows": self.num_rows, "chunks": self.num_chunks,
+                   "workers": self.num_workers, "admission": decision.mode if decision is not None else None,
+                   "audit_rate": self._audit.rate if self._audit is not None else None,
+                   "audit_policy": self._audit.auditor.policy if self._audit is not None else None},
+        )
 
     def pysp_seq_estimate(self, estimator: Any, prev_estimate: Any) -> Any:
         """One E/M update from ``prev_estimate`` (the new model)."""
@@ -334,8 +492,16 @@ class ChunkedEncodedData:
         """Release the runner's workers and memory (idempotent)."""
         if not self._closed:
             self._closed = True
-            if self._owns_runner:
-                self.runner.close()
+            try:
+                if self.ledger is not None:
+                    self.ledger.run_end(
+                        status="ok" if self._failure is None else "failed", steps=self.iteration,
+                        extra={"error": self._failure, "audit_records": len(self.audit_records),
+                               "audit_mismatches": sum(1 for r in self.audit_records if not r.matched),
+                               "quarantined": sorted(self.quarantined)})
+            finally:
+                if self._owns_runner:
+                    self.runner.close()
 
     def __enter__(self) -> "ChunkedEncodedData":
         return self

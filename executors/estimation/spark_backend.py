@@ -18,6 +18,7 @@ from typing import Any
 
 from .engine_support import (
     DEFAULT_TIMEOUT_S,
+    block_assignment,
     check_timeout,
     ordered_results,
     require_engine,
@@ -44,6 +45,8 @@ class SparkRunner:
     """Chunk runner over a SparkContext (given, or a ``local[n]`` one it starts and owns)."""
 
     name = "spark"
+    supports_worker_placement = False
+    """Declined: a Spark task cannot be aimed at a chosen executor; the SDC audit recomputes a chunk on the same runner (``same_rank``)."""
 
     def __init__(
         self,
@@ -131,6 +134,18 @@ class SparkRunner:
         if "error" in box:
             raise box["error"]
         return box["value"]
+
+    def chunk_owners(self) -> list[int]:
+        """The partition each chunk is in (``parallelize`` slices contiguously, like ``block_assignment``)."""
+        n = self._num_chunks
+        return [w for w, ids in enumerate(block_assignment(n, max(1, min(self.num_workers, n)))) for _ in ids]
+
+    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+        """Not supported: a Spark task cannot be aimed at a chosen executor."""
+        raise NotImplementedError(
+            "the spark runner cannot compute chosen chunks on a chosen worker (a Spark task cannot be aimed "
+            "at a chosen executor); check supports_worker_placement first"
+        )
 
     def map_chunks(
         self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None

@@ -43,10 +43,11 @@ def test_every_worker_count_and_backend_gives_the_same_bits(gmm_1d, gmm_4d):
     est4 = MixtureEstimator([DiagonalGaussianEstimator(4)] * 2)
     results = {}
     for backend, workers in [("local", 1), ("local", 2), ("local", 3), ("mp", 1), ("mp", 2), ("mp", 3)]:
+        # admission="unverified": a throwaway test mesh; the bits are what this test checks
         m1 = optimize(gmm_1d, est1, max_its=6, delta=None, seed=SEED, backend=backend, num_workers=workers,
-                      chunk_size=700)
+                      chunk_size=700, admission="unverified")
         m4 = optimize(gmm_4d, est4, max_its=4, delta=None, seed=SEED, backend=backend, num_workers=workers,
-                      chunk_size=500)
+                      chunk_size=500, admission="unverified")
         results[(backend, workers)] = _model_bytes(m1) + _model_bytes(m4)
     assert len(set(results.values())) == 1, "model bits differ between backends/worker counts"
 
@@ -56,7 +57,8 @@ def test_heterogeneous_records_fit_identically_on_mp():
     rows = [(float(rng.normal(2 * (i % 2), 1)), "ab"[i % 2] if rng.random() < 0.9 else "c") for i in range(900)]
     est = MixtureEstimator([CompositeEstimator([GaussianEstimator(), CategoricalEstimator()])] * 2)
     local = optimize(rows, est, max_its=5, delta=None, seed=5, chunk_size=200)
-    remote = optimize(rows, est, max_its=5, delta=None, seed=5, chunk_size=200, backend="mp", num_workers=2)
+    remote = optimize(rows, est, max_its=5, delta=None, seed=5, chunk_size=200, backend="mp", num_workers=2,
+                      admission="unverified")  # a test mesh: compared bitwise with the local fit above
     assert _model_bytes(local) == _model_bytes(remote)
 
 

@@ -20,7 +20,9 @@ def main() -> None:
     rank = comm.Get_rank()
     root_only = sys.argv[1] == "root_only"
     rows = em_case.data() if (rank == 0 or not root_only) else None
-    result = fit(rows, em_case.estimator(), backend="mpi", comm=comm, root_only=root_only, **em_case.FIT_KWARGS)
+    # admission="unverified": an mpiexec test mesh compared bitwise with the reference fit
+    result = fit(rows, em_case.estimator(), backend="mpi", comm=comm, root_only=root_only,
+                 admission="unverified", **em_case.FIT_KWARGS)
     digest, history = em_case.signature(result)
     out = {"rank": rank, "size": comm.Get_size(), "digest": digest, "history": list(history)}
     Path(os.environ["MPI_TEST_OUT"], f"rank{rank}.json").write_text(json.dumps(out))

@@ -1,0 +1,97 @@
+"""The admission gate of encoded_data / optimize: a certificate on a real mesh, refused before workers start."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import numpy as np
+import pytest
+from conftest import ROWS_PER_CHUNK, estimator
+
+from mixle_parallel.contracts import NotAdmittedError
+from mixle_parallel.executors.estimation import EncodedDataControlConflictError, encoded_data, fit, optimize
+from mixle_parallel.verification import Ledger, load_certificate, read_ledger, verify_ledger, verifying
+from mixle_parallel.verification.admission import CERTIFICATE_ENV
+
+
+def test_mesh_without_certificate_is_refused_before_any_worker_starts(rows):
+    before = set(multiprocessing.active_children())
+    with pytest.raises(NotAdmittedError) as info:
+        encoded_data(rows, estimator=estimator(), backend="mp", num_workers=2)
+    message = str(info.value)
+    assert "no admission certificate for executor 'em_mp'" in message and "dp_replicate=2" in message
+    assert "mixle-parallel certify --backend mp" in message and "admission='unverified'" in message
+    assert set(multiprocessing.active_children()) == before  # no worker process was started
+    with pytest.raises(NotAdmittedError, match="em_mp"):
+        optimize(rows, estimator(), max_its=1, backend="processes", num_workers=3)  # aliases too
+
+
+def test_certificate_from_certify_admits_mp_with_two_and_three_workers(rows, mp_certificate, tmp_path):
+    plain = fit(rows, estimator(), max_its=3, delta=None, seed=2, chunk_size=ROWS_PER_CHUNK)
+    ledger = Ledger(tmp_path / "run.jsonl")
+    by_path = fit(rows, estimator(), max_its=3, delta=None, seed=2, chunk_size=ROWS_PER_CHUNK, backend="mp",
+                  num_workers=2, admission=str(mp_certificate), ledger=ledger)
+    cert = load_certificate(mp_certificate)
+    by_object = fit(rows, estimator(), max_its=3, delta=None, seed=2, chunk_size=ROWS_PER_CHUNK, backend="mp",
+                    num_workers=3, admission=cert)
+    for result in (by_path, by_object):
+        assert (result.admission, result.certificate) == ("certified", cert.certificate_id)
+        assert result.history == plain.history
+    report = verify_ledger(ledger.path)
+    assert report.ok, report.summary()
+    entries = read_ledger(ledger.path).entries
+    assert entries[0].kind == "run_start" and entries[0].payload["certificate_document"] is not None
+    assert {e.certificate for e in entries} == {cert.certificate_id}
+    receipts = [e for e in entries if e.kind == "receipt"]
+    assert len(receipts) == 3 and all(e.payload["receipt"]["data"]["extra"]["admission"] == "certified" for e in receipts)
+
+
+def test_a_certificate_for_another_backend_is_refused_naming_the_mismatch(rows, mp_certificate):
+    with pytest.raises(NotAdmittedError, match="certificate is for executor 'em_mp', not 'em_dask'"):
+        encoded_data(rows, estimator=estimator(), backend="dask", num_workers=2, admission=mp_certificate)
+
+
+def test_unverified_runs_and_says_so_everywhere(rows, tmp_path):
+    ledger = Ledger(tmp_path / "unverified.jsonl")
+    result = fit(rows, estimator(), max_its=2, delta=None, seed=1, chunk_size=ROWS_PER_CHUNK, backend="mp",
+                 num_workers=2, admission="unverified", ledger=ledger)
+    assert (result.admission, result.certificate) == ("unverified", "unverified")
+    entries = read_ledger(ledger.path).entries
+    assert all(e.certificate == "unverified" for e in entries)
+    assert all(e.payload["receipt"]["data"]["extra"]["admission"] == "unverified" for e in entries if e.kind == "receipt")
+    assert verify_ledger(ledger.path).ok
+
+
+def test_one_process_needs_no_certificate_and_ignores_the_mesh_certificate_env(rows, monkeypatch, tmp_path):
+    monkeypatch.setenv(CERTIFICATE_ENV, str(tmp_path / "not-there.json"))
+    threads = fit(rows, estimator(), max_its=2, delta=None, seed=1, chunk_size=ROWS_PER_CHUNK, backend="local",
+                  num_workers=3)  # threads in this process: world size 1
+    assert threads.admission == "local"
+    one = fit(rows, estimator(), max_its=2, delta=None, seed=1, chunk_size=ROWS_PER_CHUNK, backend="mp", num_workers=1)
+    assert one.admission == "local" and one.history == threads.history
+
+
+def test_an_explicit_certificate_is_checked_even_without_a_mesh(rows, mp_certificate):
+    with pytest.raises(NotAdmittedError, match="not 'em_local'"):
+        encoded_data(rows, estimator=estimator(), backend="local", admission=mp_certificate)
+
+
+def test_the_harness_runs_under_verifying(rows):
+    with verifying():
+        result = fit(rows[:600], estimator(), max_its=1, chunk_size=ROWS_PER_CHUNK, backend="mp", num_workers=2)
+    assert result.admission == "verifying"
+
+
+def test_verification_controls_conflict_with_an_existing_handle(rows, tmp_path):
+    with encoded_data(rows, estimator=estimator(), num_chunks=4) as handle:
+        for control in ({"admission": "unverified"}, {"audit_rate": 0.5}, {"ledger": tmp_path / "x.jsonl"}):
+            with pytest.raises(EncodedDataControlConflictError, match=next(iter(control))):
+                optimize(handle, estimator(), max_its=1, **control)
+
+
+def test_bad_admission_value_is_named(rows):
+    with pytest.raises(TypeError, match="admission must be"):
+        encoded_data(rows, estimator=estimator(), backend="mp", num_workers=2, admission=3)
+    with pytest.raises(FileNotFoundError, match="mixle-parallel certify"):
+        encoded_data(rows, estimator=estimator(), backend="mp", num_workers=2, admission="missing/cert.json")
+    assert np.isfinite(rows).all()

@@ -1,0 +1,89 @@
+"""Audit logic inside the handle, on the in-process thread backend (cheap), and the non-placement path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from audit_cases import clean_fit, flip_trial, same_bits, start_model
+from conftest import ROWS_PER_CHUNK, estimator
+
+from mixle_parallel.executors.estimation import ChunkedEncodedData, encoded_data, fit
+from mixle_parallel.executors.estimation.audit import flip_statistic
+from mixle_parallel.executors.estimation.local import LocalChunkRunner
+from mixle_parallel.verification import BitFlip, FaultInjector, Ledger, SDCDetectedError, read_ledger, verify_ledger
+
+
+@pytest.fixture(scope="module")
+def start(rows):
+    return start_model(rows)
+
+
+def test_flips_on_worker_threads_are_attributed_and_the_fit_ends_clean(rows, start):
+    clean = clean_fit(rows, start, 3)
+    injector = FaultInjector()
+    rng = np.random.default_rng(1)
+    with encoded_data(rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK, backend="local", num_workers=4,
+                      audit_rate=0.1, fault_injector=injector) as handle:
+        for trial in range(6):
+            flip_trial(handle, injector, rng, start, clean, its=3, strike=("primary", "auditor")[trial % 2])
+
+
+def test_every_fit_audits_at_least_one_chunk_even_with_four_chunks(rows, start):
+    few = rows[:240]  # 4 chunks: the reference's round(0.1 x 4) = 0 audits nothing
+    with encoded_data(few, estimator=estimator(), chunk_size=ROWS_PER_CHUNK, backend="local", num_workers=2) as handle:
+        assert handle.audit.rate == 0.05  # on by default with two workers or more
+        for _ in range(3):
+            result = fit(handle, estimator(), max_its=2, delta=None, prev_estimate=start)
+            assert len(result.audit_records) >= 1 and all(r.matched for r in result.audit_records)
+
+
+def test_audit_is_off_for_one_worker_or_on_request(rows, start):
+    one = fit(rows, estimator(), max_its=2, delta=None, prev_estimate=start, chunk_size=ROWS_PER_CHUNK)
+    off = fit(rows, estimator(), max_its=2, delta=None, prev_estimate=start, chunk_size=ROWS_PER_CHUNK,
+              backend="local", num_workers=2, audit=False)
+    assert one.audit_records == off.audit_records == ()
+    with pytest.raises(ValueError, match="audit=False contradicts audit_rate"):
+        encoded_data(rows, estimator=estimator(), backend="local", num_workers=2, audit=False, audit_rate=0.2)
+
+
+def test_two_workers_detect_but_cannot_attribute_so_the_fit_raises_and_the_ledger_says_failed(rows, start, tmp_path):
+    ledger = Ledger(tmp_path / "two.jsonl")
+    injector = FaultInjector([BitFlip("statistic", "chunk:5", rank=0, step=0, index=1, bit=40)])
+    with pytest.raises(SDCDetectedError, match="chunk:5"):
+        fit(rows, estimator(), max_its=3, delta=None, prev_estimate=start, chunk_size=ROWS_PER_CHUNK, backend="local",
+            num_workers=2, audit_rate=1.0, fault_injector=injector, ledger=ledger)
+    entries = read_ledger(ledger.path).entries
+    assert [e.payload["record"]["data"]["matched"] for e in entries if e.kind == "audit"][-1] is False
+    assert entries[-1].kind == "run_end" and entries[-1].payload["status"] == "failed"
+    assert verify_ledger(ledger.path).ok
+
+
+class NoPlacementRunner(LocalChunkRunner):
+    """A runner that, like mpi and spark, cannot aim a chunk at a chosen worker."""
+
+    supports_worker_placement = False
+
+
+def test_runners_without_placement_audit_by_same_runner_replays(rows, start):
+    handle = ChunkedEncodedData(NoPlacementRunner(2), rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK)
+    with handle:
+        handle.attach_verification(audit=True, audit_rate=0.5)
+        result = fit(handle, estimator(), max_its=2, delta=None, prev_estimate=start)
+        assert result.audit_records and all(r.replay == "same_rank" and r.matched for r in result.audit_records)
+        assert same_bits(result, clean_fit(rows, start, 2))
+    with pytest.raises(ValueError, match="supports_worker_placement=False"):
+        ChunkedEncodedData(NoPlacementRunner(2), rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK
+                           ).attach_verification(audit=True, fault_injector=FaultInjector())
+    with pytest.raises(NotImplementedError, match="supports_worker_placement"):
+        from mixle_parallel.executors.estimation.spark_backend import SparkRunner
+
+        SparkRunner.compute_on(object.__new__(SparkRunner), 0, None, None, [0])
+
+
+def test_flip_statistic_flips_exactly_one_bit_of_the_indexed_element():
+    stats = (np.array([1.0, 2.0]), ((3.0, 4.0), {"b": 6.0, "a": 5.0}))
+    flipped = flip_statistic(stats, 4, 0)  # elements in order: 1, 2, 3, 4, a=5, b=6
+    assert flipped[1][1]["a"] == np.nextafter(5.0, 6.0) and flipped[1][1]["b"] == 6.0
+    assert flip_statistic(stats, 1, 63)[0][1] == -2.0 and stats[0][1] == 2.0  # a copy; the input is kept
+    with pytest.raises(ValueError, match="no float"):
+        flip_statistic(("x", 3), 0, 0)
