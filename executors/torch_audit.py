@@ -136,8 +136,8 @@ class SessionAudit:
             stash = self._stash()
             try:
                 replayed = self._replay(window, rng)
-                matched, diff = self._compare(observed, replayed)
                 exp_d, obs_d = digest(replayed), digest(observed)
+                matched, diff = self._compare(observed, replayed, exp_d == obs_d)
                 mine.append(self._record(step, self.rank, self._unit(observed, replayed, matched), "same_rank",
                                          exp_d, obs_d, matched, diff, injected=injected))
                 peer = self._peer(step, window, rng, params, observed, obs_d, injected)
@@ -214,11 +214,11 @@ class SessionAudit:
         return digest({name: _local(p).detach() for name, p in self.session.named_trainable()})
 
     # ---- judging -------------------------------------------------------------------------------
-    def _compare(self, observed: dict, replayed: dict) -> tuple[bool, float]:
+    def _compare(self, observed: dict, replayed: dict, same: bool | None = None) -> tuple[bool, float]:
         if set(observed) != set(replayed):
             return False, _MAX
         if self.bound == 0.0:
-            same = digest(observed) == digest(replayed)
+            same = digest(observed) == digest(replayed) if same is None else same
             return same, 0.0 if same else min(max_abs_difference(observed, replayed), _MAX)
         diff = max_abs_difference(observed, replayed)
         diff = diff if diff == diff else _MAX  # NaN
