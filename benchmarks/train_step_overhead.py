@@ -4,7 +4,10 @@ World 2 on gloo (CPU). For DDP and FSDP2, both loops train the same model on the
 steps alternate in blocks (hand, session, hand, ...) so machine load hits both alike. Prints the
 median step time of each over >= 30 measured steps after warm-up, and their ratio.
 
-    python benchmarks/train_step_overhead.py [--steps 40] [--warmup 5] [--dim 256]
+    python benchmarks/train_step_overhead.py [--steps 40] [--warmup 5] [--dim 256] [--audit]
+
+The session's SDC audit is off here (``--audit`` keeps its default rate on); its cost is measured
+by benchmarks/sdc_audit_overhead.py.
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ def worker(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
         torch.manual_seed(0)
         session = get_training_backend("torch_native").prepare(
             LM(args.vocab, args.dim, args.depth), plan=plan,
-            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9), admission="unverified")
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9), admission="unverified",
+            audit=None if args.audit else False)  # the audit's own cost: benchmarks/sdc_audit_overhead.py
         torch.manual_seed(0)
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=(name,))
         model, opt = hand_written(kind, LM(args.vocab, args.dim, args.depth), mesh)
@@ -118,6 +122,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--audit", action="store_true", help="keep the session's default SDC audit on")
     args = parser.parse_args()
     if args.steps < 30:
         parser.error("--steps must be >= 30 so the median is meaningful")
@@ -126,7 +131,8 @@ def main() -> None:
         mp.start_processes(worker, args=(args, os.path.join(tmp, "store"), out), nprocs=2, start_method="spawn")
         rows = torch.load(out)
     print(f"world 2 (gloo, CPU), dim={args.dim} depth={args.depth} vocab={args.vocab} "
-          f"batch={args.batch}x{args.seq} per rank, {args.warmup} warm-up steps")
+          f"batch={args.batch}x{args.seq} per rank, {args.warmup} warm-up steps, "
+          f"SDC audit {'on (default rate)' if args.audit else 'off'}")
     print(f"{'transform':<10}{'steps':>7}{'hand ms':>10}{'session ms':>12}{'ratio':>8}")
     for kind, n, hand, sess, ratio in rows:
         print(f"{kind:<10}{n:>7}{hand:>10.2f}{sess:>12.2f}{ratio:>8.3f}")

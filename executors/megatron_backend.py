@@ -22,8 +22,8 @@ from mixle_parallel.contracts import (
     ParallelAxis,
     ParallelPlan,
     attest_worker_coordinate,
-    check_admission,
 )
+from mixle_parallel.verification.admission import AdmissionDecision, require_admission
 
 from .megatron_cpu_compat import cpu_compat
 from .megatron_parallel import (
@@ -134,7 +134,7 @@ class MegatronBackend:
                 "max_grad_norm needs CUDA with megatron-core: clip_grad_by_total_norm_fp32 asserts "
                 "param.grad.type() == 'torch.cuda.FloatTensor'; leave max_grad_norm=None on the CPU"
             )
-        admitted = self._admit(plan, precision, certificate, admission)
+        admitted = self._admit(plan, precision, certificate, admission, device)
         rank, world = dist.get_rank(), dist.get_world_size()
         attestation = attest_worker_coordinate(plan, actual_world_size=world, rank=rank)
         with cpu_compat(device):
@@ -158,15 +158,11 @@ class MegatronBackend:
 
     # ---- steps of prepare ------------------------------------------------------------
     def _admit(self, plan: ParallelPlan, precision: str, certificate: AdmissionCertificate | None,
-               admission: str | None) -> str:
-        if admission not in (None, "unverified"):
-            raise ValueError(f"admission={admission!r}; the only opt-out is admission='unverified'")
-        if certificate is not None:
-            return check_admission(certificate, self, plan, precision,
-                                   library_versions={"megatron-core": megatron_version()})
-        if admission == "unverified" or plan.world_size == 1 and not torch.cuda.is_available():
-            return "unverified"
-        return check_admission(None, self, plan, precision)  # raises NotAdmittedError
+               admission: str | None, device: torch.device) -> AdmissionDecision:
+        """The same gate as torch_native: ``verification.require_admission`` (certified / unverified / local / verifying)."""
+        return require_admission(self, plan, precision, certificate=certificate, admission=admission,
+                                 world_size=plan.world_size, accelerator=device.type != "cpu",
+                                 library_versions={"megatron-core": megatron_version()})
 
     def _config(self, plan: ParallelPlan, activation_shape: Sequence[int], device: torch.device,
                 moe_config: dict[str, Any] | None) -> Any:

@@ -64,7 +64,7 @@ class MegatronSession:
         device: torch.device,
         precision: str,
         optimizer_name: str,
-        admission: str,
+        admission: Any,
         attestation: WorkerTopologyAttestation,
         coordinate: MeshCoordinate,
         collective_meter: Callable[[], Any] | None = None,
@@ -251,7 +251,8 @@ class MegatronSession:
         extra: dict[str, Any] = {
             "local_loss": local_loss,
             "backend": "megatron",
-            "admission": self.admission,
+            **(self.admission.receipt_extra() if hasattr(self.admission, "receipt_extra")
+               else {"admission": self.admission}),
             "pp_stage": self.stage.stage,
             "cpu_compat": self.device.type == "cpu",
         }

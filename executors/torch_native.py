@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -18,7 +19,11 @@ from mixle_parallel.contracts import (
     PayloadKind,
     StateLayout,
 )
+from mixle_parallel.verification.admission import AdmissionDecision, require_admission
+from mixle_parallel.verification.sdc_training import AUDIT_POLICIES, DEFAULT_AUDIT_RATE
 
+from .torch_audit import audit_supported
+from .torch_comm_taps import install_taps
 from .torch_layouts import describe_parameter_layouts
 from .torch_mesh import axis_mesh, build_mesh, ensure_process_group, require_torch, resolve_device
 from .torch_session import TorchDistributedSession
@@ -165,8 +170,29 @@ class TorchDistributedBackend:
         seed: int | None = None,
         nonfinite: str = "raise",
         admission: Any = None,
+        certificate: Any = None,
+        audit: bool | None = None,
+        audit_rate: float = DEFAULT_AUDIT_RATE,
+        audit_policy: str = "warn",
+        audit_bound: float = 0.0,
+        fault_injector: Any = None,
+        ledger: Any = None,
     ) -> TorchDistributedSession:
-        """Materialize the mesh, apply TP, CP, FSDP2/HSDP or DDP, build the optimizer, return a session."""
+        """Materialize the mesh, apply TP, CP, FSDP2/HSDP or DDP, build the optimizer, return a session.
+
+        Admission: on a real device mesh (world size > 1 or an accelerator) the run needs a
+        ``certificate`` (or its path; also accepted as ``admission=``, or ``MIXLE_PARALLEL_CERTIFICATE``)
+        that ``check_admission`` accepts, else ``NotAdmittedError`` is raised before any process group,
+        mesh or transform exists; ``admission="unverified"`` runs anyway and every receipt says so.
+
+        SDC audit (``audit``: None = on where supported, True = required, False = off): at
+        ``audit_rate`` (plus the first step) a step's local gradient is replayed on the same rank and
+        by a peer before ``optimizer.step()``; ``audit_policy`` is 'warn', 'raise' or 'skip_step';
+        ``audit_bound`` is the allowed max abs difference (0 = bitwise). ``fault_injector`` (a
+        ``verification.FaultInjector``) strikes planned bit flips in gradients (before reduction) or
+        parameters (at the start of a step). ``ledger`` (a ``verification.Ledger``) receives run_start,
+        every receipt, audit records, checkpoint events and run_end.
+        """
         if not isinstance(plan, ParallelPlan):
             raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
         if not isinstance(module, nn.Module):
@@ -177,13 +203,14 @@ class TorchDistributedBackend:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
         if nonfinite not in ("raise", "skip"):
             raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
+        sync = data_sync_axes(plan)
+        audit_options = _audit_options(plan, sync, audit, audit_rate, audit_policy, audit_bound, seed)
         styles = resolve_tp_plan(module, tp_plan, plan.tp)  # model checks before any collective
         dev = resolve_device(device)
+        decision = self._admission_gate(plan, precision, admission, certificate, dev)
         if seed is not None:
             torch.manual_seed(seed)
         owns_pg = ensure_process_group(plan, dev)
-        self._admission_gate(plan, precision, admission)
-        sync = data_sync_axes(plan)
         mesh = build_mesh(plan, dev, unit_shard_dim=sync == "hsdp" and plan.dp_shard == 1 and plan.cp == 1)
         module = module.to(dev)
         if styles:
@@ -195,28 +222,49 @@ class TorchDistributedBackend:
             apply_fsdp(module, axis_mesh(mesh, A.DP_SHARD, A.CP))
         elif sync == "hsdp":
             apply_fsdp(module, axis_mesh(mesh, A.DP_REPLICATE, A.DP_SHARD))
+        tap = install_taps(module, plan, sync)
         layouts = describe_parameter_layouts(module, plan)
         params = [p for p in module.parameters() if p.requires_grad]
         opt, receipt = build_optimizer(optimizer, params, lr)
         sched = scheduler(opt) if scheduler is not None else None
-        return TorchDistributedSession(
+        session = TorchDistributedSession(
             module, plan=plan, capabilities=CAPABILITIES, mesh=mesh, device=dev, optimizer=opt,
             optimizer_receipt=receipt, parameter_layouts=layouts, precision=precision,
             max_grad_norm=max_grad_norm, scheduler=sched, loss_fn=loss_fn or lm_token_loss, sync=sync,
-            cp_mesh=cp_mesh, nonfinite=nonfinite, admission=_admission_record(admission),
-            owns_process_group=owns_pg,
+            cp_mesh=cp_mesh, nonfinite=nonfinite, admission=decision, owns_process_group=owns_pg,
+            tap=tap, ledger=ledger,
+            audit=None if audit_options is None else {**audit_options, "injector": fault_injector, "ledger": ledger},
         )
+        if ledger is not None:
+            ledger.run_start(plan=plan, certificate=decision.ledger_link, executor=self.name,
+                             extra={"precision": precision, "admission": decision.mode,
+                                    "rank": dist.get_rank() if dist.is_initialized() else 0,
+                                    "audit": {k: v for k, v in (audit_options or {}).items() if k != "enabled"}})
+        return session
 
-    def _admission_gate(self, plan: ParallelPlan, precision: str, admission: Any) -> None:
-        """THE place where the admission gate (verification.check_admission) will run; not enforced yet.
+    def _admission_gate(self, plan: ParallelPlan, precision: str, admission: Any, certificate: Any,
+                        device: torch.device) -> AdmissionDecision:
+        """The admission gate: runs before any process group, mesh, transform or optimizer is built."""
+        return require_admission(self, plan, precision, certificate=certificate, admission=admission,
+                                 world_size=plan.world_size, accelerator=device.type != "cpu")
 
-        Called after the process group exists and before any mesh, transform or optimizer is built.
-        """
+
+def _audit_options(plan: ParallelPlan, sync: str, audit: bool | None, rate: float, policy: str, bound: float,
+                   seed: int | None) -> dict[str, Any] | None:
+    """The SessionAudit options, None when the audit is off; raises for a bad option or an unsupported plan."""
+    if audit not in (None, True, False):
+        raise ValueError(f"audit must be None (on where supported), True or False, got {audit!r}")
+    if policy not in AUDIT_POLICIES:
+        raise ValueError(f"audit_policy={policy!r}; allowed: {list(AUDIT_POLICIES)}")
+    if not 0.0 <= float(rate) <= 1.0:
+        raise ValueError(f"audit_rate={rate} must be within [0, 1] (the first step is always audited)")
+    if not float(bound) >= 0.0:
+        raise ValueError(f"audit_bound={bound} must be >= 0 (0 = bitwise)")
+    if audit is False:
         return None
-
-
-def _admission_record(admission: Any) -> str | None:
-    """What receipts record about admission: None, 'unverified', or the certificate id."""
-    if admission is None or isinstance(admission, str):
-        return admission
-    return str(getattr(admission, "certificate_id", admission))
+    reason = audit_supported(plan, sync)
+    if reason is not None:
+        if audit:
+            raise ValueError(f"audit=True but {reason}")
+        return None
+    return {"rate": float(rate), "policy": policy, "bound": float(bound), "seed": int(seed or 0)}

@@ -12,6 +12,7 @@ from torch import nn
 
 from mixle_parallel.contracts import (
     BackendCapabilities,
+    to_dict,
     ParallelAxis,
     ParallelPlan,
     ParameterLayout,
@@ -20,6 +21,7 @@ from mixle_parallel.contracts import (
 )
 
 from .torch_comm import CollectiveMeter
+from .torch_comm_taps import CommTap
 from .torch_grads import local_grads, scale_grads, weighted_square_sum
 
 LossFn = Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]
@@ -53,6 +55,9 @@ class TorchDistributedSession:
         nonfinite: str = "raise",
         admission: Any = None,
         owns_process_group: bool = False,
+        tap: CommTap | None = None,
+        audit: dict[str, Any] | None = None,
+        ledger: Any = None,
     ) -> None:
         if nonfinite not in ("raise", "skip"):
             raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
@@ -63,19 +68,31 @@ class TorchDistributedSession:
         self.precision, self.max_grad_norm, self.loss_fn = precision, max_grad_norm, loss_fn
         self.sync, self.cp_mesh, self.nonfinite = sync, cp_mesh, nonfinite
         self.admission = admission
+        self._admission_extra = (admission.receipt_extra() if hasattr(admission, "receipt_extra")
+                                 else {"admission": admission})
         self._owns_pg = owns_process_group
         self._distributed = plan.world_size > 1
         self._world = plan.world_size
         # DDP / FSDP2 / HSDP average gradients over every data axis (dp_replicate, dp_shard, cp)
         self._grad_scale = float(plan.dp_replicate * plan.dp_shard * plan.cp)
         self._params = [p for p in module.parameters() if p.requires_grad]
-        self._meter = CollectiveMeter()
+        # DDP / FSDP2 are counted by cheap taps at their comm layer; TP / CP by the dispatch-mode meter
+        self._tap = tap if tap is not None else CommTap(counting=False, rank=0)
+        self._meter = self._tap if self._tap.counting else CollectiveMeter()
+        self._dispatch_meter = not self._tap.counting
+        self._params_named = None
+        self.ledger = ledger
         self._sync_enabled: bool | None = None
         self._step = 0
         self._pending = 0
         self._last_micro: tuple[Any, Any] | None = None
         self._closed = False
         self._reset_window()
+        self._audit = None
+        if audit:
+            from .torch_audit import SessionAudit
+
+            self._audit = SessionAudit(self, self._tap, **audit)
 
     # ---- public API ------------------------------------------------------------------------
     @property
@@ -104,6 +121,8 @@ class TorchDistributedSession:
         self._step = state.step
         self._pending = 0
         self._reset_window()
+        if self._audit is not None:
+            self._audit.prime(self._step)
 
     def train_batch(self, inputs: Any, targets: Any) -> StepReceipt:
         """Accumulate one local batch (split into ``plan.microbatches``) and commit when the clock fires."""
@@ -111,6 +130,8 @@ class TorchDistributedSession:
         micro = self._split(inputs, targets)
         commit = self._pending + 1 == self.plan.gradient_accumulation_steps
         self._meter.reset()
+        if self._pending == 0 and self._audit is not None:
+            self._audit.begin_window(self._step)
         with self._metering():
             for i, (x, y) in enumerate(micro):
                 self._micro_step(x, y, sync=commit and i == len(micro) - 1, weight=1.0)
@@ -142,6 +163,8 @@ class TorchDistributedSession:
         with self._metering():
             if self.sync in ("fsdp", "hsdp"):
                 self._flush_unsynced()  # FSDP2 keeps unsynced grads inside; reduce them so zero_grad clears them
+        if self._audit is not None:
+            self._audit.abort_window()
         receipt = self._skipped_receipt(reason="discarded", window=True)
         self._clear_gradients()
         return receipt
@@ -182,11 +205,15 @@ class TorchDistributedSession:
 
         from .torch_checkpoint import save_checkpoint
 
-        return save_checkpoint(
+        handle = save_checkpoint(
             path, model=self.module, optimizer=self.optimizer, scheduler=self.scheduler,
             session_state=to_dict(self.state())["data"], loader_state=loader_state,
             typed_scheduler_state=typed_scheduler_state, extra=extra, asynchronous=asynchronous,
         )
+        if self.ledger is not None:
+            self.ledger.checkpoint(step=self._step, path=str(path),
+                                   extra={"event": "save", "asynchronous": bool(asynchronous)})
+        return handle
 
     def load_checkpoint(self, path: str, *, allow_world_size_change: bool = False) -> dict[str, Any]:
         """Restore model, optimizer, scheduler, RNG and the step clock from the generation ``path`` publishes.
@@ -210,6 +237,8 @@ class TorchDistributedSession:
             TorchSessionState,
         ))
         self._clear_gradients()
+        if self.ledger is not None:
+            self.ledger.checkpoint(step=self._step, path=str(path), extra={"event": "load"})
         return loaded
 
     def close(self) -> None:
@@ -217,24 +246,56 @@ class TorchDistributedSession:
         if self._closed:
             return
         self._closed = True
+        if self.ledger is not None:
+            audit = self._audit
+            self.ledger.run_end(status="ok", steps=self._step, extra={
+                "audited_steps": audit.audited_steps if audit else 0,
+                "audit_mismatches": sum(not r.matched for r in audit.records) if audit else 0})
         if self._owns_pg and dist.is_initialized():
             dist.destroy_process_group()
 
     # ---- micro-steps ----------------------------------------------------------------------
     def _micro_step(self, x: Any, y: Any, *, sync: bool, weight: float) -> None:
         self._last_micro = (x, y)
-        with self._sync_context(sync), self._cp_context(x, y) as (x, y):
-            with self._autocast():
-                loss_sum, count = self.loss_fn(self.module, x, y)
-            (loss_sum * (self._grad_scale * weight)).backward()
+        if self._audit is not None:
+            self._audit.note(x, y, sync, weight)
+        loss_sum, count = self.run_micro(x, y, sync=sync, weight=weight)
         if weight:
+            rows = self._rows(x)
             count_t = torch.as_tensor(count, dtype=torch.float64).detach().cpu()
             self._w_loss += loss_sum.detach().to(torch.float64).cpu()
             self._w_tokens += count_t
-            self._w_examples += self._rows(x)
+            self._w_examples += rows
             self._w_calls_tokens += count_t
-            self._w_calls_examples += self._rows(x)
+            self._w_calls_examples += rows
             self._w_calls_loss += loss_sum.detach().to(torch.float64).cpu()
+
+    def run_micro(self, x: Any, y: Any, *, sync: bool, weight: float) -> tuple[torch.Tensor, Any]:
+        """One forward/backward of a micro-batch (no clock, no counters): what a step and an audit replay run."""
+        with self._sync_context(sync), self._cp_context(x, y) as (x, y):
+            if self.sync == "ddp" and self._tap.counting and self.module.will_sync_module_buffers():
+                self._tap.add("broadcast", sum(b.numel() * b.element_size() for b in self.module.buffers()))
+            with self._autocast():
+                loss_sum, count = self.loss_fn(self.module, x, y)
+            (loss_sum * (self._grad_scale * weight)).backward()
+        return loss_sum, count
+
+    def trainable(self) -> list[nn.Parameter]:
+        """The parameters the optimizer updates."""
+        return self._params
+
+    def named_trainable(self) -> list[tuple[str, nn.Parameter]]:
+        """(pre-wrap name, parameter) of every trainable parameter."""
+        if self._params_named is None:
+            from .torch_audit import trainable
+
+            self._params_named = trainable(self.module)
+        return self._params_named
+
+    @property
+    def audit_records(self) -> tuple[Any, ...]:
+        """Every SDCAuditRecord of this session's audited steps (all ranks' findings, on every rank)."""
+        return tuple(self._audit.records) if self._audit is not None else ()
 
     def _flush_unsynced(self) -> None:
         if self._last_micro is None:  # pragma: no cover - pending > 0 implies a micro-step ran
@@ -272,11 +333,28 @@ class TorchDistributedSession:
         return contextlib.nullcontext()
 
     def _metering(self) -> Any:
-        return self._meter if self._distributed else contextlib.nullcontext()
+        return self._meter if self._distributed and self._dispatch_meter else contextlib.nullcontext()
 
     # ---- commit ---------------------------------------------------------------------------
     def _commit(self) -> StepReceipt:
         tp, cp = self.plan.tp, self.plan.cp
+        audit_extra: dict[str, Any] = {}
+        if self._audit is not None:
+            audited = self._audit.is_audited(self._step)
+            try:
+                records, skip = self._audit.check(self._step)
+            except Exception:
+                self._clear_gradients()  # raise policy (or a failed replay): nothing committed, clocks unchanged
+                raise
+            audit_extra = {"audited": audited}
+            if records:
+                audit_extra["sdc_audit"] = [to_dict(r)["data"] for r in records]
+            if skip:
+                tokens = float(self._w_tokens)
+                receipt = self._receipt(skipped=True, loss=float(self._w_loss) / tokens if tokens else math.nan,
+                                        window=True, extra={"reason": "sdc_audit", **audit_extra})
+                self._clear_gradients()
+                return receipt
         grads = local_grads(self._params)
         nonfinite_local = 0.0 if bool(torch.isfinite(self._w_loss)) else 1.0
         # One all-reduce over the world; TP (and, for examples, CP) ranks hold copies, so divide them out.
@@ -289,6 +367,7 @@ class TorchDistributedSession:
         ]).to(self._comm_device())
         if self._distributed:
             dist.all_reduce(stats)
+            self._tap.add("all_reduce", stats.numel() * stats.element_size())
         loss_sum, examples, tokens, nonfinite, square = (float(v) for v in stats.cpu().tolist())
         examples_i, tokens_i = int(round(examples)), int(round(tokens))
         if tokens <= 0:
@@ -306,9 +385,11 @@ class TorchDistributedSession:
         if self.scheduler is not None:
             self.scheduler.step()
         self._step += 1
+        if self._audit is not None:
+            self._audit.prime(self._step)
         receipt = self._receipt(
             skipped=False, loss=loss, window=True, examples=examples_i, tokens=tokens_i,
-            extra={"grad_norm": norm, "clipped": bool(clipped)},
+            extra={"grad_norm": norm, "clipped": bool(clipped), **audit_extra},
         )
         self._clear_gradients()
         return receipt
@@ -355,7 +436,7 @@ class TorchDistributedSession:
                  tokens: int | None = None, extra: dict[str, Any]) -> StepReceipt:
         ex_t, tok_t = (self._w_examples, self._w_tokens) if window else (self._w_calls_examples, self._w_calls_tokens)
         nbytes, counts = self._meter.snapshot()
-        return StepReceipt(
+        receipt = StepReceipt(
             step=self._step,
             loss=float(loss),
             local_examples=int(round(float(ex_t))),
@@ -367,10 +448,13 @@ class TorchDistributedSession:
             precision=self.precision,
             collective_bytes=int(nbytes),
             skipped=skipped,
-            extra={**extra, "collectives": counts, "admission": self.admission},
+            extra={**extra, "collectives": counts, **self._admission_extra},
             global_examples_observed=examples,
             global_tokens_observed=tokens,
         )
+        if self.ledger is not None:
+            self.ledger.receipt(receipt, rank=dist.get_rank() if dist.is_initialized() else 0)
+        return receipt
 
     # ---- helpers --------------------------------------------------------------------------
     def _split(self, inputs: Any, targets: Any) -> list[tuple[Any, Any]]:
@@ -392,6 +476,10 @@ class TorchDistributedSession:
         if not isinstance(value, torch.Tensor) or value.dim() == 0:
             raise TypeError(f"inputs and targets must be tensors with a batch dimension, got {type(value).__name__}")
         return int(value.shape[0])
+
+    def comm_device(self) -> torch.device:
+        """Where small control tensors for collectives live (the device on CUDA, else the CPU)."""
+        return self._comm_device()
 
     def _comm_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")

@@ -74,8 +74,9 @@ class TorchNativeTrial:
             opt.step = capturing_step
             return opt
 
+        # audit=False: the harness measures the update itself; audit replays would add collectives to the trace
         self.session = backend.prepare(module, plan=plan, loss_fn=loss_fn, optimizer=optimizer, precision=precision,
-                                       tp_plan=tp_plan, seed=seed)
+                                       tp_plan=tp_plan, seed=seed, audit=False)
         self._names = {id(p): n.removeprefix("module.") for n, p in self.session.module.named_parameters()}
 
     def step(self, step: int) -> dict[str, dict[str, Any]]:

@@ -39,6 +39,7 @@ def causal_cp_scenario() -> dict:
     session = get_training_backend("torch_native").prepare(
         make_model("causal_attn"), plan=ParallelPlan(cp=2), device=f"cuda:{rank}",
         optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+        admission="unverified",  # a prepared device check, not a certified run: the opt-out is recorded
     )
     losses = []
     for per_rank in global_batches(3, [4]):

@@ -108,6 +108,8 @@ def nonfinite_cases() -> dict:
         session = backend.prepare(
             make_model(), plan=ParallelPlan(dp_shard=2), loss_fn=_poisoned_loss(2, 1), nonfinite=policy,
             optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+            admission="unverified",  # a 2-rank test mesh without a certificate: opt out, recorded in receipts
+            audit=False,  # the poisoned loss counts its calls; audit replays would call it too
         )
         me, rec = dp_index(session.plan), {}
         session.train_batch(*batches[0][me])
@@ -135,17 +137,20 @@ def misc_cases() -> dict:
     backend = get_training_backend("torch_native")
     batches = global_batches(2, [4, 4])
     for name, plan in (("ddp", ParallelPlan(dp_replicate=2)), ("fsdp", ParallelPlan(dp_shard=2))):
-        s = backend.prepare(make_model(), plan=plan, optimizer="SGD", lr=0.1)
+        s = backend.prepare(make_model(), plan=plan, optimizer="SGD", lr=0.1,
+                        admission="unverified")  # test mesh, no certificate
         r = s.train_batch(*batches[0][dp_index(plan)])
         out[f"bytes_{name}"] = {"receipt": plain(r), "n_params": sum(p.numel() for p in make_model().parameters()),
                                 "block_params": sum(p.numel() for p in make_model().blocks.parameters())}
         out[f"sums_{name}"] = s.reduce_sums(1.0, float(dist.get_rank()))
         s.close()
-    tied = backend.prepare(make_model(tied=True), plan=ParallelPlan(dp_shard=2), optimizer="SGD", lr=0.1)
+    tied = backend.prepare(make_model(tied=True), plan=ParallelPlan(dp_shard=2), optimizer="SGD", lr=0.1,
+                        admission="unverified")  # test mesh, no certificate
     out["tied_layouts"] = [plain(l) for l in tied.parameter_layouts]
     tied.close()
     plan = ParallelPlan(dp_shard=2, gradient_accumulation_steps=3)
-    s = backend.prepare(make_model(), plan=plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    s = backend.prepare(make_model(), plan=plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+                        admission="unverified")  # test mesh, no certificate
     me = dp_index(plan)
     acc = global_batches(4, [3, 5], seed=3)
     s.train_batch(*acc[0][me])

@@ -55,7 +55,9 @@ def test_multi_rank_plan_without_launcher_names_torchrun(monkeypatch: pytest.Mon
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(RuntimeError, match="torchrun --nproc-per-node 2"):
-        get_training_backend("torch_native").prepare(make_model(), plan=ParallelPlan(dp_shard=2))
+        # opt out of admission (checked first, see test_admission_gate.py) to reach the launcher check
+        get_training_backend("torch_native").prepare(make_model(), plan=ParallelPlan(dp_shard=2),
+                                                     admission="unverified")
 
 
 def test_torch_version_gate_names_the_installed_version() -> None:

@@ -1,0 +1,277 @@
+"""Cheap collective accounting and the SDC audit's view of local gradients, at the data-parallel comm layer.
+
+Instead of a dispatch mode over every aten op (``torch_comm.CollectiveMeter``, still used for
+tensor and context parallelism), the session taps the only places DDP and FSDP2 communicate:
+
+* DDP: a comm hook around the default all-reduce hook (``DistributedDataParallel.register_comm_hook``)
+  sees every gradient bucket before its all-reduce.
+* FSDP2 / HSDP: custom ``AllGather`` / ``ReduceScatter`` comm objects
+  (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``) that call the same
+  ``torch.distributed`` functions FSDP2's defaults call, and for HSDP an all-reduce hook
+  (``set_all_reduce_hook``) that runs once per replica all-reduce.
+
+Each tap counts the collective and its bytes (the same definition as the meter: all-reduce buffer,
+gathered output, full reduce-scatter input), and, for the audit, can *capture* this rank's local
+gradient per parameter before it is reduced, *inject* a planned bit flip into it, or *replay*:
+capture without communicating (the audit's recomputation must not reach other ranks' gradients).
+FSDP2's reduce-scatter input is the unsharded local gradients laid out by ``chunk_cat`` (dim-0
+chunks per rank, padded), which ``_unchunk`` inverts exactly; for fp32/bf16 FSDP2 does not
+pre-divide it, so the captured values are the raw local gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+MODES = ("pass", "capture", "replay")
+
+
+class CommTap:
+    """Shared state of one session's taps: counters, the audit mode, captured gradients, the fault injector."""
+
+    def __init__(self, *, counting: bool, rank: int) -> None:
+        self.counting = counting
+        self.rank = rank
+        self.bytes = 0
+        self.counts: Counter[str] = Counter()
+        self.mode = "pass"
+        self.captured: dict[str, torch.Tensor] = {}
+        self.injector: Any = None
+        self.step = 0
+        self.injected: list[str] = []
+
+    def reset(self) -> None:
+        """Forget what was counted so far."""
+        self.bytes = 0
+        self.counts.clear()
+
+    def snapshot(self) -> tuple[int, dict[str, int]]:
+        """(bytes, counts per collective kind) counted so far."""
+        return self.bytes, dict(self.counts)
+
+    def add(self, kind: str, nbytes: int) -> None:
+        """Count one collective of ``nbytes`` (nothing while replaying: audit traffic is not the step's)."""
+        if self.counting and self.mode != "replay":
+            self.counts[kind] += 1
+            self.bytes += int(nbytes)
+
+    def wants_flip(self) -> bool:
+        """True when a planned gradient flip could strike this rank at this step (cheap pre-check)."""
+        injector = self.injector
+        if injector is None or self.mode == "replay":
+            return False
+        return any(f.kind == "gradient" and f.rank == self.rank and f.step == self.step for f in injector.pending)
+
+    def inject(self, name: str, value: torch.Tensor) -> bool:
+        """Apply a planned gradient flip to ``value`` (in place); True when one struck."""
+        struck = bool(self.injector.apply("gradient", name, value, rank=self.rank, step=self.step))
+        if struck:
+            self.injected.append(name)
+        return struck
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """The captured gradients (and forget them)."""
+        out, self.captured = self.captured, {}
+        return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+# ---- DDP ---------------------------------------------------------------------------------
+def install_ddp_tap(ddp: nn.parallel.DistributedDataParallel, tap: CommTap, names: dict[int, str]) -> None:
+    """Register a comm hook on ``ddp`` that counts, captures, injects, then runs the default all-reduce hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    def hook(group, bucket):  # type: ignore[no-untyped-def]  # DDP checks the annotations; strings fail
+        if tap.mode != "pass" or tap.wants_flip():
+            for param, grad in zip(bucket.parameters(), bucket.gradients()):
+                name = names[id(param)]
+                if tap.wants_flip():
+                    tap.inject(name, grad)  # grad is a view into the bucket: the flip is what gets reduced
+                if tap.mode != "pass":
+                    tap.captured[name] = grad.detach().clone()
+        if tap.mode == "replay":
+            future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            future.set_result(bucket.buffer())
+            return future
+        tap.add("all_reduce", _nbytes(bucket.buffer()))
+        return default_hooks.allreduce_hook(group, bucket)
+
+    ddp.register_comm_hook(ddp.process_group, hook)
+
+
+# ---- FSDP2 ---------------------------------------------------------------------------------
+def managed_parameters(module: nn.Module, prefix: str) -> list[tuple[str, nn.Parameter]]:
+    """FSDP2's managed parameters of ``module`` in its order (post-order, nested fully_shard modules skipped)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    modules: list[tuple[str, nn.Module]] = []
+    visited: set[int] = set()
+
+    def dfs(path: str, current: nn.Module) -> None:
+        if current is not module and isinstance(current, FSDPModule):
+            return
+        visited.add(id(current))
+        for child_name, child in current.named_children():
+            if id(child) not in visited:
+                dfs(f"{path}{child_name}.", child)
+        modules.append((path, current))
+
+    dfs(prefix, module)
+    out: list[tuple[str, nn.Parameter]] = []
+    seen: set[int] = set()
+    for path, current in modules:
+        for name, param in current.named_parameters(recurse=False):
+            if id(param) not in seen:
+                seen.add(id(param))
+                out.append((path + name, param))
+    return out
+
+
+class _Layout:
+    """Where each parameter's gradient lies in a reduce-scatter input of ``world`` dim-0 chunks."""
+
+    def __init__(self, params: list[tuple[str, tuple[int, ...]]], world: int) -> None:
+        self.world = world
+        self.entries: list[tuple[str, tuple[int, ...], int, int, int]] = []  # name, shape, offset, rows, inner
+        offset = 0
+        for name, shape in params:
+            rows = -(-shape[0] // world) if shape else 1
+            inner = math.prod(shape[1:]) if len(shape) > 1 else 1
+            self.entries.append((name, shape, offset, rows, inner))
+            offset += rows * inner
+        self.row_numel = offset
+
+    def unchunk(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each parameter's unsharded gradient (a copy) from the flat reduce-scatter input."""
+        table = flat.view(self.world, -1)
+        out = {}
+        for name, shape, offset, rows, inner in self.entries:
+            padded = table[:, offset:offset + rows * inner].reshape(self.world * rows, *shape[1:])
+            out[name] = padded[: shape[0]].clone() if shape else padded.reshape(()).clone()
+        return out
+
+    def write_back(self, flat: torch.Tensor, name: str, value: torch.Tensor) -> None:
+        """Store ``value`` (one parameter's unsharded gradient) back into the flat input."""
+        table = flat.view(self.world, -1)
+        for entry_name, shape, offset, rows, inner in self.entries:
+            if entry_name == name:
+                padded = torch.zeros((self.world * rows, *shape[1:]), dtype=value.dtype, device=value.device)
+                padded[: shape[0]] = value
+                table[:, offset:offset + rows * inner].copy_(padded.reshape(self.world, rows * inner))
+                return
+
+
+def _gather_fn() -> Any:
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Any, op: Any, async_op: bool) -> Any:
+    single = getattr(dist, "reduce_scatter_single", None)
+    if single is not None:
+        return single(output=output, input=input, group=group, op=op, async_op=async_op)
+    return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+
+
+class TapAllGather:
+    """FSDP2 all-gather comm: counts the gathered output; always communicates (replays need the parameters)."""
+
+    def __init__(self, tap: CommTap) -> None:
+        self.tap = tap
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Plain allocation, as FSDP2's default comm."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                 async_op: bool = False) -> Any:
+        self.tap.add("all_gather", _nbytes(output_tensor))
+        return _gather_fn()(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+class TapReduceScatter:
+    """FSDP2 reduce-scatter comm: counts, captures/injects per parameter, skips the collective on replay."""
+
+    def __init__(self, tap: CommTap, params: list[tuple[str, nn.Parameter]], fallback_name: str) -> None:
+        self.tap = tap
+        self.params = params
+        self.fallback_name = fallback_name or "<root>"
+        self._layout: _Layout | None = None
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Plain allocation, as FSDP2's default comm."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def _layout_for(self, flat: torch.Tensor, world: int) -> _Layout | None:
+        if self._layout is None or self._layout.world != world:
+            layout = _Layout([(n, tuple(p.shape)) for n, p in self.params if p.requires_grad], world)
+            self._layout = layout
+        if self._layout.row_numel * world != flat.numel():
+            return None  # some parameter got no gradient this step: audit the flat buffer as one unit
+        return self._layout
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
+                 async_op: bool = False) -> Any:
+        tap = self.tap
+        if tap.mode != "pass" or tap.wants_flip():
+            world = group.size()
+            layout = self._layout_for(input_tensor, world)
+            grads = layout.unchunk(input_tensor) if layout else {self.fallback_name: input_tensor.clone()}
+            if tap.wants_flip():
+                for name, grad in grads.items():
+                    if tap.inject(name, grad):
+                        if layout:
+                            layout.write_back(input_tensor, name, grad)
+                        else:
+                            input_tensor.copy_(grad)
+            if tap.mode != "pass":
+                tap.captured.update(grads)
+        if tap.mode == "replay":
+            output_tensor.zero_()  # discarded by the audit; zeros keep FSDP2's bookkeeping finite
+            return None
+        tap.add("reduce_scatter", _nbytes(input_tensor))
+        return _reduce_scatter(output_tensor, input_tensor, group, op, async_op)
+
+
+def fsdp_taps_supported() -> bool:
+    """True when FSDP2 offers custom comm objects (torch >= 2.8)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return hasattr(FSDPModule, "set_custom_reduce_scatter") and hasattr(FSDPModule, "set_custom_all_gather")
+
+
+def install_fsdp_taps(root: nn.Module, tap: CommTap, *, hsdp: bool) -> None:
+    """Install the tapping comms on every FSDP2 module under ``root`` (and the HSDP all-reduce counter)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for path, module in root.named_modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        prefix = f"{path}." if path else ""
+        module.set_custom_all_gather(TapAllGather(tap))
+        module.set_custom_reduce_scatter(TapReduceScatter(tap, managed_parameters(module, prefix), path))
+        if hsdp:
+            module.set_all_reduce_hook(lambda out: tap.add("all_reduce", _nbytes(out)))
+
+
+def install_taps(module: nn.Module, plan: Any, sync: str) -> CommTap:
+    """The session's CommTap, installed on DDP / FSDP2; it counts bytes unless TP or CP need the dispatch meter."""
+    counting = plan.world_size > 1 and plan.tp == 1 and plan.cp == 1
+    if sync in ("fsdp", "hsdp") and not fsdp_taps_supported():
+        counting = False  # older FSDP2: the dispatch-mode meter counts; the audit is refused (see torch_audit)
+    tap = CommTap(counting=counting, rank=dist.get_rank() if dist.is_initialized() else 0)
+    if sync == "ddp":
+        from .torch_layouts import pre_wrap_fqn, unwrap
+
+        install_ddp_tap(module, tap, {id(p): pre_wrap_fqn(n) for n, p in unwrap(module).named_parameters()})
+    elif sync in ("fsdp", "hsdp") and fsdp_taps_supported():
+        install_fsdp_taps(module, tap, hsdp=sync == "hsdp")
+    return tap

@@ -1,0 +1,144 @@
+"""In-session SDC audit on a real 2-rank gloo world (DDP and FSDP2), plus the certified run with a ledger.
+
+The world starts once (``_audit_scenarios.world2``) and runs every scenario; a certificate for the
+dp_replicate family is produced first by the harness (``verify`` + ``certify``) and handed to the
+ranks through ``MIXLE_PARALLEL_CERTIFICATE``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mixle_parallel.contracts import ParallelPlan, SDCAuditRecord, from_dict
+from mixle_parallel.verification import verify, verify_ledger
+from mixle_parallel.verification.admission import save_certificate
+
+from _world import run_world
+
+pytestmark = pytest.mark.slow
+SPEC = "mixle_parallel.executors.torch_verification:VerifiableTorchNative"
+
+
+@pytest.fixture(scope="module")
+def audit_world(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("audit")
+    report = verify(SPEC, ParallelPlan(dp_replicate=2), precision="fp32", workload="mlp")
+    assert report.passed, report.summary()
+    certificate = report.certify(SPEC)
+    path = save_certificate(certificate, root / "cert.json")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MIXLE_PARALLEL_CERTIFICATE", str(path))
+    mp.setenv("AUDIT_TEST_LEDGER", str(root / "ledger.jsonl"))
+    try:
+        ranks = run_world(2, "_audit_scenarios", "world2")
+    finally:
+        mp.undo()
+    return {"ranks": ranks, "certificate": certificate, "ledger": root / "ledger.jsonl"}
+
+
+def records(run: dict) -> list[SDCAuditRecord]:
+    return [from_dict(r, SDCAuditRecord) for r in run["records"]]
+
+
+def bad(run: dict) -> set[tuple]:
+    return {(r.step, r.replay, r.rank, r.attributed_rank, r.unit.split("[")[0].split(" inputs")[0], r.injected)
+            for r in records(run) if not r.matched}
+
+
+def test_clean_audited_steps_never_flag_and_change_no_bit(audit_world: dict) -> None:
+    audited = 0
+    for rank in audit_world["ranks"]:
+        clean = rank["clean"]
+        for name in ("ddp", "fsdp", "ddp_accum", "fsdp_accum"):
+            run, plain = clean[f"{name}_audited"], clean[f"{name}_plain"]
+            assert run["raised"] is None and not bad(run)
+            commits = [r for r in run["receipts"] if not r["skipped"]]
+            assert all(r["extra"]["audited"] for r in commits)
+            # same-rank and peer replay of each rank's gradient, every rank holds every rank's records
+            assert len(records(run)) == 4 * len(commits)
+            assert {(r.replay, r.rank) for r in records(run)} == {(k, q) for k in ("same_rank", "peer") for q in (0, 1)}
+            # the audit restores gradients, RNG and buffers: training is bitwise the un-audited run
+            assert run["params"] == plain["params"] and run["step"] == plain["step"]
+            assert [r["loss"] for r in commits] == [r["loss"] for r in plain["receipts"] if not r["skipped"]]
+            # audit traffic is not the step's: the counted bytes equal the un-audited run's
+            assert [r["collective_bytes"] for r in run["receipts"]] == [r["collective_bytes"] for r in plain["receipts"]]
+            audited += len(commits)
+    assert audited == 2 * 300  # 300 clean audited steps, seen (and replayed) by each of the two ranks
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_every_flip_detected_attributed_and_kept_out(audit_world: dict, name: str) -> None:
+    for rank in audit_world["ranks"]:
+        run, clean = rank["flips"][f"{name}_skip"], rank["flips"][f"{name}_skip_clean"]
+        skipped = [r for r in run["receipts"] if r["skipped"]]
+        assert [(r["step"], r["extra"]["reason"]) for r in skipped] == [(2, "sdc_audit"), (5, "sdc_audit"),
+                                                                         (7, "sdc_audit")]
+        # each flip: the same-rank replay and the peer's replay both blame the flipped rank
+        assert bad(run) == {
+            (2, "same_rank", 1, 1, "local_gradient", True), (2, "peer", 1, 1, "local_gradient", True),
+            (5, "same_rank", 0, 0, "local_gradient", True), (5, "peer", 0, 0, "local_gradient", True),
+            (7, "same_rank", 1, 1, "local_gradient", True), (7, "peer", 1, 1, "local_gradient", True)}
+        units = {r.unit for r in records(run) if not r.matched and r.replay == "same_rank"}
+        assert units == {"local_gradient[blocks.0.up.weight]", "local_gradient[head.weight]",
+                         "local_gradient[embed.weight]"}
+        assert all(r.action == "skip_step" for r in records(run) if not r.matched)
+        # kept out of optimizer.step: bitwise the clean run that never saw those batches
+        assert run["params"] == clean["params"] and run["step"] == clean["step"] == 7
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_warn_records_and_continues(audit_world: dict, name: str) -> None:
+    ranks = audit_world["ranks"]
+    for rank in ranks:
+        run, clean = rank["flips"][f"{name}_warn"], rank["flips"][f"{name}_warn_clean"]
+        assert not any(r["skipped"] for r in run["receipts"]) and run["step"] == 4
+        assert {(s, replay, att) for s, replay, _, att, _, _ in bad(run)} == {(2, "same_rank", 1), (2, "peer", 1)}
+        assert all(r.action == "warn" for r in records(run) if not r.matched)
+        assert run["params"] != clean["params"]  # the corrupted update went in, as warn allows
+        assert run["receipts"][2]["extra"]["sdc_audit"]  # the findings travel in the receipt
+    assert ranks[0]["flips"][f"{name}_warn"]["params"] == ranks[1]["flips"][f"{name}_warn"]["params"]
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_raise_raises_on_every_rank_and_leaves_state_consistent(audit_world: dict, name: str) -> None:
+    for rank in audit_world["ranks"]:
+        run = rank["flips"][f"{name}_raise"]
+        assert run["raised"]["at_batch"] == 5 and run["step"] == 5 and run["grads_cleared"]
+        assert run["raised"]["bad"] == [("peer", 0, 0, "local_gradient"), ("same_rank", 0, 0, "local_gradient")]
+        assert "silent data corruption detected" in run["raised"]["message"]
+
+
+@pytest.mark.parametrize("name,flipped", [("ddp", 0), ("fsdp", 1)])
+def test_parameter_flip_is_found_at_rest_on_its_rank(audit_world: dict, name: str, flipped: int) -> None:
+    for rank in audit_world["ranks"]:
+        run = rank["flips"][f"{name}_param"]
+        assert run["raised"]["at_batch"] == 3 and run["step"] == 3
+        assert run["raised"]["bad"] == [("same_rank", flipped, flipped, "parameters at rest")]
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_flip_on_an_unaudited_step_goes_unseen(audit_world: dict, name: str) -> None:
+    for rank in audit_world["ranks"]:
+        run = rank["flips"][f"{name}_unaudited"]
+        assert run["raised"] is None and run["step"] == 4 and not bad(run)
+        assert [r["extra"]["audited"] for r in run["receipts"]] == [True, False, False, False]
+
+
+def test_certified_run_receipts_and_ledger(audit_world: dict) -> None:
+    cert = audit_world["certificate"]
+    for rank in audit_world["ranks"]:
+        run = rank["certified"]
+        assert {(r["extra"]["admission"], r["extra"]["certificate"]) for r in run["receipts"]} == {
+            ("certified", cert.certificate_id)}
+        assert [r["skipped"] for r in run["receipts"]] == [False, True, False, False]
+    report = verify_ledger(audit_world["ledger"])
+    assert report.ok, report.summary()
+    import json
+
+    entries = [json.loads(line) for line in audit_world["ledger"].read_text().splitlines()]
+    kinds = [e["kind"] for e in entries]
+    assert kinds[0] == "run_start" and kinds[-1] == "run_end" and kinds.count("receipt") == 4
+    assert {e["certificate"] for e in entries} == {cert.certificate_id}
+    audits = [e["payload"]["record"]["data"] for e in entries if e["kind"] == "audit"]
+    assert len(audits) == 4 * 4  # 4 audited windows x (same-rank + peer) x 2 ranks
+    assert {(a["replay"], a["attributed_rank"]) for a in audits if not a["matched"]} == {("same_rank", 1), ("peer", 1)}
