@@ -9,8 +9,10 @@ local gradient per parameter before the data-parallel reduction. Then, before th
 2. same-rank replay: the window is re-run on this rank with the same batches and RNG state (the
    taps capture without communicating) and its gradient is compared with the captured one;
 3. peer replay: every rank ships its window, RNG state, the digest of (batch, parameters) and of
-   its gradient to the data-parallel group; the next rank recomputes its predecessor's gradient
-   from the shipped inputs and compares digests.
+   its gradient; the next rank of its data-parallel group (same tp/cp/pp coordinate) recomputes its
+   predecessor's gradient from the shipped inputs and compares digests. Every rank replays at once,
+   so the tensor-parallel peers of a replaying rank replay the same predecessor batch with it and
+   their TP collectives line up; under TP each rank recomputes its own shard of the gradient.
 
 Comparison is bitwise (digests; ``bound=0``, the CPU/gloo case) or within ``bound`` (max abs).
 Every rank ends with every rank's records (one all-gather), so the policy acts the same way on
@@ -55,6 +57,10 @@ class SessionAudit:
         self.injector, self.ledger = injector, ledger
         self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.world = session.plan.world_size
+        # the whole data-parallel group: the ranks sharing this rank's pp, cp and tp coordinates
+        dp_group = next(g for g in session.plan.data_parallel_group_ranks() if self.rank in g)
+        self.has_peer = len(dp_group) > 1
+        self.predecessor = dp_group[(dp_group.index(self.rank) - 1) % len(dp_group)]
         self._direct = session.sync == "none"
         self.records: list[SDCAuditRecord] = []
         self.audited_steps = 0
@@ -151,14 +157,14 @@ class SessionAudit:
     def _peer(self, step: int, window: list, rng: Any, params: Any, observed: dict, obs_d: str,
               injected: bool) -> SDCAuditRecord | None:
         """The next rank recomputes this rank's gradient from the shipped window; returns this rank's finding."""
-        if self.world < 2:
-            return None  # no peer in a world of one
+        if not self.has_peer:
+            return None  # no other rank sees this rank's tp/cp/pp coordinate (a world of one, or pure TP)
         batches = [(x.detach().cpu(), y.detach().cpu(), s, w) for x, y, s, w in window]
         shipped = {"rank": self.rank, "window": batches, "rng": rng, "inputs": digest((batches, rng, params)),
                    "grad": obs_d, "values": observed if self.bound > 0 else None, "injected": injected}
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, shipped)
-        subject = gathered[(self.rank - 1) % self.world]
+        subject = gathered[self.predecessor]
         view = digest((subject["window"], subject["rng"], params))
         if view != subject["inputs"]:
             return self._record(step, subject["rank"], "batch+parameters", "peer", view, subject["inputs"], False,
@@ -286,9 +292,9 @@ def _set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None
 
 def audit_supported(plan: Any, sync: str) -> str | None:
     """Why the in-session audit cannot run for this plan (None when it can)."""
-    if plan.tp > 1 or plan.cp > 1:
-        return ("the in-session SDC audit replays whole local gradients; tensor/context-parallel shards are "
-                "not supported yet (pass audit=False, or audit those runs with verification.verify)")
+    if plan.cp > 1:
+        return ("the in-session SDC audit does not replay context-parallel sequence shards yet "
+                "(pass audit=False, or audit those runs with verification.verify)")
     if sync in ("fsdp", "hsdp") and not fsdp_taps_supported():
         return "the FSDP2 audit needs FSDPModule.set_custom_reduce_scatter (torch >= 2.8)"
     return None

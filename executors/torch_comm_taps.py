@@ -170,6 +170,23 @@ class _Layout:
                 return
 
 
+def _pre_fsdp_shape(param: nn.Parameter) -> tuple[int, ...]:
+    """The shape FSDP2 shards along dim 0: the global shape with tensor-parallel sharding applied.
+
+    Under FSDP2 + TP a parameter is a DTensor over (dp..., tp); the reduce-scatter input holds this
+    rank's TP shard of the gradient, unsharded along the data-parallel dims. TP plans are checked to
+    divide every dimension they shard, so the division is exact.
+    """
+    shape = list(param.shape)
+    mesh = getattr(param, "device_mesh", None)
+    if mesh is None:
+        return tuple(shape)
+    for index, (name, placement) in enumerate(zip(mesh.mesh_dim_names or (), param.placements)):
+        if name == "tp" and placement.is_shard():
+            shape[placement.dim] //= mesh.size(index)
+    return tuple(shape)
+
+
 def _gather_fn() -> Any:
     return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -212,7 +229,7 @@ class TapReduceScatter:
 
     def _layout_for(self, flat: torch.Tensor, world: int) -> _Layout | None:
         if self._layout is None or self._layout.world != world:
-            layout = _Layout([(n, tuple(p.shape)) for n, p in self.params if p.requires_grad], world)
+            layout = _Layout([(n, _pre_fsdp_shape(p)) for n, p in self.params if p.requires_grad], world)
             self._layout = layout
         if self._layout.row_numel * world != flat.numel():
             return None  # some parameter got no gradient this step: audit the flat buffer as one unit

@@ -100,5 +100,5 @@ def test_bad_audit_options_are_refused_before_anything_starts() -> None:
     with pytest.raises(ValueError, match="audit_rate=1.5"):
         prepare(ParallelPlan(), audit_rate=1.5)
     with pytest.raises(ValueError, match="audit=True but the in-session SDC audit"):
-        prepare(ParallelPlan(tp=2), audit=True, admission="unverified", tp_plan={"blocks.*.up": "colwise"})
+        prepare(ParallelPlan(cp=2), audit=True, admission="unverified")
     assert not torch.distributed.is_initialized()

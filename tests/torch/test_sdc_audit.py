@@ -142,3 +142,32 @@ def test_certified_run_receipts_and_ledger(audit_world: dict) -> None:
     audits = [e["payload"]["record"]["data"] for e in entries if e["kind"] == "audit"]
     assert len(audits) == 4 * 4  # 4 audited windows x (same-rank + peer) x 2 ranks
     assert {(a["replay"], a["attributed_rank"]) for a in audits if not a["matched"]} == {("same_rank", 1), ("peer", 1)}
+
+
+@pytest.fixture(scope="module")
+def tp_world() -> list[dict]:
+    """One world of 4 (dp_shard=2 x tp=2) running the tensor-parallel audit scenarios."""
+    return run_world(4, "_audit_tp_scenarios", "world4")
+
+
+@pytest.mark.slow
+def test_tensor_parallel_audit_is_clean_and_changes_no_bit(tp_world: list[dict]) -> None:
+    for rank in tp_world:
+        audited, plain = rank["audited"], rank["plain"]
+        assert audited["raised"] is None
+        assert audited["params"] == plain["params"]  # bitwise: the audit changes nothing
+        assert [r["loss"] for r in audited["receipts"]] == [r["loss"] for r in plain["receipts"]]
+        found = [from_dict(r, SDCAuditRecord) for r in audited["records"]]
+        assert {r.replay for r in found} == {"same_rank", "peer"} and all(r.matched for r in found)
+        assert len(found) == 12 * 4 * 2  # every step, every rank, both replays
+
+
+@pytest.mark.slow
+def test_tensor_parallel_flip_is_attributed_and_kept_out(tp_world: list[dict]) -> None:
+    for rank in tp_world:
+        run = rank["flip"]
+        bad = [r for r in (from_dict(d, SDCAuditRecord) for d in run["records"]) if not r.matched]
+        assert bad and {r.attributed_rank for r in bad} == {3}
+        assert {r.replay for r in bad} == {"same_rank", "peer"}
+        assert {r.auditor_rank for r in bad if r.replay == "peer"} == {1}  # rank 3's dp predecessor is rank 1
+        assert [r["skipped"] for r in run["receipts"]].count(True) == 1
