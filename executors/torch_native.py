@@ -63,9 +63,12 @@ def lm_token_loss(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
 def build_optimizer(optimizer: Any, params: list[torch.nn.Parameter], lr: float) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
     """An optimizer over the transformed parameters from a torch.optim class, its name, or a callable(params)."""
     if isinstance(optimizer, str):
-        cls = getattr(torch.optim, optimizer, None)
-        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
-            raise ValueError(f"unknown optimizer {optimizer!r}; name a torch.optim class such as 'SGD' or 'AdamW'")
+        classes = {name.lower(): cls for name, cls in vars(torch.optim).items()
+                   if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer}
+        cls = classes.get(optimizer.strip().lower())
+        if cls is None:
+            raise ValueError(f"unknown optimizer {optimizer!r}; name a torch.optim class (any case), one of: "
+                             f"{', '.join(sorted(c.__name__ for c in classes.values()))}")
         opt = cls(params, lr=lr)
     elif isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
         opt = optimizer(params, lr=lr)

@@ -96,3 +96,15 @@ def test_describe_updates_per_composition() -> None:
     assert ("grad:dp_replicate", "all_reduce") in ids(ParallelPlan(dp_replicate=2, dp_shard=2))
     assert ("act:tp", "all_reduce") in ids(ParallelPlan(dp_shard=2, tp=2))
     assert ("kv:cp", "all_gather") in ids(ParallelPlan(cp=2))
+
+
+def test_optimizer_names_are_case_insensitive_and_unknown_ones_list_the_choices() -> None:
+    import torch
+
+    from mixle_parallel.executors.torch_native import build_optimizer
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert isinstance(build_optimizer("adamw", params, 0.1)[0], torch.optim.AdamW)
+    assert isinstance(build_optimizer(" SGD ", params, 0.1)[0], torch.optim.SGD)
+    with pytest.raises(ValueError, match="unknown optimizer 'adamm'.*AdamW"):
+        build_optimizer("adamm", params, 0.1)
