@@ -1,4 +1,5 @@
-"""Start a real small CPU mesh: N spawned processes joined in a gloo process group (FileStore, no ports).
+"""Start a real small mesh: N spawned processes in one process group (gloo on CPU; NCCL for CUDA tensors when
+every rank has a GPU), joined through a FileStore (no ports).
 
 ``run_on_gloo_mesh(fn, world_size, *args)`` runs ``fn(rank, world_size, *args)`` in every rank,
 returns the per-rank results in rank order, and raises ``MeshError`` with the failing rank's
@@ -31,6 +32,32 @@ class MeshError(RuntimeError):
     """A rank of the verification mesh failed or timed out; the message carries its traceback."""
 
 
+def process_group_backend(world_size: int) -> str:
+    """``cpu:gloo,cuda:nccl`` with one CUDA device per rank (NCCL for device tensors), else plain ``gloo``.
+
+    Call it inside a rank (it asks torch about CUDA); ``MIXLE_PARALLEL_MESH_BACKEND`` overrides it.
+    """
+    forced = os.environ.get("MIXLE_PARALLEL_MESH_BACKEND")
+    if forced:
+        return forced
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
+
+
+def _init_group(rank: int, world_size: int, store_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    backend = process_group_backend(world_size)
+    os.environ["LOCAL_RANK"] = str(rank)  # executors pick cuda:LOCAL_RANK; every mesh rank is local
+    if "nccl" in backend:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size)
+
+
 def _worker(rank: int, world_size: int, store_path: str, fn: Callable[..., Any], args: tuple[Any, ...],
             results: Any, env: dict[str, str]) -> None:
     os.environ.update(env)
@@ -39,7 +66,7 @@ def _worker(rank: int, world_size: int, store_path: str, fn: Callable[..., Any],
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
+        _init_group(rank, world_size, store_path)
         try:
             value = fn(rank, world_size, *args)
             results.put((rank, True, value))
@@ -115,5 +142,4 @@ def fresh_process_group(index: int) -> None:
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     dist.destroy_process_group()
-    store = os.path.join(os.environ[STORE_DIR_ENV], f"store-{index}")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+    _init_group(rank, world_size, os.path.join(os.environ[STORE_DIR_ENV], f"store-{index}"))

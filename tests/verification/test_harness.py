@@ -116,3 +116,15 @@ def test_axis_mapping_of_process_groups():
 def test_tiny_lm_workload_with_ddp_toy():
     report = verify(ToyDDPExecutor(), ParallelPlan(dp_replicate=2), precision="fp32", workload="tiny_lm")
     assert report.passed, report.summary()
+
+
+def test_mesh_backend_is_gloo_without_gpus_and_can_be_forced(monkeypatch) -> None:
+    import torch
+
+    from mixle_parallel.verification.mesh import process_group_backend
+
+    monkeypatch.delenv("MIXLE_PARALLEL_MESH_BACKEND", raising=False)
+    expected = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "gloo"
+    assert process_group_backend(2) == expected
+    monkeypatch.setenv("MIXLE_PARALLEL_MESH_BACKEND", "gloo")
+    assert process_group_backend(2) == "gloo"
