@@ -25,6 +25,7 @@ from mixle_parallel.contracts import (
 )
 from mixle_parallel.verification.admission import AdmissionDecision, require_admission
 
+from .torch_comm import CollectiveMeter
 from .megatron_cpu_compat import cpu_compat
 from .megatron_parallel import (
     check_layout,
@@ -153,7 +154,7 @@ class MegatronBackend:
             model=model, stage=stage, optimizer=megatron_optimizer, plan=plan,
             capabilities=self.capabilities, loss_fn=loss_fn, device=device, precision=precision,
             optimizer_name=f"megatron-{optimizer}", admission=admitted, attestation=attestation,
-            coordinate=coordinate,
+            coordinate=coordinate, collective_meter=CollectiveMeter,
         )
 
     # ---- steps of prepare ------------------------------------------------------------

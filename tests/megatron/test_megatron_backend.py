@@ -44,6 +44,8 @@ def moe_reference():
 
 
 def _check_pipeline(runs):
+    from ._scenarios import HID
+
     for run in runs:
         assert run["errors"], "every stage owns parameters"
         assert max(run["errors"].values()) <= TOL, run["errors"]
@@ -55,7 +57,11 @@ def _check_pipeline(runs):
             assert r["microbatches"] == plan.microbatches
             assert r["data_parallel_size"] == plan.data_parallel_size
             assert r["extra"]["admission"] == "unverified"
+        # bytes are counted from the collectives really issued: at least every microbatch's activation
+        # send/receive and gradient send/receive between the two stages (2 rows x HID float32 each)
+        p2p_floor = plan.microbatches * plan.gradient_accumulation_steps * 2 * (2 * HID * 4)
         for r in committed:
+            assert r["collective_bytes"] >= p2p_floor, (r["collective_bytes"], p2p_floor)
             assert r["accumulation_steps"] == plan.gradient_accumulation_steps
             assert r["global_examples_observed"] == r["local_examples"] * plan.data_parallel_size
         skipped = [r for r in run["receipts"] if r["skipped"]]
