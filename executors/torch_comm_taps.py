@@ -43,6 +43,8 @@ class CommTap:
         self.mode = "pass"
         self.captured: dict[str, torch.Tensor] = {}
         self.injector: Any = None
+        self.ddp_sync_bytes: int | None = None
+        """Set when DDP runs its built-in all-reduce: the bytes one synchronized backward all-reduces."""
         self.step = 0
         self.injected: list[str] = []
 
@@ -279,13 +281,21 @@ def install_fsdp_taps(root: nn.Module, tap: CommTap, *, hsdp: bool) -> None:
             module.set_all_reduce_hook(lambda out: tap.add("all_reduce", _nbytes(out)))
 
 
-def install_taps(module: nn.Module, plan: Any, sync: str) -> CommTap:
-    """The session's CommTap, installed on DDP / FSDP2; it counts bytes unless TP or CP need the dispatch meter."""
+def install_taps(module: nn.Module, plan: Any, sync: str, *, gradient_access: bool = True) -> CommTap:
+    """The session's CommTap, installed on DDP / FSDP2; it counts bytes unless TP or CP need the dispatch meter.
+
+    Without ``gradient_access`` (no audit, no fault injection) DDP keeps its built-in C++ all-reduce
+    (a Python comm hook costs a few percent of a small step) and ``ddp_sync_bytes`` records what one
+    synchronized backward all-reduces: DDP's buckets are the flat concatenation of every trainable
+    gradient, each all-reduced once per synchronized backward.
+    """
     counting = plan.world_size > 1 and plan.tp == 1 and plan.cp == 1
     if sync in ("fsdp", "hsdp") and not fsdp_taps_supported():
         counting = False  # older FSDP2: the dispatch-mode meter counts; the audit is refused (see torch_audit)
     tap = CommTap(counting=counting, rank=dist.get_rank() if dist.is_initialized() else 0)
-    if sync == "ddp":
+    if sync == "ddp" and not gradient_access:
+        tap.ddp_sync_bytes = sum(_nbytes(p) for p in module.parameters() if p.requires_grad)
+    elif sync == "ddp":
         from .torch_layouts import pre_wrap_fqn, unwrap
 
         install_ddp_tap(module, tap, {id(p): pre_wrap_fqn(n) for n, p in unwrap(module).named_parameters()})

@@ -225,7 +225,9 @@ class TorchDistributedBackend:
             apply_fsdp(module, axis_mesh(mesh, A.DP_SHARD, A.CP))
         elif sync == "hsdp":
             apply_fsdp(module, axis_mesh(mesh, A.DP_REPLICATE, A.DP_SHARD))
-        tap = install_taps(module, plan, sync)
+        # the DDP comm hook (Python) is installed only when the audit or a fault injector needs the
+        # local gradients; otherwise DDP keeps its built-in all-reduce and bytes come from its buckets
+        tap = install_taps(module, plan, sync, gradient_access=audit_options is not None or fault_injector is not None)
         layouts = describe_parameter_layouts(module, plan)
         params = [p for p in module.parameters() if p.requires_grad]
         opt, receipt = build_optimizer(optimizer, params, lr)

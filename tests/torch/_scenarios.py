@@ -136,9 +136,11 @@ def misc_cases() -> dict:
     out: dict[str, Any] = {}
     backend = get_training_backend("torch_native")
     batches = global_batches(2, [4, 4])
-    for name, plan in (("ddp", ParallelPlan(dp_replicate=2)), ("fsdp", ParallelPlan(dp_shard=2))):
-        s = backend.prepare(make_model(), plan=plan, optimizer="SGD", lr=0.1,
-                        admission="unverified")  # test mesh, no certificate
+    for name, plan, audit in (("ddp", ParallelPlan(dp_replicate=2), None), ("fsdp", ParallelPlan(dp_shard=2), None),
+                              ("ddp_builtin", ParallelPlan(dp_replicate=2), False)):
+        # audit=False: DDP keeps its built-in all-reduce (no Python comm hook); bytes come from its buckets
+        s = backend.prepare(make_model(), plan=plan, optimizer="SGD", lr=0.1, audit=audit,
+                            admission="unverified")  # test mesh, no certificate
         r = s.train_batch(*batches[0][dp_index(plan)])
         out[f"bytes_{name}"] = {"receipt": plain(r), "n_params": sum(p.numel() for p in make_model().parameters()),
                                 "block_params": sum(p.numel() for p in make_model().blocks.parameters())}
