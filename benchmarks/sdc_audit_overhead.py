@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from train_step_overhead import LM
+from train_step_overhead import LM, add_step_arguments
 
 
 def worker(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
@@ -66,13 +66,7 @@ def worker(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=64)
+    add_step_arguments(parser, steps=200)
     args = parser.parse_args()
     if args.steps < 100:
         parser.error("--steps must be >= 100 so a 5% audit rate audits a handful of steps")

@@ -113,15 +113,20 @@ def worker(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
+def add_step_arguments(parser: argparse.ArgumentParser, *, steps: int) -> None:
+    """The step count, warm-up and model/batch sizes shared by the training-step benchmarks."""
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=64)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_step_arguments(parser, steps=40)
     parser.add_argument("--audit", action="store_true", help="keep the session's default SDC audit on")
     args = parser.parse_args()
     if args.steps < 30:

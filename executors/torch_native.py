@@ -15,7 +15,6 @@ from mixle_parallel.contracts import (
     DistributedUpdate,
     ParallelAxis,
     ParallelPlan,
-    ParameterLayout,
     PayloadKind,
     StateLayout,
 )

@@ -16,6 +16,7 @@ from mixle_parallel import executors
 
 EXIT_BAD_INPUT = 2
 _PASS_THROUGH = ("verify", "certify", "audit", "conformance", "demo")
+"""Commands whose arguments are passed on as they are (argparse's REMAINDER cannot start with an option)."""
 _PLAN_FIELDS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "etp", "microbatches",
                 "gradient_accumulation_steps")
 
@@ -124,6 +125,16 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--" + field.replace("_", "-"), dest=field, type=int, metavar="N")
 
 
+_COMMANDS = {
+    "verify": ("main_verify", "measure a backend (registered name or module:attr) against the single-process "
+                              "reference on a small real mesh"),
+    "certify": ("main_certify", "verify, then write an admission certificate for the plan family"),
+    "audit": ("main_audit", "verify a ledger's hash chain, step order and certificate links"),
+    "conformance": ("main_conformance", "run the standard contract and executor checks against a backend"),
+}
+"""Commands that hand their arguments to a verification command function (name, help)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="mixle-parallel", description=__doc__)
@@ -141,14 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("kind", nargs="?", metavar="KIND")
     schema.set_defaults(handler=_cmd_schema)
 
-    commands = {
-        "verify": ("main_verify", "measure a backend (registered name or module:attr) against the single-process "
-                                  "reference on a small real mesh"),
-        "certify": ("main_certify", "verify, then write an admission certificate for the plan family"),
-        "audit": ("main_audit", "verify a ledger's hash chain, step order and certificate links"),
-        "conformance": ("main_conformance", "run the standard contract and executor checks against a backend"),
-    }
-    for command, (function, text) in commands.items():
+    for command, (function, text) in _COMMANDS.items():
         passthrough = sub.add_parser(command, help=text, add_help=False)
         passthrough.add_argument("rest", nargs=argparse.REMAINDER)
         passthrough.set_defaults(handler=_pass_through(function))
@@ -156,8 +160,6 @@ def build_parser() -> argparse.ArgumentParser:
                           add_help=False)
     demo.add_argument("rest", nargs=argparse.REMAINDER)
     demo.set_defaults(handler=_cmd_demo)
-    parser._mixle_handlers = {  # type: ignore[attr-defined]
-        **{command: _pass_through(function) for command, (function, _) in commands.items()}, "demo": _cmd_demo}
     return parser
 
 
@@ -173,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if argv and argv[0] in _PASS_THROUGH:
         # argparse's REMAINDER cannot start with an option, so these commands take argv as it is.
-        args = argparse.Namespace(handler=parser._mixle_handlers[argv[0]], rest=argv[1:])  # type: ignore[attr-defined]
+        handler = _cmd_demo if argv[0] == "demo" else _pass_through(_COMMANDS[argv[0]][0])
+        args = argparse.Namespace(handler=handler, rest=argv[1:])
     else:
         args = parser.parse_args(argv)
     console = Console()

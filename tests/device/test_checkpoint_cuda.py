@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is the optional [torch] extra")
 
 pytestmark = [
     pytest.mark.device,

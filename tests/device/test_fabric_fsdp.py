@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is the optional [torch] extra")
 pytest.importorskip("lightning")
 
 pytestmark = [

@@ -13,7 +13,7 @@ import importlib.util
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is the optional [torch] extra")
 
 pytestmark = [
     pytest.mark.device,

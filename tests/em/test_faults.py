@@ -3,7 +3,6 @@ worker is detected by timeout."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from faulty_models import FaultyEstimator
 

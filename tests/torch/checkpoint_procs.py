@@ -98,7 +98,6 @@ def _batch(step: int, rank: int, world: int):
 
 def _train_step(model, optimizer, scheduler, step: int, rank: int, world: int) -> float:
     """One SGD step on this rank's slice; returns the global mean loss."""
-    import torch
     import torch.distributed as dist
 
     x, y = _batch(step, rank, world)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+pytest.importorskip("torch", reason="torch is the optional [torch] extra")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoint_procs import RESUME_STEPS, launch_world  # noqa: E402
 

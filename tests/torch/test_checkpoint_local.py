@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is the optional [torch] extra")
 
 from mixle_parallel.executors.checkpoint_manifest import (  # noqa: E402
     CheckpointError,

@@ -25,7 +25,6 @@ from mixle_parallel.contracts import (  # noqa: E402
     CollectiveKind,
     DistributedUpdate,
     NumericsEvidence,
-    ParallelPlan,
     PayloadKind,
     StateLayout,
     Tolerance,
