@@ -235,25 +235,44 @@ class DaskRunner:
 
     def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
         """One task per chosen worker, pinned there (chunks held elsewhere are moved by dask); a chosen
-        worker that is gone or loses its task raises ``WorkerUnavailableError``."""
+        worker that is gone raises ``WorkerUnavailableError``. A task lost only because a chunk it was
+        fetching died with another worker is run again on its own, still live, worker."""
+        checked = check_tasks(tasks, len(self._chunks), self.worker_ids(), self.name)
+        out: dict[int, list[Any]] = {w: [] for w in checked}
+        pending = {w: t for w, t in checked.items() if t.chunk_ids}
+        for _ in range(self.num_workers + 1):
+            done, gone = self._run_round(pending)
+            out.update(done)
+            live = set(self._live_workers())
+            dead = [w for w in gone if self._workers[w] not in live]
+            if dead:
+                raise WorkerUnavailableError(dead, f"dask worker(s) {[self._workers[w] for w in dead]} were lost "
+                                                   "while computing chosen chunks")
+            if not gone:
+                return out
+            pending = {w: pending[w] for w in gone}  # their inputs died elsewhere: fetch again
+        raise WorkerUnavailableError(sorted(pending), f"dask worker(s) {[self._workers[w] for w in pending]} "
+                                                      "kept losing their tasks")
+
+    def _run_round(self, tasks: dict[int, WorkerTask]) -> tuple[dict[int, list[Any]], list[int]]:
+        """Submit one pinned task per worker; (results by worker, workers whose task was lost)."""
         distributed = require_engine("distributed", "dask")
         from distributed.utils import CancelledError
 
-        checked = check_tasks(tasks, len(self._chunks), self.worker_ids(), self.name)
-        needed = sorted({i for t in checked.values() for i in t.chunk_ids})
+        needed = sorted({i for t in tasks.values() for i in t.chunk_ids})
         lost = [i for i in needed if self._futures[i] is None or self._futures[i].status != "finished"]
         if lost:
             self._replace(lost)
         futures = {
             self.client.submit(_apply_batch, t.fn, t.payload, list(t.chunk_ids), *[self._futures[i] for i in t.chunk_ids],
                                pure=False, workers=[self._workers[w]], allow_other_workers=False): w
-            for w, t in checked.items() if t.chunk_ids
+            for w, t in tasks.items()
         }
         try:
             distributed.wait(list(futures), timeout=self.timeout)
         except (TimeoutError, CancelledError):
             pass
-        out: dict[int, list[Any]] = {w: [] for w in checked}
+        out: dict[int, list[Any]] = {}
         gone: list[int] = []
         for fut, w in futures.items():
             if fut.status == "finished":
@@ -266,13 +285,10 @@ class DaskRunner:
                 fut.result()  # fn raised on the worker: propagate its exception
             elif fut.status == "pending":
                 self.client.cancel(list(futures))
-                raise WorkerTimeoutError(f"dask worker {self._workers[w]} did not return chunks {list(checked[w].chunk_ids)} "
+                raise WorkerTimeoutError(f"dask worker {self._workers[w]} did not return chunks {list(tasks[w].chunk_ids)} "
                                          f"within {self.timeout} s; raise timeout= (seconds) or restart it")
             gone.append(w)
-        if gone:
-            raise WorkerUnavailableError(gone, f"dask worker(s) {[self._workers[w] for w in gone]} were lost "
-                                               "while computing chosen chunks")
-        return out
+        return out, gone
 
     def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
         """``fn`` over ``chunk_ids`` on worker ``worker``."""

@@ -42,6 +42,29 @@ def _worker_pids(client) -> dict[str, int]:
     return client.run(os.getpid)
 
 
+@pytest.fixture(autouse=True)
+def settled_cluster(request):
+    """Each test starts on two live workers: a worker killed by an earlier test can still be listed by
+    the scheduler after its nanny's replacement registered, so wait_for_workers(2) alone is not enough."""
+    if "client" not in request.fixturenames:
+        yield
+        return
+    client = request.getfixturevalue("client")
+    deadline = time.monotonic() + 120
+    while True:
+        listed = set(client.scheduler_info(n_workers=-1)["workers"])
+        try:
+            answered = set(client.run(os.getpid, on_error="return"))
+        except Exception:  # noqa: BLE001 - a worker going away mid-call: look again
+            answered = set()
+        if len(listed) == 2 and listed == answered:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the dask test cluster did not settle on 2 live workers: {sorted(listed)}")
+        time.sleep(0.2)
+    yield
+
+
 def test_results_in_chunk_order_and_chunks_pinned(client):
     chunks = probes.make_chunks(7)
     runner = DaskRunner(client, timeout=120)
