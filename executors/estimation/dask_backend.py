@@ -17,9 +17,9 @@ from .engine_support import (
     DEFAULT_TIMEOUT_S,
     Deadline,
     block_assignment,
-    cap_blas_threads,
     check_timeout,
     ordered_results,
+    prepare_worker,
     require_engine,
     requested_ids,
 )
@@ -101,7 +101,7 @@ class DaskRunner:
         self._workers = workers
         self.num_workers = len(workers)
         if self._owns_client:
-            self.client.run(cap_blas_threads)
+            self.client.run(prepare_worker)
         self._chunks: list[Any] = []
         self._futures: list[Any] = []
         self._where: list[str] = []

