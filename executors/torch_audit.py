@@ -6,13 +6,19 @@ local gradient per parameter before the data-parallel reduction. Then, before th
 
 1. parameters at rest: a digest of this rank's local parameters taken after the last update is
    compared with one taken now (a flip in parameter memory between steps);
-2. same-rank replay: the window is re-run on this rank with the same batches and RNG state (the
-   taps capture without communicating) and its gradient is compared with the captured one;
-3. peer replay: every rank ships its window, RNG state, the digest of (batch, parameters) and of
+2. peer replay: every rank ships its window, RNG state, the digest of (batch, parameters) and of
    its gradient; the next rank of its data-parallel group (same tp/cp/pp coordinate) recomputes its
    predecessor's gradient from the shipped inputs and compares digests. Every rank replays at once,
    so the tensor-parallel peers of a replaying rank replay the same predecessor batch with it and
-   their TP collectives line up; under TP each rank recomputes its own shard of the gradient.
+   their TP collectives line up; under TP each rank recomputes its own shard of the gradient;
+3. same-rank replay: the window is re-run on this rank with the same batches and RNG state (the
+   taps capture without communicating) and its gradient is compared with the captured one. With
+   ``replay="peer"`` (the default) it runs when a peer replay disagreed anywhere (every rank then
+   replays its own window, which tells a fault in the original computation from a persistent or
+   auditor-side one) and where no peer exists (a world of one, pure TP); with ``replay="both"`` on
+   every audited step. A peer's independent recomputation that matches bitwise (or within the
+   bound) already proves what a same-rank replay would: the default halves the audit's cost, the
+   way the EM audit recomputes on another worker and calls a witness only on a mismatch.
 
 Comparison is bitwise (digests; ``bound=0``, the CPU/gloo case) or within ``bound`` (max abs).
 Every rank ends with every rank's records (one all-gather), so the policy acts the same way on
@@ -34,6 +40,10 @@ from mixle_parallel.contracts import SDCAuditRecord, to_dict
 from mixle_parallel.verification.sdc_digest import digest, max_abs_difference
 from mixle_parallel.verification.sdc_training import AUDIT_POLICIES, AuditSchedule, SDCDetectedError
 
+AUDIT_REPLAYS = ("peer", "both")
+"""``peer``: a peer recomputes each audited gradient, same-rank replays run on a disagreement or
+without a peer; ``both``: same-rank and peer replay on every audited step."""
+
 from .torch_comm_taps import CommTap, fsdp_taps_supported
 
 _log = logging.getLogger(__name__)
@@ -48,9 +58,12 @@ class SessionAudit:
     """Schedules, records, replays and judges audited steps of one ``TorchDistributedSession``."""
 
     def __init__(self, session: Any, tap: CommTap, *, rate: float, policy: str, seed: int, bound: float = 0.0,
-                 injector: Any = None, ledger: Any = None, enabled: bool = True) -> None:
+                 replay: str = "peer", injector: Any = None, ledger: Any = None, enabled: bool = True) -> None:
         if policy not in AUDIT_POLICIES:
             raise ValueError(f"audit_policy={policy!r}; allowed: {list(AUDIT_POLICIES)}")
+        if replay not in AUDIT_REPLAYS:
+            raise ValueError(f"audit_replay={replay!r}; allowed: {list(AUDIT_REPLAYS)}")
+        self.replay = replay
         self.session, self.tap = session, tap
         self.schedule = AuditSchedule(rate=rate, seed=seed)
         self.policy, self.bound, self.enabled = policy, float(bound), enabled
@@ -62,6 +75,9 @@ class SessionAudit:
         self.has_peer = len(dp_group) > 1
         self.predecessor = dp_group[(dp_group.index(self.rank) - 1) % len(dp_group)]
         self._direct = session.sync == "none"
+        # DDP: local gradients come from on-demand hooks; replays run under no_sync() and read p.grad
+        self._access = tap.ddp_access
+        self._unsynced_replay = session.sync == "ddp"
         self.records: list[SDCAuditRecord] = []
         self.audited_steps = 0
         self._window: list[tuple[Any, Any, bool, float]] | None = None
@@ -86,6 +102,7 @@ class SessionAudit:
         self.tap.step = step
         self.tap.injected = []
         self._injected_params: list[str] = []
+        self._disarm()
         audited = self.is_audited(step)
         if audited and self._param_ref_step != step:
             self.prime(step)  # e.g. after a checkpoint load: the reference is taken before any planned flip
@@ -95,11 +112,19 @@ class SessionAudit:
                     self._injected_params.append(name)
         if not audited:
             self._window = None
+            if self._access is not None and self.tap.wants_flip():
+                self._access.arm()  # a planned gradient flip on an unaudited step: strike it, check nothing
             return
         self._window = []
         self._rng = _rng_state(self.session.device)
         self._buffers = [b.detach().clone() for b in self.session.module.buffers()]
         self.tap.mode = "capture"
+        if self._access is not None:
+            self._access.arm()
+
+    def _disarm(self) -> None:
+        if self._access is not None:
+            self._access.disarm()
 
     def note(self, x: Any, y: Any, sync: bool, weight: float) -> None:
         """Record one micro-step of an audited window."""
@@ -109,11 +134,13 @@ class SessionAudit:
     def abort_window(self) -> None:
         """Forget the window (discarded accumulation)."""
         self._window, self.tap.mode = None, "pass"
+        self._disarm()
         self.tap.take()
 
     # ---- the audit ---------------------------------------------------------------------------
     def check(self, step: int) -> tuple[list[SDCAuditRecord], bool]:
         """Audit the window that is about to commit; (records of every rank, keep the update out?)."""
+        self._disarm()
         if self._window is None:
             return [], False
         window, rng, self._window = self._window, self._rng, None
@@ -141,12 +168,15 @@ class SessionAudit:
         if not corrupt_params:
             stash = self._stash()
             try:
-                replayed = self._replay(window, rng)
-                exp_d, obs_d = digest(replayed), digest(observed)
-                matched, diff = self._compare(observed, replayed, exp_d == obs_d)
-                mine.append(self._record(step, self.rank, self._unit(observed, replayed, matched), "same_rank",
-                                         exp_d, obs_d, matched, diff, injected=injected))
+                obs_d = digest(observed)
                 peer = self._peer(step, window, rng, params, observed, obs_d, injected)
+                disagreed = peer is not None and not peer.matched
+                if peer is None or self.replay == "both" or self._anywhere(disagreed):
+                    replayed = self._replay(window, rng)
+                    exp_d = digest(replayed)
+                    matched, diff = self._compare(observed, replayed, exp_d == obs_d)
+                    mine.append(self._record(step, self.rank, self._unit(observed, replayed, matched), "same_rank",
+                                             exp_d, obs_d, matched, diff, injected=injected))
                 if peer is not None:
                     mine.append(peer)
             finally:
@@ -194,10 +224,10 @@ class SessionAudit:
         self.tap.mode = "replay"
         try:
             for x, y, sync, weight in window:
-                session.run_micro(x, y, sync=sync, weight=weight)
+                session.run_micro(x, y, sync=sync and not self._unsynced_replay, weight=weight)
         finally:
             self.tap.mode = "pass"
-        return self._grads() if self._direct else self.tap.take()
+        return self._grads() if self._direct or self._unsynced_replay else self.tap.take()
 
     def _grads(self) -> dict[str, torch.Tensor]:
         return {n: p.grad.detach().clone() for n, p in self.session.named_trainable() if p.grad is not None}
@@ -246,6 +276,14 @@ class SessionAudit:
             auditor_rank=self.rank, attributed_rank=None if matched else rank,
             maximum_absolute_difference=diff, bound=self.bound, injected=injected,
         )
+
+    def _anywhere(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (one small all-reduce; every rank calls it)."""
+        if self.world < 2:
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.session.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
 
     def _allgather(self, value: Any) -> list[Any]:
         if self.world < 2:

@@ -3,8 +3,9 @@
 Instead of a dispatch mode over every aten op (``torch_comm.CollectiveMeter``, still used for
 tensor and context parallelism), the session taps the only places DDP and FSDP2 communicate:
 
-* DDP: a comm hook around the default all-reduce hook (``DistributedDataParallel.register_comm_hook``)
-  sees every gradient bucket before its all-reduce.
+* DDP: its built-in all-reduce is left alone; bytes are those of its buckets (every trainable
+  gradient once per synchronized backward), and the audit arms post-accumulate-grad hooks
+  (:class:`DDPGradientAccess`) only on the steps it audits or a fault is planned for.
 * FSDP2 / HSDP: custom ``AllGather`` / ``ReduceScatter`` comm objects
   (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``) that call the same
   ``torch.distributed`` functions FSDP2's defaults call, and for HSDP an all-reduce hook
@@ -47,6 +48,10 @@ class CommTap:
         """Set when DDP runs its built-in all-reduce: the bytes one synchronized backward all-reduces."""
         self.step = 0
         self.injected: list[str] = []
+        self.syncing = True
+        """Whether the running micro-step synchronizes gradients (set by the session before backward)."""
+        self.ddp_access: DDPGradientAccess | None = None
+        """DDP only, with the audit or a fault injector: the on-demand local-gradient hooks."""
 
     def reset(self) -> None:
         """Forget what was counted so far."""
@@ -88,26 +93,52 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 # ---- DDP ---------------------------------------------------------------------------------
-def install_ddp_tap(ddp: nn.parallel.DistributedDataParallel, tap: CommTap, names: dict[int, str]) -> None:
-    """Register a comm hook on ``ddp`` that counts, captures, injects, then runs the default all-reduce hook."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+class DDPGradientAccess:
+    """The audit's view of DDP's local gradients, armed only for the windows that need it.
 
-    def hook(group, bucket):  # type: ignore[no-untyped-def]  # DDP checks the annotations; strings fail
-        if tap.mode != "pass" or tap.wants_flip():
-            for param, grad in zip(bucket.parameters(), bucket.gradients()):
-                name = names[id(param)]
-                if tap.wants_flip():
-                    tap.inject(name, grad)  # grad is a view into the bucket: the flip is what gets reduced
-                if tap.mode != "pass":
-                    tap.captured[name] = grad.detach().clone()
-        if tap.mode == "replay":
-            future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-            future.set_result(bucket.buffer())
-            return future
-        tap.add("all_reduce", _nbytes(bucket.buffer()))
-        return default_hooks.allreduce_hook(group, bucket)
+    DDP keeps its built-in C++ all-reduce (a Python comm hook cost 3-7% of every small step).
+    When armed, a post-accumulate-grad hook on each parameter sees ``p.grad`` right after autograd
+    accumulated it and before DDP's reducer copies it into its bucket (the reducer runs as a post
+    hook of the same AccumulateGrad node, after the tensor's own post-accumulate hooks): on the
+    window's synchronizing micro-step it injects a planned flip there (so the flip is what gets
+    reduced) and, in ``capture`` mode, clones the local gradient. A replay runs under
+    ``no_sync()`` and reads the accumulated ``p.grad`` instead, so it never communicates.
+    """
 
-    ddp.register_comm_hook(ddp.process_group, hook)
+    def __init__(self, tap: CommTap, named_params: list[tuple[str, nn.Parameter]]) -> None:
+        self.tap = tap
+        self.named_params = named_params
+        self._handles: list[Any] = []
+
+    @property
+    def armed(self) -> bool:
+        """Whether the hooks are registered now."""
+        return bool(self._handles)
+
+    def arm(self) -> None:
+        """Register the hooks (idempotent)."""
+        if not self._handles:
+            self._handles = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named_params]
+
+    def disarm(self) -> None:
+        """Remove the hooks: later steps cost nothing."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _hook(self, name: str) -> Any:
+        tap = self.tap
+
+        def hook(param: torch.Tensor) -> None:
+            grad = param.grad
+            if grad is None or not tap.syncing or tap.mode == "replay":
+                return  # only the synchronizing micro-step's accumulated gradient is what DDP reduces
+            if tap.wants_flip():
+                tap.inject(name, grad)
+            if tap.mode == "capture":
+                tap.captured[name] = grad.detach().clone()
+
+        return hook
 
 
 # ---- FSDP2 ---------------------------------------------------------------------------------
@@ -284,21 +315,23 @@ def install_fsdp_taps(root: nn.Module, tap: CommTap, *, hsdp: bool) -> None:
 def install_taps(module: nn.Module, plan: Any, sync: str, *, gradient_access: bool = True) -> CommTap:
     """The session's CommTap, installed on DDP / FSDP2; it counts bytes unless TP or CP need the dispatch meter.
 
-    Without ``gradient_access`` (no audit, no fault injection) DDP keeps its built-in C++ all-reduce
-    (a Python comm hook costs a few percent of a small step) and ``ddp_sync_bytes`` records what one
-    synchronized backward all-reduces: DDP's buckets are the flat concatenation of every trainable
-    gradient, each all-reduced once per synchronized backward.
+    DDP keeps its built-in C++ all-reduce (a Python comm hook costs a few percent of a small step)
+    and ``ddp_sync_bytes`` records what one synchronized backward all-reduces: DDP's buckets are the
+    flat concatenation of every trainable gradient, each all-reduced once per synchronized backward.
+    With ``gradient_access`` (audit or fault injection) the tap also gets a ``DDPGradientAccess``
+    that the audit arms only for the steps it needs.
     """
     counting = plan.world_size > 1 and plan.tp == 1 and plan.cp == 1
     if sync in ("fsdp", "hsdp") and not fsdp_taps_supported():
         counting = False  # older FSDP2: the dispatch-mode meter counts; the audit is refused (see torch_audit)
     tap = CommTap(counting=counting, rank=dist.get_rank() if dist.is_initialized() else 0)
-    if sync == "ddp" and not gradient_access:
+    if sync == "ddp":
         tap.ddp_sync_bytes = sum(_nbytes(p) for p in module.parameters() if p.requires_grad)
-    elif sync == "ddp":
-        from .torch_layouts import pre_wrap_fqn, unwrap
+        if gradient_access:
+            from .torch_layouts import pre_wrap_fqn, unwrap
 
-        install_ddp_tap(module, tap, {id(p): pre_wrap_fqn(n) for n, p in unwrap(module).named_parameters()})
+            named = [(pre_wrap_fqn(n), p) for n, p in unwrap(module).named_parameters() if p.requires_grad]
+            tap.ddp_access = DDPGradientAccess(tap, named)
     elif sync in ("fsdp", "hsdp") and fsdp_taps_supported():
         install_fsdp_taps(module, tap, hsdp=sync == "hsdp")
     return tap

@@ -21,7 +21,7 @@ from mixle_parallel.contracts import (
 from mixle_parallel.verification.admission import AdmissionDecision, require_admission
 from mixle_parallel.verification.sdc_training import AUDIT_POLICIES, DEFAULT_AUDIT_RATE
 
-from .torch_audit import audit_supported
+from .torch_audit import AUDIT_REPLAYS, audit_supported
 from .torch_comm_taps import install_taps
 from .torch_layouts import describe_parameter_layouts
 from .torch_mesh import axis_mesh, build_mesh, ensure_process_group, require_torch, resolve_device
@@ -177,6 +177,7 @@ class TorchDistributedBackend:
         audit_rate: float = DEFAULT_AUDIT_RATE,
         audit_policy: str = "warn",
         audit_bound: float = 0.0,
+        audit_replay: str = "peer",
         fault_injector: Any = None,
         ledger: Any = None,
     ) -> TorchDistributedSession:
@@ -188,8 +189,10 @@ class TorchDistributedBackend:
         mesh or transform exists; ``admission="unverified"`` runs anyway and every receipt says so.
 
         SDC audit (``audit``: None = on where supported, True = required, False = off): at
-        ``audit_rate`` (plus the first step) a step's local gradient is replayed on the same rank and
-        by a peer before ``optimizer.step()``; ``audit_policy`` is 'warn', 'raise' or 'skip_step';
+        ``audit_rate`` (plus the first step) a step's local gradient is recomputed by a peer of its
+        data-parallel group from the shipped batch and RNG state (and on the same rank when a peer
+        disagreed or none exists; ``audit_replay="both"``: on every audited step) before
+        ``optimizer.step()``; ``audit_policy`` is 'warn', 'raise' or 'skip_step';
         ``audit_bound`` is the allowed max abs difference (0 = bitwise). ``fault_injector`` (a
         ``verification.FaultInjector``) strikes planned bit flips in gradients (before reduction) or
         parameters (at the start of a step). ``ledger`` (a ``verification.Ledger``) receives run_start,
@@ -206,7 +209,7 @@ class TorchDistributedBackend:
         if nonfinite not in ("raise", "skip"):
             raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
         sync = data_sync_axes(plan)
-        audit_options = _audit_options(plan, sync, audit, audit_rate, audit_policy, audit_bound, seed)
+        audit_options = _audit_options(plan, sync, audit, audit_rate, audit_policy, audit_bound, seed, audit_replay)
         styles = resolve_tp_plan(module, tp_plan, plan.tp)  # model checks before any collective
         dev = resolve_device(device)
         decision = self._admission_gate(plan, precision, admission, certificate, dev)
@@ -224,8 +227,8 @@ class TorchDistributedBackend:
             apply_fsdp(module, axis_mesh(mesh, A.DP_SHARD, A.CP))
         elif sync == "hsdp":
             apply_fsdp(module, axis_mesh(mesh, A.DP_REPLICATE, A.DP_SHARD))
-        # the DDP comm hook (Python) is installed only when the audit or a fault injector needs the
-        # local gradients; otherwise DDP keeps its built-in all-reduce and bytes come from its buckets
+        # DDP keeps its built-in all-reduce; the audit or a fault injector arms local-gradient hooks
+        # only on the steps that need them
         tap = install_taps(module, plan, sync, gradient_access=audit_options is not None or fault_injector is not None)
         layouts = describe_parameter_layouts(module, plan)
         params = [p for p in module.parameters() if p.requires_grad]
@@ -254,7 +257,7 @@ class TorchDistributedBackend:
 
 
 def _audit_options(plan: ParallelPlan, sync: str, audit: bool | None, rate: float, policy: str, bound: float,
-                   seed: int | None) -> dict[str, Any] | None:
+                   seed: int | None, replay: str = "peer") -> dict[str, Any] | None:
     """The SessionAudit options, None when the audit is off; raises for a bad option or an unsupported plan."""
     if audit not in (None, True, False):
         raise ValueError(f"audit must be None (on where supported), True or False, got {audit!r}")
@@ -264,6 +267,9 @@ def _audit_options(plan: ParallelPlan, sync: str, audit: bool | None, rate: floa
         raise ValueError(f"audit_rate={rate} must be within [0, 1] (the first step is always audited)")
     if not float(bound) >= 0.0:
         raise ValueError(f"audit_bound={bound} must be >= 0 (0 = bitwise)")
+    if replay not in AUDIT_REPLAYS:
+        raise ValueError(f"audit_replay={replay!r}; allowed: {list(AUDIT_REPLAYS)} ('peer': a peer recomputes, "
+                         "the same rank on a disagreement; 'both': both on every audited step)")
     if audit is False:
         return None
     reason = audit_supported(plan, sync)
@@ -271,4 +277,4 @@ def _audit_options(plan: ParallelPlan, sync: str, audit: bool | None, rate: floa
         if audit:
             raise ValueError(f"audit=True but {reason}")
         return None
-    return {"rate": float(rate), "policy": policy, "bound": float(bound), "seed": int(seed or 0)}
+    return {"rate": float(rate), "policy": policy, "bound": float(bound), "seed": int(seed or 0), "replay": replay}

@@ -272,6 +272,7 @@ class TorchDistributedSession:
 
     def run_micro(self, x: Any, y: Any, *, sync: bool, weight: float) -> tuple[torch.Tensor, Any]:
         """One forward/backward of a micro-batch (no clock, no counters): what a step and an audit replay run."""
+        self._tap.syncing = sync
         with self._sync_context(sync), self._cp_context(x, y) as (x, y):
             if self.sync == "ddp" and self._tap.counting and self.module.will_sync_module_buffers():
                 self._tap.add("broadcast", sum(b.numel() * b.element_size() for b in self.module.buffers()))

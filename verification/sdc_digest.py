@@ -29,19 +29,25 @@ def _tensor_array(value: Any) -> tuple[np.ndarray, str]:
     return tensor.numpy(), dtype
 
 
+def _little_endian_bytes(array: np.ndarray) -> np.ndarray:
+    """The array's little-endian bytes as a flat uint8 view (no copy on a little-endian host)."""
+    flat = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).reshape(-1)
+    return flat.view(np.uint8)
+
+
 def _feed(h: "hashlib._Hash", value: Any) -> None:
     if hasattr(value, "detach") and hasattr(value, "element_size"):
         array, dtype = _tensor_array(value)
         shape = ",".join(map(str, array.shape))
         h.update(f"T{dtype}:{shape};".encode())
-        h.update(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+        h.update(_little_endian_bytes(array))
     elif isinstance(value, np.ndarray) or isinstance(value, np.generic):
         array = np.asarray(value)
         if array.dtype.kind == "O":
             raise TypeError("cannot digest an object array; convert it to a numeric dtype")
         shape = ",".join(map(str, array.shape))
         h.update(f"A{array.dtype.str}:{shape};".encode())
-        h.update(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+        h.update(_little_endian_bytes(array))
     elif isinstance(value, Mapping):
         h.update(f"D{len(value)};".encode())
         for key in sorted(value, key=str):

@@ -22,6 +22,7 @@ from _models import global_batches, make_model
 DDP, FSDP = ParallelPlan(dp_replicate=2), ParallelPlan(dp_shard=2)
 CLEAN_STEPS = 130  # per clean run: 2 x 130 + 2 x 20 accumulation windows = 300 audited steps, none may flag
 FLIP_STEPS = 10
+BOTH_STEPS = 12  # clean steps audited with audit_replay="both"
 
 
 def session(plan: ParallelPlan, **kwargs: Any) -> Any:
@@ -70,6 +71,9 @@ def clean_runs() -> dict[str, Any]:
         accum = ParallelPlan(**{**to_dict(plan)["data"], "microbatches": 2, "gradient_accumulation_steps": 2})
         out[f"{name}_accum_audited"] = drive(session(accum, audit_rate=1.0, audit_policy="raise"), acc)
         out[f"{name}_accum_plain"] = drive(session(accum, audit=False), acc)
+        # audit_replay="both": same-rank and peer replay on every audited step
+        out[f"{name}_both_audited"] = drive(session(plan, audit_rate=1.0, audit_policy="raise", audit_replay="both"),
+                                            batches[:BOTH_STEPS])
     return out
 
 

@@ -13,6 +13,7 @@ from mixle_parallel.contracts import ParallelPlan, SDCAuditRecord, from_dict
 from mixle_parallel.verification import verify, verify_ledger
 from mixle_parallel.verification.admission import save_certificate
 
+from _audit_scenarios import BOTH_STEPS
 from _world import run_world
 
 pytestmark = pytest.mark.slow
@@ -54,9 +55,10 @@ def test_clean_audited_steps_never_flag_and_change_no_bit(audit_world: dict) -> 
             assert run["raised"] is None and not bad(run)
             commits = [r for r in run["receipts"] if not r["skipped"]]
             assert all(r["extra"]["audited"] for r in commits)
-            # same-rank and peer replay of each rank's gradient, every rank holds every rank's records
-            assert len(records(run)) == 4 * len(commits)
-            assert {(r.replay, r.rank) for r in records(run)} == {(k, q) for k in ("same_rank", "peer") for q in (0, 1)}
+            # a peer replays each rank's gradient (no same-rank replay without a disagreement);
+            # every rank holds every rank's records
+            assert len(records(run)) == 2 * len(commits)
+            assert {(r.replay, r.rank, r.auditor_rank) for r in records(run)} == {("peer", 0, 1), ("peer", 1, 0)}
             # the audit restores gradients, RNG and buffers: training is bitwise the un-audited run
             assert run["params"] == plain["params"] and run["step"] == plain["step"]
             assert [r["loss"] for r in commits] == [r["loss"] for r in plain["receipts"] if not r["skipped"]]
@@ -64,6 +66,18 @@ def test_clean_audited_steps_never_flag_and_change_no_bit(audit_world: dict) -> 
             assert [r["collective_bytes"] for r in run["receipts"]] == [r["collective_bytes"] for r in plain["receipts"]]
             audited += len(commits)
     assert audited == 2 * 300  # 300 clean audited steps, seen (and replayed) by each of the two ranks
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_audit_replay_both_replays_on_the_same_rank_and_a_peer_every_step(audit_world: dict, name: str) -> None:
+    for rank in audit_world["ranks"]:
+        run, plain = rank["clean"][f"{name}_both_audited"], rank["clean"][f"{name}_plain"]
+        assert run["raised"] is None and not bad(run)
+        commits = [r for r in run["receipts"] if not r["skipped"]]
+        assert len(commits) == BOTH_STEPS and len(records(run)) == 4 * BOTH_STEPS
+        assert {(r.replay, r.rank) for r in records(run)} == {(k, q) for k in ("same_rank", "peer") for q in (0, 1)}
+        # bitwise the un-audited run over the same batches
+        assert [r["loss"] for r in commits] == [r["loss"] for r in plain["receipts"][:BOTH_STEPS]]
 
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp"])
@@ -140,7 +154,9 @@ def test_certified_run_receipts_and_ledger(audit_world: dict) -> None:
     assert kinds[0] == "run_start" and kinds[-1] == "run_end" and kinds.count("receipt") == 4
     assert {e["certificate"] for e in entries} == {cert.certificate_id}
     audits = [e["payload"]["record"]["data"] for e in entries if e["kind"] == "audit"]
-    assert len(audits) == 4 * 4  # 4 audited windows x (same-rank + peer) x 2 ranks
+    # 4 audited windows x a peer replay of each of the 2 ranks, plus the flipped window's escalation:
+    # every rank's same-rank replay
+    assert len(audits) == 4 * 2 + 2
     assert {(a["replay"], a["attributed_rank"]) for a in audits if not a["matched"]} == {("same_rank", 1), ("peer", 1)}
 
 
@@ -158,8 +174,8 @@ def test_tensor_parallel_audit_is_clean_and_changes_no_bit(tp_world: list[dict])
         assert audited["params"] == plain["params"]  # bitwise: the audit changes nothing
         assert [r["loss"] for r in audited["receipts"]] == [r["loss"] for r in plain["receipts"]]
         found = [from_dict(r, SDCAuditRecord) for r in audited["records"]]
-        assert {r.replay for r in found} == {"same_rank", "peer"} and all(r.matched for r in found)
-        assert len(found) == 12 * 4 * 2  # every step, every rank, both replays
+        assert {r.replay for r in found} == {"peer"} and all(r.matched for r in found)
+        assert len(found) == 12 * 4  # every step, every rank's gradient replayed by its peer
 
 
 @pytest.mark.slow
