@@ -23,6 +23,7 @@ from .models import __all__ as _models_all
 from .optimize import EMStep, FitResult, as_estimator, fit, optimize
 from .planner import UnrealizedModelPlacementError, auto_parallel_estimator, model_sharding_plan, plan
 from .runner import (
+    DEFAULT_CHUNK_MULTIPLE,
     DEFAULT_CHUNK_SIZE,
     ChunkedEncodedData,
     ChunkResult,
@@ -55,7 +56,7 @@ __all__ = [
     "ModelParallelEstimator", "UnrealizedModelPlacementError", "as_estimator", "auto_parallel_estimator",
     "component_parallel_fold", "component_thread_pool", "fit", "model_parallel_fold", "model_sharding_plan",
     "optimize", "plan",
-    "BUILTIN_ENCODED_DATA_BACKENDS", "ChunkResult", "ChunkRunner", "ChunkedEncodedData", "DEFAULT_CHUNK_SIZE",
+    "BUILTIN_ENCODED_DATA_BACKENDS", "ChunkResult", "ChunkRunner", "ChunkedEncodedData", "DEFAULT_CHUNK_MULTIPLE", "DEFAULT_CHUNK_SIZE",
     "EStepResult", "EncodedChunk", "EncodedDataControlConflictError", "WorkerLostError", "WorkerTimeoutError",
     "chunk_bounds", "chunk_estep", "chunk_initialize", "chunk_log_density", "chunk_rng",
     "combine_in_chunk_order", "encode_chunks", "encoded_data", "handle_from_runner",

@@ -45,11 +45,16 @@ import numpy as np
 from mixle_parallel.contracts.estimation import statistic_digest
 
 DEFAULT_CHUNK_SIZE = 16384
-"""Rows per chunk when neither ``num_chunks`` nor ``chunk_size`` is given."""
+"""Largest rows per chunk when neither ``num_chunks`` nor ``chunk_size`` is given."""
+
+DEFAULT_CHUNK_MULTIPLE = 12
+"""With default chunking, a chunk count above one is rounded up to a multiple of this, so the
+contiguous blocks of chunks split evenly over 1, 2, 3, 4 or 6 workers (13 chunks on 2 workers
+left one worker 7/6 busier than the other). It depends on the row count only, never on workers."""
 
 __all__ = [
     "ChunkResult", "ChunkRunner", "ChunkedEncodedData", "DEFAULT_CHUNK_SIZE", "EStepResult",
-    "EncodedChunk", "WorkerLostError", "WorkerTask", "WorkerTimeoutError", "WorkerUnavailableError",
+    "DEFAULT_CHUNK_MULTIPLE", "EncodedChunk", "WorkerLostError", "WorkerTask", "WorkerTimeoutError", "WorkerUnavailableError",
     "chunk_bounds", "chunk_estep", "supports_worker_placement",
     "chunk_initialize", "chunk_log_density", "chunk_rng", "combine_in_chunk_order", "encode_chunks",
     "handle_from_runner", "resolve_encoder", "seed_from",
@@ -152,7 +157,12 @@ class ChunkRunner(Protocol):
 def chunk_bounds(
     num_rows: int, num_chunks: int | None = None, chunk_size: int | None = None
 ) -> tuple[tuple[int, int], ...]:
-    """Row ranges of the chunks; they depend only on the row count and the chunking controls."""
+    """Row ranges of the chunks; they depend only on the row count and the chunking controls.
+
+    ``num_chunks`` and ``chunk_size`` are taken as given. Without either, chunks hold at most
+    ``DEFAULT_CHUNK_SIZE`` rows and their count is rounded up to a multiple of
+    ``DEFAULT_CHUNK_MULTIPLE`` (when above one) so workers get equal shares.
+    """
     if isinstance(num_rows, bool) or not isinstance(num_rows, (int, np.integer)) or num_rows < 0:
         raise ValueError(f"num_rows must be an int >= 0, got {num_rows!r}")
     if num_chunks is not None and chunk_size is not None:
@@ -166,6 +176,8 @@ def chunk_bounds(
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
         count = max(1, math.ceil(num_rows / int(size)))
+        if chunk_size is None and count > 1:
+            count = -(-count // DEFAULT_CHUNK_MULTIPLE) * DEFAULT_CHUNK_MULTIPLE
     n = int(num_rows)
     count = max(1, min(count, n)) if n > 0 else 1
     edges = [(i * n) // count for i in range(count + 1)]

@@ -8,6 +8,8 @@ import pytest
 from mixle_parallel.contracts.estimation import canonical_statistic_bytes
 from mixle_parallel.executors import get_encoded_data_backend, register_encoded_data_backend
 from mixle_parallel.executors.estimation import (
+    DEFAULT_CHUNK_MULTIPLE,
+    DEFAULT_CHUNK_SIZE,
     CategoricalEstimator,
     ChunkedEncodedData,
     CompositeEstimator,
@@ -36,6 +38,18 @@ def test_chunk_bounds_depend_only_on_rows_and_chunking():
     assert len(chunk_bounds(100_000, chunk_size=16384)) == 7
     with pytest.raises(ValueError, match="not both"):
         chunk_bounds(10, num_chunks=2, chunk_size=3)
+
+
+@pytest.mark.parametrize("rows", [1, 16_384, 16_385, 200_000, 1_000_000, 1_234_567])
+def test_default_chunks_split_evenly_over_common_worker_counts(rows):
+    bounds = chunk_bounds(rows)
+    sizes = [b - a for a, b in bounds]
+    assert max(sizes) <= DEFAULT_CHUNK_SIZE and sum(sizes) == rows and max(sizes) - min(sizes) <= 1
+    if len(bounds) > 1:  # a multiple of 12: 1, 2, 3, 4 and 6 workers get equal contiguous blocks
+        assert len(bounds) % DEFAULT_CHUNK_MULTIPLE == 0
+        assert len(bounds) - DEFAULT_CHUNK_MULTIPLE < -(-rows // DEFAULT_CHUNK_SIZE)  # the smallest such count
+    else:
+        assert rows <= DEFAULT_CHUNK_SIZE
 
 
 def test_every_worker_count_and_backend_gives_the_same_bits(gmm_1d, gmm_4d):

@@ -49,6 +49,24 @@ def test_results_in_chunk_order_and_chunks_resident(ray_session):
     assert ray_session.is_initialized()  # a Ray the runner did not start stays up
 
 
+def test_large_payloads_travel_through_the_object_store(ray_session):
+    from mixle_parallel.executors.estimation.ray_backend import INLINE_PAYLOAD_BYTES, pack_payload
+
+    chunks = probes.make_chunks(4)
+    big = {"scale": 3.0, "ballast": bytes(2 * INLINE_PAYLOAD_BYTES)}
+    assert isinstance(pack_payload({"scale": 3.0}), bytes)  # small: inside the call
+    assert isinstance(pack_payload(big), ray_session.ObjectRef)  # large: put once, shared by the actors
+    runner = RayRunner(2, timeout=120)
+    try:
+        runner.scatter(chunks)
+        assert runner.map_chunks(probes.probe, big) == probes.expected(chunks, 3.0)
+        expected = probes.expected(chunks, 3.0)
+        # chunk 0 is resident on actor 0: actor 1 fetches it from the store
+        assert runner.compute_on(1, probes.probe, big, [0, 3]) == [expected[0], expected[3]]
+    finally:
+        runner.close()
+
+
 def test_three_workers_on_two_cpus(ray_session):
     chunks = probes.make_chunks(5)
     runner = RayRunner(3, timeout=120)
