@@ -71,12 +71,11 @@ def test_results_in_chunk_order_and_chunks_pinned(client):
     try:
         assert runner.num_workers == 2
         runner.scatter(chunks)
-        # Contiguous blocks: chunks 0-2 on the first worker, 3-6 on the second, each placed once.
-        who = client.who_has(runner._futures)
-        holders = [who[f.key] for f in runner._futures]
-        assert all(len(h) == 1 for h in holders)
-        assert len({h[0] for h in holders[:3]}) == 1 and len({h[0] for h in holders[3:]}) == 1
-        assert holders[0] != holders[3]
+        # Contiguous blocks: chunks 0-2 held by the first worker's actor, 3-6 by the second's.
+        assert runner.chunk_owners() == [0, 0, 0, 1, 1, 1, 1]
+        pids = runner.map_chunks(probes.worker_pid, None)
+        assert len(set(pids[:3])) == 1 and len(set(pids[3:])) == 1 and pids[0] != pids[3]
+        assert set(pids) == set(_worker_pids(client).values()) == set(runner.worker_pids().values())
         assert runner.map_chunks(probes.probe, {"scale": 2.0}) == probes.expected(chunks, 2.0)
         assert runner.map_chunks(probes.probe, {}, chunk_ids=[5, 1]) == [probes.expected(chunks)[1], probes.expected(chunks)[5]]
         with pytest.raises(IndexError, match="out of range"):
@@ -111,8 +110,9 @@ def test_worker_killed_between_passes(client):
     try:
         runner.scatter(chunks)
         assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
-        victim = runner._where[0]
-        os.kill(_worker_pids(client)[victim], signal.SIGKILL)
+        pid = runner.map_chunks(probes.worker_pid, None, chunk_ids=[0])[0]
+        victim, = [address for address, p in _worker_pids(client).items() if p == pid]
+        os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
             time.sleep(0.1)
