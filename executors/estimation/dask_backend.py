@@ -48,11 +48,20 @@ _ACTOR_START_S = 30.0
 """Longest wait for a fresh actor on a replacement worker during recovery (survivors take over otherwise)."""
 
 
-def _pack(fn: Callable[[Any, Any], Any], payload: Any) -> bytes:
-    """``(fn, payload)`` pickled once per pass (cloudpickle: honours pickle-by-value registrations)."""
+def _pack(value: Any, task: bool = False) -> bytes:
+    """``value`` as one in-band pickle: dask would send every small numpy array of a chunk's statistics
+    as a frame of its own; one bytes frame per call is what keeps a pass to a single cheap message.
+    A task ``(fn, payload)`` goes through cloudpickle (functions of ``__main__`` or of modules
+    registered by value must travel by value: workers cannot import them); results through plain
+    pickle (fast), cloudpickle only for what it cannot do."""
     import cloudpickle
 
-    return cloudpickle.dumps((fn, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    if task:
+        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class DaskChunkHolder:
@@ -76,24 +85,23 @@ class DaskChunkHolder:
         self.chunks.update((int(i), c) for i, c in chunks.items())
         return sorted(self.chunks)
 
-    def run(self, task: bytes, chunk_ids: list[int], borrowed: dict[int, Any] | None = None) -> tuple[str, Any]:
+    def run(self, task: bytes, chunk_ids: list[int], borrowed: dict[int, Any] | None = None) -> bytes:
         """``fn(chunk, payload)`` over ``chunk_ids`` in order, ``task`` being the pickled ``(fn, payload)``.
 
-        Chunks not resident here come in ``borrowed`` and are not kept. Returns ``("ok", results)``,
-        or ``("raised", exception)`` when ``fn`` raised, so the driver can tell a failing ``fn`` from a
-        lost worker (any exception of the call itself means the worker is gone).
+        Chunks not resident here come in ``borrowed`` and are not kept. Returns the pickled
+        ``("ok", results)``, or ``("raised", exception)`` when ``fn`` raised, so the driver can tell a
+        failing ``fn`` from a lost worker (any exception of the call itself means the worker is gone).
         """
         try:
             fn, payload = pickle.loads(task)
             extra = borrowed or {}
-            return "ok", [fn(self.chunks[i] if i in self.chunks else extra[i], payload) for i in chunk_ids]
+            return _pack(("ok", [fn(self.chunks[i] if i in self.chunks else extra[i], payload) for i in chunk_ids]))
         except Exception as exc:  # noqa: BLE001 - returned to the driver, which re-raises it
             exc.add_note(f"raised in a dask worker's chunk holder:\n{traceback.format_exc()}")
             try:
-                pickle.dumps(exc)
+                return _pack(("raised", exc))
             except Exception:  # noqa: BLE001 - an exception that cannot travel is sent as text
-                exc = RuntimeError(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-            return "raised", exc
+                return _pack(("raised", RuntimeError(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")))
 
 
 def dask_config_for_em() -> Any:
@@ -308,7 +316,7 @@ class DaskRunner:
         if not call.done():
             return _PENDING if self._alive(address) else None
         try:
-            status, value = call.result()
+            status, value = pickle.loads(call.result())
         except Exception as exc:  # noqa: BLE001 - the call itself failed: the worker is gone
             _log.warning("dask: worker %s was lost during a call (%r)", address, exc)
             self._forget(address)
@@ -341,7 +349,7 @@ class DaskRunner:
         """
         ids = requested_ids(chunk_ids, len(self._chunks))
         deadline = Deadline(self.timeout)
-        task = _pack(fn, payload)
+        task = _pack((fn, payload), task=True)
         gone = [i for i in ids if not self._alive(self._where[i])]
         if gone:  # a worker died between passes
             self._replace(gone, deadline)
@@ -414,7 +422,7 @@ class DaskRunner:
                 continue
             address = self._workers[w]
             borrowed = {i: self._chunks[i] for i in t.chunk_ids if self._where[i] != address}
-            pending[w] = (address, self._call(address, _pack(t.fn, t.payload), list(t.chunk_ids), borrowed))
+            pending[w] = (address, self._call(address, _pack((t.fn, t.payload), task=True), list(t.chunk_ids), borrowed))
         dead: list[int] = []
         while pending:
             progressed = False
