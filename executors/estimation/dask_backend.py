@@ -44,7 +44,7 @@ _POLL_S = 0.25
 
 _PENDING = object()
 
-_ACTOR_START_S = 30.0
+_ACTOR_START_S = 15.0
 """Longest wait for a fresh actor on a replacement worker during recovery (survivors take over otherwise)."""
 
 
@@ -176,6 +176,7 @@ class DaskRunner:
         self._where: list[str] = []
         self._actors: dict[str, Any] = {}  # worker address -> Actor handle
         self._actor_futures: dict[str, Any] = {}  # worker address -> the actor's Future (its liveness)
+        self._unusable: set[str] = set()  # workers whose actor died or would not start: never used again
         self._calls = itertools.count()
         self.recoveries = 0
         """Chunks re-placed after a worker was lost (for tests and logs)."""
@@ -207,6 +208,7 @@ class DaskRunner:
             if future.status != "finished":
                 _log.warning("dask: no chunk-holder actor on %s (%s)", address, future.status)
                 self._cancel([future])
+                self._unusable.add(address)
                 continue
             with self.client.as_current():  # bind the handle to this client, not the default one
                 self._actors[address] = distributed.Actor(DaskChunkHolder, address, future.key)
@@ -215,7 +217,11 @@ class DaskRunner:
         return started
 
     def _forget(self, address: str) -> None:
-        """Drop the actor on a worker that died (its chunks are re-placed by ``_replace``)."""
+        """Drop the actor on a worker that died (its chunks are re-placed by ``_replace``).
+
+        The address is not used again: the scheduler can list a killed worker for a moment, and an
+        actor pinned there would wait for it forever (a restarted worker gets a new address)."""
+        self._unusable.add(address)
         self._actors.pop(address, None)
         future = self._actor_futures.pop(address, None)
         if future is not None:
@@ -232,8 +238,14 @@ class DaskRunner:
         """Load chunk ``i`` into one worker's actor (contiguous blocks); the driver keeps them for recovery."""
         self._chunks = list(chunks)
         self._where = [""] * len(self._chunks)
+        for address in [a for a in self._actors if a not in self._workers]:  # recovery actors of an earlier scatter
+            self._actors.pop(address)
+            self._cancel([self._actor_futures.pop(address)])
         deadline = Deadline(self.timeout)
         missing = [w for w in self._workers if not self._alive(w)]
+        if any(w in self._unusable for w in missing):
+            raise WorkerLostError(f"dask worker(s) {[w for w in missing if w in self._unusable]} died; "
+                                  "create a new handle to place the chunks on the workers there are now")
         if missing and len(self._start_actors(missing, deadline.remaining())) < len(missing):
             raise WorkerLostError(
                 f"dask could not start chunk-holder actors on {[w for w in missing if not self._alive(w)]} "
@@ -259,7 +271,7 @@ class DaskRunner:
         live = self._live_workers()  # survivors and any replacement the cluster started
         for address in [a for a in self._actors if a not in live or not self._alive(a)]:
             self._forget(address)
-        fresh = [a for a in live if a not in self._actors]
+        fresh = [a for a in live if a not in self._actors and a not in self._unusable]
         if fresh:
             remaining = deadline.remaining()
             self._start_actors(fresh, _ACTOR_START_S if remaining is None else min(remaining, _ACTOR_START_S))
