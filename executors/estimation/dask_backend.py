@@ -85,15 +85,15 @@ class DaskChunkHolder:
         self.chunks.update((int(i), c) for i, c in chunks.items())
         return sorted(self.chunks)
 
-    def run(self, task: bytes, chunk_ids: list[int], borrowed: dict[int, Any] | None = None) -> bytes:
-        """``fn(chunk, payload)`` over ``chunk_ids`` in order, ``task`` being the pickled ``(fn, payload)``.
+    def run(self, task: bytes | tuple[Any, Any], chunk_ids: list[int], borrowed: dict[int, Any] | None = None) -> bytes:
+        """``fn(chunk, payload)`` over ``chunk_ids`` in order, ``task`` being ``(fn, payload)``, pickled or not.
 
         Chunks not resident here come in ``borrowed`` and are not kept. Returns the pickled
         ``("ok", results)``, or ``("raised", exception)`` when ``fn`` raised, so the driver can tell a
         failing ``fn`` from a lost worker (any exception of the call itself means the worker is gone).
         """
         try:
-            fn, payload = pickle.loads(task)
+            fn, payload = pickle.loads(task) if isinstance(task, bytes) else task
             extra = borrowed or {}
             return _pack(("ok", [fn(self.chunks[i] if i in self.chunks else extra[i], payload) for i in chunk_ids]))
         except Exception as exc:  # noqa: BLE001 - returned to the driver, which re-raises it
