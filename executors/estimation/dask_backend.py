@@ -85,16 +85,19 @@ class DaskChunkHolder:
         self.chunks.update((int(i), c) for i, c in chunks.items())
         return sorted(self.chunks)
 
-    def run(self, task: bytes | tuple[Any, Any], chunk_ids: list[int], borrowed: dict[int, Any] | None = None) -> bytes:
+    def run(self, task: bytes | tuple[Any, Any], chunk_ids: list[int], borrowed: dict[int, Any] | None = None,
+            keep: Sequence[int] = ()) -> bytes:
         """``fn(chunk, payload)`` over ``chunk_ids`` in order, ``task`` being ``(fn, payload)``, pickled or not.
 
-        Chunks not resident here come in ``borrowed`` and are not kept. Returns the pickled
+        Chunks not resident here come in ``borrowed``; those listed in ``keep`` stay resident (their
+        holder died), the others are dropped after the call. Returns the pickled
         ``("ok", results)``, or ``("raised", exception)`` when ``fn`` raised, so the driver can tell a
         failing ``fn`` from a lost worker (any exception of the call itself means the worker is gone).
         """
         try:
             fn, payload = pickle.loads(task) if isinstance(task, bytes) else task
             extra = borrowed or {}
+            self.chunks.update((int(i), extra[i]) for i in keep)
             return _pack(("ok", [fn(self.chunks[i] if i in self.chunks else extra[i], payload) for i in chunk_ids]))
         except Exception as exc:  # noqa: BLE001 - returned to the driver, which re-raises it
             exc.add_note(f"raised in a dask worker's chunk holder:\n{traceback.format_exc()}")
@@ -310,13 +313,14 @@ class DaskRunner:
         self.recoveries += len(chunk_ids)
 
     # -- calls --------------------------------------------------------------------------------
-    def _call(self, address: str, task: bytes, ids: list[int], borrowed: dict[int, Any] | None = None) -> Any:
+    def _call(self, address: str, task: bytes, ids: list[int], borrowed: dict[int, Any] | None = None,
+              keep: Sequence[int] = ()) -> Any:
         """Start ``run`` on the actor of ``address``; None when that actor is already gone."""
         actor = self._actors.get(address)
         if actor is None or not self._alive(address):
             return None
         try:
-            return actor.run(task, ids, borrowed)
+            return actor.run(task, ids, borrowed, list(keep))
         except Exception:  # noqa: BLE001 - the handle refuses calls once its worker is lost
             return None
 
@@ -423,18 +427,24 @@ class DaskRunner:
         return [index.get(address, -1) for address in self._where]
 
     def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
-        """One actor call per chosen worker; chunks it does not hold are sent from the driver's copy
-        (and not kept). A chosen worker that is gone, or dies meanwhile, raises ``WorkerUnavailableError``."""
+        """One actor call per chosen worker; chunks it does not hold are sent from the driver's copy and
+        not kept, except a chunk whose holder died, which stays on the (first) worker that computes it.
+        A chosen worker that is gone, or dies meanwhile, raises ``WorkerUnavailableError``."""
         checked = check_tasks(tasks, len(self._chunks), self.worker_ids(), self.name)
         out: dict[int, list[Any]] = {w: [] for w in checked}
         deadline = Deadline(self.timeout)
         pending: dict[int, tuple[str, Any]] = {}
-        for w, t in checked.items():
+        adopted: dict[int, list[int]] = {}  # worker -> orphaned chunks it keeps
+        for w, t in sorted(checked.items()):
             if not t.chunk_ids:
                 continue
             address = self._workers[w]
             borrowed = {i: self._chunks[i] for i in t.chunk_ids if self._where[i] != address}
-            pending[w] = (address, self._call(address, _pack((t.fn, t.payload), task=True), list(t.chunk_ids), borrowed))
+            orphans = [i for i in dict.fromkeys(borrowed) if not self._alive(self._where[i])
+                       and all(i not in ids for ids in adopted.values())]
+            adopted[w] = orphans
+            pending[w] = (address, self._call(address, _pack((t.fn, t.payload), task=True), list(t.chunk_ids),
+                                              borrowed, orphans))
         dead: list[int] = []
         while pending:
             progressed = False
@@ -449,6 +459,9 @@ class DaskRunner:
                     dead.append(w)
                 else:
                     out[w] = values
+                    for i in adopted[w]:
+                        self._where[i] = address
+                    self.recoveries += len(adopted[w])
             if pending and not progressed:
                 if deadline.expired():
                     w = min(pending)

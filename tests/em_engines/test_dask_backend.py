@@ -167,8 +167,14 @@ def test_placed_runs_borrow_chunks_held_elsewhere_and_refuse_a_dead_worker(clien
             runner.compute_on(0, probes.probe, {}, [1])
         assert err.value.workers == (0,)
         assert runner.worker_ids() == [1]
-        assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)  # re-placed, recomputed
-        assert runner.recoveries == 3
+        # the dead worker's chunks 0-2 come from the driver's copy and stay on the worker computing them
+        assert runner.run_on_workers({1: WorkerTask(probes.worker_pid, None, (2, 0, 4))}) == {1: [pids[1]] * 3}
+        assert runner.chunk_owners() == [1, 0, 1, 1, 1, 1] and runner.recoveries == 2
+        assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)  # chunk 1 re-placed, recomputed
+        owners = runner.chunk_owners()  # chunk 1: on worker 1, or on a fresh actor if the replacement is up (-1)
+        assert owners[:1] + owners[2:] == [1] * 5 and owners[1] in (1, -1) and runner.recoveries == 3
+        where = runner.map_chunks(probes.worker_pid, None)
+        assert where[:1] + where[2:] == [pids[1]] * 5 and where[1] in _worker_pids(client).values()
     finally:
         runner.close()
     client.wait_for_workers(2, timeout=120)
