@@ -78,12 +78,12 @@ class DaskChunkHolder:
 
         return os.getpid()
 
-    def load(self, chunks: dict[int, Any], replace: bool = False) -> list[int]:
-        """Keep ``chunks`` (chunk id -> chunk) resident; ``replace`` drops those held before. Returns the ids held."""
+    def load(self, chunks: dict[int, Any], replace: bool = False) -> int:
+        """Keep ``chunks`` (chunk id -> chunk) resident; ``replace`` drops those held before. Returns how many it holds."""
         if replace:
             self.chunks = {}
         self.chunks.update((int(i), c) for i, c in chunks.items())
-        return sorted(self.chunks)
+        return len(self.chunks)
 
     def run(self, task: bytes | tuple[Any, Any], chunk_ids: list[int], borrowed: dict[int, Any] | None = None,
             keep: Sequence[int] = ()) -> bytes:
@@ -256,18 +256,12 @@ class DaskRunner:
             )
         loads = {}
         for worker, ids in zip(self._workers, block_assignment(len(self._chunks), self.num_workers)):
-            loads[worker] = self._actors[worker].load({i: self._chunks[i] for i in ids}, replace=True)
+            loads[worker] = self._invoke(worker, "load", {i: self._chunks[i] for i in ids}, True)
             for i in ids:
                 self._where[i] = worker
-        try:
-            for worker, call in loads.items():
-                call.result(timeout=deadline.remaining())
-        except TimeoutError:
-            raise WorkerTimeoutError(f"dask worker {worker} did not take its chunks within {self.timeout} s; "
-                                     "raise timeout= (seconds) or restart it") from None
-        except Exception as exc:
-            raise WorkerLostError(f"dask worker {worker} died while its chunks were loaded ({exc!r}); "
-                                  "create the handle again") from exc
+        for worker, call in loads.items():
+            if self._await(worker, call, deadline, "take its chunks") is None:
+                raise WorkerLostError(f"dask worker {worker} died while its chunks were loaded; create the handle again")
 
     def _replace(self, chunk_ids: list[int], deadline: Deadline) -> None:
         """Load lost chunks into live actors, each chunk onto the one holding the fewest chunks."""
@@ -294,35 +288,44 @@ class DaskRunner:
                 load[target] += 1
                 targets.setdefault(target, []).append(i)
             _log.warning("dask: re-placing lost chunks %s onto %s", chunk_ids, sorted(targets))
-            calls = {t: self._actors[t].load({i: self._chunks[i] for i in ids}) for t, ids in targets.items()}
-            failed = False
-            for target, call in calls.items():
-                try:
-                    call.result(timeout=deadline.remaining())
-                except TimeoutError:
-                    raise WorkerTimeoutError(f"dask worker {target} did not take lost chunks {targets[target]} "
-                                             f"within {self.timeout} s; raise timeout= (seconds) or restart it") from None
-                except Exception:  # noqa: BLE001 - this actor's worker died too: place again
-                    self._forget(target)
-                    failed = True
-            if not failed:
-                break
+            calls = {t: self._invoke(t, "load", {i: self._chunks[i] for i in ids}) for t, ids in targets.items()}
+            results = [self._await(t, call, deadline, f"take lost chunks {targets[t]}") for t, call in calls.items()]
+            if None not in results:
+                break  # else a target died too: place again on the actors left
         for target, ids in targets.items():
             for i in ids:
                 self._where[i] = target
         self.recoveries += len(chunk_ids)
 
     # -- calls --------------------------------------------------------------------------------
-    def _call(self, address: str, task: bytes, ids: list[int], borrowed: dict[int, Any] | None = None,
-              keep: Sequence[int] = ()) -> Any:
-        """Start ``run`` on the actor of ``address``; None when that actor is already gone."""
+    def _invoke(self, address: str, method: str, *args: Any) -> Any:
+        """Start ``method(*args)`` on the actor of ``address``; None when that actor is already gone."""
         actor = self._actors.get(address)
         if actor is None or not self._alive(address):
             return None
         try:
-            return actor.run(task, ids, borrowed, list(keep))
+            return getattr(actor, method)(*args)
         except Exception:  # noqa: BLE001 - the handle refuses calls once its worker is lost
             return None
+
+    def _await(self, address: str, call: Any, deadline: Deadline, what: str) -> Any:
+        """The value of a (non-``run``) actor call; None when its worker was lost; past the deadline
+        ``WorkerTimeoutError`` saying the worker did not ``what``."""
+        while call is not None:
+            if call.done():
+                try:
+                    return call.result()
+                except Exception as exc:  # noqa: BLE001 - the call failed: the worker is gone
+                    _log.warning("dask: worker %s was lost during a call (%r)", address, exc)
+                    break
+            if not self._alive(address):
+                break
+            if deadline.expired():
+                raise WorkerTimeoutError(f"dask worker {address} did not {what} within {self.timeout} s; "
+                                         "raise timeout= (seconds) or restart it")
+            self._wait_some([call], deadline)
+        self._forget(address)
+        return None
 
     def _settled(self, address: str, call: Any) -> Any:
         """A call's results once finished; None when its worker was lost (also while a call to a worker
@@ -412,7 +415,7 @@ class DaskRunner:
         by_worker: dict[str, list[int]] = {}
         for i in ids:
             by_worker.setdefault(self._where[i], []).append(i)
-        return {next(self._calls): (address, self._call(address, task, wids), wids)
+        return {next(self._calls): (address, self._invoke(address, "run", task, wids), wids)
                 for address, wids in sorted(by_worker.items())}
 
     # -- placement (the SDC audit recomputes a chunk on a chosen worker) -----------------------
@@ -443,8 +446,8 @@ class DaskRunner:
             orphans = [i for i in dict.fromkeys(borrowed) if not self._alive(self._where[i])
                        and all(i not in ids for ids in adopted.values())]
             adopted[w] = orphans
-            pending[w] = (address, self._call(address, _pack((t.fn, t.payload), task=True), list(t.chunk_ids),
-                                              borrowed, orphans))
+            pending[w] = (address, self._invoke(address, "run", _pack((t.fn, t.payload), task=True),
+                                                list(t.chunk_ids), borrowed, orphans))
         dead: list[int] = []
         while pending:
             progressed = False
@@ -481,8 +484,10 @@ class DaskRunner:
     # -- lifetime -----------------------------------------------------------------------------
     def worker_pids(self) -> dict[int, int]:
         """Process id of each live chosen worker's actor, by worker id (tests kill them)."""
-        calls = {w: self._actors[self._workers[w]].pid() for w in self.worker_ids()}
-        return {w: call.result(timeout=self.timeout) for w, call in calls.items()}
+        deadline = Deadline(self.timeout)
+        calls = {w: self._invoke(self._workers[w], "pid") for w in self.worker_ids()}
+        pids = {w: self._await(self._workers[w], call, deadline, "report its pid") for w, call in calls.items()}
+        return {w: pid for w, pid in pids.items() if pid is not None}
 
     def close(self) -> None:
         """Release the actors and the chunks they hold; shut down the cluster when this runner started it."""
