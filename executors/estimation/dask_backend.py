@@ -50,7 +50,8 @@ _ACTOR_START_S = 15.0
 
 def _pack(value: Any, task: bool = False) -> bytes:
     """``value`` as one in-band pickle: dask would send every small numpy array of a chunk's statistics
-    as a frame of its own; one bytes frame per call is what keeps a pass to a single cheap message.
+    as a frame of its own (one bytes frame per call keeps a pass to a single cheap message), and
+    would hand a worker chunk arrays that point into its network buffers (see ``DaskChunkHolder.load``).
     A task ``(fn, payload)`` goes through cloudpickle (functions of ``__main__`` or of modules
     registered by value must travel by value: workers cannot import them); results through plain
     pickle (fast), cloudpickle only for what it cannot do."""
@@ -78,26 +79,31 @@ class DaskChunkHolder:
 
         return os.getpid()
 
-    def load(self, chunks: dict[int, Any], replace: bool = False) -> int:
-        """Keep ``chunks`` (chunk id -> chunk) resident; ``replace`` drops those held before. Returns how many it holds."""
+    def load(self, chunks: dict[int, bytes], replace: bool = False) -> int:
+        """Keep ``chunks`` (chunk id -> pickled chunk) resident; ``replace`` drops those held before.
+
+        Unpickling here gives every array memory of its own: arrays dask deserializes zero-copy sit
+        at arbitrary offsets of a network frame (measured: not even 8-byte aligned), where numpy
+        takes slow paths -- an E-step pass ran about 25% slower on them. Returns how many it holds.
+        """
         if replace:
             self.chunks = {}
-        self.chunks.update((int(i), c) for i, c in chunks.items())
+        self.chunks.update((int(i), pickle.loads(c)) for i, c in chunks.items())
         return len(self.chunks)
 
-    def run(self, task: bytes | tuple[Any, Any], chunk_ids: list[int], borrowed: dict[int, Any] | None = None,
+    def run(self, task: bytes | tuple[Any, Any], chunk_ids: list[int], borrowed: dict[int, bytes] | None = None,
             keep: Sequence[int] = ()) -> bytes:
         """``fn(chunk, payload)`` over ``chunk_ids`` in order, ``task`` being ``(fn, payload)``, pickled or not.
 
-        Chunks not resident here come in ``borrowed``; those listed in ``keep`` stay resident (their
+        Chunks not resident here come pickled in ``borrowed``; those listed in ``keep`` stay resident (their
         holder died), the others are dropped after the call. Returns the pickled
         ``("ok", results)``, or ``("raised", exception)`` when ``fn`` raised, so the driver can tell a
         failing ``fn`` from a lost worker (any exception of the call itself means the worker is gone).
         """
         try:
             fn, payload = pickle.loads(task) if isinstance(task, bytes) else task
-            extra = borrowed or {}
-            self.chunks.update((int(i), extra[i]) for i in keep)
+            extra = {int(i): pickle.loads(c) for i, c in (borrowed or {}).items()}
+            self.chunks.update((i, extra[i]) for i in keep)
             return _pack(("ok", [fn(self.chunks[i] if i in self.chunks else extra[i], payload) for i in chunk_ids]))
         except Exception as exc:  # noqa: BLE001 - returned to the driver, which re-raises it
             exc.add_note(f"raised in a dask worker's chunk holder:\n{traceback.format_exc()}")
@@ -256,7 +262,7 @@ class DaskRunner:
             )
         loads = {}
         for worker, ids in zip(self._workers, block_assignment(len(self._chunks), self.num_workers)):
-            loads[worker] = self._invoke(worker, "load", {i: self._chunks[i] for i in ids}, True)
+            loads[worker] = self._invoke(worker, "load", {i: _pack(self._chunks[i]) for i in ids}, True)
             for i in ids:
                 self._where[i] = worker
         for worker, call in loads.items():
@@ -288,7 +294,7 @@ class DaskRunner:
                 load[target] += 1
                 targets.setdefault(target, []).append(i)
             _log.warning("dask: re-placing lost chunks %s onto %s", chunk_ids, sorted(targets))
-            calls = {t: self._invoke(t, "load", {i: self._chunks[i] for i in ids}) for t, ids in targets.items()}
+            calls = {t: self._invoke(t, "load", {i: _pack(self._chunks[i]) for i in ids}) for t, ids in targets.items()}
             results = [self._await(t, call, deadline, f"take lost chunks {targets[t]}") for t, call in calls.items()]
             if None not in results:
                 break  # else a target died too: place again on the actors left
@@ -442,7 +448,7 @@ class DaskRunner:
             if not t.chunk_ids:
                 continue
             address = self._workers[w]
-            borrowed = {i: self._chunks[i] for i in t.chunk_ids if self._where[i] != address}
+            borrowed = {i: _pack(self._chunks[i]) for i in dict.fromkeys(t.chunk_ids) if self._where[i] != address}
             orphans = [i for i in dict.fromkeys(borrowed) if not self._alive(self._where[i])
                        and all(i not in ids for ids in adopted.values())]
             adopted[w] = orphans
