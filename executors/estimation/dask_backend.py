@@ -5,7 +5,10 @@
 data pass then pickles ``(fn, payload)`` once and calls ``run`` on every actor: an actor call goes
 from the client straight to the worker (no task through the scheduler), so a pass costs one
 round trip of about 1-3 ms instead of a scheduled task per worker (about 15 ms here, which made two
-workers slower than one). Actor methods run in the worker's dedicated actor thread.
+workers slower than one). Actor methods run in the worker's dedicated actor thread. Chunks, the
+task and the results each travel as one in-band pickle: the statistics come back as one frame, and
+a chunk unpickled in the actor owns aligned memory (dask's zero-copy arrays did not, and numpy ran
+slower on them).
 
 When a worker dies its actor is gone (a call in flight fails with ``OSError``, later calls with
 ``RuntimeError``, and the actor's future turns ``error``). The runner keeps the encoded chunks on
