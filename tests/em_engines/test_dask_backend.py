@@ -17,7 +17,11 @@ from engine_helpers import by_value  # noqa: E402
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
 from mixle_parallel.executors.estimation.dask_backend import DaskRunner  # noqa: E402
-from mixle_parallel.executors.estimation.runner import WorkerTimeoutError  # noqa: E402
+from mixle_parallel.executors.estimation.runner import (  # noqa: E402
+    WorkerTask,
+    WorkerTimeoutError,
+    WorkerUnavailableError,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -71,12 +75,11 @@ def test_results_in_chunk_order_and_chunks_pinned(client):
     try:
         assert runner.num_workers == 2
         runner.scatter(chunks)
-        # Contiguous blocks: chunks 0-2 on the first worker, 3-6 on the second, each placed once.
-        who = client.who_has(runner._futures)
-        holders = [who[f.key] for f in runner._futures]
-        assert all(len(h) == 1 for h in holders)
-        assert len({h[0] for h in holders[:3]}) == 1 and len({h[0] for h in holders[3:]}) == 1
-        assert holders[0] != holders[3]
+        # Contiguous blocks: chunks 0-2 held by the first worker's actor, 3-6 by the second's.
+        assert runner.chunk_owners() == [0, 0, 0, 1, 1, 1, 1]
+        pids = runner.map_chunks(probes.worker_pid, None)
+        assert len(set(pids[:3])) == 1 and len(set(pids[3:])) == 1 and pids[0] != pids[3]
+        assert set(pids) == set(_worker_pids(client).values()) == set(runner.worker_pids().values())
         assert runner.map_chunks(probes.probe, {"scale": 2.0}) == probes.expected(chunks, 2.0)
         assert runner.map_chunks(probes.probe, {}, chunk_ids=[5, 1]) == [probes.expected(chunks)[1], probes.expected(chunks)[5]]
         with pytest.raises(IndexError, match="out of range"):
@@ -98,9 +101,100 @@ def test_worker_killed_mid_pass_is_recomputed_on_survivors(client, tmp_path):
         assert runner.map_chunks(probes.probe, payload) == probes.expected(chunks)
         assert (tmp_path / "killed").exists()  # the worker really died mid-pass
         assert runner.recoveries >= 1
+        # the dead worker's chunks (3-5) are resident in a live actor now: the survivor's (0) or a replacement's (-1)
+        assert runner.chunk_owners()[:3] == [0, 0, 0] and all(o in (0, -1) for o in runner.chunk_owners()[3:])
         client.wait_for_workers(2, timeout=120)  # the nanny restarts the dead worker
         assert set(_worker_pids(client).values()) != before
+        recoveries = runner.recoveries
         assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
+        assert runner.recoveries == recoveries  # nothing left to re-place
+    finally:
+        runner.close()
+
+
+def _actor_keys(client) -> list[str]:
+    """Keys of the actors the scheduler holds (the runner's chunk holders)."""
+    return client.run_on_scheduler(lambda dask_scheduler: sorted(k for k, ts in dask_scheduler.tasks.items() if ts.actor))
+
+
+def _kill_and_wait(client, pid: int) -> str:
+    """SIGKILL the worker process ``pid``; return its address once the scheduler has dropped it."""
+    victim, = [address for address, p in _worker_pids(client).items() if p == pid]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return victim
+
+
+def test_a_given_client_gets_one_actor_per_worker_released_on_close(client):
+    chunks = probes.make_chunks(4)
+    before = _actor_keys(client)
+    runner = DaskRunner(client, timeout=120)
+    try:
+        runner.scatter(chunks)
+        assert len(_actor_keys(client)) == len(before) + 2  # one chunk holder per worker
+        assert runner.map_chunks(probes.probe, {"scale": 0.5}) == probes.expected(chunks, 0.5)
+        with pytest.raises(ValueError, match="bad on purpose") as err:
+            runner.map_chunks(probes.probe, {"fail_chunk": 2})
+        assert any("dask worker" in note for note in getattr(err.value, "__notes__", []))
+        assert runner.recoveries == 0  # fn's own error is raised, not taken for a lost worker
+    finally:
+        runner.close()
+    deadline = time.monotonic() + 30
+    while _actor_keys(client) != before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _actor_keys(client) == before
+    assert client.status == "running"
+
+
+def test_placed_runs_borrow_chunks_held_elsewhere_and_refuse_a_dead_worker(client):
+    chunks = probes.make_chunks(6)
+    runner = DaskRunner(client, timeout=120)
+    try:
+        runner.scatter(chunks)
+        pids = runner.worker_pids()
+        assert runner.worker_ids() == [0, 1] and runner.chunk_owners() == [0, 0, 0, 1, 1, 1]
+        # chunk 4 lives on worker 1: worker 0 computes it from the driver's copy, in the order asked
+        out = runner.run_on_workers({0: WorkerTask(probes.probe, {"scale": 2.0}, (4, 0)),
+                                     1: WorkerTask(probes.worker_pid, None, (0, 5))})
+        assert out[0] == [probes.expected(chunks, 2.0)[4], probes.expected(chunks, 2.0)[0]]
+        assert out[1] == [pids[1], pids[1]]
+        assert runner.compute_on(0, probes.worker_pid, None, [5]) == [pids[0]]
+        assert runner.chunk_owners() == [0, 0, 0, 1, 1, 1]  # a borrowed chunk is not kept
+        _kill_and_wait(client, pids[0])
+        with pytest.raises(WorkerUnavailableError) as err:
+            runner.compute_on(0, probes.probe, {}, [1])
+        assert err.value.workers == (0,)
+        assert runner.worker_ids() == [1]
+        # the dead worker's chunks 0-2 come from the driver's copy and stay on the worker computing them
+        assert runner.run_on_workers({1: WorkerTask(probes.worker_pid, None, (2, 0, 4))}) == {1: [pids[1]] * 3}
+        assert runner.chunk_owners() == [1, 0, 1, 1, 1, 1] and runner.recoveries == 2
+        assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)  # chunk 1 re-placed, recomputed
+        owners = runner.chunk_owners()  # chunk 1: on worker 1, or on a fresh actor if the replacement is up (-1)
+        assert owners[:1] + owners[2:] == [1] * 5 and owners[1] in (1, -1) and runner.recoveries == 3
+        where = runner.map_chunks(probes.worker_pid, None)
+        assert where[:1] + where[2:] == [pids[1]] * 5 and where[1] in _worker_pids(client).values()
+    finally:
+        runner.close()
+    client.wait_for_workers(2, timeout=120)
+
+
+def test_lost_chunks_go_to_a_fresh_actor_on_the_replacement_worker(client):
+    chunks = probes.make_chunks(6)
+    runner = DaskRunner(client, timeout=180)
+    try:
+        runner.scatter(chunks)
+        pids = runner.worker_pids()
+        _kill_and_wait(client, pids[1])
+        client.wait_for_workers(2, timeout=120)  # the nanny's replacement registered
+        assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
+        # the replacement held nothing, so it got all of worker 1's chunks (it has no id of its own: -1)
+        assert runner.chunk_owners() == [0, 0, 0, -1, -1, -1]
+        where = runner.map_chunks(probes.worker_pid, None)
+        assert where[:3] == [pids[0]] * 3
+        assert len(set(where[3:])) == 1 and where[3] not in pids.values()
+        assert where[3] in _worker_pids(client).values()
     finally:
         runner.close()
 
@@ -111,8 +205,9 @@ def test_worker_killed_between_passes(client):
     try:
         runner.scatter(chunks)
         assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
-        victim = runner._where[0]
-        os.kill(_worker_pids(client)[victim], signal.SIGKILL)
+        pid = runner.map_chunks(probes.worker_pid, None, chunk_ids=[0])[0]
+        victim, = [address for address, p in _worker_pids(client).items() if p == pid]
+        os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
             time.sleep(0.1)
