@@ -35,6 +35,7 @@ from .engine_support import (
     prepare_worker,
     require_engine,
     requested_ids,
+    yield_on_wakeup,
 )
 from .runner import WorkerLostError, WorkerTask, WorkerTimeoutError, WorkerUnavailableError, check_tasks
 
@@ -74,7 +75,18 @@ class DaskChunkHolder:
     def __init__(self, prepare: bool = False) -> None:
         if prepare:
             prepare_worker()
+        self._batch_threads: set[int] | None = set() if prepare else None
         self.chunks: dict[int, Any] = {}
+
+    def _yield_on_wakeup(self) -> None:
+        """Batch-schedule the thread that runs this call (the policy is per thread on Linux)."""
+        if self._batch_threads is not None:
+            import threading
+
+            ident = threading.get_ident()
+            if ident not in self._batch_threads:
+                self._batch_threads.add(ident)
+                yield_on_wakeup()
 
     def pid(self) -> int:
         """The worker's process id (tests kill it to prove recovery)."""
@@ -103,6 +115,7 @@ class DaskChunkHolder:
         ``("ok", results)``, or ``("raised", exception)`` when ``fn`` raised, so the driver can tell a
         failing ``fn`` from a lost worker (any exception of the call itself means the worker is gone).
         """
+        self._yield_on_wakeup()
         try:
             fn, payload = pickle.loads(task) if isinstance(task, bytes) else task
             extra = {int(i): pickle.loads(c) for i, c in (borrowed or {}).items()}

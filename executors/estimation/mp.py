@@ -24,7 +24,7 @@ import numpy as np
 
 from mixle_parallel.contracts.resources import local_cpu_count
 
-from .engine_support import block_assignment, keep_freed_memory
+from .engine_support import block_assignment, keep_freed_memory, yield_on_wakeup
 from .runner import (
     ChunkedEncodedData,
     EncodedChunk,
@@ -103,6 +103,7 @@ def _rebuild(value: Any, buf: memoryview) -> Any:
 def _worker_main(conn: Any, shm_name: str, layout: bytes) -> None:
     """Worker loop: attach the shared block, then answer ``map`` requests until ``close``."""
     keep_freed_memory()  # BLAS threads are capped through the environment the worker was started with
+    yield_on_wakeup()
     shm = SharedMemory(name=shm_name)
     try:
         chunks = [EncodedChunk(c, a, b, _rebuild(d, shm.buf)) for c, a, b, d in pickle.loads(layout)]

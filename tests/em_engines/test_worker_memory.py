@@ -1,7 +1,9 @@
-"""Engine workers keep freed numpy temporaries for reuse (no page faults on every E-step)."""
+"""Engine workers are set up for numeric passes: freed numpy temporaries kept for reuse (no page faults on
+every E-step), batch scheduling (a woken worker does not preempt the driver)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +44,8 @@ def test_mp_workers_start_with_freed_memory_kept() -> None:
     try:
         runner.scatter([EncodedChunk(i, i, i + 1, np.zeros(1)) for i in range(2)])
         faults = runner.map_chunks(probes.page_faults_per_pass, {})
+        policies = {os.sched_getscheduler(pid) for pid in runner.worker_pids()}
     finally:
         runner.close()
     assert max(faults) < 20, f"mp workers page-fault {faults} times per pass: their heap is trimmed every pass"
+    assert policies == {os.SCHED_BATCH}, f"mp workers run under scheduling policies {policies}, not SCHED_BATCH"
