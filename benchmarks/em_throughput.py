@@ -7,7 +7,8 @@ Cases: 1,000,000 x 1-D, K=8 and 200,000 x 8-D diagonal, K=8. For each: our ``loc
 with one worker, scikit-learn (its own E-step + M-step per iteration), mixle's plain path
 (``seq_estimate`` on its single-chunk encoding), and ``mp``/``dask``/``ray`` with 2 workers
 against 1 in alternating rounds of one handle at a time, so machine load hits both alike (engines
-that are not registered/installed are listed as skipped). The log-likelihood
+that are not registered/installed are listed as skipped), next to the machine's own ceiling: the
+same E-step split over two plain processes with no engine and no messages. The log-likelihood
 of the same iterate is compared with scikit-learn's. Targets (issue 4): <= 0.5x scikit-learn's
 time per iteration on one core, >= 1.7x from 2 workers, log-likelihood within 1e-9 relative.
 """
@@ -116,6 +117,48 @@ def time_side_by_side(x, est, start, iters, backend, rounds):
     return times, lls, {w: statistics.median(v) for w, v in setups.items()}
 
 
+def _ceiling_worker(x, est, start, part, parts, barrier, queue, passes):
+    """One plain process: the E-step of its share of the chunks, ``passes`` times, in step with the others."""
+    from mixle_parallel.executors.estimation.engine_support import prepare_worker
+    from mixle_parallel.executors.estimation.runner import EncodedChunk, chunk_bounds, chunk_estep
+
+    prepare_worker()
+    enc = est.encoder()
+    bounds = chunk_bounds(len(x))
+    mine = [EncodedChunk(i, a, b, enc.encode(x[a:b])) for i, (a, b) in enumerate(bounds)
+            if (i * parts) // len(bounds) == part]
+    times = []
+    for _ in range(passes):
+        barrier.wait()
+        t = time.perf_counter()
+        for chunk in mine:
+            chunk_estep(chunk, (est, start))
+        times.append(time.perf_counter() - t)
+    queue.put(times)
+
+
+def machine_ceiling(x, est, start, rounds, passes=12):
+    """What two cores give on this machine with no engine at all: the E-step of all chunks in one
+    process against each half in its own process (no messages, a barrier per pass), in alternating
+    rounds; the median ratio of the slower half to the whole. Engines cannot beat it."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    per_pass = {1: [], 2: []}
+    for r in range(rounds):
+        for parts in ((1, 2) if r % 2 == 0 else (2, 1)):
+            barrier, queue = ctx.Barrier(parts), ctx.Queue()
+            procs = [ctx.Process(target=_ceiling_worker, args=(x, est, start, p, parts, barrier, queue, passes))
+                     for p in range(parts)]
+            for proc in procs:
+                proc.start()
+            out = [queue.get() for _ in procs]
+            for proc in procs:
+                proc.join()
+            per_pass[parts].extend(max(ts) for ts in list(zip(*out))[2:])  # first two passes warm up
+    return statistics.median(per_pass[1]) / statistics.median(per_pass[2])
+
+
 def start_shared_ray() -> bool:
     """Start one local Ray for every ray handle of the run (each handle would otherwise start and stop
     its own, ~3-4 s apiece); False when Ray is not installed."""
@@ -188,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     scale = 10 if args.small else 1
     cases = [make_case("1-D K=8", 1_000_000 // scale, 1, 8), make_case("8-D diag K=8", 200_000 // scale, 8, 8)]
-    rows, scaling, shared_ray = [], [], False
+    rows, scaling, ceilings, shared_ray = [], [], [], False
     for name, x, est, start in cases:
         gc.collect()
         ours, our_lls = time_ours(x, est, start, args.iters)
@@ -198,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((name, len(x), ours, sk, mx, rel))
         print(f"[{name}] rows={len(x)} ours(local,1)={ours:.4f}s sklearn={sk:.4f}s "
               f"mixle={'n/a' if mx is None else f'{mx:.4f}s'} max rel LL diff={rel:.2e}", flush=True)
+        ceiling = machine_ceiling(x, est, start, args.rounds)
+        ceilings.append((name, ceiling))
+        print(f"  machine ceiling (two plain processes, no engine): {ceiling:.2f}x", flush=True)
         for backend in ("mp", "dask", "ray"):
             if backend == "ray" and start_shared_ray():
                 shared_ray = True
@@ -229,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':<14}{'engine':>7}{'1 worker s':>12}{'2 workers s':>13}{'speed-up':>10}{'best':>7}{'same bits':>11}")
     for name, backend, t1, t2, ratio, best, same in scaling:
         print(f"{name:<14}{backend:>7}{t1:>12.4f}{t2:>13.4f}{ratio:>9.2f}x{best:>6.2f}x{str(same):>11}")
+    print("machine ceiling (the E-step over two plain processes, no engine, no messages): "
+          + ", ".join(f"{name} {ceiling:.2f}x" for name, ceiling in ceilings))
     print(f"peak RSS: this process {me:.0f} MiB, children {kids:.0f} MiB")
     return 0
 
