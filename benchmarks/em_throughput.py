@@ -76,12 +76,14 @@ def open_ours(x, est, backend="local", workers=1):
 
 
 def time_ours(x, est, start, iters, backend="local", workers=1):
+    """Median seconds per E/M iteration of one handle, and the log-likelihoods."""
     with open_ours(x, est, backend, workers)[0] as h:
-        return time_passes(h, est, start, iters)
+        times, lls = time_passes(h, est, start, iters)
+    return statistics.median(times), lls
 
 
 def time_passes(h, est, start, iters):
-    """Median seconds per E/M iteration over ``iters`` passes from ``start``, and the log-likelihoods."""
+    """Seconds of each of ``iters`` E/M iterations from ``start``, and the log-likelihoods."""
     m, times, lls = start, [], []
     for _ in range(iters):
         t = time.perf_counter()
@@ -89,7 +91,7 @@ def time_passes(h, est, start, iters):
         times.append(time.perf_counter() - t)
         lls.append(r.log_likelihood)
         m = r.model
-    return statistics.median(times), lls
+    return times, lls
 
 
 def time_side_by_side(x, est, start, iters, backend, rounds):
@@ -106,13 +108,8 @@ def time_side_by_side(x, est, start, iters, backend, rounds):
             with h:
                 setups[w].append(setup)
                 h.estep(est, start)  # warm-up: first touches of worker memory
-                m, round_lls = start, []
-                for _ in range(iters):
-                    t = time.perf_counter()
-                    res = h.estep(est, m)
-                    times[w].append(time.perf_counter() - t)
-                    round_lls.append(res.log_likelihood)
-                    m = res.model
+                round_times, round_lls = time_passes(h, est, start, iters)
+            times[w].extend(round_times)
             lls[w] = round_lls if lls[w] is None else lls[w]
     return times, lls, {w: statistics.median(v) for w, v in setups.items()}
 

@@ -40,11 +40,11 @@ from mixle_parallel.contracts import SDCAuditRecord, to_dict
 from mixle_parallel.verification.sdc_digest import digest, max_abs_difference
 from mixle_parallel.verification.sdc_training import AUDIT_POLICIES, AuditSchedule, SDCDetectedError
 
+from .torch_comm_taps import CommTap, fsdp_taps_supported
+
 AUDIT_REPLAYS = ("peer", "both")
 """``peer``: a peer recomputes each audited gradient, same-rank replays run on a disagreement or
 without a peer; ``both``: same-rank and peer replay on every audited step."""
-
-from .torch_comm_taps import CommTap, fsdp_taps_supported
 
 _log = logging.getLogger(__name__)
 _MAX = 1.7976931348623157e308
@@ -110,17 +110,15 @@ class SessionAudit:
             for name, p in self.session.named_trainable():
                 if self.injector.apply("parameter", name, _local(p).detach(), rank=self.rank, step=step):
                     self._injected_params.append(name)
+        if self._access is not None and (audited or self.tap.wants_flip()):
+            self._access.arm()  # DDP: capture the local gradient, or strike a planned flip in it
         if not audited:
             self._window = None
-            if self._access is not None and self.tap.wants_flip():
-                self._access.arm()  # a planned gradient flip on an unaudited step: strike it, check nothing
             return
         self._window = []
         self._rng = _rng_state(self.session.device)
         self._buffers = [b.detach().clone() for b in self.session.module.buffers()]
         self.tap.mode = "capture"
-        if self._access is not None:
-            self._access.arm()
 
     def _disarm(self) -> None:
         if self._access is not None:

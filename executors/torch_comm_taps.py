@@ -110,11 +110,6 @@ class DDPGradientAccess:
         self.named_params = named_params
         self._handles: list[Any] = []
 
-    @property
-    def armed(self) -> bool:
-        """Whether the hooks are registered now."""
-        return bool(self._handles)
-
     def arm(self) -> None:
         """Register the hooks (idempotent)."""
         if not self._handles:

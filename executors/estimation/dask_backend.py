@@ -73,6 +73,8 @@ class DaskChunkHolder:
     """Actor body: the chunks resident on one dask worker, and ``fn`` mapped over them."""
 
     def __init__(self, prepare: bool = False) -> None:
+        """``prepare`` (a cluster the runner started): set the worker process up for numeric passes
+        (``prepare_worker``), on every worker that holds chunks, replacement workers included."""
         if prepare:
             prepare_worker()
         self._batch_threads: set[int] | None = set() if prepare else None
@@ -195,8 +197,6 @@ class DaskRunner:
             workers = workers[: int(num_workers)]
         self._workers = workers
         self.num_workers = len(workers)
-        if self._owns_client:
-            self.client.run(prepare_worker)
         self._chunks: list[Any] = []
         self._where: list[str] = []
         self._actors: dict[str, Any] = {}  # worker address -> Actor handle
@@ -366,6 +366,28 @@ class DaskRunner:
             raise value
         return value
 
+    def _settle(self, pending: dict[Any, tuple[Any, ...]], deadline: Deadline,
+                timed_out: Callable[[], Exception]) -> Any:
+        """Yield ``(key, entry, values)`` as the calls of ``pending`` (key -> ``(address, call, ...)``)
+        settle, removing each; ``values`` is None when the worker was lost (then forgotten). The caller
+        may add calls between yields. When nothing settles by the deadline, raises ``timed_out()``."""
+        while pending:
+            progressed = False
+            for key, entry in list(pending.items()):
+                address, call = entry[0], entry[1]
+                values = self._settled(address, call)
+                if values is _PENDING:
+                    continue
+                del pending[key]
+                progressed = True
+                if values is None:
+                    self._forget(address)
+                yield key, entry, values
+            if pending and not progressed:
+                if deadline.expired():
+                    raise timed_out()
+                self._wait_some([entry[1] for entry in pending.values()], deadline)
+
     @staticmethod
     def _wait_some(calls: list[Any], deadline: Deadline) -> None:
         """Block until the first unfinished call finishes, the poll interval passes, or the deadline."""
@@ -397,39 +419,28 @@ class DaskRunner:
         pending = self._dispatch(task, ids)
         results: dict[int, Any] = {}
         losses = 0
-        while pending:
-            lost: list[int] = []
-            progressed = False
-            for key, (address, call, wids) in list(pending.items()):
-                values = self._settled(address, call)
-                if values is _PENDING:
-                    continue
-                del pending[key]
-                progressed = True
-                if values is None:
-                    self._forget(address)
-                    lost.extend(wids)
-                else:
-                    results.update(zip(wids, values))
-            if lost:
-                losses += 1
-                if losses > self.max_recoveries:
-                    raise WorkerLostError(
-                        f"dask lost chunks {sorted(lost)} {losses} times in one pass (workers keep dying); "
-                        "check the workers' memory limits and logs"
-                    )
-                self._replace(sorted(lost), deadline)
-                pending.update(self._dispatch(task, sorted(lost)))
-            if pending and not progressed:
-                if deadline.expired():
-                    waiting = sorted(i for _, _, wids in pending.values() for i in wids)
-                    hung = sorted({address for address, _, _ in pending.values()})
-                    raise WorkerTimeoutError(
-                        f"dask worker(s) {hung} did not return chunk(s) {waiting} within "
-                        f"{self.timeout} s; a worker is hung or overloaded. Raise timeout= (seconds) "
-                        "or restart the hung worker."
-                    )
-                self._wait_some([call for _, call, _ in pending.values()], deadline)
+
+        def timed_out() -> WorkerTimeoutError:
+            waiting = sorted(i for _, _, wids in pending.values() for i in wids)
+            hung = sorted({address for address, _, _ in pending.values()})
+            return WorkerTimeoutError(
+                f"dask worker(s) {hung} did not return chunk(s) {waiting} within "
+                f"{self.timeout} s; a worker is hung or overloaded. Raise timeout= (seconds) "
+                "or restart the hung worker."
+            )
+
+        for _, (_, _, wids), values in self._settle(pending, deadline, timed_out):
+            if values is not None:
+                results.update(zip(wids, values))
+                continue
+            losses += 1
+            if losses > self.max_recoveries:
+                raise WorkerLostError(
+                    f"dask lost chunks {sorted(wids)} {losses} times in one pass (workers keep dying); "
+                    "check the workers' memory limits and logs"
+                )
+            self._replace(sorted(wids), deadline)
+            pending.update(self._dispatch(task, sorted(wids)))
         return ordered_results(results, ids, self.name)
 
     def _dispatch(self, task: bytes, ids: list[int]) -> dict[int, tuple[str, Any, list[int]]]:
@@ -471,29 +482,21 @@ class DaskRunner:
             pending[w] = (address, self._invoke(address, "run", _pack((t.fn, t.payload), task=True),
                                                 list(t.chunk_ids), borrowed, orphans))
         dead: list[int] = []
-        while pending:
-            progressed = False
-            for w, (address, call) in list(pending.items()):
-                values = self._settled(address, call)
-                if values is _PENDING:
-                    continue
-                del pending[w]
-                progressed = True
-                if values is None:
-                    self._forget(address)
-                    dead.append(w)
-                else:
-                    out[w] = values
-                    for i in adopted[w]:
-                        self._where[i] = address
-                    self.recoveries += len(adopted[w])
-            if pending and not progressed:
-                if deadline.expired():
-                    w = min(pending)
-                    raise WorkerTimeoutError(f"dask worker {self._workers[w]} did not return chunks "
-                                             f"{list(checked[w].chunk_ids)} within {self.timeout} s; "
-                                             "raise timeout= (seconds) or restart it")
-                self._wait_some([call for _, call in pending.values()], deadline)
+
+        def timed_out() -> WorkerTimeoutError:
+            w = min(pending)
+            return WorkerTimeoutError(f"dask worker {self._workers[w]} did not return chunks "
+                                      f"{list(checked[w].chunk_ids)} within {self.timeout} s; "
+                                      "raise timeout= (seconds) or restart it")
+
+        for w, (address, _), values in self._settle(pending, deadline, timed_out):
+            if values is None:
+                dead.append(w)
+                continue
+            out[w] = values
+            for i in adopted[w]:
+                self._where[i] = address
+            self.recoveries += len(adopted[w])
         if dead:
             raise WorkerUnavailableError(sorted(dead), f"dask worker(s) {[self._workers[w] for w in sorted(dead)]} "
                                                        "were lost while computing chosen chunks")

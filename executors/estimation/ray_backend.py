@@ -2,17 +2,18 @@
 
 The driver puts every encoded chunk into the object store once (it owns those objects, so they
 outlive any worker), and each actor resolves the ids of its contiguous block once and keeps them
-resident. A data pass sends each live actor the function, the payload (pickled once per pass: inside
-the call when small, through the object store when large) and its chunk ids. When an actor dies its chunks move to the survivors, which resolve them from the object
-store and recompute them; a pass that does not finish within ``timeout`` seconds raises
-``WorkerTimeoutError``.
+resident. A data pass sends each live actor the function, the payload (pickled once per pass:
+inside the call when small, through the object store when large) and its chunk ids; results come
+back as one pickle per actor. When an actor dies its chunks move to the survivors, which resolve
+them from the object store and recompute them; a pass that does not finish within ``timeout``
+seconds raises ``WorkerTimeoutError``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
 import pickle
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .engine_support import (
@@ -79,15 +80,17 @@ class RayChunkWorker:
             self.chunks[int(i)] = value
         return len(self.chunks)
 
-    def run(self, fn: Callable[[Any, Any], Any], payload: bytes, chunk_ids: list[int]) -> list[tuple[int, Any]]:
-        """``fn(chunk, payload)`` for each of ``chunk_ids``, as ``(chunk id, result)`` pairs (payload pickled)."""
+    def run(self, fn: Callable[[Any, Any], Any], payload: bytes, chunk_ids: list[int]) -> bytes:
+        """``fn(chunk, payload)`` for each of ``chunk_ids``: the pickled ``(chunk id, result)`` pairs
+        (``payload`` comes pickled, see ``pack_payload``)."""
         value = pickle.loads(payload)
         return _pickled([(i, fn(self.chunks[i], value)) for i in chunk_ids])
 
     def run_any(self, fn: Callable[[Any, Any], Any], payload: bytes, chunk_ids: list[int],
-                borrowed: dict[int, Any]) -> list[Any]:
+                borrowed: dict[int, Any]) -> bytes:
         """``fn`` over ``chunk_ids`` in order; chunks not resident here come from the store (``borrowed``
-        holds their object refs, wrapped in a list so Ray passes them unresolved) and are not kept."""
+        holds their object refs, wrapped in a list so Ray passes them unresolved) and are not kept.
+        Returns the pickled results."""
         import ray
 
         extra = dict(zip(borrowed, ray.get([ref[0] for ref in borrowed.values()]))) if borrowed else {}

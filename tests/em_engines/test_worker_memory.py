@@ -9,11 +9,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import chunk_probes as probes
 from mixle_parallel.executors.estimation.engine_support import keep_freed_memory
 from mixle_parallel.executors.estimation.mp import MPChunkRunner
 from mixle_parallel.executors.estimation.runner import EncodedChunk
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="glibc's malloc thresholds and SCHED_BATCH are what is tuned, and both are Linux's")
 
 _FRESH = """
 import sys

@@ -22,6 +22,14 @@ from typing import Any
 
 GLOBAL_BATCH = 8
 START_STEP, RESUME_STEPS = 3, 4
+# fp32 tolerance for a resharded resume: the same global batch and global-mean gradient, summed in
+# a different order (per-rank partial sums and reduce-scatter over 2 or 1 ranks instead of 4).
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def resume_close(a: list[float], b: list[float]) -> bool:
+    """Equal length and every value within the resharded-resume tolerance (``RTOL``, ``ATOL``) of ``b``."""
+    return len(a) == len(b) and all(abs(x - y) <= ATOL + RTOL * abs(y) for x, y in zip(a, b))
 
 
 def free_port() -> int:

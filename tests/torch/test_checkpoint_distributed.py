@@ -14,11 +14,7 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is the optional [torch] extra")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from checkpoint_procs import RESUME_STEPS, launch_world  # noqa: E402
-
-# fp32 tolerance for a resharded resume: the same global batch, summed in a different order
-# (per-rank partial sums and reduce-scatter over 2 or 1 ranks instead of 4).
-RTOL, ATOL = 1e-5, 1e-6
+from checkpoint_procs import RESUME_STEPS, launch_world, resume_close  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +25,6 @@ def root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def world4(root):
     return launch_world("world4", 4, root, root / "out4")
-
-
-def _close(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all(abs(x - y) <= ATOL + RTOL * abs(y) for x, y in zip(a, b))
 
 
 def test_world4_save_reload_is_exact(world4):
@@ -93,10 +85,10 @@ def test_resharded_resume_matches_uninterrupted_run(world4, root, world):
         assert loaded["loader_state"] == {"epoch": 0, "samples_consumed": 24}  # the common global position
         assert loaded["session_state"]["step"] == 3
         assert result["rand"] == result["rand_by_rule"], rank  # seeded by the documented rule
-        # fp32 tolerance (RTOL, ATOL above) against the uninterrupted world-4 run
-        assert _close(result["losses"], reference), (world, result["losses"], reference)
+        # fp32 tolerance (checkpoint_procs.RTOL, ATOL) against the uninterrupted world-4 run
+        assert resume_close(result["losses"], reference), (world, result["losses"], reference)
         for name, values in ref_params.items():
-            assert _close(result["params"][name], values), name
+            assert resume_close(result["params"][name], values), name
         assert result["lr"] == world4[0]["reference_lr"]
         torn = result["torn_error"]
         assert torn["type"] == "CorruptCheckpointError" and torn["path"].endswith(f"torn{world}/LATEST")

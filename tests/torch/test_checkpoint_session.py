@@ -13,11 +13,7 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is the optional [torch] extra")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from checkpoint_procs import RESUME_STEPS, START_STEP, launch_world  # noqa: E402
-
-# fp32 tolerance: the same global batch and the same exact global-mean gradient, summed in a
-# different order over 2 or 1 ranks than over 4.
-RTOL, ATOL = 1e-5, 1e-6
+from checkpoint_procs import RESUME_STEPS, START_STEP, launch_world, resume_close  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +24,6 @@ def root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def session4(root):
     return launch_world("session4", 4, root, root / "out4")
-
-
-def _close(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all(abs(x - y) <= ATOL + RTOL * abs(y) for x, y in zip(a, b))
 
 
 def test_session_async_save_resumes_the_state_at_the_call(session4):
@@ -53,9 +45,9 @@ def test_session_resharded_resume_matches_uninterrupted_run(session4, root, worl
                                     "saved_world_size": 4, "world_size": world, "rng": "rederived"}
         assert result["state"] == {"step": START_STEP, "pending": 0}
         # every loss and every parameter within the fp32 tolerance above
-        assert _close(result["losses"], reference), (world, result["losses"], reference)
+        assert resume_close(result["losses"], reference), (world, result["losses"], reference)
         for name, values in ref_params.items():
-            assert _close(result["params"][name], values), name
+            assert resume_close(result["params"][name], values), name
 
 
 def test_session_refuses_to_save_mid_accumulation_and_restores_its_clock(tmp_path):
