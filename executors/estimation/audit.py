@@ -40,6 +40,7 @@ from mixle_parallel.verification.sdc_training import DEFAULT_AUDIT_RATE, audit_u
 from .engine_support import block_assignment
 from .runner import (
     ChunkResult,
+    GroupFold,
     WorkerLostError,
     WorkerTask,
     WorkerUnavailableError,
@@ -194,8 +195,11 @@ class EMAudit:
 
     # -- placed rounds ---------------------------------------------------------------------------
     def _round(self, jobs: dict[int, list[int]], estimator: Any, model: Any, iteration: int | None,
-               struck: set[tuple[int, int]]) -> dict[tuple[int, int], Any]:
-        """Compute ``jobs`` (worker -> chunk ids) in one placed round; strike planned flips inside workers."""
+               struck: set[tuple[int, int]], fold: GroupFold | None = None) -> dict[tuple[int, int], Any]:
+        """Compute ``jobs`` (worker -> chunk ids) in one placed round; strike planned flips inside workers.
+
+        With ``fold``, a worker without planned flips folds its complete groups (``fold.raw``, the audited
+        chunks, stay per chunk); the entries are then for ``fold_pass``."""
         tasks: dict[int, WorkerTask] = {}
         for w, ids in jobs.items():
             if not ids:
@@ -212,7 +216,7 @@ class EMAudit:
             if flips:
                 tasks[w] = WorkerTask(chunk_estep_struck, (estimator, model, flips), tuple(ids))
             else:
-                tasks[w] = WorkerTask(chunk_estep, (estimator, model), tuple(ids))
+                tasks[w] = WorkerTask(fold if fold is not None else chunk_estep, (estimator, model), tuple(ids))
         out = self.runner.run_on_workers(tasks)
         return {(w, c): value for w, task in tasks.items() for c, value in zip(task.chunk_ids, out[w])}
 
@@ -253,14 +257,15 @@ class EMAudit:
     # -- the audited E-step ----------------------------------------------------------------------
     def estep_results(self, handle: Any, estimator: Any, model: Any, iteration: int,
                       *, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """Per-chunk E-step results of one audited pass (chunk order) and the audit outcomes."""
+        """The E-step entries of one audited pass (chunk order, for ``fold_pass``; audited chunks per
+        chunk) and the audit outcomes."""
         n = handle.num_chunks
         audited = self.audited_chunks(iteration, n, first_of_fit=first_of_fit)
         if not self.placement:
             return self._same_runner(handle, estimator, model, iteration, audited)
         pending = self.injector is not None and any(f.step == iteration for f in self.injector.pending)
         if not audited and not self.excluded and not pending:
-            return handle.chunk_statistics(estimator, model), ()
+            return handle.estep_entries(estimator, model), ()
         for _ in range(len(self.runner.worker_ids()) + 1):
             try:
                 return self._placed_pass(estimator, model, iteration, n, audited)
@@ -280,7 +285,7 @@ class EMAudit:
             if w is not None:
                 jobs.setdefault(w, []).append(c)
         struck: set[tuple[int, int]] = set()
-        values = self._round(jobs, estimator, model, iteration, struck)
+        values = self._round(jobs, estimator, model, iteration, struck, GroupFold(chunk_estep, n, frozenset(audited)))
         results = {c: values[(owners[c], c)] for c in range(n)}
         outcomes: list[ChunkAudit] = []
         decided: set[int] = set()
@@ -316,7 +321,7 @@ class EMAudit:
 
     def _same_runner(self, handle: Any, estimator: Any, model: Any, iteration: int,
                      audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        results = handle.chunk_statistics(estimator, model)
+        results = handle.estep_entries(estimator, model, raw=audited)
         if not audited:
             return results, ()
         replays = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=list(audited))

@@ -9,7 +9,7 @@ from typing import Any
 from mixle_parallel.contracts.resources import local_cpu_count
 
 from .engine_support import block_assignment
-from .runner import ChunkedEncodedData, WorkerTask, check_tasks, handle_from_runner
+from .runner import ChunkedEncodedData, WorkerTask, apply_chunk_fn, check_tasks, handle_from_runner
 
 __all__ = ["LocalChunkRunner", "local_backend"]
 
@@ -39,7 +39,7 @@ class LocalChunkRunner:
         """``fn(chunk, payload)`` per chunk id, results in chunk-id order."""
         ids = range(len(self._chunks)) if chunk_ids is None else sorted(chunk_ids)
         if self.num_workers == 1 or len(ids) <= 1:
-            return [fn(self._chunks[i], payload) for i in ids]
+            return apply_chunk_fn(fn, payload, list(ids), self._chunks.__getitem__)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="mixle-em-local")
         futures = [self._pool.submit(fn, self._chunks[i], payload) for i in ids]
@@ -66,7 +66,7 @@ class LocalChunkRunner:
                             for w in range(self.num_workers)]
 
         def run(task: WorkerTask) -> list[Any]:
-            return [task.fn(self._chunks[i], task.payload) for i in task.chunk_ids]
+            return apply_chunk_fn(task.fn, task.payload, task.chunk_ids, self._chunks.__getitem__)
 
         futures = {w: self._pinned[w].submit(run, t) for w, t in checked.items()}
         return {w: f.result() for w, f in futures.items()}

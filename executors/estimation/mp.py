@@ -32,6 +32,7 @@ from .runner import (
     WorkerTask,
     WorkerTimeoutError,
     WorkerUnavailableError,
+    apply_chunk_fn,
     check_tasks,
     handle_from_runner,
 )
@@ -117,13 +118,10 @@ def _worker_main(conn: Any, shm_name: str, layout: bytes) -> None:
             if kind == "close":
                 return
             fn, payload, ids = rest
-            out = []
-            for cid in ids:
-                try:
-                    out.append((cid, fn(chunks[cid], payload)))
-                except BaseException:  # noqa: BLE001 - reported to the driver with the traceback
-                    conn.send_bytes(pickle.dumps(("error", cid, traceback.format_exc())))
-                    break
+            try:
+                out = list(zip(ids, apply_chunk_fn(fn, payload, ids, chunks.__getitem__)))
+            except BaseException as exc:  # noqa: BLE001 - reported to the driver with the traceback
+                conn.send_bytes(pickle.dumps(("error", getattr(exc, "chunk_id", ids), traceback.format_exc())))
             else:
                 conn.send_bytes(pickle.dumps(("ok", out), protocol=pickle.HIGHEST_PROTOCOL))
     finally:

@@ -30,7 +30,7 @@ from .engine_support import (
     require_engine,
     requested_ids,
 )
-from .runner import ChunkedEncodedData, EncodedChunk, WorkerTimeoutError, resolve_encoder
+from .runner import ChunkedEncodedData, EncodedChunk, WorkerTimeoutError, apply_chunk_fn, resolve_encoder
 
 __all__ = ["MPIChunkError", "MPIEncodedData", "MPIRunner", "mpi_encoded_data"]
 
@@ -135,7 +135,8 @@ class MPIRunner:
         error: str | None = None
         failure: BaseException | None = None
         try:
-            mine = [(i, fn(self._local[i], payload)) for i in ids if i in self._local]
+            own = [i for i in ids if i in self._local]
+            mine = list(zip(own, apply_chunk_fn(fn, payload, own, self._local.__getitem__)))
         except Exception as exc:  # noqa: BLE001 - shared with every rank below, then re-raised
             failure = exc
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -26,7 +26,7 @@ from .engine_support import (
     require_engine,
     requested_ids,
 )
-from .runner import WorkerLostError, WorkerTask, WorkerTimeoutError, WorkerUnavailableError, check_tasks
+from .runner import WorkerLostError, WorkerTask, WorkerTimeoutError, WorkerUnavailableError, apply_chunk_fn, check_tasks
 
 __all__ = ["INLINE_PAYLOAD_BYTES", "RayChunkWorker", "RayRunner", "pack_payload", "ray_encoded_data"]
 
@@ -83,8 +83,7 @@ class RayChunkWorker:
     def run(self, fn: Callable[[Any, Any], Any], payload: bytes, chunk_ids: list[int]) -> bytes:
         """``fn(chunk, payload)`` for each of ``chunk_ids``: the pickled ``(chunk id, result)`` pairs
         (``payload`` comes pickled, see ``pack_payload``)."""
-        value = pickle.loads(payload)
-        return _pickled([(i, fn(self.chunks[i], value)) for i in chunk_ids])
+        return _pickled(list(zip(chunk_ids, apply_chunk_fn(fn, pickle.loads(payload), chunk_ids, self.chunks.__getitem__))))
 
     def run_any(self, fn: Callable[[Any, Any], Any], payload: bytes, chunk_ids: list[int],
                 borrowed: dict[int, Any]) -> bytes:
@@ -94,8 +93,8 @@ class RayChunkWorker:
         import ray
 
         extra = dict(zip(borrowed, ray.get([ref[0] for ref in borrowed.values()]))) if borrowed else {}
-        value = pickle.loads(payload)
-        return _pickled([fn(self.chunks[i] if i in self.chunks else extra[i], value) for i in chunk_ids])
+        return _pickled(apply_chunk_fn(fn, pickle.loads(payload), chunk_ids,
+                                       lambda i: self.chunks[i] if i in self.chunks else extra[i]))
 
 
 class RayRunner:

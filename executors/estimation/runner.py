@@ -16,9 +16,15 @@ The contract (for backend authors: local, mp, mpi, spark, dask, ray, or yours)
   An SPMD runner (MPI) computes its own chunk ids and all-gathers, so every rank holds the full
   ordered list and runs the same combine, yielding the same model on every rank.
 * :class:`ChunkedEncodedData` turns any runner into an encoded-data handle (the ``pysp_seq_*``
-  methods). It combines chunk statistics **in chunk order** with the estimator's accumulator, and
+  methods). It combines E-step statistics in one fixed two-level order (:func:`combine_groups`:
+  chunks folded in order within contiguous groups, then the groups folded in order), and
   initialization draws come from a per-chunk generator seeded by ``(seed, chunk_id)``
   (:func:`chunk_rng`), so every backend and every worker count yields the same bits.
+* Worker-side folding (optional, a speed-up only): a runner that evaluates a worker's chunk list
+  through :func:`apply_chunk_fn` lets a pass function such as :class:`GroupFold` fold each
+  combine group that lies wholly in that list on the worker, returning the :class:`GroupStats`
+  at the group's last chunk and ``None`` for its other chunks. One small result per group
+  travels back instead of one per chunk; the bits are those of the driver's own fold.
 * Optional capability, needed for the SDC audit to recompute a chunk on a *different* worker:
   a runner with ``supports_worker_placement = True`` also has ``worker_ids()`` (live worker ids,
   ints), ``chunk_owners()`` (the worker each chunk is resident on) and
@@ -44,15 +50,21 @@ import numpy as np
 
 from mixle_parallel.contracts.estimation import statistic_digest
 
+from .combine_order import (
+    DEFAULT_CHUNK_MULTIPLE,
+    GroupFold,
+    GroupStats,
+    apply_chunk_fn,
+    combine_groups,
+    fold_group,
+    fold_pass,
+)
+
 DEFAULT_CHUNK_SIZE = 16384
 """Largest rows per chunk when neither ``num_chunks`` nor ``chunk_size`` is given."""
 
-DEFAULT_CHUNK_MULTIPLE = 12
-"""With default chunking, a chunk count above one is rounded up to a multiple of this, so the
-contiguous blocks of chunks split evenly over 1, 2, 3, 4 or 6 workers (13 chunks on 2 workers
-left one worker 7/6 busier than the other). It depends on the row count only, never on workers."""
-
 __all__ = [
+    "GroupFold", "GroupStats", "apply_chunk_fn", "combine_groups", "fold_group", "fold_pass",
     "ChunkResult", "ChunkRunner", "ChunkedEncodedData", "DEFAULT_CHUNK_SIZE", "EStepResult",
     "DEFAULT_CHUNK_MULTIPLE", "EncodedChunk", "WorkerLostError", "WorkerTask", "WorkerTimeoutError", "WorkerUnavailableError",
     "chunk_bounds", "chunk_estep", "supports_worker_placement",
@@ -366,6 +378,12 @@ class ChunkedEncodedData:
         """Per-chunk E-step results in chunk order (for audits: compare with ``statistic_digest``)."""
         return [ChunkResult(*r) for r in self._map(chunk_estep, (estimator, model), estimator, model)]
 
+    def estep_entries(self, estimator: Any, model: Any, raw: Sequence[int] = ()) -> list[Any]:
+        """One pass's E-step entries for :func:`fold_pass`: groups folded on the workers where the runner
+        can, per chunk otherwise and for the groups of the ``raw`` chunks."""
+        fold = GroupFold(chunk_estep, self.num_chunks, frozenset(int(c) for c in raw))
+        return self._map(fold, (estimator, model), estimator, model)
+
     def chunk_digests(self, estimator: Any, model: Any) -> list[str]:
         """``sha256:`` digest of each chunk's statistics, in chunk order."""
         return [statistic_digest(r.stats) for r in self.chunk_statistics(estimator, model)]
@@ -379,14 +397,11 @@ class ChunkedEncodedData:
         iteration = self.iteration
         if self._audit is not None:
             self._ensure_scattered(estimator, model)
-            raw, outcomes = self._audit.estep_results(self, estimator, model, iteration, first_of_fit=self._fit_first)
-            results = [ChunkResult(*r) for r in raw]
+            entries, outcomes = self._audit.estep_results(self, estimator, model, iteration, first_of_fit=self._fit_first)
         else:
-            results, outcomes = self.chunk_statistics(estimator, model), ()
+            entries, outcomes = self.estep_entries(estimator, model), ()
         self._fit_first = False
-        nobs = _ordered_sum([r.count for r in results])
-        ll = _ordered_sum([r.log_likelihood for r in results])
-        stats = combine_in_chunk_order(estimator, [r.stats for r in results])
+        nobs, ll, stats = fold_pass(estimator, entries)
         out = EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
         self.iteration = iteration + 1
         self.last_audits = tuple(outcomes)

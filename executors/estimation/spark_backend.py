@@ -24,7 +24,7 @@ from .engine_support import (
     require_engine,
     requested_ids,
 )
-from .runner import WorkerTimeoutError
+from .runner import WorkerTimeoutError, apply_chunk_fn
 
 __all__ = ["LOCAL_TASK_ATTEMPTS", "SparkRunner", "spark_encoded_data"]
 
@@ -34,9 +34,9 @@ LOCAL_TASK_ATTEMPTS = 4
 
 def _partition_runner(fn: Callable[[Any, Any], Any], payload: Any, wanted: frozenset[int] | None) -> Callable:
     def run(records: Any) -> Any:
-        for chunk_id, chunk in records:
-            if wanted is None or chunk_id in wanted:
-                yield chunk_id, fn(chunk, payload)
+        chunks = {chunk_id: chunk for chunk_id, chunk in records if wanted is None or chunk_id in wanted}
+        ids = sorted(chunks)
+        return zip(ids, apply_chunk_fn(fn, payload, ids, chunks.__getitem__))
 
     return run
 

@@ -1,0 +1,139 @@
+"""The canonical combine order of a pass's chunk statistics, and folding it on the workers.
+
+Statistics are combined in two fixed levels: chunks in order within contiguous groups
+(:func:`combine_groups`, a function of the chunk count only), then the groups in order. Every
+backend and worker count therefore adds the same numbers in the same order. A worker that holds
+a whole group may fold it itself (:class:`GroupFold` through :func:`apply_chunk_fn`), so one small
+result per group travels back instead of one per chunk; the driver folds what came back per chunk
+with the very same function (:func:`fold_pass`), so where a group was folded never shows in the bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+__all__ = [
+    "DEFAULT_CHUNK_MULTIPLE", "GroupFold", "GroupStats", "apply_chunk_fn", "combine_groups", "fold_group",
+    "fold_pass",
+]
+
+DEFAULT_CHUNK_MULTIPLE = 12
+"""With default chunking, a chunk count above one is rounded up to a multiple of this, so the
+contiguous blocks of chunks split evenly over 1, 2, 3, 4 or 6 workers (13 chunks on 2 workers
+left one worker 7/6 busier than the other). It depends on the row count only, never on workers.
+It is also the most combine groups a pass has."""
+
+
+class GroupStats(NamedTuple):
+    """E-step results of a run of chunks folded in chunk order: rows, log-likelihood, statistics."""
+
+    count: float
+    log_likelihood: float
+    stats: Any
+
+
+def combine_groups(num_chunks: int) -> tuple[tuple[int, int], ...]:
+    """The chunk ranges ``[a, b)`` whose E-step results are folded first; the groups are then folded in order.
+
+    A function of the chunk count only (at most ``DEFAULT_CHUNK_MULTIPLE`` groups of equal size), so
+    the order, and with it every bit of the sums, is the same on every backend and worker count;
+    with default chunking the groups line up with the blocks of 1, 2, 3, 4 or 6 workers.
+    """
+    n = int(num_chunks)
+    if n <= 0:
+        return ()
+    size = -(-n // DEFAULT_CHUNK_MULTIPLE)
+    return tuple((a, min(a + size, n)) for a in range(0, n, size))
+
+
+def fold_group(estimator: Any, results: Sequence[Any]) -> GroupStats:
+    """Fold ``(count, log_likelihood, stats)`` results strictly in the given order (one is kept as is)."""
+    if len(results) == 1:
+        count, ll, stats = results[0]
+        return GroupStats(float(count), float(ll), stats)
+    acc = estimator.accumulator_factory().make()
+    count = ll = 0.0
+    for r in results:
+        count += float(r[0])
+        ll += float(r[1])
+        acc.combine(r[2])
+    return GroupStats(count, ll, acc.value())
+
+
+def fold_pass(estimator: Any, results: Sequence[Any]) -> GroupStats:
+    """One pass's total from per-chunk entries in chunk order, in the canonical two-level order.
+
+    An entry is a chunk's ``ChunkResult``, or -- for a group folded on a worker -- ``None`` for
+    each chunk of the group but the last, which holds the group's ``GroupStats``.
+    """
+    parts = []
+    for a, b in combine_groups(len(results)):
+        entries = results[a:b]
+        last = entries[-1]
+        if isinstance(last, GroupStats) and all(e is None for e in entries[:-1]):
+            parts.append(last)
+        elif all(e is not None and not isinstance(e, GroupStats) for e in entries):
+            parts.append(fold_group(estimator, entries))
+        else:
+            raise RuntimeError(
+                f"chunks {a}..{b - 1} came back partly folded; a runner must return a group either folded "
+                "(None, ..., GroupStats) or per chunk. This is a bug in the runner"
+            )
+    if not parts:
+        return GroupStats(0.0, 0.0, estimator.accumulator_factory().make().value())
+    return fold_group(estimator, parts)
+
+
+class GroupFold(NamedTuple):
+    """A pass's chunk function ``fn`` (returning ``(count, log_likelihood, stats)``, its payload's first
+    item the estimator) whose results are folded on the worker: through :func:`apply_chunk_fn`, each
+    combine group that lies wholly in a worker's chunk list, and holds none of the ``raw`` chunks
+    (e.g. audited ones), comes back as one :class:`GroupStats`."""
+
+    fn: Callable[[Any, Any], Any]
+    num_chunks: int
+    raw: frozenset[int] = frozenset()
+
+    def __call__(self, chunk: Any, payload: Any) -> Any:
+        """One chunk, not folded (what a runner that does not use ``apply_chunk_fn`` gets)."""
+        return self.fn(chunk, payload)
+
+    def apply_block(self, ids: Sequence[int], chunk_of: Callable[[int], Any], payload: Any) -> list[Any]:
+        """Entries for ``ids`` (in that order): complete groups folded, every other chunk per chunk."""
+        groups = combine_groups(self.num_chunks)
+        size = groups[0][1] - groups[0][0] if groups else 1
+        ids = list(ids)
+        out: list[Any] = []
+        i = 0
+        while i < len(ids):
+            c = ids[i]
+            a = c - c % size
+            b = min(a + size, self.num_chunks)
+            if b - a > 1 and c == a and ids[i:i + b - a] == list(range(a, b)) and self.raw.isdisjoint(range(a, b)):
+                results = [self.fn(chunk_of(j), payload) for j in range(a, b)]
+                out.extend([None] * (b - a - 1))
+                out.append(fold_group(payload[0], results))
+                i += b - a
+            else:
+                out.append(self.fn(chunk_of(c), payload))
+                i += 1
+        return out
+
+
+def apply_chunk_fn(fn: Callable[[Any, Any], Any], payload: Any, ids: Sequence[int],
+                   chunk_of: Callable[[int], Any]) -> list[Any]:
+    """What a worker computes for its chunk list: ``fn(chunk, payload)`` per id, or, when ``fn`` has an
+    ``apply_block`` (e.g. :class:`GroupFold`), its entries for the whole list. Runners call this
+    for every chunk list a worker evaluates; an exception carries the failing ``chunk_id``."""
+    block = getattr(fn, "apply_block", None)
+    if block is not None:
+        return block(ids, chunk_of, payload)
+    out = []
+    for i in ids:
+        try:
+            out.append(fn(chunk_of(i), payload))
+        except BaseException as exc:
+            exc.chunk_id = i  # type: ignore[attr-defined]
+            raise
+    return out
