@@ -244,6 +244,13 @@ def test_owned_local_cluster_starts_and_closes():
         chunks = probes.make_chunks(3)
         runner.scatter(chunks)
         assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
+        # dask_config_for_em's quiet housekeeping reached the worker process, its nanny and the scheduler
+        periods = runner.client.run(lambda dask_worker: {k: v.callback_time for k, v in dask_worker.periodic_callbacks.items()})
+        assert {k: periods[address][k] for k in ("tick", "memory_monitor", "monitor")} == {
+            "tick": 1000, "memory_monitor": 1000, "monitor": 5000}
+        nanny, = cluster.workers.values()
+        assert nanny.periodic_callbacks["memory_monitor"].callback_time == 1000
+        assert runner.client.run_on_scheduler(lambda dask_scheduler: "stealing" in dask_scheduler.extensions) is False
     finally:
         runner.close()
     assert cluster.status.name == "closed"
