@@ -46,8 +46,6 @@ _log = logging.getLogger(__name__)
 _POLL_S = 0.25
 """How often a waiting pass looks for actors whose worker died (a call to a dead worker can stall)."""
 
-_PENDING = object()
-
 _ACTOR_START_S = 15.0
 """Longest wait for a fresh actor on a replacement worker during recovery (survivors take over otherwise)."""
 
@@ -67,6 +65,24 @@ def _pack(value: Any, task: bool = False) -> bytes:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError):
         return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+async def _outcomes(calls: dict[Any, Any], timeout: float | None) -> dict[Any, tuple[bool, Any]]:
+    """Inside the client's event loop: wait up to ``timeout`` seconds for all ``calls`` (key -> actor
+    future) and return ``(True, value)`` or ``(False, exception)`` for each one that finished."""
+    import asyncio
+
+    async def outcome(call: Any) -> tuple[bool, Any]:
+        try:
+            return True, await call
+        except Exception as exc:  # noqa: BLE001 - the call failed: read as a lost worker
+            return False, exc
+
+    tasks = {asyncio.ensure_future(outcome(call)): key for key, call in calls.items()}
+    done, waiting = await asyncio.wait(tasks, timeout=timeout)
+    for task in waiting:
+        task.cancel()  # stops waiting only; the call itself goes on and is awaited again next time
+    return {tasks[task]: task.result() for task in done}
 
 
 def _work(chunk_ids: list[int], keep: Sequence[int] = ()) -> bytes:
@@ -368,44 +384,47 @@ class DaskRunner:
         self._forget(address)
         return None
 
-    def _settled(self, address: str, call: Any) -> Any:
-        """A call's results once finished; None when its worker was lost (also while a call to a worker
-        the scheduler dropped still hangs); ``_PENDING`` while it runs; ``fn``'s own error is raised."""
-        if call is None:
-            return None
-        if not call.done():
-            return _PENDING if self._alive(address) else None
-        try:
-            status, value = pickle.loads(call.result())
-        except Exception as exc:  # noqa: BLE001 - the call itself failed: the worker is gone
-            _log.warning("dask: worker %s was lost during a call (%r)", address, exc)
-            self._forget(address)
-            return None
-        if status == "raised":
-            raise value
-        return value
-
     def _settle(self, pending: dict[Any, tuple[Any, ...]], deadline: Deadline,
                 timed_out: Callable[[], Exception]) -> Any:
         """Yield ``(key, entry, values)`` as the calls of ``pending`` (key -> ``(address, call, ...)``)
         settle, removing each; ``values`` is None when the worker was lost (then forgotten). The caller
-        may add calls between yields. When nothing settles by the deadline, raises ``timed_out()``."""
+        may add calls between yields. When nothing settles by the deadline, raises ``timed_out()``.
+
+        One hand-off to the client's event loop waits for every pending call at once (up to the poll
+        interval) and brings back the outcomes of those that finished: each ``ActorFuture.result()``
+        would be a hand-off of its own, three or four per pass."""
         while pending:
+            calls = {key: entry[1] for key, entry in pending.items() if entry[1] is not None}
+            remaining = deadline.remaining()
+            wait = _POLL_S if remaining is None else min(_POLL_S, remaining)
+            outcomes = self.client.sync(_outcomes, calls, wait) if calls else {}
             progressed = False
             for key, entry in list(pending.items()):
                 address, call = entry[0], entry[1]
-                values = self._settled(address, call)
-                if values is _PENDING:
+                if key in outcomes:
+                    values = self._decode(address, *outcomes[key])
+                elif call is None or not self._alive(address):
+                    values = None
+                else:
                     continue
                 del pending[key]
                 progressed = True
                 if values is None:
                     self._forget(address)
                 yield key, entry, values
-            if pending and not progressed:
-                if deadline.expired():
-                    raise timed_out()
-                self._wait_some([entry[1] for entry in pending.values()], deadline)
+            if pending and not progressed and deadline.expired():
+                raise timed_out()
+
+    def _decode(self, address: str, ok: bool, value: Any) -> Any:
+        """A finished ``run`` call's results; None when the call failed (its worker is gone); ``fn``'s
+        own error is raised."""
+        if not ok:
+            _log.warning("dask: worker %s was lost during a call (%r)", address, value)
+            return None
+        status, result = pickle.loads(value)
+        if status == "raised":
+            raise result
+        return result
 
     @staticmethod
     def _wait_some(calls: list[Any], deadline: Deadline) -> None:
@@ -416,7 +435,7 @@ class DaskRunner:
             if call is not None and not call.done():
                 try:
                     call.result(timeout=wait)
-                except Exception:  # noqa: BLE001 - timeouts and failures are read by _settled
+                except Exception:  # noqa: BLE001 - timeouts and failures are read by the caller
                     pass
                 return
 
