@@ -10,6 +10,11 @@ task and the results each travel as one in-band pickle: the statistics come back
 a chunk unpickled in the actor owns aligned memory (dask's zero-copy arrays did not, and numpy ran
 slower on them).
 
+With ``direct_channel=True`` (the default, on ``tcp://`` clusters) each holder also serves the
+data passes on a socket of its own (``engine_channel``): a pass then costs a pipe-like round trip
+instead of two trips through dask's RPC stack. Loading chunks, recovery and the SDC audit's placed
+runs still go through dask.
+
 When a worker dies its actor is gone (a call in flight fails with ``OSError``, later calls with
 ``RuntimeError``, and the actor's future turns ``error``). The runner keeps the encoded chunks on
 the driver, loads the lost ones into live actors (the least-loaded survivor, or a fresh actor on a
@@ -26,6 +31,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .engine_channel import ChannelClient, ChannelServer, new_channel_key, wait_channels
 from .engine_support import (
     DEFAULT_TIMEOUT_S,
     Deadline,
@@ -39,7 +45,7 @@ from .engine_support import (
 )
 from .runner import WorkerLostError, WorkerTask, WorkerTimeoutError, WorkerUnavailableError, apply_chunk_fn, check_tasks
 
-__all__ = ["DaskChunkHolder", "DaskRunner", "dask_config_for_em", "dask_encoded_data"]
+__all__ = ["DaskChunkHolder", "DaskRunner", "channel_host", "dask_config_for_em", "dask_encoded_data"]
 
 _log = logging.getLogger(__name__)
 
@@ -85,6 +91,15 @@ async def _outcomes(calls: dict[Any, Any], timeout: float | None) -> dict[Any, t
     return {tasks[task]: task.result() for task in done}
 
 
+def channel_host(address: str) -> str | None:
+    """The host a pass channel to the dask worker at ``address`` listens on; None unless the cluster
+    talks plain TCP (``tls://`` and other comms keep every pass on dask's own RPC)."""
+    scheme, _, rest = address.partition("://")
+    if scheme != "tcp" or not rest:
+        return None
+    return rest.rsplit(":", 1)[0].strip("[]")
+
+
 def _work(chunk_ids: list[int], keep: Sequence[int] = ()) -> bytes:
     """The chunk ids of one ``DaskChunkHolder.run`` call (and the borrowed ones to keep), as one pickle."""
     return pickle.dumps((list(chunk_ids), list(keep)), protocol=pickle.HIGHEST_PROTOCOL)
@@ -116,6 +131,16 @@ class DaskChunkHolder:
         import os
 
         return os.getpid()
+
+    def open_channel(self, authkey: bytes, host: str) -> tuple[str, int] | str:
+        """Serve data passes over the resident chunks on a socket at ``host``: its address, or why not
+        (the runner then keeps passes on dask's RPC)."""
+        server = ChannelServer(lambda i: self.chunks[i], "a dask worker's chunk holder",
+                               batch_schedule=self._batch_threads is not None)
+        try:
+            return server.open(host, authkey)
+        except OSError as exc:
+            return f"{type(exc).__name__}: {exc}"
 
     def load(self, chunks: dict[int, bytes], replace: bool = False) -> int:
         """Keep ``chunks`` (chunk id -> pickled chunk) resident; ``replace`` drops those held before.
@@ -198,8 +223,12 @@ class DaskRunner:
         timeout: float | None = DEFAULT_TIMEOUT_S,
         cluster_kwargs: dict[str, Any] | None = None,
         max_recoveries: int = 8,
+        direct_channel: bool = True,
     ) -> None:
         distributed = require_engine("distributed", "dask")
+        self.direct_channel = bool(direct_channel)
+        self._channels: dict[str, ChannelClient] = {}  # worker address -> its holder's pass socket
+        self._channel_key = new_channel_key()
         self.timeout = check_timeout(timeout)
         self.max_recoveries = int(max_recoveries)
         self._cluster = None
@@ -439,6 +468,95 @@ class DaskRunner:
                     pass
                 return
 
+    # -- direct pass channels -----------------------------------------------------------------
+    def _channel_for(self, address: str) -> ChannelClient | None:
+        """The pass socket of the holder on ``address``, opened on first use; None when the cluster's
+        comms are not plain TCP (TLS stays dask's own), or the holder is gone."""
+        channel = self._channels.get(address)
+        if channel is not None or not self.direct_channel:
+            return channel
+        host = channel_host(address)
+        if host is None:
+            return None
+        reply = self._await(address, self._invoke(address, "open_channel", self._channel_key, host),
+                            Deadline(_ACTOR_START_S), "open its pass channel")
+        if reply is None:
+            return None  # the worker is gone (forgotten by _await)
+        try:
+            if isinstance(reply, str):
+                raise OSError(reply)
+            self._channels[address] = ChannelClient(reply, self._channel_key)
+        except OSError as exc:
+            _log.warning("dask: no pass channel to %s (%s); data passes go through dask's RPC", address, exc)
+            self.direct_channel = False
+            return None
+        return self._channels[address]
+
+    def _drop_channel(self, address: str) -> list[int]:
+        """Close the pass socket of ``address``; the chunk ids it still owed."""
+        channel = self._channels.pop(address, None)
+        if channel is None:
+            return []
+        owed = [i for wids in channel.waiting for i in wids]
+        channel.close()
+        return owed
+
+    def _map_direct(self, task: bytes, ids: list[int], deadline: Deadline) -> list[Any]:
+        """A pass over the holders' sockets. A closed socket, or a worker the scheduler dropped, is a
+        lost worker: its chunks are re-placed through dask and recomputed."""
+        results: dict[int, Any] = {}
+        losses = 0
+
+        def lost(address: str, extra: Sequence[int] = ()) -> None:
+            nonlocal losses
+            owed = sorted(set(self._drop_channel(address)) | set(extra))
+            self._forget(address)
+            for other in [a for a in self._channels if a not in self._actors]:  # forgotten meanwhile
+                owed = sorted(set(owed) | set(self._drop_channel(other)))
+            if not owed:
+                return
+            losses += 1
+            if losses > self.max_recoveries:
+                raise WorkerLostError(
+                    f"dask lost chunks {owed} {losses} times in one pass (workers keep dying); "
+                    "check the workers' memory limits and logs"
+                )
+            self._replace(owed, deadline)
+            submit(owed)
+
+        def submit(chunk_list: Sequence[int]) -> None:
+            by_worker: dict[str, list[int]] = {}
+            for i in chunk_list:
+                by_worker.setdefault(self._where[i], []).append(i)
+            for address, wids in sorted(by_worker.items()):
+                channel = self._channel_for(address)
+                if channel is None or not channel.send(task, wids):
+                    lost(address, wids)
+
+        submit(ids)
+        while any(channel.waiting for channel in self._channels.values()):
+            remaining = deadline.remaining()
+            ready = wait_channels(self._channels, _POLL_S if remaining is None else min(_POLL_S, remaining))
+            for address in ready:
+                if address not in self._channels:
+                    continue
+                got = self._channels[address].receive()
+                if got is None:  # the holder's socket closed: its worker died
+                    lost(address)
+                    continue
+                results.update(zip(*got))
+            if not ready:  # a worker on another host can vanish without closing its socket
+                for address in [a for a, ch in self._channels.items() if ch.waiting and not self._alive(a)]:
+                    lost(address)
+                if deadline.expired():
+                    hung = sorted(a for a, ch in self._channels.items() if ch.waiting)
+                    waiting = sorted(i for a in hung for wids in self._channels[a].waiting for i in wids)
+                    raise WorkerTimeoutError(
+                        f"dask worker(s) {hung} did not return chunk(s) {waiting} within {self.timeout} s; "
+                        "a worker is hung or overloaded. Raise timeout= (seconds) or restart the hung worker."
+                    )
+        return ordered_results(results, ids, self.name)
+
     # -- data passes --------------------------------------------------------------------------
     def map_chunks(
         self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None
@@ -454,6 +572,10 @@ class DaskRunner:
         gone = [i for i in ids if not self._alive(self._where[i])]
         if gone:  # a worker died between passes
             self._replace(gone, deadline)
+        for address in [a for a in self._channels if a not in self._actors]:
+            self._drop_channel(address)
+        if self.direct_channel and all(self._channel_for(a) is not None for a in {self._where[i] for i in ids}):
+            return self._map_direct(task, ids, deadline)
         pending = self._dispatch(task, ids)
         results: dict[int, Any] = {}
         losses = 0
@@ -554,6 +676,8 @@ class DaskRunner:
 
     def close(self) -> None:
         """Release the actors and the chunks they hold; shut down the cluster when this runner started it."""
+        for address in list(self._channels):
+            self._drop_channel(address)
         futures = list(self._actor_futures.values())
         self._actors, self._actor_futures = {}, {}
         if futures:
@@ -574,12 +698,14 @@ def dask_encoded_data(
     client: Any = None,
     num_workers: int | None = None,
     timeout: float | None = DEFAULT_TIMEOUT_S,
+    direct_channel: bool = True,
     **params: Any,
 ) -> Any:
-    """``encoded_data(..., backend="dask")``: a handle over a :class:`DaskRunner`."""
+    """``encoded_data(..., backend="dask")``: a handle over a :class:`DaskRunner`
+    (``direct_channel=False`` sends every data pass through dask's RPC, see ``engine_channel``)."""
     from .runner import handle_from_runner
 
-    runner = DaskRunner(client, num_workers=num_workers, timeout=timeout)
+    runner = DaskRunner(client, num_workers=num_workers, timeout=timeout, direct_channel=direct_channel)
     try:
         return handle_from_runner(runner, data, **params)
     except BaseException:

@@ -7,6 +7,10 @@ inside the call when small, through the object store when large) and its chunk i
 back as one pickle per actor. When an actor dies its chunks move to the survivors, which resolve
 them from the object store and recompute them; a pass that does not finish within ``timeout``
 seconds raises ``WorkerTimeoutError``.
+
+With ``direct_channel=True`` (the default) each actor also serves the data passes on a socket of its
+own (``engine_channel``): a pass then costs a pipe-like round trip instead of two trips through
+Ray's task RPC. Loading chunks, recovery and the SDC audit's placed runs still go through Ray.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .engine_channel import ChannelClient, ChannelServer, new_channel_key, wait_channels
 from .engine_support import (
     DEFAULT_TIMEOUT_S,
     Deadline,
@@ -28,7 +33,7 @@ from .engine_support import (
 )
 from .runner import WorkerLostError, WorkerTask, WorkerTimeoutError, WorkerUnavailableError, apply_chunk_fn, check_tasks
 
-__all__ = ["INLINE_PAYLOAD_BYTES", "RayChunkWorker", "RayRunner", "pack_payload", "ray_encoded_data"]
+__all__ = ["INLINE_PAYLOAD_BYTES", "RayChunkWorker", "RayRunner", "pack_payload", "ray_encoded_data", "ray_uses_tls"]
 
 _log = logging.getLogger(__name__)
 
@@ -51,6 +56,13 @@ def pack_payload(payload: Any) -> Any:
     return blob if len(blob) <= INLINE_PAYLOAD_BYTES else ray.put(blob)
 
 
+def ray_uses_tls() -> bool:
+    """Whether Ray's own traffic is TLS (``RAY_USE_TLS``); pass channels are then not opened."""
+    import os
+
+    return os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true", "yes")
+
+
 def _pickled(results: Any) -> bytes:
     """A batch of chunk results as one pickle: many small statistic arrays travel as one buffer, not
     one out-of-band buffer each."""
@@ -71,6 +83,12 @@ class RayChunkWorker:
         import os
 
         return os.getpid()
+
+    def open_channel(self, authkey: bytes) -> tuple[str, int]:
+        """Serve data passes over the resident chunks on a socket of this actor's node; its address."""
+        import ray
+
+        return ChannelServer(lambda i: self.chunks[i], "a ray actor").open(ray.util.get_node_ip_address(), authkey)
 
     def load(self, chunk_ids: list[int], refs: list[Any]) -> int:
         """Resolve chunk objects from the store once and keep them; returns how many it holds."""
@@ -112,8 +130,12 @@ class RayRunner:
         start_timeout: float | None = DEFAULT_TIMEOUT_S,
         init_kwargs: dict[str, Any] | None = None,
         num_cpus_per_worker: float | None = None,
+        direct_channel: bool = True,
     ) -> None:
         ray = require_engine("ray", "ray")
+        # A Ray with TLS keeps every pass on its own (encrypted) RPC: the channel is plain TCP.
+        self.direct_channel = bool(direct_channel) and not ray_uses_tls()
+        self._channels: dict[int, ChannelClient] = {}
         self.timeout = check_timeout(timeout)
         self.start_timeout = check_timeout(start_timeout)
         self._owns_ray = not ray.is_initialized()
@@ -155,6 +177,27 @@ class RayRunner:
             if ids:
                 loads.append(self._actors[w].load.remote(ids, [self._refs[i] for i in ids]))
         self._wait(loads, "placing chunks")
+        if self.direct_channel:
+            self._open_channels()
+
+    def _open_channels(self) -> None:
+        """A socket per live actor for the data passes; on any failure, passes go through Ray's RPC."""
+        import ray
+
+        self._close_channels()
+        key = new_channel_key()
+        live = [w for w, ok in enumerate(self._alive) if ok]
+        try:
+            addresses = self._wait([self._actors[w].open_channel.remote(key) for w in live], "opening pass channels")
+            self._channels = {w: ChannelClient(a, key) for w, a in zip(live, addresses)}
+        except (OSError, ray.exceptions.RayError, WorkerTimeoutError) as exc:
+            _log.warning("ray: no direct pass channel (%r); data passes go through Ray's RPC", exc)
+            self._close_channels()
+
+    def _close_channels(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels = {}
 
     def _wait(self, refs: list[Any], what: str) -> list[Any]:
         import ray
@@ -175,6 +218,9 @@ class RayRunner:
         import ray
 
         self._alive[dead] = False
+        channel = self._channels.pop(dead, None)
+        if channel is not None:
+            channel.close()
         moved_ids: list[int] = []
         while True:
             lost = [i for i, w in enumerate(self._owner) if not self._alive[w]]
@@ -214,6 +260,10 @@ class RayRunner:
         ray = require_engine("ray", "ray")
         ids = requested_ids(chunk_ids, len(self._refs))
         deadline = Deadline(self.timeout)
+        if self._channels:
+            task = _pickled((fn, payload))
+            if len(task) <= INLINE_PAYLOAD_BYTES:
+                return self._map_direct(task, ids, deadline)
         payload_ref = pack_payload(payload)
         results: dict[int, Any] = {}
         inflight: dict[Any, tuple[int, list[int]]] = {}
@@ -244,6 +294,47 @@ class RayRunner:
                     submit(wids)  # this pass's share of the dead actor, now on survivors
                     continue
                 results.update(pairs)
+        return ordered_results(results, ids, self.name)
+
+    def _map_direct(self, task: bytes, ids: list[int], deadline: Deadline) -> list[Any]:
+        """A pass over the actors' sockets; a closed socket is a dead actor, whose chunks move to the
+        survivors (through Ray) and are recomputed there."""
+        results: dict[int, Any] = {}
+
+        def fail(w: int) -> list[int]:
+            """Chunks actor ``w`` still owed (its socket is gone), after moving its chunks away."""
+            channel = self._channels.get(w)
+            owed = [i for wids in channel.waiting for i in wids] if channel is not None else []
+            self._reassign(w)
+            return owed
+
+        def submit(chunk_list: list[int]) -> None:
+            by_worker: dict[int, list[int]] = {}
+            for i in chunk_list:
+                by_worker.setdefault(self._owner[i], []).append(i)
+            for w, wids in sorted(by_worker.items()):
+                channel = self._channels.get(w)
+                if channel is None or not channel.send(task, wids):
+                    submit(fail(w) + wids)
+
+        submit(ids)
+        while any(channel.waiting for channel in self._channels.values()):
+            ready = wait_channels(self._channels, deadline.remaining())
+            if not ready:
+                hung = sorted(w for w, channel in self._channels.items() if channel.waiting)
+                pending = sorted(i for w in hung for wids in self._channels[w].waiting for i in wids)
+                raise WorkerTimeoutError(
+                    f"ray actor(s) {hung} did not return chunk(s) {pending} within {self.timeout} s; "
+                    "a worker is hung or overloaded. Raise timeout= (seconds) or restart it."
+                )
+            for w in ready:
+                channel = self._channels[w]
+                got = channel.receive()
+                if got is None:  # the actor's socket closed: it died
+                    submit(fail(w))
+                    continue
+                wids, values = got
+                results.update(zip(wids, values))
         return ordered_results(results, ids, self.name)
 
     # -- placement (the SDC audit recomputes a chunk on a chosen actor) ------------------------
@@ -295,6 +386,7 @@ class RayRunner:
     def close(self) -> None:
         """Kill the actors, drop the chunk objects; shut Ray down when this runner started it."""
         ray = require_engine("ray", "ray")
+        self._close_channels()
         for actor in self._actors:
             try:
                 ray.kill(actor)
@@ -314,17 +406,19 @@ def ray_encoded_data(
     timeout: float | None = DEFAULT_TIMEOUT_S,
     start_timeout: float | None = DEFAULT_TIMEOUT_S,
     init_kwargs: dict[str, Any] | None = None,
+    direct_channel: bool = True,
     **params: Any,
 ) -> Any:
     """``encoded_data(..., backend="ray")``: a handle over a :class:`RayRunner`.
 
     ``timeout`` bounds each data pass, ``start_timeout`` the actors' start and chunk placement;
-    ``init_kwargs`` go to ``ray.init`` when no Ray is running yet (the runner then owns it).
+    ``init_kwargs`` go to ``ray.init`` when no Ray is running yet (the runner then owns it);
+    ``direct_channel=False`` sends every data pass through Ray's RPC (see ``engine_channel``).
     """
     from .runner import handle_from_runner
 
     runner = RayRunner(num_workers, address=address, timeout=timeout, start_timeout=start_timeout,
-                       init_kwargs=init_kwargs)
+                       init_kwargs=init_kwargs, direct_channel=direct_channel)
     try:
         return handle_from_runner(runner, data, **params)
     except BaseException:

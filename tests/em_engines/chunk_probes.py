@@ -44,6 +44,13 @@ def probe(chunk: tuple[int, np.ndarray], payload: dict[str, Any]) -> tuple[int, 
     return cid, float(np.sum(arr)) * payload.get("scale", 1.0)
 
 
+def thread_name(chunk: Any, payload: Any) -> str:
+    """Name of the thread that computed the chunk (a direct pass channel's is "mixle-em-channel")."""
+    import threading
+
+    return threading.current_thread().name
+
+
 def worker_pid(chunk: Any, payload: Any) -> int:
     """The process id of the worker holding ``chunk``."""
     return os.getpid()

@@ -69,12 +69,16 @@ def settled_cluster(request):
     yield
 
 
-def test_results_in_chunk_order_and_chunks_pinned(client):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-channel", "dask-rpc"])
+def test_results_in_chunk_order_and_chunks_pinned(client, direct):
     chunks = probes.make_chunks(7)
-    runner = DaskRunner(client, timeout=120)
+    runner = DaskRunner(client, timeout=120, direct_channel=direct)
     try:
         assert runner.num_workers == 2
         runner.scatter(chunks)
+        # Passes run on each holder's own socket, or through dask's actor RPC when asked.
+        names = set(runner.map_chunks(probes.thread_name, None))
+        assert (names == {"mixle-em-channel"}) if direct else ("mixle-em-channel" not in names)
         # Contiguous blocks: chunks 0-2 held by the first worker's actor, 3-6 by the second's.
         assert runner.chunk_owners() == [0, 0, 0, 1, 1, 1, 1]
         pids = runner.map_chunks(probes.worker_pid, None)

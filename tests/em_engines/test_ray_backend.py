@@ -31,11 +31,15 @@ def ray_session():
         ray.shutdown()
 
 
-def test_results_in_chunk_order_and_chunks_resident(ray_session):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-channel", "ray-rpc"])
+def test_results_in_chunk_order_and_chunks_resident(ray_session, direct):
     chunks = probes.make_chunks(7)
-    runner = RayRunner(2, timeout=120)
+    runner = RayRunner(2, timeout=120, direct_channel=direct)
     try:
         runner.scatter(chunks)
+        # Passes run on each actor's own socket, or through Ray's task RPC when asked.
+        names = set(runner.map_chunks(probes.thread_name, None))
+        assert (names == {"mixle-em-channel"}) if direct else ("mixle-em-channel" not in names)
         # Contiguous blocks, resident in one actor each: chunks 0-2 / 3-6 report two distinct pids.
         pids = runner.map_chunks(probes.worker_pid, None)
         assert len(set(pids[:3])) == 1 and len(set(pids[3:])) == 1 and pids[0] != pids[3]
