@@ -31,7 +31,14 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .engine_channel import ChannelClient, ChannelServer, new_channel_key, wait_channels
+from .engine_channel import (
+    ChannelClient,
+    ChannelServer,
+    collect_replies,
+    new_channel_key,
+    split_resident,
+    wait_channels,
+)
 from .engine_support import (
     DEFAULT_TIMEOUT_S,
     Deadline,
@@ -631,17 +638,41 @@ class DaskRunner:
         deadline = Deadline(self.timeout)
         pending: dict[int, tuple[str, Any]] = {}
         adopted: dict[int, list[int]] = {}  # worker -> orphaned chunks it keeps
+        direct: dict[int, ChannelClient] = {}
+        sent: dict[int, list[int]] = {}  # worker -> chunk ids of its dask call
         for w, t in sorted(checked.items()):
             if not t.chunk_ids:
                 continue
             address = self._workers[w]
-            borrowed = {i: _pack(self._chunks[i]) for i in dict.fromkeys(t.chunk_ids) if self._where[i] != address}
+            task = _pack((t.fn, t.payload), task=True)
+            # chunks resident on the holder go over its pass channel; borrowed ones through dask
+            channel = self._channels.get(address)
+            mine, rest = (split_resident(t.chunk_ids, lambda i, a=address: self._where[i] == a)
+                          if channel is not None else ([], list(t.chunk_ids)))
+            if mine and channel.send(task, mine):
+                direct[w] = channel
+            else:
+                rest = list(t.chunk_ids)
+            sent[w] = rest
+            adopted[w] = []
+            if not rest:
+                continue
+            borrowed = {i: _pack(self._chunks[i]) for i in dict.fromkeys(rest) if self._where[i] != address}
             orphans = [i for i in dict.fromkeys(borrowed) if not self._alive(self._where[i])
                        and all(i not in ids for ids in adopted.values())]
             adopted[w] = orphans
-            pending[w] = (address, self._invoke(address, "run", _pack((t.fn, t.payload), task=True),
-                                                _work(list(t.chunk_ids), orphans), *([borrowed] if borrowed else [])))
-        dead: list[int] = []
+            pending[w] = (address, self._invoke(address, "run", task, _work(rest, orphans),
+                                                *([borrowed] if borrowed else [])))
+        values: dict[int, dict[int, Any]] = {w: {} for w in checked}
+        got, closed, hung = collect_replies(direct, deadline.remaining)
+        if hung:
+            raise WorkerTimeoutError(f"dask worker(s) {[self._workers[w] for w in hung]} did not return chunks "
+                                     f"within {self.timeout} s; raise timeout= (seconds) or restart it")
+        for w, (ids, entries) in got.items():
+            values[w].update(zip(ids, entries))
+        dead: list[int] = list(closed)
+        for w in closed:
+            self._drop_channel(self._workers[w])
 
         def timed_out() -> WorkerTimeoutError:
             w = min(pending)
@@ -649,17 +680,22 @@ class DaskRunner:
                                       f"{list(checked[w].chunk_ids)} within {self.timeout} s; "
                                       "raise timeout= (seconds) or restart it")
 
-        for w, (address, _), values in self._settle(pending, deadline, timed_out):
-            if values is None:
+        for w, (address, _), entries in self._settle(pending, deadline, timed_out):
+            if entries is None:
                 dead.append(w)
                 continue
-            out[w] = values
+            values[w].update(zip(sent[w], entries))
             for i in adopted[w]:
                 self._where[i] = address
             self.recoveries += len(adopted[w])
         if dead:
-            raise WorkerUnavailableError(sorted(dead), f"dask worker(s) {[self._workers[w] for w in sorted(dead)]} "
-                                                       "were lost while computing chosen chunks")
+            dead = sorted(set(dead))
+            for w in dead:
+                self._forget(self._workers[w])
+            raise WorkerUnavailableError(dead, f"dask worker(s) {[self._workers[w] for w in dead]} "
+                                               "were lost while computing chosen chunks")
+        for w, t in checked.items():
+            out[w] = [values[w][i] for i in t.chunk_ids]
         return out
 
     def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:

@@ -32,7 +32,7 @@ from typing import Any
 from .combine_order import apply_chunk_fn
 from .engine_support import yield_on_wakeup
 
-__all__ = ["ChannelClient", "ChannelServer", "new_channel_key", "wait_channels"]
+__all__ = ["ChannelClient", "ChannelServer", "collect_replies", "new_channel_key", "split_resident", "wait_channels"]
 
 _ACCEPT_TIMEOUT_S = 60.0
 """How long a holder waits for the driver to connect after opening its socket."""
@@ -153,3 +153,30 @@ def wait_channels(channels: dict[Any, ChannelClient], timeout: float | None) -> 
     if not by_conn:
         return []
     return [by_conn[c] for c in connection.wait(list(by_conn), timeout=timeout)]
+
+
+def split_resident(ids: Sequence[int], resident: Callable[[int], bool]) -> tuple[list[int], list[int]]:
+    """``ids`` split into those resident on a holder (computed over its channel) and the rest (sent
+    through the engine with the chunks borrowed), each in the given order."""
+    mine = [i for i in ids if resident(i)]
+    return mine, [i for i in ids if not resident(i)]
+
+
+def collect_replies(channels: dict[Any, ChannelClient], remaining: Callable[[], float | None]
+                    ) -> tuple[dict[Any, tuple[list[int], Any]], list[Any], list[Any]]:
+    """One reply from each channel in ``channels`` (each has exactly one request out): the replies by
+    key, the keys whose socket closed, and the keys still silent when ``remaining()`` ran out."""
+    got: dict[Any, tuple[list[int], Any]] = {}
+    closed: list[Any] = []
+    waiting = dict(channels)
+    while waiting:
+        ready = wait_channels(waiting, remaining())
+        if not ready:
+            break
+        for key in ready:
+            reply = waiting.pop(key).receive()
+            if reply is None:
+                closed.append(key)
+            else:
+                got[key] = reply
+    return got, closed, sorted(waiting)

@@ -20,7 +20,14 @@ import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .engine_channel import ChannelClient, ChannelServer, new_channel_key, wait_channels
+from .engine_channel import (
+    ChannelClient,
+    ChannelServer,
+    collect_replies,
+    new_channel_key,
+    split_resident,
+    wait_channels,
+)
 from .engine_support import (
     DEFAULT_TIMEOUT_S,
     Deadline,
@@ -352,14 +359,32 @@ class RayRunner:
         ray = require_engine("ray", "ray")
         checked = check_tasks(tasks, len(self._refs), self.worker_ids(), self.name)
         deadline = Deadline(self.timeout)
-        refs = {}
+        refs, direct, sent = {}, {}, {}
         for w, task in checked.items():
             if not task.chunk_ids:
                 continue
-            borrowed = {i: [self._refs[i]] for i in task.chunk_ids if self._owner[i] != w}
-            refs[self._actors[w].run_any.remote(task.fn, pack_payload(task.payload), list(task.chunk_ids), borrowed)] = w
+            # chunks resident on the actor go over its pass channel; borrowed ones through Ray
+            blob = _pickled((task.fn, task.payload)) if w in self._channels else b""
+            mine, rest = (split_resident(task.chunk_ids, lambda i, w=w: self._owner[i] == w)
+                          if 0 < len(blob) <= INLINE_PAYLOAD_BYTES else ([], list(task.chunk_ids)))
+            if mine and self._channels[w].send(blob, mine):
+                direct[w] = self._channels[w]
+            else:
+                rest = list(task.chunk_ids)
+            sent[w] = rest
+            if rest:
+                borrowed = {i: [self._refs[i]] for i in rest if self._owner[i] != w}
+                refs[self._actors[w].run_any.remote(task.fn, pack_payload(task.payload), rest, borrowed)] = w
         out: dict[int, list[Any]] = {w: [] for w in checked}
         dead: list[int] = []
+        values: dict[int, dict[int, Any]] = {w: {} for w in checked}
+        got, closed, hung = collect_replies(direct, deadline.remaining)
+        if hung:
+            raise WorkerTimeoutError(f"ray actor(s) {hung} did not answer within {self.timeout} s; "
+                                     "a worker is hung or overloaded. Raise timeout= (seconds).")
+        dead.extend(closed)
+        for w, (ids, entries) in got.items():
+            values[w].update(zip(ids, entries))
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=deadline.remaining())
@@ -368,14 +393,17 @@ class RayRunner:
                 raise WorkerTimeoutError(f"ray actor(s) {hung} did not answer within {self.timeout} s; "
                                          "a worker is hung or overloaded. Raise timeout= (seconds).")
             for ref in ready:
+                w = refs[ref]
                 try:
-                    out[refs[ref]] = pickle.loads(ray.get(ref))
+                    values[w].update(zip(sent[w], pickle.loads(ray.get(ref))))
                 except ray.exceptions.RayActorError:
-                    dead.append(refs[ref])
+                    dead.append(w)
         if dead:
-            for w in dead:
+            for w in sorted(set(dead)):
                 self._reassign(w)
-            raise WorkerUnavailableError(sorted(dead), f"ray actor(s) {sorted(dead)} died while computing chosen chunks")
+            raise WorkerUnavailableError(sorted(set(dead)), f"ray actor(s) {sorted(set(dead))} died while computing chosen chunks")
+        for w, task in checked.items():
+            out[w] = [values[w][i] for i in task.chunk_ids]
         return out
 
     def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:

@@ -80,10 +80,10 @@ def test_an_exception_of_fn_comes_back_with_where_it_was_raised(chunks):
 
 
 def test_closing_the_client_ends_the_holders_thread_and_a_closed_socket_reads_as_lost(chunks):
-    before = {t.ident for t in threading.enumerate() if t.name == "mixle-em-channel"}
+    before = [t for t in threading.enumerate() if t.name == "mixle-em-channel"]  # earlier tests' threads may still end
     address, key = _open(chunks)
     client = ChannelClient(address, key)
-    serving = [t for t in threading.enumerate() if t.name == "mixle-em-channel" and t.ident not in before]
+    serving = [t for t in threading.enumerate() if t.name == "mixle-em-channel" and all(t is not o for o in before)]
     assert len(serving) == 1
     client.close()
     serving[0].join(timeout=5)
