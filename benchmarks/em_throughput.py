@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
 import resource
 import statistics
@@ -250,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="1d,8d", help="comma-separated subset of 1d,8d")
     ap.add_argument("--engines", default="mp,dask,ray", help="comma-separated engines timed at 1 and 2 workers")
     args = ap.parse_args(argv)
+    # two dask LocalClusters live side by side here; closing the first restores dask's log level
+    # while the second runs, so keep dask's INFO chatter out of the table for good
+    logging.getLogger("distributed").setLevel(logging.ERROR)
     scale = 10 if args.small else 1
     wanted = {c.strip().lower() for c in args.cases.split(",")}
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
