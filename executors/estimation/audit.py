@@ -41,10 +41,13 @@ from .engine_support import block_assignment
 from .runner import (
     ChunkResult,
     GroupFold,
+    GroupStats,
     WorkerLostError,
     WorkerTask,
     WorkerUnavailableError,
     chunk_estep,
+    chunk_result,
+    group_of,
     supports_worker_placement,
 )
 
@@ -286,38 +289,48 @@ class EMAudit:
                 jobs.setdefault(w, []).append(c)
         struck: set[tuple[int, int]] = set()
         values = self._round(jobs, estimator, model, iteration, struck, GroupFold(chunk_estep, n, frozenset(audited)))
-        results = {c: values[(owners[c], c)] for c in range(n)}
+        entries = [values[(owners[c], c)] for c in range(n)]
         outcomes: list[ChunkAudit] = []
-        decided: set[int] = set()
+        decided: dict[int, Any] = {}  # audited chunk -> its statistic, where the audit did not keep the primary's
         live = self.live()
         for c in audited:
+            primary = chunk_result(entries, c)
             if len(self.auditor.healthy(live)) < 2:
                 replay = self._round({owners[c]: [c]}, estimator, model, iteration, struck)[(owners[c], c)]
                 outcome = self.auditor.audit_same_worker(
-                    iteration=iteration, chunk=c, worker=owners[c], statistic=results[c], replayed=replay,
+                    iteration=iteration, chunk=c, worker=owners[c], statistic=primary, replayed=replay,
                     injected=any(k[1] == c for k in struck))
             else:
                 def recompute(worker: int, c: int = c) -> Any:
                     if (worker, c) not in values:
                         values.update(self._round({worker: [c]}, estimator, model, iteration, struck))
-                    return values[(worker, c)]
+                    value = values[(worker, c)]
+                    return chunk_result([value], 0) if isinstance(value, GroupStats) else value
 
                 outcome = self.auditor.audit_chunk(
-                    iteration=iteration, chunk=c, primary=owners[c], statistic=results[c], recompute=recompute,
+                    iteration=iteration, chunk=c, primary=owners[c], statistic=primary, recompute=recompute,
                     workers=live, injected=any(k[1] == c for k in struck))
-            results[c] = outcome.statistic
+            if outcome.statistic is not primary and statistic_digest(outcome.statistic) != statistic_digest(primary):
+                decided[c] = outcome.statistic
             if outcome.quarantined is not None:
-                decided.add(c)
+                decided.setdefault(c, outcome.statistic)
                 if self.ledger is not None:
                     self.ledger.note(f"worker {outcome.quarantined} quarantined after a witnessed mismatch on "
                                      f"chunk {c} at iteration {iteration}; its chunks are recomputed on the others",
                                      worker=outcome.quarantined, chunk=c, iteration=iteration)
             outcomes.append(outcome)
-        redo = [c for c in range(n) if owners[c] in self.auditor.quarantined and c not in decided]
+        # Chunks of a quarantined worker, and every group holding one of them or a chunk whose audited
+        # statistic is not its primary's, are recomputed per chunk on healthy workers (a group folded
+        # with a bad chunk in it cannot be mended in place); the audit's own statistic stands for those.
+        touched = {group_of(n, c) for c in range(n) if owners[c] in self.auditor.quarantined} | {
+            group_of(n, c) for c in decided}
+        redo = sorted(c for a, b in touched for c in range(a, b) if c not in decided)
         if redo:
             for c, value in zip(redo, self.placed_map(chunk_estep, (estimator, model), n, redo)):
-                results[c] = value
-        return [results[c] for c in range(n)], tuple(outcomes)
+                entries[c] = value
+        for c, value in decided.items():
+            entries[c] = value
+        return entries, tuple(outcomes)
 
     def _same_runner(self, handle: Any, estimator: Any, model: Any, iteration: int,
                      audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
@@ -330,7 +343,7 @@ class EMAudit:
         outcomes = []
         for c, replay in zip(audited, replays):
             outcomes.append(self.auditor.audit_same_worker(iteration=iteration, chunk=c, worker=owners[c],
-                                                           statistic=results[c], replayed=replay))
+                                                           statistic=chunk_result(results, c), replayed=replay))
         return results, tuple(outcomes)
 
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
-    "DEFAULT_CHUNK_MULTIPLE", "GroupFold", "GroupStats", "apply_chunk_fn", "combine_groups", "fold_group",
-    "fold_pass",
+    "DEFAULT_CHUNK_MULTIPLE", "GroupFold", "GroupStats", "apply_chunk_fn", "chunk_result", "combine_groups",
+    "fold_group", "fold_pass", "group_of",
 ]
 
 DEFAULT_CHUNK_MULTIPLE = 12
@@ -26,11 +26,13 @@ It is also the most combine groups a pass has."""
 
 
 class GroupStats(NamedTuple):
-    """E-step results of a run of chunks folded in chunk order: rows, log-likelihood, statistics."""
+    """E-step results of a run of chunks folded in chunk order: rows, log-likelihood, statistics;
+    ``last`` is the group's last chunk's own result when it was asked for (an audited chunk)."""
 
     count: float
     log_likelihood: float
     stats: Any
+    last: Any = None
 
 
 def combine_groups(num_chunks: int) -> tuple[tuple[int, int], ...]:
@@ -50,8 +52,7 @@ def combine_groups(num_chunks: int) -> tuple[tuple[int, int], ...]:
 def fold_group(estimator: Any, results: Sequence[Any]) -> GroupStats:
     """Fold ``(count, log_likelihood, stats)`` results strictly in the given order (one is kept as is)."""
     if len(results) == 1:
-        count, ll, stats = results[0]
-        return GroupStats(float(count), float(ll), stats)
+        return GroupStats(float(results[0][0]), float(results[0][1]), results[0][2])
     acc = estimator.accumulator_factory().make()
     count = ll = 0.0
     for r in results:
@@ -64,14 +65,15 @@ def fold_group(estimator: Any, results: Sequence[Any]) -> GroupStats:
 def fold_pass(estimator: Any, results: Sequence[Any]) -> GroupStats:
     """One pass's total from per-chunk entries in chunk order, in the canonical two-level order.
 
-    An entry is a chunk's ``ChunkResult``, or -- for a group folded on a worker -- ``None`` for
-    each chunk of the group but the last, which holds the group's ``GroupStats``.
+    An entry is a chunk's ``ChunkResult``, or -- for a group folded on a worker -- the group's
+    ``GroupStats`` at its last chunk and ``None`` at the others (or their own results, where asked
+    for: they are then for the audit only).
     """
     parts = []
     for a, b in combine_groups(len(results)):
         entries = results[a:b]
         last = entries[-1]
-        if isinstance(last, GroupStats) and all(e is None for e in entries[:-1]):
+        if isinstance(last, GroupStats) and not any(isinstance(e, GroupStats) for e in entries[:-1]):
             parts.append(last)
         elif all(e is not None and not isinstance(e, GroupStats) for e in entries):
             parts.append(fold_group(estimator, entries))
@@ -88,8 +90,8 @@ def fold_pass(estimator: Any, results: Sequence[Any]) -> GroupStats:
 class GroupFold(NamedTuple):
     """A pass's chunk function ``fn`` (returning ``(count, log_likelihood, stats)``, its payload's first
     item the estimator) whose results are folded on the worker: through :func:`apply_chunk_fn`, each
-    combine group that lies wholly in a worker's chunk list, and holds none of the ``raw`` chunks
-    (e.g. audited ones), comes back as one :class:`GroupStats`."""
+    combine group that lies wholly in a worker's chunk list comes back as one :class:`GroupStats`.
+    The ``raw`` chunks (the audited ones) also bring back their own results (see :func:`chunk_result`)."""
 
     fn: Callable[[Any, Any], Any]
     num_chunks: int
@@ -100,7 +102,8 @@ class GroupFold(NamedTuple):
         return self.fn(chunk, payload)
 
     def apply_block(self, ids: Sequence[int], chunk_of: Callable[[int], Any], payload: Any) -> list[Any]:
-        """Entries for ``ids`` (in that order): complete groups folded, every other chunk per chunk."""
+        """Entries for ``ids`` (in that order): complete groups folded (with the own results of their
+        ``raw`` chunks), every other chunk per chunk."""
         groups = combine_groups(self.num_chunks)
         size = groups[0][1] - groups[0][0] if groups else 1
         ids = list(ids)
@@ -110,15 +113,32 @@ class GroupFold(NamedTuple):
             c = ids[i]
             a = c - c % size
             b = min(a + size, self.num_chunks)
-            if b - a > 1 and c == a and ids[i:i + b - a] == list(range(a, b)) and self.raw.isdisjoint(range(a, b)):
+            if b - a > 1 and c == a and ids[i:i + b - a] == list(range(a, b)):
                 results = [self.fn(chunk_of(j), payload) for j in range(a, b)]
-                out.extend([None] * (b - a - 1))
-                out.append(fold_group(payload[0], results))
+                out.extend(results[j - a] if j in self.raw else None for j in range(a, b - 1))
+                out.append(fold_group(payload[0], results)._replace(last=results[-1] if b - 1 in self.raw else None))
                 i += b - a
             else:
                 out.append(self.fn(chunk_of(c), payload))
                 i += 1
         return out
+
+
+def chunk_result(entries: Sequence[Any], chunk: int) -> Any:
+    """Chunk ``chunk``'s own result among a pass's entries (it must have been asked for, as ``raw``)."""
+    entry = entries[chunk]
+    if isinstance(entry, GroupStats):
+        entry = entry.last
+    if entry is None:
+        raise KeyError(f"chunk {chunk}'s own result did not come back: pass it in GroupFold(raw=...)")
+    return entry
+
+
+def group_of(num_chunks: int, chunk: int) -> tuple[int, int]:
+    """The combine group ``[a, b)`` that holds ``chunk``."""
+    size = -(-int(num_chunks) // DEFAULT_CHUNK_MULTIPLE)
+    a = chunk - chunk % size
+    return a, min(a + size, int(num_chunks))
 
 
 def apply_chunk_fn(fn: Callable[[Any, Any], Any], payload: Any, ids: Sequence[int],

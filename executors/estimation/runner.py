@@ -55,16 +55,19 @@ from .combine_order import (
     GroupFold,
     GroupStats,
     apply_chunk_fn,
+    chunk_result,
     combine_groups,
     fold_group,
     fold_pass,
+    group_of,
 )
 
 DEFAULT_CHUNK_SIZE = 16384
 """Largest rows per chunk when neither ``num_chunks`` nor ``chunk_size`` is given."""
 
 __all__ = [
-    "GroupFold", "GroupStats", "apply_chunk_fn", "combine_groups", "fold_group", "fold_pass",
+    "GroupFold", "GroupStats", "apply_chunk_fn", "chunk_result", "combine_groups", "fold_group", "fold_pass",
+    "group_of",
     "ChunkResult", "ChunkRunner", "ChunkedEncodedData", "DEFAULT_CHUNK_SIZE", "EStepResult",
     "DEFAULT_CHUNK_MULTIPLE", "EncodedChunk", "WorkerLostError", "WorkerTask", "WorkerTimeoutError", "WorkerUnavailableError",
     "chunk_bounds", "chunk_estep", "supports_worker_placement",
@@ -401,7 +404,8 @@ class ChunkedEncodedData:
         else:
             entries, outcomes = self.estep_entries(estimator, model), ()
         self._fit_first = False
-        nobs, ll, stats = fold_pass(estimator, entries)
+        total = fold_pass(estimator, entries)
+        nobs, ll, stats = total.count, total.log_likelihood, total.stats
         out = EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
         self.iteration = iteration + 1
         self.last_audits = tuple(outcomes)

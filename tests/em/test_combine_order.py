@@ -29,6 +29,7 @@ from mixle_parallel.executors.estimation.runner import (
     GroupStats,
     apply_chunk_fn,
     chunk_bounds,
+    chunk_result,
     chunk_estep,
     combine_groups,
     encode_chunks,
@@ -83,7 +84,8 @@ def test_a_pass_folded_per_chunk_or_by_group_has_the_same_bits(case):
 @given(cuts=st.lists(st.integers(1, 29), max_size=5, unique=True), audited=st.sets(st.integers(0, 29), max_size=4))
 def test_any_split_over_workers_and_any_audited_set_gives_the_same_bits(case, cuts, audited):
     """Workers hold arbitrary contiguous blocks (groups may straddle two of them) and audited chunks
-    stay per chunk: the folded total never changes."""
+    bring their own results back too: the folded total never changes, and each audited chunk's own
+    result is bitwise the one computed alone."""
     est, model, chunks = case
     n = len(chunks)
     edges = [0, *sorted(cuts), n]
@@ -91,10 +93,15 @@ def test_any_split_over_workers_and_any_audited_set_gives_the_same_bits(case, cu
     entries = []
     for a, b in zip(edges, edges[1:]):
         entries += apply_chunk_fn(fold, (est, model), list(range(a, b)), chunks.__getitem__)
-    for c in audited:
-        assert isinstance(entries[c], ChunkResult)  # what the audit compares is the chunk's own result
     raw = [chunk_estep(c, (est, model)) for c in chunks]
+    for c in audited:  # what the audit compares is the chunk's own result
+        own = chunk_result(entries, c)
+        assert isinstance(own, ChunkResult) and _bits(GroupStats(*own)) == _bits(GroupStats(*raw[c]))
     assert _bits(fold_pass(est, entries)) == _bits(fold_pass(est, raw))
+    for c in range(n):  # a folded chunk that was not asked for has no own result to give
+        if c not in audited and (entries[c] is None or isinstance(entries[c], GroupStats)):
+            with pytest.raises(KeyError, match="did not come back"):
+                chunk_result(entries, c)
 
 
 def test_a_partly_folded_group_is_refused_as_a_runner_bug(case):
