@@ -42,7 +42,11 @@ def test_fabric_launching_rank_reports_a_failed_child() -> None:
     done = _run_job("fabric_rank1_fails")
     assert done.returncode != 0
     assert "boom on rank 1" in done.stderr
-    assert "ranks started by Fabric failed" in done.stderr
+    # Reported by our launcher when rank 0 returns first, or -- when Lightning's child observer (a
+    # 5 s poll) sees the dead rank while rank 0 is still running, as happens under load -- by
+    # Lightning, which then kills rank 0 itself. Either way the job fails and says which rank died.
+    assert ("ranks started by Fabric failed" in done.stderr
+            or ("Child process with PID" in done.stderr and "terminated with code 1" in done.stderr))
 
 
 def _alive(pid: int) -> bool:
