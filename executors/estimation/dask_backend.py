@@ -27,16 +27,13 @@ from __future__ import annotations
 import itertools
 import logging
 import pickle
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .engine_channel import (
     ChannelClient,
-    ChannelServer,
     collect_replies,
     new_channel_key,
-    split_resident,
     wait_channels,
 )
 from .engine_support import (
@@ -45,12 +42,11 @@ from .engine_support import (
     block_assignment,
     check_timeout,
     ordered_results,
-    prepare_worker,
     require_engine,
     requested_ids,
-    yield_on_wakeup,
 )
-from .runner import WorkerLostError, WorkerTask, WorkerTimeoutError, WorkerUnavailableError, apply_chunk_fn, check_tasks
+from .dask_holder import DaskChunkHolder, dask_config_for_em, pack_for_holder, work_for_holder
+from .runner import WorkerLostError, WorkerTask, WorkerTimeoutError, WorkerUnavailableError, check_tasks
 
 __all__ = ["DaskChunkHolder", "DaskRunner", "channel_host", "dask_config_for_em", "dask_encoded_data"]
 
@@ -61,23 +57,6 @@ _POLL_S = 0.25
 
 _ACTOR_START_S = 15.0
 """Longest wait for a fresh actor on a replacement worker during recovery (survivors take over otherwise)."""
-
-
-def _pack(value: Any, task: bool = False) -> bytes:
-    """``value`` as one in-band pickle: dask would send every small numpy array of a chunk's statistics
-    as a frame of its own (one bytes frame per call keeps a pass to a single cheap message), and
-    would hand a worker chunk arrays that point into its network buffers (see ``DaskChunkHolder.load``).
-    A task ``(fn, payload)`` goes through cloudpickle (functions of ``__main__`` or of modules
-    registered by value must travel by value: workers cannot import them); results through plain
-    pickle (fast), cloudpickle only for what it cannot do."""
-    import cloudpickle
-
-    if task:
-        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    try:
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, AttributeError, TypeError):
-        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 async def _outcomes(calls: dict[Any, Any], timeout: float | None) -> dict[Any, tuple[bool, Any]]:
@@ -105,115 +84,6 @@ def channel_host(address: str) -> str | None:
     if scheme != "tcp" or not rest:
         return None
     return rest.rsplit(":", 1)[0].strip("[]")
-
-
-def _work(chunk_ids: list[int], keep: Sequence[int] = ()) -> bytes:
-    """The chunk ids of one ``DaskChunkHolder.run`` call (and the borrowed ones to keep), as one pickle."""
-    return pickle.dumps((list(chunk_ids), list(keep)), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-class DaskChunkHolder:
-    """Actor body: the chunks resident on one dask worker, and ``fn`` mapped over them."""
-
-    def __init__(self, prepare: bool = False) -> None:
-        """``prepare`` (a cluster the runner started): set the worker process up for numeric passes
-        (``prepare_worker``), on every worker that holds chunks, replacement workers included."""
-        if prepare:
-            prepare_worker()
-        self._batch_threads: set[int] | None = set() if prepare else None
-        self.chunks: dict[int, Any] = {}
-
-    def _yield_on_wakeup(self) -> None:
-        """Batch-schedule the thread that runs this call (the policy is per thread on Linux)."""
-        if self._batch_threads is not None:
-            import threading
-
-            ident = threading.get_ident()
-            if ident not in self._batch_threads:
-                self._batch_threads.add(ident)
-                yield_on_wakeup()
-
-    def pid(self) -> int:
-        """The worker's process id (tests kill it to prove recovery)."""
-        import os
-
-        return os.getpid()
-
-    def open_channel(self, authkey: bytes, host: str) -> tuple[str, int] | str:
-        """Serve data passes over the resident chunks on a socket at ``host``: its address, or why not
-        (the runner then keeps passes on dask's RPC)."""
-        server = ChannelServer(lambda i: self.chunks[i], "a dask worker's chunk holder",
-                               batch_schedule=self._batch_threads is not None)
-        try:
-            return server.open(host, authkey)
-        except OSError as exc:
-            return f"{type(exc).__name__}: {exc}"
-
-    def load(self, chunks: dict[int, bytes], replace: bool = False) -> int:
-        """Keep ``chunks`` (chunk id -> pickled chunk) resident; ``replace`` drops those held before.
-
-        Unpickling here gives every array memory of its own: arrays dask deserializes zero-copy sit
-        at arbitrary offsets of a network frame (measured: not even 8-byte aligned), where numpy
-        takes slow paths -- an E-step pass ran about 25% slower on them. Returns how many it holds.
-        """
-        if replace:
-            self.chunks = {}
-        self.chunks.update((int(i), pickle.loads(c)) for i, c in chunks.items())
-        return len(self.chunks)
-
-    def run(self, task: bytes, work: bytes, borrowed: dict[int, bytes] | None = None) -> bytes:
-        """``fn(chunk, payload)`` over the chunk ids in order (through ``apply_chunk_fn``), ``task`` being
-        the pickled ``(fn, payload)`` and ``work`` the pickled ``(chunk ids, keep)``.
-
-        Both travel as bytes: dask serializes a list argument item by item (measured: a 24-id list
-        added ~0.5 ms to every call, 72 ids ~1.3 ms). Chunks not resident here come pickled in
-        ``borrowed``; those listed in ``keep`` stay resident (their holder died), the others are
-        dropped after the call. Returns the pickled ``("ok", results)``, or ``("raised", exception)``
-        when ``fn`` raised, so the driver can tell a failing ``fn`` from a lost worker (any exception
-        of the call itself means the worker is gone).
-        """
-        self._yield_on_wakeup()
-        try:
-            fn, payload = pickle.loads(task)
-            chunk_ids, keep = pickle.loads(work)
-            extra = {int(i): pickle.loads(c) for i, c in (borrowed or {}).items()}
-            self.chunks.update((i, extra[i]) for i in keep)
-            return _pack(("ok", apply_chunk_fn(fn, payload, chunk_ids,
-                                               lambda i: self.chunks[i] if i in self.chunks else extra[i])))
-        except Exception as exc:  # noqa: BLE001 - returned to the driver, which re-raises it
-            exc.add_note(f"raised in a dask worker's chunk holder:\n{traceback.format_exc()}")
-            try:
-                return _pack(("raised", exc))
-            except Exception:  # noqa: BLE001 - an exception that cannot travel is sent as text
-                return _pack(("raised", RuntimeError(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")))
-
-
-def dask_config_for_em() -> Any:
-    """Dask settings for workers this runner starts: numeric passes at full speed.
-
-    Dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` makes every large numpy temporary a fresh
-    ``mmap`` (page faults on each E-step), and its statistical profiler samples the task thread
-    every 10 ms; measured together they made a worker's E-step about 3x slower than the same call
-    in the driver. BLAS stays capped to one thread per worker.
-
-    The periodic housekeeping of an idle 2-worker cluster (the 20 ms event-loop tick, the 100 ms
-    memory monitor and work-stealing balance, the 500 ms system monitor) took 12-16% of one core
-    here, taken from the workers' cores during every pass; at 1 s / 1 s / off / 5 s it takes about
-    1.5%. Work stealing has nothing to move (the chunk holders are pinned actors), and a worker
-    over its memory limit is still stopped, within a second instead of 100 ms.
-    """
-    import dask
-
-    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {})
-    environ.pop("MALLOC_TRIM_THRESHOLD_", None)
-    return dask.config.set({
-        "distributed.nanny.pre-spawn-environ": environ,
-        "distributed.worker.profile.enabled": False,
-        "distributed.admin.tick.interval": "1s",
-        "distributed.worker.memory.monitor-interval": "1s",
-        "distributed.scheduler.work-stealing": False,
-        "distributed.admin.system-monitor.interval": "5s",
-    })
 
 
 class DaskRunner:
@@ -349,7 +219,7 @@ class DaskRunner:
             )
         loads = {}
         for worker, ids in zip(self._workers, block_assignment(len(self._chunks), self.num_workers)):
-            loads[worker] = self._invoke(worker, "load", {i: _pack(self._chunks[i]) for i in ids}, True)
+            loads[worker] = self._invoke(worker, "load", {i: pack_for_holder(self._chunks[i]) for i in ids}, True)
             for i in ids:
                 self._where[i] = worker
         for worker, call in loads.items():
@@ -381,7 +251,7 @@ class DaskRunner:
                 load[target] += 1
                 targets.setdefault(target, []).append(i)
             _log.warning("dask: re-placing lost chunks %s onto %s", chunk_ids, sorted(targets))
-            calls = {t: self._invoke(t, "load", {i: _pack(self._chunks[i]) for i in ids}) for t, ids in targets.items()}
+            calls = {t: self._invoke(t, "load", {i: pack_for_holder(self._chunks[i]) for i in ids}) for t, ids in targets.items()}
             results = [self._await(t, call, deadline, f"take lost chunks {targets[t]}") for t, call in calls.items()]
             if None not in results:
                 break  # else a target died too: place again on the actors left
@@ -575,7 +445,7 @@ class DaskRunner:
         """
         ids = requested_ids(chunk_ids, len(self._chunks))
         deadline = Deadline(self.timeout)
-        task = _pack((fn, payload), task=True)
+        task = pack_for_holder((fn, payload), task=True)
         gone = [i for i in ids if not self._alive(self._where[i])]
         if gone:  # a worker died between passes
             self._replace(gone, deadline)
@@ -615,14 +485,17 @@ class DaskRunner:
         by_worker: dict[str, list[int]] = {}
         for i in ids:
             by_worker.setdefault(self._where[i], []).append(i)
-        return {next(self._calls): (address, self._invoke(address, "run", task, _work(wids)), wids)
+        return {next(self._calls): (address, self._invoke(address, "run", task, work_for_holder(wids)), wids)
                 for address, wids in sorted(by_worker.items())}
 
     # -- placement (the SDC audit recomputes a chunk on a chosen worker) -----------------------
     def worker_ids(self) -> list[int]:
-        """Ids (positions in the worker list fixed at start) of the workers still in the cluster."""
-        live = set(self._live_workers())
-        return [i for i, address in enumerate(self._workers) if address in live and self._alive(address)]
+        """Ids (positions in the worker list fixed at start) of the workers whose holder is alive.
+
+        Read from the holders' futures, which the scheduler turns to ``error`` when it loses a worker:
+        no round trip (asking the scheduler each time cost ~1 ms, and an audited pass asks 4-5 times);
+        a worker lost a moment ago that still reads as alive fails its next call, which recovers."""
+        return [i for i, address in enumerate(self._workers) if self._alive(address)]
 
     def chunk_owners(self) -> list[int]:
         """The worker id each chunk is resident on (-1 for a chunk re-placed on a worker not in the list)."""
@@ -644,24 +517,21 @@ class DaskRunner:
             if not t.chunk_ids:
                 continue
             address = self._workers[w]
-            task = _pack((t.fn, t.payload), task=True)
-            # chunks resident on the holder go over its pass channel; borrowed ones through dask
-            channel = self._channels.get(address)
-            mine, rest = (split_resident(t.chunk_ids, lambda i, a=address: self._where[i] == a)
-                          if channel is not None else ([], list(t.chunk_ids)))
-            if mine and channel.send(task, mine):
-                direct[w] = channel
-            else:
-                rest = list(t.chunk_ids)
-            sent[w] = rest
-            adopted[w] = []
-            if not rest:
-                continue
-            borrowed = {i: _pack(self._chunks[i]) for i in dict.fromkeys(rest) if self._where[i] != address}
+            task = pack_for_holder((t.fn, t.payload), task=True)
+            ids = list(t.chunk_ids)
+            borrowed = {i: pack_for_holder(self._chunks[i]) for i in dict.fromkeys(ids) if self._where[i] != address}
             orphans = [i for i in dict.fromkeys(borrowed) if not self._alive(self._where[i])
-                       and all(i not in ids for ids in adopted.values())]
+                       and all(i not in kept for kept in adopted.values())]
             adopted[w] = orphans
-            pending[w] = (address, self._invoke(address, "run", task, _work(rest, orphans),
+            # over the holder's pass channel, borrowed chunks included, unless a dead holder's chunks are
+            # to stay here (that goes through dask); one call either way, so one thread computes
+            channel = self._channels.get(address)
+            if not orphans and channel is not None and channel.send(task, ids, borrowed):
+                direct[w] = channel
+                sent[w] = []
+                continue
+            sent[w] = ids
+            pending[w] = (address, self._invoke(address, "run", task, work_for_holder(ids, orphans),
                                                 *([borrowed] if borrowed else [])))
         values: dict[int, dict[int, Any]] = {w: {} for w in checked}
         got, closed, hung = collect_replies(direct, deadline.remaining)

@@ -10,8 +10,10 @@ with a random per-runner key that travels through the engine's own RPC. The hold
 chunks and lifetime are still the engine's; a lost socket is read as a lost worker, and the
 runner's usual recovery (through the engine) takes over.
 
-Requests and replies are pickles: a request is ``(task, chunk ids)`` with ``task`` the pickled
-``(fn, payload)`` (cloudpickle, once per pass), a reply ``("ok", entries)`` from
+Requests and replies are pickles: a request is ``(task, chunk ids, borrowed)`` with ``task`` the
+pickled ``(fn, payload)`` (cloudpickle, once per pass) and ``borrowed`` the pickled chunks the
+holder does not hold (the SDC audit's replays; used for the call, not kept), a reply
+``("ok", entries)`` from
 :func:`~.combine_order.apply_chunk_fn` or ``("raised", exception)`` when ``fn`` raised. The traffic
 is not encrypted: where the network between driver and workers must carry only the engine's own
 (TLS) traffic, pass ``direct_channel=False`` and every pass goes through the engine's RPC.
@@ -32,7 +34,7 @@ from typing import Any
 from .combine_order import apply_chunk_fn
 from .engine_support import yield_on_wakeup
 
-__all__ = ["ChannelClient", "ChannelServer", "collect_replies", "new_channel_key", "split_resident", "wait_channels"]
+__all__ = ["ChannelClient", "ChannelServer", "collect_replies", "new_channel_key", "wait_channels"]
 
 _ACCEPT_TIMEOUT_S = 60.0
 """How long a holder waits for the driver to connect after opening its socket."""
@@ -91,9 +93,11 @@ class ChannelServer:
 
     def _answer(self, request: bytes) -> bytes:
         try:
-            task, ids = pickle.loads(request)
+            task, ids, borrowed = pickle.loads(request)
             fn, payload = pickle.loads(task)
-            reply: tuple[str, Any] = ("ok", apply_chunk_fn(fn, payload, ids, self._chunk_of))
+            extra = {int(i): pickle.loads(blob) for i, blob in borrowed.items()}
+            chunk_of = (lambda i: extra[i] if i in extra else self._chunk_of(i)) if extra else self._chunk_of
+            reply: tuple[str, Any] = ("ok", apply_chunk_fn(fn, payload, ids, chunk_of))
         except Exception as exc:  # noqa: BLE001 - returned to the driver, which re-raises it
             exc.add_note(f"raised in {self._where} (pass channel):\n{traceback.format_exc()}")
             reply = ("raised", exc)
@@ -117,10 +121,11 @@ class ChannelClient:
         self.waiting: collections.deque[list[int]] = collections.deque()
         """Chunk ids of the requests sent and not yet answered, oldest first."""
 
-    def send(self, task: bytes, ids: Sequence[int]) -> bool:
-        """Send a request; False when the socket is gone (the holder died)."""
+    def send(self, task: bytes, ids: Sequence[int], borrowed: dict[int, bytes] | None = None) -> bool:
+        """Send a request (``borrowed``: pickled chunks the holder does not hold); False when the socket
+        is gone (the holder died)."""
         try:
-            self.conn.send_bytes(pickle.dumps((task, list(ids)), protocol=pickle.HIGHEST_PROTOCOL))
+            self.conn.send_bytes(pickle.dumps((task, list(ids), borrowed or {}), protocol=pickle.HIGHEST_PROTOCOL))
         except (OSError, ValueError):
             return False
         self.waiting.append(list(ids))
@@ -153,13 +158,6 @@ def wait_channels(channels: dict[Any, ChannelClient], timeout: float | None) -> 
     if not by_conn:
         return []
     return [by_conn[c] for c in connection.wait(list(by_conn), timeout=timeout)]
-
-
-def split_resident(ids: Sequence[int], resident: Callable[[int], bool]) -> tuple[list[int], list[int]]:
-    """``ids`` split into those resident on a holder (computed over its channel) and the rest (sent
-    through the engine with the chunks borrowed), each in the given order."""
-    mine = [i for i in ids if resident(i)]
-    return mine, [i for i in ids if not resident(i)]
 
 
 def collect_replies(channels: dict[Any, ChannelClient], remaining: Callable[[], float | None]

@@ -25,7 +25,6 @@ from .engine_channel import (
     ChannelServer,
     collect_replies,
     new_channel_key,
-    split_resident,
     wait_channels,
 )
 from .engine_support import (
@@ -363,14 +362,14 @@ class RayRunner:
         for w, task in checked.items():
             if not task.chunk_ids:
                 continue
-            # chunks resident on the actor go over its pass channel; borrowed ones through Ray
+            # over the actor's pass channel, borrowed chunks included (one call, so one thread computes)
             blob = _pickled((task.fn, task.payload)) if w in self._channels else b""
-            mine, rest = (split_resident(task.chunk_ids, lambda i, w=w: self._owner[i] == w)
-                          if 0 < len(blob) <= INLINE_PAYLOAD_BYTES else ([], list(task.chunk_ids)))
-            if mine and self._channels[w].send(blob, mine):
-                direct[w] = self._channels[w]
-            else:
-                rest = list(task.chunk_ids)
+            rest = list(task.chunk_ids)
+            if 0 < len(blob) <= INLINE_PAYLOAD_BYTES:
+                borrowed = {i: _pickled(ray.get(self._refs[i])) for i in dict.fromkeys(rest) if self._owner[i] != w}
+                if self._channels[w].send(blob, rest, borrowed):
+                    direct[w] = self._channels[w]
+                    rest = []
             sent[w] = rest
             if rest:
                 borrowed = {i: [self._refs[i]] for i in rest if self._owner[i] != w}

@@ -111,13 +111,27 @@ def test_closing_the_client_ends_the_holders_thread_and_a_closed_socket_reads_as
 
 
 def test_requests_and_replies_are_plain_pickles(chunks):
-    """What travels: ``(task, ids)`` in, ``("ok", entries)`` out -- nothing engine-specific."""
+    """What travels: ``(task, ids, borrowed chunks)`` in, ``("ok", entries)`` out -- nothing engine-specific."""
     address, key = _open(chunks)
     from multiprocessing.connection import Client
 
     with Client(address, authkey=key) as conn:
-        conn.send_bytes(pickle.dumps((_task({"scale": 3.0}), [2])))
+        conn.send_bytes(pickle.dumps((_task({"scale": 3.0}), [2], {})))
         assert pickle.loads(conn.recv_bytes()) == ("ok", [9.0])
+
+
+def test_borrowed_chunks_are_used_for_the_call_and_not_kept(chunks):
+    address, key = _open(chunks)
+    client = ChannelClient(address, key)
+    try:
+        client.send(_task({"scale": 1.0}), [0, 7, 1], {7: pickle.dumps(70.0)})  # 7 is held elsewhere
+        assert client.receive() == ([0, 7, 1], [1.0, 70.0, 2.0])
+        assert 7 not in chunks
+        client.send(_task({"scale": 1.0}), [7])
+        with pytest.raises(KeyError):  # not resident, not lent this time
+            client.receive()
+    finally:
+        client.close()
 
 
 def test_channels_are_opened_only_where_the_engine_talks_plain_tcp(monkeypatch):
