@@ -525,8 +525,8 @@ class DaskRunner:
             adopted[w] = orphans
             # over the holder's pass channel, borrowed chunks included, unless a dead holder's chunks are
             # to stay here (that goes through dask); one call either way, so one thread computes
-            channel = self._channels.get(address)
-            if not orphans and channel is not None and channel.send(task, ids, borrowed):
+            channel = None if orphans else self._channel_for(address)  # opened here when no plain pass came first
+            if channel is not None and channel.send(task, ids, borrowed):
                 direct[w] = channel
                 sent[w] = []
                 continue
