@@ -201,8 +201,9 @@ class EMAudit:
                struck: set[tuple[int, int]], fold: GroupFold | None = None) -> dict[tuple[int, int], Any]:
         """Compute ``jobs`` (worker -> chunk ids) in one placed round; strike planned flips inside workers.
 
-        With ``fold``, a worker without planned flips folds its complete groups (``fold.raw``, the audited
-        chunks, stay per chunk); the entries are then for ``fold_pass``."""
+        With ``fold``, a worker without planned flips folds its complete groups, bringing back the own
+        results of ``fold.raw`` (the audited chunks, read with ``chunk_result``); the entries are then
+        for ``fold_pass``."""
         tasks: dict[int, WorkerTask] = {}
         for w, ids in jobs.items():
             if not ids:
@@ -260,8 +261,8 @@ class EMAudit:
     # -- the audited E-step ----------------------------------------------------------------------
     def estep_results(self, handle: Any, estimator: Any, model: Any, iteration: int,
                       *, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """The E-step entries of one audited pass (chunk order, for ``fold_pass``; audited chunks per
-        chunk) and the audit outcomes."""
+        """The E-step entries of one audited pass (chunk order, for ``fold_pass``; each audited chunk's own
+        result readable with ``chunk_result``) and the audit outcomes."""
         n = handle.num_chunks
         audited = self.audited_chunks(iteration, n, first_of_fit=first_of_fit)
         if not self.placement:

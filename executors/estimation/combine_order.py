@@ -35,6 +35,10 @@ class GroupStats(NamedTuple):
     last: Any = None
 
 
+def _group_size(num_chunks: int) -> int:
+    return max(1, -(-int(num_chunks) // DEFAULT_CHUNK_MULTIPLE))
+
+
 def combine_groups(num_chunks: int) -> tuple[tuple[int, int], ...]:
     """The chunk ranges ``[a, b)`` whose E-step results are folded first; the groups are then folded in order.
 
@@ -43,10 +47,7 @@ def combine_groups(num_chunks: int) -> tuple[tuple[int, int], ...]:
     with default chunking the groups line up with the blocks of 1, 2, 3, 4 or 6 workers.
     """
     n = int(num_chunks)
-    if n <= 0:
-        return ()
-    size = -(-n // DEFAULT_CHUNK_MULTIPLE)
-    return tuple((a, min(a + size, n)) for a in range(0, n, size))
+    return tuple((a, min(a + _group_size(n), n)) for a in range(0, n, _group_size(n))) if n > 0 else ()
 
 
 def fold_group(estimator: Any, results: Sequence[Any]) -> GroupStats:
@@ -104,22 +105,19 @@ class GroupFold(NamedTuple):
     def apply_block(self, ids: Sequence[int], chunk_of: Callable[[int], Any], payload: Any) -> list[Any]:
         """Entries for ``ids`` (in that order): complete groups folded (with the own results of their
         ``raw`` chunks), every other chunk per chunk."""
-        groups = combine_groups(self.num_chunks)
-        size = groups[0][1] - groups[0][0] if groups else 1
         ids = list(ids)
         out: list[Any] = []
         i = 0
         while i < len(ids):
             c = ids[i]
-            a = c - c % size
-            b = min(a + size, self.num_chunks)
+            a, b = group_of(self.num_chunks, c)
             if b - a > 1 and c == a and ids[i:i + b - a] == list(range(a, b)):
-                results = [self.fn(chunk_of(j), payload) for j in range(a, b)]
+                results = [_call(self.fn, payload, j, chunk_of) for j in range(a, b)]
                 out.extend(results[j - a] if j in self.raw else None for j in range(a, b - 1))
                 out.append(fold_group(payload[0], results)._replace(last=results[-1] if b - 1 in self.raw else None))
                 i += b - a
             else:
-                out.append(self.fn(chunk_of(c), payload))
+                out.append(_call(self.fn, payload, c, chunk_of))
                 i += 1
         return out
 
@@ -136,7 +134,7 @@ def chunk_result(entries: Sequence[Any], chunk: int) -> Any:
 
 def group_of(num_chunks: int, chunk: int) -> tuple[int, int]:
     """The combine group ``[a, b)`` that holds ``chunk``."""
-    size = -(-int(num_chunks) // DEFAULT_CHUNK_MULTIPLE)
+    size = _group_size(num_chunks)
     a = chunk - chunk % size
     return a, min(a + size, int(num_chunks))
 
@@ -149,11 +147,14 @@ def apply_chunk_fn(fn: Callable[[Any, Any], Any], payload: Any, ids: Sequence[in
     block = getattr(fn, "apply_block", None)
     if block is not None:
         return block(ids, chunk_of, payload)
-    out = []
-    for i in ids:
-        try:
-            out.append(fn(chunk_of(i), payload))
-        except BaseException as exc:
-            exc.chunk_id = i  # type: ignore[attr-defined]
-            raise
-    return out
+    return [_call(fn, payload, i, chunk_of) for i in ids]
+
+
+def _call(fn: Callable[[Any, Any], Any], payload: Any, chunk: int, chunk_of: Callable[[int], Any]) -> Any:
+    """``fn`` on one chunk; an exception leaves tagged with the ``chunk_id`` it was raised on."""
+    try:
+        return fn(chunk_of(chunk), payload)
+    except BaseException as exc:
+        if not hasattr(exc, "chunk_id"):
+            exc.chunk_id = chunk  # type: ignore[attr-defined]
+        raise

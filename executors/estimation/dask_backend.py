@@ -11,9 +11,9 @@ a chunk unpickled in the actor owns aligned memory (dask's zero-copy arrays did 
 slower on them).
 
 With ``direct_channel=True`` (the default, on ``tcp://`` clusters) each holder also serves the
-data passes on a socket of its own (``engine_channel``): a pass then costs a pipe-like round trip
-instead of two trips through dask's RPC stack. Loading chunks, recovery and the SDC audit's placed
-runs still go through dask.
+data passes on a socket of its own (``engine_channel``): a pass, and each placed run of the SDC
+audit (borrowed chunks included), then costs a pipe-like round trip instead of two trips through
+dask's RPC stack. Loading chunks, liveness and recovery stay dask's.
 
 When a worker dies its actor is gone (a call in flight fails with ``OSError``, later calls with
 ``RuntimeError``, and the actor's future turns ``error``). The runner keeps the encoded chunks on
@@ -374,7 +374,7 @@ class DaskRunner:
         channel = self._channels.pop(address, None)
         if channel is None:
             return []
-        owed = [i for wids in channel.waiting for i in wids]
+        owed = channel.owed
         channel.close()
         return owed
 
@@ -393,11 +393,7 @@ class DaskRunner:
             if not owed:
                 return
             losses += 1
-            if losses > self.max_recoveries:
-                raise WorkerLostError(
-                    f"dask lost chunks {owed} {losses} times in one pass (workers keep dying); "
-                    "check the workers' memory limits and logs"
-                )
+            self._check_losses(losses, owed)
             self._replace(owed, deadline)
             submit(owed)
 
@@ -426,13 +422,25 @@ class DaskRunner:
                 for address in [a for a, ch in self._channels.items() if ch.waiting and not self._alive(a)]:
                     lost(address)
                 if deadline.expired():
-                    hung = sorted(a for a, ch in self._channels.items() if ch.waiting)
-                    waiting = sorted(i for a in hung for wids in self._channels[a].waiting for i in wids)
-                    raise WorkerTimeoutError(
-                        f"dask worker(s) {hung} did not return chunk(s) {waiting} within {self.timeout} s; "
-                        "a worker is hung or overloaded. Raise timeout= (seconds) or restart the hung worker."
-                    )
+                    hung = {a: ch.owed for a, ch in self._channels.items() if ch.waiting}
+                    raise self._pass_timeout(hung)
         return ordered_results(results, ids, self.name)
+
+    def _check_losses(self, losses: int, chunk_ids: Sequence[int]) -> None:
+        """Give up a pass whose workers keep dying (``max_recoveries`` losses)."""
+        if losses > self.max_recoveries:
+            raise WorkerLostError(
+                f"dask lost chunks {sorted(chunk_ids)} {losses} times in one pass (workers keep dying); "
+                "check the workers' memory limits and logs"
+            )
+
+    def _pass_timeout(self, hung: dict[str, Sequence[int]]) -> WorkerTimeoutError:
+        """The error of a pass whose workers (address -> chunk ids owed) did not answer in time."""
+        return WorkerTimeoutError(
+            f"dask worker(s) {sorted(hung)} did not return chunk(s) {sorted(i for ids in hung.values() for i in ids)} "
+            f"within {self.timeout} s; a worker is hung or overloaded. Raise timeout= (seconds) or restart the "
+            "hung worker."
+        )
 
     # -- data passes --------------------------------------------------------------------------
     def map_chunks(
@@ -458,24 +466,17 @@ class DaskRunner:
         losses = 0
 
         def timed_out() -> WorkerTimeoutError:
-            waiting = sorted(i for _, _, wids in pending.values() for i in wids)
-            hung = sorted({address for address, _, _ in pending.values()})
-            return WorkerTimeoutError(
-                f"dask worker(s) {hung} did not return chunk(s) {waiting} within "
-                f"{self.timeout} s; a worker is hung or overloaded. Raise timeout= (seconds) "
-                "or restart the hung worker."
-            )
+            hung: dict[str, list[int]] = {}
+            for address, _, wids in pending.values():
+                hung.setdefault(address, []).extend(wids)
+            return self._pass_timeout(hung)
 
         for _, (_, _, wids), values in self._settle(pending, deadline, timed_out):
             if values is not None:
                 results.update(zip(wids, values))
                 continue
             losses += 1
-            if losses > self.max_recoveries:
-                raise WorkerLostError(
-                    f"dask lost chunks {sorted(wids)} {losses} times in one pass (workers keep dying); "
-                    "check the workers' memory limits and logs"
-                )
+            self._check_losses(losses, wids)
             self._replace(sorted(wids), deadline)
             pending.update(self._dispatch(task, sorted(wids)))
         return ordered_results(results, ids, self.name)

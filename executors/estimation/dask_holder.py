@@ -9,12 +9,10 @@ runner starts. Split from ``dask_backend`` (the driver side) to keep each module
 from __future__ import annotations
 
 import pickle
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from .combine_order import apply_chunk_fn
-from .engine_channel import ChannelServer
+from .engine_channel import ChannelServer, answer
 from .engine_support import prepare_worker, yield_on_wakeup
 
 __all__ = ["DaskChunkHolder", "dask_config_for_em", "pack_for_holder", "work_for_holder"]
@@ -103,19 +101,9 @@ class DaskChunkHolder:
         of the call itself means the worker is gone).
         """
         self._yield_on_wakeup()
-        try:
-            fn, payload = pickle.loads(task)
-            chunk_ids, keep = pickle.loads(work)
-            extra = {int(i): pickle.loads(c) for i, c in (borrowed or {}).items()}
-            self.chunks.update((i, extra[i]) for i in keep)
-            return pack_for_holder(("ok", apply_chunk_fn(fn, payload, chunk_ids,
-                                               lambda i: self.chunks[i] if i in self.chunks else extra[i])))
-        except Exception as exc:  # noqa: BLE001 - returned to the driver, which re-raises it
-            exc.add_note(f"raised in a dask worker's chunk holder:\n{traceback.format_exc()}")
-            try:
-                return pack_for_holder(("raised", exc))
-            except Exception:  # noqa: BLE001 - an exception that cannot travel is sent as text
-                return pack_for_holder(("raised", RuntimeError(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")))
+        chunk_ids, keep = pickle.loads(work)
+        return answer(task, chunk_ids, borrowed or {}, lambda i: self.chunks[i], "a dask worker's chunk holder",
+                      adopt=lambda extra: self.chunks.update((i, extra[i]) for i in keep))
 
 
 def dask_config_for_em() -> Any:

@@ -34,7 +34,7 @@ from typing import Any
 from .combine_order import apply_chunk_fn
 from .engine_support import yield_on_wakeup
 
-__all__ = ["ChannelClient", "ChannelServer", "collect_replies", "new_channel_key", "wait_channels"]
+__all__ = ["ChannelClient", "ChannelServer", "answer", "collect_replies", "new_channel_key", "wait_channels"]
 
 _ACCEPT_TIMEOUT_S = 60.0
 """How long a holder waits for the driver to connect after opening its socket."""
@@ -94,22 +94,43 @@ class ChannelServer:
     def _answer(self, request: bytes) -> bytes:
         try:
             task, ids, borrowed = pickle.loads(request)
-            fn, payload = pickle.loads(task)
-            extra = {int(i): pickle.loads(blob) for i, blob in borrowed.items()}
-            chunk_of = (lambda i: extra[i] if i in extra else self._chunk_of(i)) if extra else self._chunk_of
-            reply: tuple[str, Any] = ("ok", apply_chunk_fn(fn, payload, ids, chunk_of))
-        except Exception as exc:  # noqa: BLE001 - returned to the driver, which re-raises it
-            exc.add_note(f"raised in {self._where} (pass channel):\n{traceback.format_exc()}")
-            reply = ("raised", exc)
-        try:
-            return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # noqa: BLE001 - results or an exception that plain pickle cannot carry
-            import cloudpickle
+        except Exception as exc:  # noqa: BLE001 - a request this holder cannot read
+            return _dump_reply(("raised", exc))
+        return answer(task, ids, borrowed, self._chunk_of, f"{self._where} (pass channel)")
 
-            try:
-                return cloudpickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as exc:  # noqa: BLE001 - sent as text
-                return pickle.dumps(("raised", RuntimeError(f"{type(exc).__name__}: {exc}")))
+
+def answer(task: bytes, ids: Sequence[int], borrowed: dict[int, bytes], chunk_of: Callable[[int], Any],
+           where: str, adopt: Callable[[dict[int, Any]], None] | None = None) -> bytes:
+    """A chunk holder's reply to one request: ``fn`` of the pickled ``(fn, payload)`` over ``ids``
+    (through ``apply_chunk_fn``; ``borrowed`` chunks come pickled and ``adopt`` may keep some), as the
+    pickled ``("ok", entries)``, or ``("raised", exception)`` -- noted with ``where`` -- when it raised,
+    so the driver tells a failing ``fn`` from a lost worker."""
+    try:
+        fn, payload = pickle.loads(task)
+        extra = {int(i): pickle.loads(blob) for i, blob in borrowed.items()}
+        if adopt is not None:
+            adopt(extra)
+        lookup = (lambda i: extra[i] if i in extra else chunk_of(i)) if extra else chunk_of
+        reply: tuple[str, Any] = ("ok", apply_chunk_fn(fn, payload, ids, lookup))
+    except Exception as exc:  # noqa: BLE001 - returned to the driver, which re-raises it
+        exc.add_note(f"raised in {where}:\n{traceback.format_exc()}")
+        reply = ("raised", exc)
+    return _dump_reply(reply)
+
+
+def _dump_reply(reply: tuple[str, Any]) -> bytes:
+    """Plain pickle (fast); cloudpickle for what it cannot carry; an exception neither can, as text."""
+    try:
+        return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - results or an exception that plain pickle cannot carry
+        import cloudpickle
+
+        try:
+            return cloudpickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - sent as text
+            cause = reply[1] if reply[0] == "raised" else exc
+            text = "\n".join([f"{type(cause).__name__}: {cause}", *getattr(cause, "__notes__", ())])
+            return pickle.dumps(("raised", RuntimeError(text)))
 
 
 class ChannelClient:
@@ -130,6 +151,11 @@ class ChannelClient:
             return False
         self.waiting.append(list(ids))
         return True
+
+    @property
+    def owed(self) -> list[int]:
+        """Chunk ids of every request not yet answered, in order."""
+        return [i for ids in self.waiting for i in ids]
 
     def receive(self) -> tuple[list[int], Any] | None:
         """The oldest request's chunk ids and entries; None when the socket is gone. ``fn``'s own

@@ -9,8 +9,9 @@ them from the object store and recompute them; a pass that does not finish withi
 seconds raises ``WorkerTimeoutError``.
 
 With ``direct_channel=True`` (the default) each actor also serves the data passes on a socket of its
-own (``engine_channel``): a pass then costs a pipe-like round trip instead of two trips through
-Ray's task RPC. Loading chunks, recovery and the SDC audit's placed runs still go through Ray.
+own (``engine_channel``): a pass, and each placed run of the SDC audit (borrowed chunks included),
+then costs a pipe-like round trip instead of two trips through Ray's task RPC. Loading chunks,
+liveness and recovery stay Ray's.
 """
 
 from __future__ import annotations
@@ -310,7 +311,7 @@ class RayRunner:
         def fail(w: int) -> list[int]:
             """Chunks actor ``w`` still owed (its socket is gone), after moving its chunks away."""
             channel = self._channels.get(w)
-            owed = [i for wids in channel.waiting for i in wids] if channel is not None else []
+            owed = channel.owed if channel is not None else []
             self._reassign(w)
             return owed
 
@@ -328,13 +329,15 @@ class RayRunner:
             ready = wait_channels(self._channels, deadline.remaining())
             if not ready:
                 hung = sorted(w for w, channel in self._channels.items() if channel.waiting)
-                pending = sorted(i for w in hung for wids in self._channels[w].waiting for i in wids)
+                pending = sorted(i for w in hung for i in self._channels[w].owed)
                 raise WorkerTimeoutError(
                     f"ray actor(s) {hung} did not return chunk(s) {pending} within {self.timeout} s; "
                     "a worker is hung or overloaded. Raise timeout= (seconds) or restart it."
                 )
             for w in ready:
-                channel = self._channels[w]
+                channel = self._channels.get(w)
+                if channel is None:  # its actor was given up while an earlier reply was handled
+                    continue
                 got = channel.receive()
                 if got is None:  # the actor's socket closed: it died
                     submit(fail(w))

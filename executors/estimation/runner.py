@@ -23,7 +23,8 @@ The contract (for backend authors: local, mp, mpi, spark, dask, ray, or yours)
 * Worker-side folding (optional, a speed-up only): a runner that evaluates a worker's chunk list
   through :func:`apply_chunk_fn` lets a pass function such as :class:`GroupFold` fold each
   combine group that lies wholly in that list on the worker, returning the :class:`GroupStats`
-  at the group's last chunk and ``None`` for its other chunks. One small result per group
+  at the group's last chunk and ``None`` for its other chunks (or their own results, for the
+  chunks it was asked to bring back, e.g. audited ones). One small result per group
   travels back instead of one per chunk; the bits are those of the driver's own fold.
 * Optional capability, needed for the SDC audit to recompute a chunk on a *different* worker:
   a runner with ``supports_worker_placement = True`` also has ``worker_ids()`` (live worker ids,
@@ -383,7 +384,7 @@ class ChunkedEncodedData:
 
     def estep_entries(self, estimator: Any, model: Any, raw: Sequence[int] = ()) -> list[Any]:
         """One pass's E-step entries for :func:`fold_pass`: groups folded on the workers where the runner
-        can, per chunk otherwise and for the groups of the ``raw`` chunks."""
+        can, per chunk otherwise; the ``raw`` chunks' own results come back too (see ``chunk_result``)."""
         fold = GroupFold(chunk_estep, self.num_chunks, frozenset(int(c) for c in raw))
         return self._map(fold, (estimator, model), estimator, model)
 

@@ -146,3 +146,16 @@ def test_mp_workers_fold_their_groups_and_fit_the_local_bits(workers):
             m_ref, m = r_ref.model, r.model
         assert np.array_equal(np.concatenate([c.mu for c in m.components]),
                               np.concatenate([c.mu for c in m_ref.components]))
+
+
+def test_a_failure_inside_a_folded_group_names_its_chunk(case):
+    est, model, chunks = case
+
+    def failing(chunk, payload):
+        if chunk.chunk_id == 4:
+            raise ZeroDivisionError("bad chunk")
+        return chunk_estep(chunk, payload)
+
+    with pytest.raises(ZeroDivisionError) as info:
+        apply_chunk_fn(GroupFold(failing, len(chunks)), (est, model), list(range(6)), chunks.__getitem__)
+    assert info.value.chunk_id == 4  # what the mp worker reports to the driver
