@@ -1,8 +1,8 @@
 """Contracts: pure data and rules (attrs/cattrs/stdlib only), shared by every executor."""
 
-from .admission import AdmissionCertificate, admission_problems, check_admission
-from .capabilities import BackendCapabilities
-from .enums import (
+from mixle_parallel.contracts.admission import AdmissionCertificate, admission_problems, check_admission
+from mixle_parallel.contracts.capabilities import BackendCapabilities
+from mixle_parallel.contracts.enums import (
     ALL_AXES,
     DERIVED_AXES,
     KNOWN_PRECISIONS,
@@ -12,17 +12,17 @@ from .enums import (
     PayloadKind,
     StateLayout,
 )
-from .errors import CapabilityError, ContractError, MissingExtraError, NotAdmittedError
-from .evidence import NumericsEvidence, ObservedCollective, SDCAuditRecord, Tolerance
-from .frozen_mapping import FrozenDict
-from .plan import (
+from mixle_parallel.contracts.errors import CapabilityError, ContractError, MissingExtraError, NotAdmittedError
+from mixle_parallel.contracts.evidence import NumericsEvidence, ObservedCollective, SDCAuditRecord, Tolerance
+from mixle_parallel.contracts.frozen_mapping import FrozenDict
+from mixle_parallel.contracts.plan import (
     MeshCoordinate,
     MeshShape,
     ParallelPlan,
     WorkerTopologyAttestation,
     attest_worker_coordinate,
 )
-from .estimation import (
+from mixle_parallel.contracts.estimation import (
     Accumulator,
     AccumulatorFactory,
     EncodedDataHandle,
@@ -34,11 +34,11 @@ from .estimation import (
     statistic_digest,
     statistics_equal,
 )
-from .placement import ComponentShard, ModelShardingPlan, Placement, RowShard
-from .protocols import AdmissibleExecutor, TrainingBackend
-from .receipts import StepReceipt, TorchSessionState
-from .resources import DeviceSpec, Resources
-from .serialization import (
+from mixle_parallel.contracts.placement import ComponentShard, ModelShardingPlan, Placement, RowShard
+from mixle_parallel.contracts.protocols import AdmissibleExecutor, TrainingBackend
+from mixle_parallel.contracts.receipts import StepReceipt, TorchSessionState
+from mixle_parallel.contracts.resources import DeviceSpec, Resources
+from mixle_parallel.contracts.serialization import (
     CONTRACT_TYPES,
     SCHEMA_VERSION,
     canonical_json,
@@ -51,8 +51,8 @@ from .serialization import (
     to_dict,
     to_json,
 )
-from .updates import DistributedUpdate, ParameterLayout
-from .verifiable import (
+from mixle_parallel.contracts.updates import DistributedUpdate, ParameterLayout
+from mixle_parallel.contracts.verifiable import (
     VERIFICATION_LAUNCHES,
     EstimationWorkload,
     TrainingWorkload,

@@ -10,14 +10,15 @@ from datetime import datetime
 
 import attrs
 
-from ._checks import enum_frozenset, non_empty_str, optional_str, str_frozenset
-from .capabilities import BackendCapabilities
-from .enums import ParallelAxis
-from .errors import NotAdmittedError
-from .evidence import Tolerance
-from .frozen_mapping import FrozenDict, to_frozen_dict
-from .plan import ParallelPlan
-from .protocols import AdmissibleExecutor
+from mixle_parallel.contracts._checks import enum_frozenset, non_empty_str, optional_str, str_frozenset
+from mixle_parallel.contracts.capabilities import BackendCapabilities
+from mixle_parallel.contracts.enums import ParallelAxis
+from mixle_parallel.contracts.errors import NotAdmittedError
+from mixle_parallel.contracts.evidence import Tolerance
+from mixle_parallel.contracts.frozen_mapping import FrozenDict, to_frozen_dict
+from mixle_parallel.contracts.plan import ParallelPlan
+from mixle_parallel.contracts.protocols import AdmissibleExecutor
+from mixle_parallel.contracts.serialization import content_digest, register_contract
 
 
 def _iso_time(inst: object, attribute: attrs.Attribute, value: str) -> None:
@@ -38,6 +39,7 @@ def _digests(inst: object, attribute: attrs.Attribute, value: frozenset[str]) ->
             raise ValueError(f"AdmissionCertificate.evidence_digests holds {digest!r}; expected 'sha256:<64 hex>'")
 
 
+@register_contract
 @attrs.frozen
 class AdmissionCertificate:
     """Evidence-backed permission for one executor version to run one plan family at one precision.
@@ -85,8 +87,6 @@ class AdmissionCertificate:
     @property
     def certificate_id(self) -> str:
         """sha256 of the canonical JSON of every field but the signature."""
-        from .serialization import content_digest
-
         return content_digest(attrs.evolve(self, signature=None))
 
     def signed(self, key: bytes) -> "AdmissionCertificate":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from ._checks import (
+from mixle_parallel.contracts._checks import (
     enum_converter,
     enum_tuple,
     exact_bool,
@@ -16,10 +16,12 @@ from ._checks import (
     str_tuple,
     to_float,
 )
-from .enums import KNOWN_PRECISIONS, CollectiveKind, ParallelAxis, PayloadKind
-from .plan import ParallelPlan
+from mixle_parallel.contracts.enums import KNOWN_PRECISIONS, CollectiveKind, ParallelAxis, PayloadKind
+from mixle_parallel.contracts.plan import ParallelPlan
+from mixle_parallel.contracts.serialization import content_digest, register_contract
 
 
+@register_contract
 @attrs.frozen
 class Tolerance:
     """An elementwise bound |actual - expected| <= atol + rtol * |expected|, or bitwise equality."""
@@ -39,6 +41,7 @@ class Tolerance:
         return cls(0.0, 0.0, True, source)
 
 
+@register_contract
 @attrs.frozen
 class ObservedCollective:
     """A collective kind over mesh axes and how many times it ran in a traced step."""
@@ -53,6 +56,7 @@ def _precision(inst: object, attribute: attrs.Attribute, value: str) -> None:
         raise ValueError(f"{type(inst).__name__}.precision={value!r}; allowed: {sorted(KNOWN_PRECISIONS)}")
 
 
+@register_contract
 @attrs.frozen
 class NumericsEvidence:
     """Per declared update: error against the single-process reference, determinism, collectives seen."""
@@ -88,8 +92,6 @@ class NumericsEvidence:
     @property
     def evidence_id(self) -> str:
         """Content address: sha256 of the canonical JSON."""
-        from .serialization import content_digest
-
         return content_digest(self)
 
 
@@ -106,6 +108,7 @@ def _member(allowed: frozenset[str]):  # noqa: ANN202 - validator factory
     return check
 
 
+@register_contract
 @attrs.frozen
 class SDCAuditRecord:
     """One audit replay: which result was recomputed where, and whether the bits agreed."""

@@ -6,8 +6,8 @@ from typing import Any
 
 import attrs
 
-from ._checks import exact_bool, non_empty_str, non_negative_int, positive_int, str_tuple
-from .serialization import register_contract
+from mixle_parallel.contracts._checks import exact_bool, non_empty_str, non_negative_int, positive_int, str_tuple
+from mixle_parallel.contracts.serialization import register_contract
 
 __all__ = ["ComponentShard", "ModelShardingPlan", "Placement", "RowShard"]
 

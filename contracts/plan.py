@@ -8,8 +8,9 @@ from typing import Any
 
 import attrs
 
-from ._checks import non_negative_int, positive_int
-from .enums import ALL_AXES, PHYSICAL_AXES, ParallelAxis
+from mixle_parallel.contracts._checks import non_negative_int, positive_int
+from mixle_parallel.contracts.enums import ALL_AXES, PHYSICAL_AXES, ParallelAxis
+from mixle_parallel.contracts.serialization import register_contract
 
 
 def _divisors(n: int) -> list[int]:
@@ -27,6 +28,7 @@ def as_axis(axis: ParallelAxis | str) -> ParallelAxis:
         raise ValueError(f"unknown parallel axis {axis!r}; allowed: {allowed}") from None
 
 
+@register_contract
 @attrs.frozen
 class MeshShape:
     """DeviceMesh dimension names and sizes of the active physical axes, slowest first."""
@@ -35,6 +37,7 @@ class MeshShape:
     shape: tuple[int, ...]
 
 
+@register_contract
 @attrs.frozen
 class MeshCoordinate:
     """One rank's position: an index on every physical axis, plus its index inside its ep/etp groups."""
@@ -55,6 +58,7 @@ class MeshCoordinate:
         return {a.value: self[a] for a in ALL_AXES}
 
 
+@register_contract
 @attrs.frozen
 class ParallelPlan:
     """An explicit N-D process mesh and batch schedule.
@@ -238,6 +242,7 @@ class ParallelPlan:
         return cls(**dict(sizes))
 
 
+@register_contract
 @attrs.frozen
 class WorkerTopologyAttestation:
     """Runtime proof binding one launched rank to one planned mesh coordinate."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from ._checks import (
+from mixle_parallel.contracts._checks import (
     exact_bool,
     non_empty_str,
     non_negative_int,
@@ -13,9 +13,11 @@ from ._checks import (
     real_number,
     to_float,
 )
-from .frozen_mapping import FrozenDict, to_frozen_dict
+from mixle_parallel.contracts.frozen_mapping import FrozenDict, to_frozen_dict
+from mixle_parallel.contracts.serialization import register_contract
 
 
+@register_contract
 @attrs.frozen
 class StepReceipt:
     """One training call's accounting: counts seen, loss, bytes really communicated, skip flag.
@@ -52,6 +54,7 @@ class StepReceipt:
                 )
 
 
+@register_contract
 @attrs.frozen
 class TorchSessionState:
     """Serializable non-tensor clocks owned by a training session."""

@@ -11,7 +11,8 @@ from typing import Any
 
 import attrs
 
-from ._checks import non_empty_str, optional_non_negative_int, optional_str, positive_finite, to_float
+from mixle_parallel.contracts._checks import non_empty_str, optional_non_negative_int, optional_str, positive_finite, to_float
+from mixle_parallel.contracts.serialization import from_dict, from_json, register_contract, to_dict, to_json
 
 DEVICE_KINDS = frozenset({"cpu", "cuda", "mps", "xpu", "tpu", "rocm"})
 
@@ -21,6 +22,7 @@ def _kind(inst: object, attribute: attrs.Attribute, value: str) -> None:
         raise ValueError(f"DeviceSpec.kind={value!r} is not known; allowed: {sorted(DEVICE_KINDS)}")
 
 
+@register_contract
 @attrs.frozen
 class DeviceSpec:
     """One placement target: a CPU worker slot, a GPU, a remote executor slot."""
@@ -71,6 +73,7 @@ def _split(memory_bytes: int | None, parts: int) -> int | None:
     return None if memory_bytes is None else memory_bytes // parts
 
 
+@register_contract
 @attrs.frozen
 class Resources:
     """A collection of placement targets with advisory throughput and memory."""
@@ -218,28 +221,20 @@ class Resources:
     # ---- persistence through the one converter -------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """A versioned JSON-ready document."""
-        from .serialization import to_dict
-
         return to_dict(self)
 
     @classmethod
     def from_dict(cls, payload: dict[str, Any]) -> "Resources":
         """Inverse of ``to_dict``."""
-        from .serialization import from_dict
-
         return from_dict(payload, cls)
 
     def to_json(self, **kwargs: Any) -> str:
         """Serialize, calibrated throughput included; ``kwargs`` go to ``json.dumps``."""
-        from .serialization import to_json
-
         return to_json(self, **kwargs)
 
     @classmethod
     def from_json(cls, text: str) -> "Resources":
         """Inverse of ``to_json``."""
-        from .serialization import from_json
-
         return from_json(text, cls)
 
     def save(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:

@@ -21,15 +21,8 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn
 from cattrs.v import format_exception
 
-from .admission import AdmissionCertificate
-from .capabilities import BackendCapabilities
-from .errors import ContractError
-from .evidence import NumericsEvidence, ObservedCollective, SDCAuditRecord, Tolerance
-from .frozen_mapping import FrozenDict, thaw_json
-from .plan import MeshCoordinate, MeshShape, ParallelPlan, WorkerTopologyAttestation
-from .receipts import StepReceipt, TorchSessionState
-from .resources import DeviceSpec, Resources
-from .updates import DistributedUpdate, ParameterLayout
+from mixle_parallel.contracts.errors import ContractError
+from mixle_parallel.contracts.frozen_mapping import FrozenDict, thaw_json
 
 T = TypeVar("T")
 
@@ -52,12 +45,6 @@ def register_contract(cls: type[T]) -> type[T]:
     return cls
 
 
-for _cls in (
-    ParallelPlan, MeshShape, MeshCoordinate, WorkerTopologyAttestation, BackendCapabilities,
-    DistributedUpdate, ParameterLayout, StepReceipt, TorchSessionState, DeviceSpec, Resources,
-    Tolerance, ObservedCollective, NumericsEvidence, SDCAuditRecord, AdmissionCertificate,
-):
-    register_contract(_cls)
 
 
 # ---- strict primitive hooks -----------------------------------------------------------------

@@ -6,7 +6,7 @@ import re
 
 import attrs
 
-from ._checks import (
+from mixle_parallel.contracts._checks import (
     enum_converter,
     enum_tuple,
     exact_bool,
@@ -18,7 +18,8 @@ from ._checks import (
     str_tuple,
     to_optional_float,
 )
-from .enums import PHYSICAL_AXES, CollectiveKind, ParallelAxis, PayloadKind, StateLayout
+from mixle_parallel.contracts.enums import PHYSICAL_AXES, CollectiveKind, ParallelAxis, PayloadKind, StateLayout
+from mixle_parallel.contracts.serialization import register_contract
 
 
 def _unique_axes(inst: object, attribute: attrs.Attribute, value: tuple[ParallelAxis, ...]) -> None:
@@ -26,6 +27,7 @@ def _unique_axes(inst: object, attribute: attrs.Attribute, value: tuple[Parallel
         raise ValueError(f"{type(inst).__name__}.{attribute.name} repeats an axis: {[a.value for a in value]}")
 
 
+@register_contract
 @attrs.frozen
 class DistributedUpdate:
     """One executable communication step, with the numerical evidence (if any) that it is right.
@@ -115,6 +117,7 @@ def _placement_pairs(values: object) -> tuple[tuple[ParallelAxis, str], ...]:
     return tuple(out)
 
 
+@register_contract
 @attrs.frozen
 class ParameterLayout:
     """Stable logical identity and global layout of one parameter, from its real DTensor placements."""

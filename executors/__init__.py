@@ -2,46 +2,35 @@
 
 from typing import Any
 
-from . import estimation  # numpy only; registers the built-in encoded-data backends (lazy factories)
-from .registry import (
-    available_encoded_data_backends,
-    available_training_backends,
-    get_encoded_data_backend,
-    get_training_backend,
-    normalize_backend_name,
-    register_encoded_data_backend,
-    register_training_backend,
-    register_verification_target,
-    unregister_encoded_data_backend,
-    unregister_training_backend,
-    verification_target,
-)
+from mixle_parallel.executors import estimation  # numpy only; registers the built-in encoded-data backends (lazy factories)
+from mixle_parallel.executors import registry
+from mixle_parallel.executors.registry import *  # noqa: F403 - re-exported through __all__
 
 # Heavy executors load on first attribute access, so importing this package stays torch-free.
 # They stay out of __all__: ``from mixle_parallel.executors import *`` (the facade) must not import
 # torch. Reach them as attributes, e.g. ``mixle_parallel.executors.TorchDistributedBackend``.
-_LAZY = {
-    "TorchDistributedBackend": ".torch_native",
-    "TorchDistributedSession": ".torch_session",
-    "describe_parameter_layouts": ".torch_layouts",
-    "CollectiveMeter": ".torch_comm",
-    "save_checkpoint": ".torch_checkpoint",
-    "load_checkpoint": ".torch_checkpoint",
-    "CheckpointHandle": ".torch_checkpoint",
-    "CheckpointError": ".checkpoint_manifest",
-    "CorruptCheckpointError": ".checkpoint_manifest",
-    "WorldSizeChangeError": ".checkpoint_manifest",
-    "MegatronBackend": ".megatron_backend",
-    "MegatronSession": ".megatron_session",
-    "cpu_compat": ".megatron_cpu_compat",
-    "VerifiableTorchNative": ".torch_verification",
-    "VerifiableEncodedData": ".em_verification",
-    "em_capabilities": ".em_verification",
-    "LaunchContext": ".launchers",
-    "bind_launched_rank": ".launchers",
-    "TorchrunLauncher": ".launchers_torchrun",
-    "LightningFabricLauncher": ".launchers_fabric",
-    "RayTrainLauncher": ".launchers_ray",
+LAZY_EXECUTORS = {
+    "TorchDistributedBackend": "mixle_parallel.executors.torch.backend",
+    "TorchDistributedSession": "mixle_parallel.executors.torch.session",
+    "describe_parameter_layouts": "mixle_parallel.executors.torch.layouts",
+    "CollectiveMeter": "mixle_parallel.executors.torch.comm_meter",
+    "save_checkpoint": "mixle_parallel.executors.torch.checkpoint",
+    "load_checkpoint": "mixle_parallel.executors.torch.checkpoint",
+    "CheckpointHandle": "mixle_parallel.executors.torch.checkpoint",
+    "CheckpointError": "mixle_parallel.executors.torch.checkpoint_manifest",
+    "CorruptCheckpointError": "mixle_parallel.executors.torch.checkpoint_manifest",
+    "WorldSizeChangeError": "mixle_parallel.executors.torch.checkpoint_manifest",
+    "MegatronBackend": "mixle_parallel.executors.megatron.backend",
+    "MegatronSession": "mixle_parallel.executors.megatron.session",
+    "cpu_compat": "mixle_parallel.executors.megatron.cpu_compat",
+    "VerifiableTorchNative": "mixle_parallel.executors.torch.verifiable",
+    "VerifiableEncodedData": "mixle_parallel.executors.estimation.verifiable",
+    "em_capabilities": "mixle_parallel.executors.estimation.verifiable",
+    "LaunchContext": "mixle_parallel.executors.launchers.base",
+    "bind_launched_rank": "mixle_parallel.executors.launchers.base",
+    "TorchrunLauncher": "mixle_parallel.executors.launchers.torchrun",
+    "LightningFabricLauncher": "mixle_parallel.executors.launchers.fabric",
+    "RayTrainLauncher": "mixle_parallel.executors.launchers.ray",
 }
 
 
@@ -49,16 +38,11 @@ def __getattr__(name: str) -> Any:
     """Load an executor on first use: heavy ones (torch, megatron) and the numpy EM names alike."""
     from importlib import import_module
 
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name], __name__), name)
+    if name in LAZY_EXECUTORS:
+        return getattr(import_module(LAZY_EXECUTORS[name]), name)
     if name in estimation.__all__:
         return getattr(estimation, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = [
-    "available_encoded_data_backends", "available_training_backends", "get_encoded_data_backend",
-    "get_training_backend", "normalize_backend_name", "register_encoded_data_backend",
-    "register_training_backend", "register_verification_target", "unregister_encoded_data_backend",
-    "unregister_training_backend", "verification_target",
-]  # the lazy names stay out of __all__: a star-import would load torch and megatron
+__all__ = list(registry.__all__)  # the lazy names stay out: a star-import would load torch and megatron

@@ -6,6 +6,12 @@ import inspect
 import threading
 from typing import Any, Callable
 
+__all__ = [
+    "available_encoded_data_backends", "available_training_backends", "get_encoded_data_backend", "get_training_backend",
+    "normalize_backend_name", "register_encoded_data_backend", "register_training_backend", "register_verification_target",
+    "unregister_encoded_data_backend", "unregister_training_backend", "verification_target",
+]
+
 _lock = threading.RLock()
 _training_backends: dict[str, Any] = {}
 _training_is_factory: dict[str, bool] = {}
@@ -170,18 +176,18 @@ def verification_target(name: str) -> Any:
 # ---- built-in training backends: lazy factories, nothing heavy is imported here ----------------
 def _megatron_factory() -> Any:
     """Import the megatron backend (torch, megatron-core) on first use."""
-    from .megatron_backend import create_megatron_backend
+    from mixle_parallel.executors.megatron.backend import create_megatron_backend
 
     return create_megatron_backend()
 
 
 def _torch_native_factory() -> Any:
     """Import the torch_native backend (torch) on first use."""
-    from .torch_native import TorchDistributedBackend
+    from mixle_parallel.executors.torch.backend import TorchDistributedBackend
 
     return TorchDistributedBackend()
 
 
 register_training_backend("megatron", _megatron_factory)
 register_training_backend("torch_native", _torch_native_factory)
-register_verification_target("torch_native", "mixle_parallel.executors.torch_verification:VerifiableTorchNative")
+register_verification_target("torch_native", "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative")

@@ -1,104 +1,30 @@
 """mixle-parallel: typed contracts, pluggable executors and verification for distributed runs.
 
-Importing this package imports no heavy engine (torch, mpi4py, pyspark, dask, ray, lightning,
-megatron); executors load them when they are used.
+The public names are those of the subpackages' ``__all__`` (contracts, executors, estimation,
+verification). Importing this package imports no heavy engine (torch, mpi4py, pyspark, dask, ray,
+lightning, megatron); executors load them when they are used.
 """
 
+from typing import Any
+
+from mixle_parallel import contracts, executors, verification
 from mixle_parallel._version import __version__
 from mixle_parallel.contracts import *  # noqa: F403 - the facade re-exports the public API
-from mixle_parallel.contracts import __all__ as _contract_names
 from mixle_parallel.executors import *  # noqa: F403
-from mixle_parallel.executors import __all__ as _executor_names
+from mixle_parallel.executors import estimation
+from mixle_parallel.executors.estimation import *  # noqa: F403
+from mixle_parallel.verification import *  # noqa: F403
 
-from mixle_parallel.executors.estimation import (
-    CategoricalDistribution,
-    CategoricalEstimator,
-    ComponentParallelEncodedData,
-    ComponentParallelEstimator,
-    CompositeDistribution,
-    CompositeEstimator,
-    DiagonalGaussianDistribution,
-    DiagonalGaussianEstimator,
-    EncodedDataControlConflictError,
-    ExponentialDistribution,
-    ExponentialEstimator,
-    FitResult,
-    GaussianDistribution,
-    GaussianEstimator,
-    MixtureDistribution,
-    MixtureEstimator,
-    ModelParallelEncodedData,
-    ModelParallelEstimator,
-    MultivariateGaussianDistribution,
-    MultivariateGaussianEstimator,
-    PoissonDistribution,
-    PoissonEstimator,
-    UnrealizedModelPlacementError,
-    auto_parallel_estimator,
-    component_parallel_fold,
-    encoded_data,
-    fit,
-    is_encoded_data_handle,
-    model_parallel_fold,
-    model_sharding_plan,
-    optimize,
-    plan,
-)
+# Both contracts and the EM models name an AccumulatorFactory; the facade's is the contract (protocol).
+from mixle_parallel.contracts import AccumulatorFactory  # noqa: E402 - overrides the star import above
 
-from mixle_parallel.verification import (
-    AdmissionDecision,
-    AuditSchedule,
-    BitFlip,
-    CertificationError,
-    EMAuditor,
-    FaultInjector,
-    GaussianMixtureWorkload,
-    Ledger,
-    MLPWorkload,
-    SDCDetectedError,
-    TinyLMWorkload,
-    TrainingAuditor,
-    VerificationReport,
-    audited_fold,
-    certify,
-    default_tolerance,
-    flip_bit,
-    load_certificate,
-    require_admission,
-    run_conformance,
-    save_certificate,
-    tolerance_policy,
-    verify,
-    verify_ledger,
-    verifying,
-)
-
-_verification_names = [
-    "AdmissionDecision", "AuditSchedule", "BitFlip", "CertificationError", "EMAuditor", "FaultInjector",
-    "GaussianMixtureWorkload", "Ledger", "MLPWorkload", "SDCDetectedError", "TinyLMWorkload", "TrainingAuditor",
-    "VerificationReport", "audited_fold", "certify", "default_tolerance", "flip_bit", "load_certificate",
-    "require_admission", "run_conformance", "save_certificate", "tolerance_policy", "verify", "verify_ledger",
-    "verifying",
-]
-
-_estimation_names = [
-    "CategoricalDistribution", "CategoricalEstimator", "ComponentParallelEncodedData", "ComponentParallelEstimator",
-    "CompositeDistribution", "CompositeEstimator", "DiagonalGaussianDistribution", "DiagonalGaussianEstimator",
-    "EncodedDataControlConflictError", "ExponentialDistribution", "ExponentialEstimator", "FitResult",
-    "GaussianDistribution", "GaussianEstimator", "MixtureDistribution", "MixtureEstimator",
-    "ModelParallelEncodedData", "ModelParallelEstimator", "MultivariateGaussianDistribution",
-    "MultivariateGaussianEstimator", "PoissonDistribution", "PoissonEstimator", "UnrealizedModelPlacementError",
-    "auto_parallel_estimator", "component_parallel_fold", "encoded_data", "fit", "is_encoded_data_handle",
-    "model_parallel_fold", "model_sharding_plan", "optimize", "plan",
-]
-
-__all__ = ["__version__", *_contract_names, *_executor_names, *_estimation_names, *_verification_names]
+__all__ = sorted({
+    "__version__", *contracts.__all__, *executors.__all__, *estimation.__all__, *verification.__all__,
+})
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     """Heavy executors (TorchDistributedBackend, MegatronBackend, ...) load on first access."""
-    from mixle_parallel import executors
-
-    if name in executors._LAZY:
+    if name in executors.LAZY_EXECUTORS:
         return getattr(executors, name)
     raise AttributeError(f"module 'mixle_parallel' has no attribute {name!r}")

@@ -114,7 +114,7 @@ def _pass_through(name: str):  # noqa: ANN202 - handler factory
 
 
 def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
-    from mixle_parallel.demo import run_demo
+    from mixle_parallel.demo.run import run_demo
 
     return run_demo(args.rest, console)
 

@@ -39,7 +39,9 @@ from mixle_parallel.contracts import (
     to_json,
 )
 
-from .keys import load_key
+from mixle_parallel.verification.keys import load_key
+
+__all__ = ["ADMISSION_MODES", "CERTIFICATE_ENV", "AdmissionDecision", "CertificationError", "certify", "current_library_versions", "is_verifying", "load_certificate", "require_admission", "save_certificate", "verifying"]
 
 CERTIFICATE_ENV = "MIXLE_PARALLEL_CERTIFICATE"
 """Environment variable naming a certificate file the gate uses when none is passed."""

@@ -15,11 +15,13 @@ from typing import Any
 
 from mixle_parallel.contracts import to_dict
 
-from .admission import CertificationError, save_certificate
-from .conformance import parse_plan
-from .harness import verify
-from .harness_worker import resolve_executor
-from .keys import KEY_ENV, load_key
+from mixle_parallel.verification.admission import CertificationError, save_certificate
+from mixle_parallel.verification.conformance.suite import parse_plan
+from mixle_parallel.verification.harness.run import verify
+from mixle_parallel.verification.harness.worker import resolve_executor
+from mixle_parallel.verification.keys import KEY_ENV, load_key
+
+__all__ = ["main_certify", "main_verify"]
 
 
 def _parser(prog: str, doc: str | None) -> argparse.ArgumentParser:

@@ -16,6 +16,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+__all__ = ["KEY_ENV", "load_key"]
+
 KEY_ENV = {
     "cert": ("MIXLE_PARALLEL_CERT_KEY_FILE", "MIXLE_PARALLEL_CERT_KEY"),
     "ledger": ("MIXLE_PARALLEL_LEDGER_KEY_FILE", "MIXLE_PARALLEL_LEDGER_KEY"),

@@ -1,7 +1,7 @@
 """The one tiny DDP training every launcher example runs: a torch_native session on a fixed model and data.
 
 Every launcher (torchrun, Lightning Fabric, Ray Train) calls :func:`train` on each of its ranks
-with the rank's :class:`~mixle_parallel.executors.launchers.LaunchContext`; :func:`reference`
+with the rank's :class:`~mixle_parallel.executors.launchers.base.LaunchContext`; :func:`reference`
 runs the same steps in one process on the whole global batch. Same seeds, same data, so the
 final parameters can be compared across launchers (bitwise) and with the reference (fp32).
 """

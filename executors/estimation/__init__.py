@@ -1,80 +1,47 @@
-"""Distributed EM: models, chunk runners, ``encoded_data`` backends, ``optimize``, planner."""
+"""Distributed EM: models, chunk runners, ``encoded_data`` backends, ``optimize``, planner.
 
-from .encoded import (
-    BUILTIN_ENCODED_DATA_BACKENDS,
-    EncodedDataControlConflictError,
-    encoded_data,
-    is_encoded_data_handle,
-    register_builtin_encoded_data_backends,
+``api`` (``encoded_data``), ``optimize`` (the EM loop), ``planner``, ``component_parallel``,
+``mixle_interop``; the chunk machinery in ``chunks``, ``combine_order`` and ``handle``; the
+admission gate in ``admission`` (identity in ``identity``), the harness adapter in ``verifiable``,
+the SDC audit of chunk statistics in ``sdc_audit``; one module per engine in ``engines/`` and the
+built-in models in ``models/``. The public names are those of the modules' ``__all__``.
+"""
+
+from mixle_parallel.executors.estimation import (
+    api,
+    builtin_backends,
+    chunks,
+    combine_order,
+    component_parallel,
+    handle,
+    models,
+    optimize as _optimize_module,
+    planner,
+    verifiable,
 )
-from .component_parallel import (
-    ComponentParallelEncodedData,
-    ComponentParallelEstimator,
-    ModelParallelAccumulator,
-    ModelParallelAccumulatorFactory,
-    ModelParallelEncodedData,
-    ModelParallelEstimator,
-    component_parallel_fold,
-    component_thread_pool,
-    model_parallel_fold,
-)
-from .models import *  # noqa: F403 - the models' __all__
-from .models import __all__ as _models_all
-from .optimize import EMStep, FitResult, as_estimator, fit, optimize
-from .planner import UnrealizedModelPlacementError, auto_parallel_estimator, model_sharding_plan, plan
-from .runner import (
-    DEFAULT_CHUNK_MULTIPLE,
-    DEFAULT_CHUNK_SIZE,
-    ChunkedEncodedData,
-    ChunkResult,
-    ChunkRunner,
-    EncodedChunk,
-    EStepResult,
-    GroupFold,
-    GroupStats,
-    WorkerLostError,
-    WorkerTask,
-    WorkerTimeoutError,
-    WorkerUnavailableError,
-    apply_chunk_fn,
-    chunk_bounds,
-    chunk_estep,
-    chunk_initialize,
-    chunk_log_density,
-    chunk_rng,
-    combine_groups,
-    combine_in_chunk_order,
-    encode_chunks,
-    fold_pass,
-    handle_from_runner,
-    resolve_encoder,
-    seed_from,
-    supports_worker_placement,
-)
+from mixle_parallel.executors.estimation.api import *  # noqa: F403 - re-exported through __all__
+from mixle_parallel.executors.estimation.builtin_backends import *  # noqa: F403
+from mixle_parallel.executors.estimation.chunks import *  # noqa: F403
+from mixle_parallel.executors.estimation.combine_order import *  # noqa: F403
+from mixle_parallel.executors.estimation.component_parallel import *  # noqa: F403
+from mixle_parallel.executors.estimation.handle import *  # noqa: F403
+from mixle_parallel.executors.estimation.models import *  # noqa: F403
+from mixle_parallel.executors.estimation.optimize import *  # noqa: F403
+from mixle_parallel.executors.estimation.planner import *  # noqa: F403
 
-register_builtin_encoded_data_backends()
+# Engine runners (mpi, spark, dask, ray) import their engine only when a runner is constructed,
+# so importing them here keeps this package light.
+from mixle_parallel.executors.estimation.engines.dask import DaskRunner
+from mixle_parallel.executors.estimation.engines.mpi import MPIChunkError, MPIEncodedData, MPIRunner
+from mixle_parallel.executors.estimation.engines.ray import RayRunner
+from mixle_parallel.executors.estimation.engines.spark import SparkRunner
 
-__all__ = [
-    *_models_all,
-    "ComponentParallelEncodedData", "ComponentParallelEstimator", "EMStep", "FitResult",
-    "ModelParallelAccumulator", "ModelParallelAccumulatorFactory", "ModelParallelEncodedData",
-    "ModelParallelEstimator", "UnrealizedModelPlacementError", "as_estimator", "auto_parallel_estimator",
-    "component_parallel_fold", "component_thread_pool", "fit", "model_parallel_fold", "model_sharding_plan",
-    "optimize", "plan",
-    "BUILTIN_ENCODED_DATA_BACKENDS", "ChunkResult", "ChunkRunner", "ChunkedEncodedData", "DEFAULT_CHUNK_MULTIPLE", "DEFAULT_CHUNK_SIZE",
-    "EStepResult", "EncodedChunk", "EncodedDataControlConflictError", "WorkerLostError", "WorkerTimeoutError",
-    "chunk_bounds", "chunk_estep", "chunk_initialize", "chunk_log_density", "chunk_rng",
-    "combine_in_chunk_order", "encode_chunks", "encoded_data", "handle_from_runner",
-    "is_encoded_data_handle", "register_builtin_encoded_data_backends", "resolve_encoder", "seed_from",
-    "WorkerTask", "WorkerUnavailableError", "supports_worker_placement",
-    "GroupFold", "GroupStats", "apply_chunk_fn", "combine_groups", "fold_pass",
-]
+builtin_backends.register_builtin_encoded_data_backends()
+verifiable.register_em_verification_targets()
 
-# Engine runners (mpi, spark, dask, ray): these modules import their engine only when a runner is
-# constructed, so importing them here keeps this package light.
-from .dask_backend import DaskRunner
-from .mpi_backend import MPIChunkError, MPIEncodedData, MPIRunner
-from .ray_backend import RayRunner
-from .spark_backend import SparkRunner
+_ENGINE_RUNNERS = ["DaskRunner", "MPIChunkError", "MPIEncodedData", "MPIRunner", "RayRunner", "SparkRunner"]
 
-__all__ += ["DaskRunner", "MPIChunkError", "MPIEncodedData", "MPIRunner", "RayRunner", "SparkRunner"]
+__all__ = sorted({
+    *api.__all__, *builtin_backends.__all__, *chunks.__all__, *combine_order.__all__, *component_parallel.__all__,
+    *handle.__all__, *models.__all__, *_optimize_module.__all__, *planner.__all__, *_ENGINE_RUNNERS,
+})

@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from .local import LocalChunkRunner
-from .models._base import as_weights
-from .models.combinators import MixtureAccumulator, _stacked_kernel, MixtureDistribution, posterior_from_log_densities
-from .runner import ChunkedEncodedData, EStepResult
+from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
+from mixle_parallel.executors.estimation.models._base import as_weights
+from mixle_parallel.executors.estimation.models.combinators import MixtureAccumulator, _stacked_kernel, MixtureDistribution, posterior_from_log_densities
+from mixle_parallel.executors.estimation.chunks import EStepResult
+from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
 
 __all__ = [
     "ComponentParallelEncodedData", "ComponentParallelEstimator", "ModelParallelAccumulator",

@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .encoded import encoded_data, is_encoded_data_handle
+from mixle_parallel.executors.estimation.api import encoded_data, is_encoded_data_handle
+from mixle_parallel.executors.estimation.mixle_interop import MixleEstimator, is_mixle_estimator, unwrap_mixle, wrap_mixle_model
 
 __all__ = ["EMStep", "FitResult", "as_estimator", "fit", "optimize"]
 
@@ -53,8 +54,6 @@ def as_estimator(estimator: Any) -> Any:
     if hasattr(estimator, "accumulator_factory") and hasattr(estimator, "estimate"):
         if hasattr(estimator, "encoder") or hasattr(estimator, "make_accumulator"):
             return estimator
-        from .mixle_interop import MixleEstimator, is_mixle_estimator
-
         if is_mixle_estimator(estimator):
             return MixleEstimator(estimator)
         return estimator
@@ -113,8 +112,6 @@ def fit(
     estimator = as_estimator(estimator)
     is_mixle = type(estimator).__name__ == "MixleEstimator"
     if is_mixle:
-        from .mixle_interop import wrap_mixle_model
-
         prev_estimate = wrap_mixle_model(prev_estimate)
     init_est = estimator if init_estimator is None else as_estimator(init_estimator)
     own = not is_encoded_data_handle(data)
@@ -153,8 +150,6 @@ def fit(
             model = new_model
         last = history[-1] if history else math.nan
         if is_mixle:
-            from .mixle_interop import unwrap_mixle
-
             model = unwrap_mixle(model)
         decision = getattr(handle, "admission", None)
         return FitResult(model, last, len(history), converged, tuple(history), tuple(audits),

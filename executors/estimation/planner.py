@@ -15,7 +15,7 @@ import numpy as np
 from mixle_parallel.contracts.placement import ComponentShard, ModelShardingPlan, Placement, RowShard
 from mixle_parallel.contracts.resources import Resources
 
-from .runner import DEFAULT_CHUNK_SIZE, chunk_bounds, resolve_encoder
+from mixle_parallel.executors.estimation.chunks import DEFAULT_CHUNK_SIZE, chunk_bounds, resolve_encoder
 
 __all__ = ["UnrealizedModelPlacementError", "auto_parallel_estimator", "model_sharding_plan", "plan"]
 

@@ -60,7 +60,7 @@ def test_async_save_on_cuda_with_nccl_training(tmp_path):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from mixle_parallel.executors.torch_checkpoint import load_checkpoint, save_checkpoint
+    from mixle_parallel.executors.torch.checkpoint import load_checkpoint, save_checkpoint
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     torch.cuda.set_device(0)

@@ -28,7 +28,7 @@ def _body(rank: int, world: int) -> dict:
     import torch
 
     from mixle_parallel.contracts import ParallelPlan
-    from mixle_parallel.executors.megatron_backend import MegatronBackend
+    from mixle_parallel.executors.megatron.backend import MegatronBackend
     from tests.megatron import _scenarios as S
 
     torch.cuda.set_device(rank)

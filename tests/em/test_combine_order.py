@@ -22,8 +22,8 @@ from mixle_parallel.executors.estimation import (
     MixtureEstimator,
     encoded_data,
 )
-from mixle_parallel.executors.estimation.engine_support import block_assignment
-from mixle_parallel.executors.estimation.runner import (
+from mixle_parallel.executors.estimation.engines.support import block_assignment
+from mixle_parallel.executors.estimation.chunks import (
     ChunkResult,
     GroupFold,
     GroupStats,

@@ -15,7 +15,7 @@ from multiprocessing import AuthenticationError
 import cloudpickle
 import pytest
 
-from mixle_parallel.executors.estimation.engine_channel import (
+from mixle_parallel.executors.estimation.engines.channel import (
     ChannelClient,
     ChannelServer,
     new_channel_key,
@@ -135,8 +135,8 @@ def test_borrowed_chunks_are_used_for_the_call_and_not_kept(chunks):
 
 
 def test_channels_are_opened_only_where_the_engine_talks_plain_tcp(monkeypatch):
-    from mixle_parallel.executors.estimation.dask_backend import channel_host
-    from mixle_parallel.executors.estimation.ray_backend import ray_uses_tls
+    from mixle_parallel.executors.estimation.engines.dask import channel_host
+    from mixle_parallel.executors.estimation.engines.ray import ray_uses_tls
 
     assert channel_host("tcp://10.0.0.7:40123") == "10.0.0.7"
     assert channel_host("tcp://[::1]:40123") == "::1"

@@ -18,7 +18,7 @@ from mixle_parallel.executors.estimation import (
     fit,
     optimize,
 )
-from mixle_parallel.executors.estimation import runner as runner_module
+from mixle_parallel.executors.estimation import handle as runner_module
 
 
 def test_log_likelihood_is_monotone_and_is_the_scored_models(gmm_1d):

@@ -16,8 +16,8 @@ import em_case  # noqa: E402
 from engine_helpers import by_value  # noqa: E402
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
-from mixle_parallel.executors.estimation.dask_backend import DaskRunner  # noqa: E402
-from mixle_parallel.executors.estimation.runner import (  # noqa: E402
+from mixle_parallel.executors.estimation.engines.dask import DaskRunner  # noqa: E402
+from mixle_parallel.executors.estimation.chunks import (  # noqa: E402
     WorkerTask,
     WorkerTimeoutError,
     WorkerUnavailableError,

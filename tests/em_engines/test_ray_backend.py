@@ -13,8 +13,8 @@ import chunk_probes as probes  # noqa: E402
 import em_case  # noqa: E402
 from engine_helpers import by_value  # noqa: E402
 
-from mixle_parallel.executors.estimation.ray_backend import RayRunner  # noqa: E402
-from mixle_parallel.executors.estimation.runner import WorkerLostError, WorkerTask, WorkerTimeoutError  # noqa: E402
+from mixle_parallel.executors.estimation.engines.ray import RayRunner  # noqa: E402
+from mixle_parallel.executors.estimation.chunks import WorkerLostError, WorkerTask, WorkerTimeoutError  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,7 @@ def test_results_in_chunk_order_and_chunks_resident(ray_session, direct):
 
 
 def test_large_payloads_travel_through_the_object_store(ray_session):
-    from mixle_parallel.executors.estimation.ray_backend import INLINE_PAYLOAD_BYTES, pack_payload
+    from mixle_parallel.executors.estimation.engines.ray import INLINE_PAYLOAD_BYTES, pack_payload
 
     chunks = probes.make_chunks(4)
     big = {"scale": 3.0, "ballast": bytes(2 * INLINE_PAYLOAD_BYTES)}

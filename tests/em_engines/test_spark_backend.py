@@ -13,8 +13,8 @@ import chunk_probes as probes  # noqa: E402
 from engine_helpers import by_value  # noqa: E402
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
-from mixle_parallel.executors.estimation.runner import WorkerTimeoutError  # noqa: E402
-from mixle_parallel.executors.estimation.spark_backend import SparkRunner  # noqa: E402
+from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError  # noqa: E402
+from mixle_parallel.executors.estimation.engines.spark import SparkRunner  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

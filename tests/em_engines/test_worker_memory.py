@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import chunk_probes as probes
-from mixle_parallel.executors.estimation.engine_support import keep_freed_memory
-from mixle_parallel.executors.estimation.mp import MPChunkRunner
-from mixle_parallel.executors.estimation.runner import EncodedChunk
+from mixle_parallel.executors.estimation.engines.support import keep_freed_memory
+from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
+from mixle_parallel.executors.estimation.chunks import EncodedChunk
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="glibc's malloc thresholds and SCHED_BATCH are what is tuned, and both are Linux's")
@@ -24,7 +24,7 @@ import sys
 sys.path.insert(0, {here!r})
 import chunk_probes
 if {tuned}:
-    from mixle_parallel.executors.estimation.engine_support import keep_freed_memory
+    from mixle_parallel.executors.estimation.engines.support import keep_freed_memory
     assert keep_freed_memory()
 print(chunk_probes.page_faults_per_pass(None, {{}}))
 """

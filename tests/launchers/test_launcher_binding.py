@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 from mixle_parallel.contracts import CapabilityError, ParallelPlan
-from mixle_parallel.executors.launchers import bind_launched_rank, describe_attestations, release_process_group
+from mixle_parallel.executors.launchers.base import bind_launched_rank, describe_attestations, release_process_group
 
 HEAVY = ["torch", "lightning", "lightning_fabric", "ray"]
 

@@ -153,7 +153,7 @@ def tp_reference_model() -> torch.nn.Sequential:
 
 
 def _tp_builder(config: Any) -> torch.nn.Sequential:
-    from mixle_parallel.executors.megatron_stage import tensor_parallel_mlp
+    from mixle_parallel.executors.megatron.stages import tensor_parallel_mlp
 
     return torch.nn.Sequential(tensor_parallel_mlp(config, IN, HID, OUT, activation=torch.nn.Tanh()))
 

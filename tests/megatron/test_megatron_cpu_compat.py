@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, re
 def test_layer_patches_only_listed_modules_and_restores_them():
     import torch
 
-    from mixle_parallel.executors import megatron_cpu_compat as compat
+    from mixle_parallel.executors.megatron import cpu_compat as compat
 
     modules = {name: importlib.import_module(name) for name in compat.PATCHED_MODULES}
     assert all(m.torch is torch for m in modules.values())
@@ -38,14 +38,14 @@ def test_layer_patches_only_listed_modules_and_restores_them():
 
 
 def test_layer_is_inactive_for_a_cuda_device():
-    from mixle_parallel.executors import megatron_cpu_compat as compat
+    from mixle_parallel.executors.megatron import cpu_compat as compat
 
     with compat.cpu_compat("cuda:0") as active:
         assert active is False and not compat.is_installed()
 
 
 def test_uninstall_without_install_is_an_error():
-    from mixle_parallel.executors import megatron_cpu_compat as compat
+    from mixle_parallel.executors.megatron import cpu_compat as compat
 
     with pytest.raises(RuntimeError, match="not installed"):
         compat.uninstall_cpu_compat()
@@ -54,7 +54,7 @@ def test_uninstall_without_install_is_an_error():
 def test_capabilities_and_plan_checks_need_no_process_group():
     from mixle_parallel.contracts import CapabilityError, ParallelPlan
     from mixle_parallel.executors import get_training_backend
-    from mixle_parallel.executors.megatron_parallel import megatron_rank_generator_coordinate
+    from mixle_parallel.executors.megatron.parallel_state import megatron_rank_generator_coordinate
 
     backend = get_training_backend("megatron")
     caps = backend.capabilities

@@ -36,7 +36,7 @@ def params_digest(s: Any) -> str:
     """Digest of the full parameters (all ranks take part in the gathers)."""
     from torch.distributed.tensor import DTensor
 
-    from mixle_parallel.executors.torch_layouts import unwrap
+    from mixle_parallel.executors.torch.layouts import unwrap
 
     return digest({n: (p.full_tensor() if isinstance(p, DTensor) else p).detach()
                    for n, p in unwrap(s.module).named_parameters()})

@@ -15,8 +15,8 @@ def plain(contract: Any) -> dict:
     """A contract as plain JSON data (the envelope removed)."""
     return to_dict(contract)["data"]
 from mixle_parallel.executors import get_training_backend
-from mixle_parallel.executors.torch_layouts import pre_wrap_fqn, unwrap
-from mixle_parallel.executors.torch_native import lm_token_loss
+from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
+from mixle_parallel.executors.torch.backend import lm_token_loss
 
 from _models import TP_PLAN, global_batches, make_model
 

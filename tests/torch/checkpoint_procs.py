@@ -131,7 +131,7 @@ def _session_state(step: int) -> dict[str, Any]:
 
 
 def _save(root, model, optimizer, scheduler, step, **kwargs):
-    from mixle_parallel.executors.torch_checkpoint import save_checkpoint
+    from mixle_parallel.executors.torch.checkpoint import save_checkpoint
 
     return save_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler,
                            session_state=_session_state(step),
@@ -153,7 +153,7 @@ def _scenario_world4(root: Path, rank: int, world: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from mixle_parallel.executors.torch_checkpoint import load_checkpoint
+    from mixle_parallel.executors.torch.checkpoint import load_checkpoint
 
     result: dict[str, Any] = {}
     model, optimizer, scheduler = _build(world, seed=0, rank=rank)
@@ -228,8 +228,8 @@ def _scenario_resharded(root: Path, rank: int, world: int) -> dict[str, Any]:
     """Load the world-4 checkpoint at this world size: refused without permission, then resumed."""
     import torch
     import torch.distributed as dist
-    from mixle_parallel.executors.checkpoint_manifest import derive_seed
-    from mixle_parallel.executors.torch_checkpoint import load_checkpoint
+    from mixle_parallel.executors.torch.checkpoint_manifest import derive_seed
+    from mixle_parallel.executors.torch.checkpoint import load_checkpoint
 
     result: dict[str, Any] = {}
     model, optimizer, scheduler = _build(world, seed=99, rank=rank)

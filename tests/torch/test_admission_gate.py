@@ -17,7 +17,7 @@ from mixle_parallel.verification.admission import save_certificate
 
 from _models import make_model
 
-SPEC = "mixle_parallel.executors.torch_verification:VerifiableTorchNative"
+SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
 NO_LAUNCHER = "torchrun --nproc-per-node"
 
 

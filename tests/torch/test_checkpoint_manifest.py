@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixle_parallel.executors.checkpoint_manifest import (
+from mixle_parallel.executors.torch.checkpoint_manifest import (
     MANIFEST_NAME,
     POINTER_NAME,
     STATE_NAME,
@@ -191,6 +191,6 @@ def test_manifest_module_and_lazy_exports_import_no_torch():
     import subprocess
 
     code = ("import sys, mixle_parallel, mixle_parallel.executors as e, "
-            "mixle_parallel.executors.checkpoint_manifest; e.CorruptCheckpointError; "
+            "mixle_parallel.executors.torch.checkpoint_manifest; e.CorruptCheckpointError; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

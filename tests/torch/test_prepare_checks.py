@@ -61,7 +61,7 @@ def test_multi_rank_plan_without_launcher_names_torchrun(monkeypatch: pytest.Mon
 
 
 def test_torch_version_gate_names_the_installed_version() -> None:
-    from mixle_parallel.executors.torch_mesh import require_torch
+    from mixle_parallel.executors.torch.mesh import require_torch
 
     with pytest.raises(RuntimeError, match=r"torch>=2.6.*torch 2.5.1 is installed"):
         require_torch("2.5.1")
@@ -101,7 +101,7 @@ def test_describe_updates_per_composition() -> None:
 def test_optimizer_names_are_case_insensitive_and_unknown_ones_list_the_choices() -> None:
     import torch
 
-    from mixle_parallel.executors.torch_native import build_optimizer
+    from mixle_parallel.executors.torch.backend import build_optimizer
 
     params = [torch.nn.Parameter(torch.zeros(2))]
     assert isinstance(build_optimizer("adamw", params, 0.1)[0], torch.optim.AdamW)

@@ -17,7 +17,7 @@ from _audit_scenarios import BOTH_STEPS
 from _world import run_world
 
 pytestmark = pytest.mark.slow
-SPEC = "mixle_parallel.executors.torch_verification:VerifiableTorchNative"
+SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
 
 
 @pytest.fixture(scope="module")

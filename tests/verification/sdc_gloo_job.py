@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from mixle_parallel.contracts import to_dict
-from mixle_parallel.verification.sdc_digest import digest
-from mixle_parallel.verification.sdc_inject import BitFlip, FaultInjector
-from mixle_parallel.verification.sdc_training import AuditSchedule, SDCDetectedError, TrainingAuditor
+from mixle_parallel.verification.sdc.digest import digest
+from mixle_parallel.verification.sdc.inject import BitFlip, FaultInjector
+from mixle_parallel.verification.sdc.training import AuditSchedule, SDCDetectedError, TrainingAuditor
 
 
 def _grads(params: dict[str, Any], batch: tuple[Any, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from mixle_parallel.verification.admission import (
     verifying,
 )
 from mixle_parallel.verification.keys import load_key
-from mixle_parallel.verification.tolerance import compare, default_tolerance, tolerance_policy
+from mixle_parallel.verification.harness.tolerance import compare, default_tolerance, tolerance_policy
 
 KEY = b"cert-test-key"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mixle_parallel.verification.conformance import main_conformance, parse_plan, run_conformance
+from mixle_parallel.verification.conformance.suite import main_conformance, parse_plan, run_conformance
 
 HERE = Path(__file__).parent
 pytest_plugins = ["pytester"]
@@ -50,9 +50,9 @@ def test_parse_plan():
 
 
 def _plugin_args() -> list[str]:
-    registered = any(ep.value.startswith("mixle_parallel.verification.conformance_plugin")
+    registered = any(ep.value.startswith("mixle_parallel.verification.conformance.plugin")
                      for ep in entry_points(group="pytest11"))
-    return [] if registered else ["-p", "mixle_parallel.verification.conformance_plugin"]
+    return [] if registered else ["-p", "mixle_parallel.verification.conformance.plugin"]
 
 
 def test_pytest_plugin_runs_the_suite(pytester):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from mixle_parallel.contracts import ParallelPlan, check_admission
-from mixle_parallel.verification.conformance import main_conformance
-from mixle_parallel.verification.harness import verify
+from mixle_parallel.verification.conformance.suite import main_conformance
+from mixle_parallel.verification.harness.run import verify
 
 
 @pytest.mark.parametrize("backend", ["local", "mp"])
 def test_em_backend_statistics_are_bitwise_and_certified(backend):
-    from mixle_parallel.executors.em_verification import VerifiableEncodedData, em_capabilities
+    from mixle_parallel.executors.estimation.verifiable import VerifiableEncodedData, em_capabilities
 
     executor = VerifiableEncodedData(backend)
     report = verify(executor, ParallelPlan(dp_replicate=2), precision="fp64", workload="gaussian_mixture")
@@ -25,6 +25,6 @@ def test_em_backend_statistics_are_bitwise_and_certified(backend):
 
 
 def test_em_backend_passes_the_conformance_suite(capsys):
-    code = main_conformance(["--backend", "mixle_parallel.executors.em_verification:VerifiableEncodedData",
+    code = main_conformance(["--backend", "mixle_parallel.executors.estimation.verifiable:VerifiableEncodedData",
                              "--plan", "dp_replicate=2"])
     assert code == 0, capsys.readouterr().out

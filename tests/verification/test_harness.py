@@ -9,9 +9,9 @@ from toy_executors import PerWorkerEMExecutor, ToyDDPExecutor, ToyEMExecutor, Wr
 
 from mixle_parallel.contracts import CapabilityError, ParallelPlan, check_admission
 from mixle_parallel.verification.admission import CertificationError
-from mixle_parallel.verification.collectives import axes_of_group, collective_kind
-from mixle_parallel.verification.harness import verify
-from mixle_parallel.verification.harness_worker import resolve_executor
+from mixle_parallel.verification.harness.collectives import axes_of_group, collective_kind
+from mixle_parallel.verification.harness.run import verify
+from mixle_parallel.verification.harness.worker import resolve_executor
 
 
 def test_correct_ddp_toy_passes_and_is_certified():
@@ -121,7 +121,7 @@ def test_tiny_lm_workload_with_ddp_toy():
 def test_mesh_backend_is_gloo_without_gpus_and_can_be_forced(monkeypatch) -> None:
     import torch
 
-    from mixle_parallel.verification.mesh import process_group_backend
+    from mixle_parallel.verification.harness.mesh import process_group_backend
 
     monkeypatch.delenv("MIXLE_PARALLEL_MESH_BACKEND", raising=False)
     expected = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "gloo"

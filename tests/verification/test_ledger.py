@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mixle_parallel.verification.ledger import Ledger, LedgerError, read_ledger, truncate_torn_tail
-from mixle_parallel.verification.ledger_audit import main_audit, verify_ledger
+from mixle_parallel.verification.ledger.chain import Ledger, LedgerError, read_ledger, truncate_torn_tail
+from mixle_parallel.verification.ledger.verify import main_audit, verify_ledger
 
 from vhelpers import make_audit, make_receipt
 

@@ -12,9 +12,9 @@ import pytest
 import sdc_models as m
 from scipy.stats import binomtest
 
-from mixle_parallel.verification.sdc_em import EMAuditor, audited_fold
-from mixle_parallel.verification.sdc_inject import BitFlip, FaultInjector
-from mixle_parallel.verification.sdc_training import AuditSchedule, SDCDetectedError, TrainingAuditor
+from mixle_parallel.verification.sdc.em import EMAuditor, audited_fold
+from mixle_parallel.verification.sdc.inject import BitFlip, FaultInjector
+from mixle_parallel.verification.sdc.training import AuditSchedule, SDCDetectedError, TrainingAuditor
 
 WORLD = 4
 CONFIDENCE_P = 1e-3  # reject "detection rate == audit rate" only below p = 0.001 (99.9% confidence)

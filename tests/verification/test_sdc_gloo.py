@@ -7,8 +7,8 @@ from __future__ import annotations
 import sdc_gloo_job
 
 from mixle_parallel.contracts import SDCAuditRecord, from_dict
-from mixle_parallel.verification.mesh import run_on_gloo_mesh
-from mixle_parallel.verification.sdc_inject import BitFlip
+from mixle_parallel.verification.harness.mesh import run_on_gloo_mesh
+from mixle_parallel.verification.sdc.inject import BitFlip
 
 
 def test_flip_detected_attributed_and_skipped_on_every_rank():

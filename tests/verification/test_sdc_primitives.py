@@ -7,9 +7,9 @@ import pytest
 import torch
 from scipy.stats import binomtest
 
-from mixle_parallel.verification.sdc_digest import digest, max_abs_difference
-from mixle_parallel.verification.sdc_inject import BitFlip, FaultInjector, flip_bit
-from mixle_parallel.verification.sdc_training import AuditSchedule, SDCDetectedError, TrainingAuditor
+from mixle_parallel.verification.sdc.digest import digest, max_abs_difference
+from mixle_parallel.verification.sdc.inject import BitFlip, FaultInjector, flip_bit
+from mixle_parallel.verification.sdc.training import AuditSchedule, SDCDetectedError, TrainingAuditor
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.uint8])

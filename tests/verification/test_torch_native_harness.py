@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from mixle_parallel.contracts import ParallelPlan, check_admission
-from mixle_parallel.verification.conformance import main_conformance
-from mixle_parallel.verification.harness import verify
+from mixle_parallel.verification.conformance.suite import main_conformance
+from mixle_parallel.verification.harness.run import verify
 
-SPEC = "mixle_parallel.executors.torch_verification:VerifiableTorchNative"
+SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
 
 
 def test_torch_native_fsdp_is_verified_and_certified():
-    from mixle_parallel.executors.torch_native import TorchDistributedBackend
+    from mixle_parallel.executors.torch.backend import TorchDistributedBackend
 
     report = verify(SPEC, ParallelPlan(dp_shard=2), precision="fp32", workload="mlp")
     assert report.passed, report.summary()

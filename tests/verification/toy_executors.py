@@ -74,7 +74,7 @@ class _ToyTrial:
         import torch
         import torch.distributed as dist
 
-        from mixle_parallel.verification.workloads import torch_dtype
+        from mixle_parallel.verification.harness.workloads import torch_dtype
 
         self.workload, self.plan, self.seed, self.rank = workload, plan, seed, rank
         self.dtype = torch_dtype(precision)

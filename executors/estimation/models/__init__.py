@@ -1,7 +1,7 @@
 """Built-in EM models (vectorized numpy, float64), named as in mixle's statistics vocabulary."""
 
-from ._base import AccumulatorFactory, model_digest
-from .combinators import (
+from mixle_parallel.executors.estimation.models._base import AccumulatorFactory, model_digest
+from mixle_parallel.executors.estimation.models.combinators import (
     CompositeAccumulator,
     CompositeDistribution,
     CompositeEncoder,
@@ -10,7 +10,7 @@ from .combinators import (
     MixtureDistribution,
     MixtureEstimator,
 )
-from .discrete import (
+from mixle_parallel.executors.estimation.models.discrete import (
     CategoricalAccumulator,
     CategoricalDistribution,
     CategoricalEncoder,
@@ -20,7 +20,7 @@ from .discrete import (
     PoissonEncoder,
     PoissonEstimator,
 )
-from .multivariate import (
+from mixle_parallel.executors.estimation.models.multivariate import (
     DiagonalGaussianAccumulator,
     DiagonalGaussianDistribution,
     DiagonalGaussianEstimator,
@@ -29,7 +29,7 @@ from .multivariate import (
     MultivariateGaussianEstimator,
     VectorEncoder,
 )
-from .continuous import (
+from mixle_parallel.executors.estimation.models.continuous import (
     ExponentialAccumulator,
     ExponentialDistribution,
     ExponentialEstimator,

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import LOG_2PI, AccumulatorFactory, as_weights, weighted_sum
+from mixle_parallel.executors.estimation.models._base import LOG_2PI, AccumulatorFactory, as_weights, weighted_sum
 
 __all__ = [
     "ExponentialAccumulator", "ExponentialDistribution", "ExponentialEstimator", "GaussianAccumulator",

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import LOG_2PI, AccumulatorFactory, as_weights
+from mixle_parallel.executors.estimation.models._base import LOG_2PI, AccumulatorFactory, as_weights
 
 __all__ = [
     "DiagonalGaussianAccumulator", "DiagonalGaussianDistribution", "DiagonalGaussianEstimator",

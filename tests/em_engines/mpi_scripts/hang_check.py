@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import chunk_probes as probes  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from mixle_parallel.executors.estimation.mpi_backend import MPIRunner  # noqa: E402
-from mixle_parallel.executors.estimation.runner import WorkerTimeoutError  # noqa: E402
+from mixle_parallel.executors.estimation.engines.mpi import MPIRunner  # noqa: E402
+from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError  # noqa: E402
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import chunk_probes as probes  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
-from mixle_parallel.executors.estimation.mpi_backend import MPIChunkError, MPIRunner  # noqa: E402
+from mixle_parallel.executors.estimation.engines.mpi import MPIChunkError, MPIRunner  # noqa: E402
 
 
 def main() -> None:

@@ -1,0 +1,150 @@
+"""``encoded_data``: create a resident encoded-data handle through the backend registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mixle_parallel.contracts.estimation import EncodedDataHandle
+
+from mixle_parallel.executors.estimation.admission import admit_encoded_data, canonical_backend, planned_world
+from mixle_parallel.executors.estimation.builtin_backends import (
+    BUILTIN_ENCODED_DATA_BACKENDS,
+    register_builtin_encoded_data_backends,
+)
+from mixle_parallel.executors.registry import available_encoded_data_backends, get_encoded_data_backend
+
+__all__ = ["EncodedDataControlConflictError", "encoded_data", "is_encoded_data_handle"]
+
+
+class EncodedDataControlConflictError(ValueError):
+    """Controls were given together with an already encoded handle, which cannot change."""
+
+
+def is_encoded_data_handle(obj: Any) -> bool:
+    """True when ``obj`` exposes the encoded-data handle contract (the ``pysp_seq_*`` methods)."""
+    return isinstance(obj, EncodedDataHandle)
+
+
+def encoded_data(
+    data: Any,
+    estimator: Any | None = None,
+    model: Any | None = None,
+    encoder: Any | None = None,
+    placement: Any | None = None,
+    resources: Any | None = None,
+    engine: Any | None = None,
+    precision: Any | None = None,
+    num_chunks: int | None = None,
+    sub_chunks: int = 1,
+    backend: str | None = None,
+    num_workers: int | None = None,
+    client: Any | None = None,
+    comm: Any | None = None,
+    root: int = 0,
+    root_only: bool = False,
+    parallel_chunks: bool = False,
+    chunk_workers: int | None = None,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
+    seed: int | None = None,
+    chunk_size: int | None = None,
+    *,
+    admission: Any = None,
+    audit: bool | None = None,
+    audit_rate: float | None = None,
+    audit_policy: str = "quarantine",
+    audit_seed: int = 0,
+    ledger: Any = None,
+    fault_injector: Any = None,
+    **backend_options: Any,
+) -> Any:
+    """Create an encoded-data handle on ``backend`` (default ``local``), or reuse a handle unchanged.
+
+    Passing an existing handle with any control set raises ``EncodedDataControlConflictError``: a
+    handle's data is already placed, so controls cannot apply; omit them to reuse it.
+    ``backend_options`` go to the backend factory (e.g. ``timeout=`` for ``mp``).
+
+    Verification (see docs/verification.md):
+
+    * ``admission``: on a real device mesh (more than one worker process) the run needs an
+      ``AdmissionCertificate`` for ``em_<backend>`` (the certificate, or the path of its document)
+      that ``check_admission`` accepts, else ``NotAdmittedError`` is raised before any worker
+      starts; ``admission="unverified"`` runs anyway and says so in the handle and every ledger entry.
+    * ``audit`` / ``audit_rate`` / ``audit_policy`` / ``audit_seed``: the SDC audit of E-steps
+      (default on with two workers or more, rate 0.05 and at least one chunk per fit; policy
+      ``quarantine``, ``raise`` or ``warn``). Findings: ``handle.audit_records``.
+    * ``ledger``: a ``verification.Ledger`` (or a path): run_start, one receipt per E-step, audit
+      records, run_end on ``close``.
+    * ``fault_injector``: a ``verification.FaultInjector`` of ``BitFlip("statistic", "chunk:<c>",
+      rank=<worker>, step=<iteration>, index, bit)`` to prove the audit (tests, drills).
+    """
+    if is_encoded_data_handle(data):
+        conflicts = [
+            name for name, active in (
+                ("estimator", estimator is not None), ("model", model is not None),
+                ("encoder", encoder is not None), ("placement", placement is not None),
+                ("resources", resources is not None), ("engine", engine is not None),
+                ("precision", precision is not None), ("num_chunks", num_chunks is not None),
+                ("sub_chunks", sub_chunks != 1), ("backend", backend is not None),
+                ("num_workers", num_workers is not None), ("client", client is not None),
+                ("comm", comm is not None), ("root", root != 0), ("root_only", bool(root_only)),
+                ("parallel_chunks", bool(parallel_chunks)), ("chunk_workers", chunk_workers is not None),
+                ("batch_size", batch_size is not None), ("shuffle", shuffle is not None),
+                ("seed", seed is not None), ("chunk_size", chunk_size is not None),
+                ("admission", admission is not None), ("audit", audit is not None),
+                ("audit_rate", audit_rate is not None), ("audit_policy", audit_policy != "quarantine"),
+                ("audit_seed", audit_seed != 0), ("ledger", ledger is not None),
+                ("fault_injector", fault_injector is not None),
+                *((k, True) for k in sorted(backend_options)),
+            ) if active
+        ]
+        if conflicts:
+            raise EncodedDataControlConflictError(
+                f"an existing encoded handle ({data!r}) cannot apply control(s): {', '.join(conflicts)}; "
+                "omit them to reuse the handle unchanged, or build a new handle from the raw data"
+            )
+        return data
+    if backend is None:
+        backend = "local"
+    if not isinstance(backend, str) or not backend.strip():
+        raise ValueError(
+            f"encoded-data backend must be a non-empty name (or None for 'local'), got {backend!r}; "
+            f"registered: {', '.join(available_encoded_data_backends())}"
+        )
+    if isinstance(sub_chunks, bool) or not isinstance(sub_chunks, int) or sub_chunks < 1:
+        raise ValueError(f"sub_chunks must be an int >= 1, got {sub_chunks!r}")
+    if num_chunks is not None and sub_chunks > 1:
+        num_chunks = num_chunks * sub_chunks
+    register_builtin_encoded_data_backends()
+    try:
+        factory = get_encoded_data_backend(backend)
+    except KeyError as exc:
+        raise ValueError(str(exc.args[0])) from None
+    name = canonical_backend(backend, BUILTIN_ENCODED_DATA_BACKENDS)
+    workers, world = planned_world(
+        name, num_workers=num_workers, resources=resources, client=client, comm=comm, chunk_workers=chunk_workers,
+        parallel_chunks=parallel_chunks, factory=factory, options=backend_options)
+    decision, certificate = admit_encoded_data(name, admission=admission, workers=workers, world_size=world)
+    handle = factory(
+        data, estimator=estimator, model=model, encoder=encoder, placement=placement,
+        resources=resources, engine=engine, precision=precision, num_chunks=num_chunks,
+        sub_chunks=sub_chunks, num_workers=num_workers, client=client, comm=comm, root=root,
+        root_only=root_only, parallel_chunks=parallel_chunks, chunk_workers=chunk_workers,
+        batch_size=batch_size, shuffle=shuffle, seed=seed, chunk_size=chunk_size, **backend_options,
+    )
+    attach = getattr(handle, "attach_verification", None)
+    if attach is None:
+        asked = [k for k, v in (("audit", audit), ("audit_rate", audit_rate), ("ledger", ledger),
+                                ("fault_injector", fault_injector)) if v is not None]
+        if asked:
+            handle.close()
+            raise ValueError(f"backend {backend!r} returned a {type(handle).__name__}, which has no SDC audit or "
+                             f"ledger; drop {', '.join(asked)} or build the backend on ChunkedEncodedData")
+        return handle
+    try:
+        attach(admission=decision, certificate=certificate, audit=audit, audit_rate=audit_rate,
+               audit_policy=audit_policy, audit_seed=audit_seed, ledger=ledger, fault_injector=fault_injector)
+    except BaseException:
+        handle.close()
+        raise
+    return handle

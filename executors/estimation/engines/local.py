@@ -1,0 +1,108 @@
+"""The ``local`` backend: chunks stay in this process, a reused thread pool maps over them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from mixle_parallel.contracts.resources import local_cpu_count
+
+from mixle_parallel.executors.estimation.engines.support import block_assignment
+from mixle_parallel.executors.estimation.chunks import WorkerTask, apply_chunk_fn, check_tasks
+from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
+
+__all__ = ["LocalChunkRunner", "local_backend"]
+
+
+class LocalChunkRunner:
+    """Chunk-level thread pool (numpy releases the GIL in its kernels); one worker runs inline."""
+
+    name = "local"
+    supports_worker_placement = True
+
+    def __init__(self, num_workers: int | None = None) -> None:
+        n = local_cpu_count() if num_workers is None else num_workers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"local backend num_workers must be an int >= 1, got {num_workers!r}")
+        self.num_workers = n
+        self._chunks: list[Any] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._pinned: list[ThreadPoolExecutor] = []
+
+    def scatter(self, chunks: Sequence[Any]) -> None:
+        """Keep the encoded chunks (list index = chunk id)."""
+        self._chunks = list(chunks)
+
+    def map_chunks(
+        self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None
+    ) -> list[Any]:
+        """``fn(chunk, payload)`` per chunk id, results in chunk-id order."""
+        ids = range(len(self._chunks)) if chunk_ids is None else sorted(chunk_ids)
+        if self.num_workers == 1 or len(ids) <= 1:
+            return apply_chunk_fn(fn, payload, list(ids), self._chunks.__getitem__)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="mixle-em-local")
+        futures = [self._pool.submit(fn, self._chunks[i], payload) for i in ids]
+        return [f.result() for f in futures]
+
+    # -- placement (the SDC audit recomputes a chunk on another worker thread) ---------------------
+    def worker_ids(self) -> list[int]:
+        """Worker thread ids ``0..num_workers-1``."""
+        return list(range(self.num_workers))
+
+    def chunk_owners(self) -> list[int]:
+        """The worker thread each chunk is assigned to by default (contiguous blocks)."""
+        owners = [0] * len(self._chunks)
+        for w, ids in enumerate(block_assignment(len(self._chunks), self.num_workers)):
+            for i in ids:
+                owners[i] = w
+        return owners
+
+    def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
+        """Each task on its own pinned worker thread; results per worker in the order of its ids."""
+        checked = check_tasks(tasks, len(self._chunks), self.worker_ids(), self.name)
+        if not self._pinned:
+            self._pinned = [ThreadPoolExecutor(1, thread_name_prefix=f"mixle-em-local-w{w}")
+                            for w in range(self.num_workers)]
+
+        def run(task: WorkerTask) -> list[Any]:
+            return apply_chunk_fn(task.fn, task.payload, task.chunk_ids, self._chunks.__getitem__)
+
+        futures = {w: self._pinned[w].submit(run, t) for w, t in checked.items()}
+        return {w: f.result() for w, f in futures.items()}
+
+    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+        """``fn`` over ``chunk_ids`` on worker thread ``worker``."""
+        return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
+
+    def close(self) -> None:
+        """Stop the thread pools and drop the chunks."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        for pool in self._pinned:
+            pool.shutdown(wait=True)
+        self._pinned = []
+        self._chunks = []
+
+
+def local_backend(
+    data: Any,
+    *,
+    num_workers: int | None = None,
+    chunk_workers: int | None = None,
+    parallel_chunks: bool = False,
+    resources: Any = None,
+    **params: Any,
+) -> ChunkedEncodedData:
+    """Factory of the ``local`` backend: one thread by default, ``num_workers`` threads on request."""
+    workers = num_workers if num_workers is not None else chunk_workers
+    if workers is None:
+        if resources is not None:
+            workers = len(resources)
+        elif parallel_chunks:
+            workers = local_cpu_count()
+        else:
+            workers = 1
+    return handle_from_runner(LocalChunkRunner(workers), data, **params)

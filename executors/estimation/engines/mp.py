@@ -1,0 +1,431 @@
+"""The ``mp`` backend: worker processes reading encoded chunks from one shared-memory block.
+
+Every numpy array of the encoded chunks is copied once into a ``SharedMemory`` segment; workers
+attach and build zero-copy views, so any worker can compute any chunk. That is what makes fault
+recovery simple: a dead worker's chunks are re-sent to the survivors, and since a chunk's result
+depends only on the chunk (BLAS capped to one thread per worker), the fit ends on the same bits.
+A worker that does not answer within ``timeout`` seconds is terminated and reported.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing import connection
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import numpy as np
+
+from mixle_parallel.contracts.resources import local_cpu_count
+
+from mixle_parallel.executors.estimation.engines.support import block_assignment, keep_freed_memory, yield_on_wakeup
+from mixle_parallel.executors.estimation.chunks import (
+    EncodedChunk,
+    WorkerLostError,
+    WorkerTask,
+    WorkerTimeoutError,
+    WorkerUnavailableError,
+    apply_chunk_fn,
+    check_tasks,
+)
+from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
+
+__all__ = ["BLAS_THREAD_VARIABLES", "MPChunkRunner", "WorkerTaskError", "mp_backend"]
+
+BLAS_THREAD_VARIABLES = (
+    "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS",
+)
+"""Environment variables set to ``1`` in every worker so workers do not oversubscribe cores."""
+
+_ENV_LOCK = threading.Lock()
+_ALIGN = 64
+
+
+class WorkerTaskError(RuntimeError):
+    """A chunk function raised inside a worker; the message carries the worker's traceback."""
+
+
+# ---- shared-memory layout ----------------------------------------------------------------------
+class _ShmArray:
+    """Placeholder for an array stored in the shared block: offset, shape, dtype."""
+
+    __slots__ = ("offset", "shape", "dtype")
+
+    def __init__(self, offset: int, shape: tuple[int, ...], dtype: str) -> None:
+        self.offset, self.shape, self.dtype = offset, shape, dtype
+
+    def __reduce__(self) -> Any:
+        return (_ShmArray, (self.offset, self.shape, self.dtype))
+
+
+def _plan(value: Any, arrays: list[np.ndarray], cursor: list[int]) -> Any:
+    """Replace every numeric array in ``value`` by a placeholder and record where it goes."""
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        cursor[0] = -(-cursor[0] // _ALIGN) * _ALIGN
+        ref = _ShmArray(cursor[0], tuple(value.shape), value.dtype.str)
+        arrays.append((cursor[0], value))
+        cursor[0] += value.nbytes
+        return ref
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_plan(v, arrays, cursor) for v in value)
+    if isinstance(value, list):
+        return [_plan(v, arrays, cursor) for v in value]
+    if isinstance(value, dict):
+        return {k: _plan(v, arrays, cursor) for k, v in value.items()}
+    return value
+
+
+def _rebuild(value: Any, buf: memoryview) -> Any:
+    """Inverse of ``_plan`` on a worker: placeholders become read-only views into ``buf``."""
+    if isinstance(value, _ShmArray):
+        dtype = np.dtype(value.dtype)
+        count = int(np.prod(value.shape, dtype=np.int64))
+        arr = np.frombuffer(buf, dtype=dtype, count=count, offset=value.offset).reshape(value.shape)
+        arr.flags.writeable = False
+        return arr
+    if isinstance(value, tuple):
+        return tuple(_rebuild(v, buf) for v in value)
+    if isinstance(value, list):
+        return [_rebuild(v, buf) for v in value]
+    if isinstance(value, dict):
+        return {k: _rebuild(v, buf) for k, v in value.items()}
+    return value
+
+
+# ---- worker process ------------------------------------------------------------------------------
+def _worker_main(conn: Any, shm_name: str, layout: bytes) -> None:
+    """Worker loop: attach the shared block, then answer ``map`` requests until ``close``."""
+    keep_freed_memory()  # BLAS threads are capped through the environment the worker was started with
+    yield_on_wakeup()
+    shm = SharedMemory(name=shm_name)
+    try:
+        chunks = [EncodedChunk(c, a, b, _rebuild(d, shm.buf)) for c, a, b, d in pickle.loads(layout)]
+        conn.send_bytes(pickle.dumps(("ready", os.getpid())))
+        while True:
+            try:
+                message = conn.recv_bytes()
+            except EOFError:
+                return
+            kind, *rest = pickle.loads(message)
+            if kind == "close":
+                return
+            fn, payload, ids = rest
+            try:
+                out = list(zip(ids, apply_chunk_fn(fn, payload, ids, chunks.__getitem__)))
+            except BaseException as exc:  # noqa: BLE001 - reported to the driver with the traceback
+                conn.send_bytes(pickle.dumps(("error", getattr(exc, "chunk_id", ids), traceback.format_exc())))
+            else:
+                conn.send_bytes(pickle.dumps(("ok", out), protocol=pickle.HIGHEST_PROTOCOL))
+    finally:
+        chunks = None  # noqa: F841 - drop the views before closing the block
+        try:
+            shm.close()
+        except BufferError:  # pragma: no cover - a view escaped; the OS frees it at exit
+            pass
+
+
+class _Worker:
+    __slots__ = ("index", "process", "conn", "pending")
+
+    def __init__(self, index: int, process: Any, conn: Any) -> None:
+        self.index, self.process, self.conn = index, process, conn
+        self.pending: list[int] = []
+
+
+class MPChunkRunner:
+    """Worker processes over shared memory; recomputes a dead worker's chunks on survivors."""
+
+    name = "mp"
+    supports_worker_placement = True
+
+    def __init__(
+        self,
+        num_workers: int | None = None,
+        *,
+        timeout: float | None = 300.0,
+        start_timeout: float = 180.0,
+        start_method: str = "spawn",
+        blas_threads: int = 1,
+    ) -> None:
+        n = local_cpu_count() if num_workers is None else num_workers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"mp backend num_workers must be an int >= 1, got {num_workers!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"mp backend timeout must be > 0 seconds or None, got {timeout!r}")
+        self.num_workers = n
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.blas_threads = int(blas_threads)
+        self._ctx = mp.get_context(start_method)
+        self._workers: list[_Worker] = []
+        self._shm: SharedMemory | None = None
+        self._num_chunks = 0
+        self.recovered_chunks: list[int] = []
+        """Chunk ids recomputed on a survivor after their worker died (for tests and logs)."""
+
+    # -- start ----------------------------------------------------------------------------------
+    def scatter(self, chunks: Sequence[EncodedChunk]) -> None:
+        """Copy every chunk's arrays into one shared block and start the workers on it."""
+        if self._workers:
+            raise RuntimeError("MPChunkRunner.scatter was already called; create a new runner for new data")
+        arrays: list[tuple[int, np.ndarray]] = []
+        cursor = [0]
+        layout = [(int(c.chunk_id), int(c.start), int(c.stop), _plan(c.data, arrays, cursor)) for c in chunks]
+        self._num_chunks = len(layout)
+        self._shm = SharedMemory(create=True, size=max(cursor[0], 1))
+        for offset, arr in arrays:
+            dst = np.ndarray(arr.shape, dtype=arr.dtype, buffer=self._shm.buf, offset=offset)
+            dst[...] = arr
+            del dst
+        blob = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self._start_workers(blob)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_workers(self, layout: bytes) -> None:
+        assert self._shm is not None
+        with _ENV_LOCK:  # children inherit the environment at start: cap BLAS threads there
+            saved = {k: os.environ.get(k) for k in BLAS_THREAD_VARIABLES}
+            os.environ.update({k: str(self.blas_threads) for k in BLAS_THREAD_VARIABLES})
+            try:
+                for i in range(self.num_workers):
+                    parent, child = self._ctx.Pipe(duplex=True)
+                    proc = self._ctx.Process(
+                        target=_worker_main, args=(child, self._shm.name, layout),
+                        name=f"mixle-em-mp-{i}", daemon=True,
+                    )
+                    proc.start()
+                    child.close()
+                    self._workers.append(_Worker(i, proc, parent))
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        deadline = time.monotonic() + self.start_timeout
+        for w in self._workers:
+            left = deadline - time.monotonic()
+            if not w.conn.poll(max(left, 0.0)):
+                raise WorkerTimeoutError(
+                    f"mp worker {w.index} did not start within {self.start_timeout:.0f} s; the machine may "
+                    "be overloaded: raise start_timeout= or lower num_workers="
+                )
+            try:
+                pickle.loads(w.conn.recv_bytes())
+            except EOFError:
+                raise WorkerLostError(
+                    f"mp worker {w.index} exited during start-up (exit code {w.process.exitcode}); "
+                    "check that the data and encoder are importable in a fresh process"
+                ) from None
+
+    # -- map --------------------------------------------------------------------------------------
+    @property
+    def live_workers(self) -> list[int]:
+        """Indices of workers still alive."""
+        return [w.index for w in self._workers if w.process.is_alive()]
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live workers, in worker order."""
+        return [w.process.pid for w in self._workers if w.process.is_alive()]
+
+    def _send(self, worker: _Worker, message: bytes, ids: list[int]) -> bool:
+        try:
+            worker.conn.send_bytes(message)
+        except (BrokenPipeError, ConnectionError, OSError):
+            return False
+        worker.pending = list(ids)
+        return True
+
+    def _drop(self, worker: _Worker) -> None:
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join(timeout=5)
+        try:
+            worker.conn.close()
+        except OSError:  # pragma: no cover
+            pass
+        self._workers.remove(worker)
+
+    def map_chunks(
+        self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None
+    ) -> list[Any]:
+        """``fn(chunk, payload)`` for each chunk id on the workers; results in chunk-id order."""
+        if not self._workers and self._shm is None:
+            raise RuntimeError("MPChunkRunner.map_chunks before scatter(); scatter the chunks first")
+        ids = list(range(self._num_chunks)) if chunk_ids is None else sorted(int(i) for i in chunk_ids)
+        results: dict[int, Any] = {}
+        todo = list(ids)
+        while todo:
+            self._dispatch(fn, payload, todo)
+            lost = self._collect(lambda w, cid, value: results.__setitem__(cid, value))
+            todo = sorted(c for _, cids in lost for c in cids)
+        return [results[i] for i in ids]
+
+    # -- placement (the SDC audit recomputes a chunk on a chosen worker) -------------------------------
+    def worker_ids(self) -> list[int]:
+        """Ids of the live worker processes."""
+        return self.live_workers
+
+    def chunk_owners(self) -> list[int]:
+        """The worker each chunk goes to in a plain pass (contiguous blocks over the live workers)."""
+        live = self.live_workers
+        owners = [0] * self._num_chunks
+        if live:
+            for w, ids in zip(live, block_assignment(self._num_chunks, len(live))):
+                for i in ids:
+                    owners[i] = w
+        return owners
+
+    def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
+        """Each worker computes its task's chunk ids; a requested worker that is gone or dies raises
+        ``WorkerUnavailableError`` (the runner drops it; any worker can compute any chunk later)."""
+        if self._shm is None:
+            raise RuntimeError("MPChunkRunner.run_on_workers before scatter(); scatter the chunks first")
+        checked = check_tasks(tasks, self._num_chunks, self.live_workers, self.name)
+        by_index = {w.index: w for w in self._workers}
+        sent_to_dead = []
+        for index, task in checked.items():
+            if not task.chunk_ids:
+                continue
+            message = pickle.dumps(("map", task.fn, task.payload, list(task.chunk_ids)), protocol=pickle.HIGHEST_PROTOCOL)
+            if not self._send(by_index[index], message, list(task.chunk_ids)):
+                by_index[index].pending = list(task.chunk_ids)
+                sent_to_dead.append(index)
+        results: dict[tuple[int, int], Any] = {}
+        lost = self._collect(lambda w, cid, value: results.__setitem__((w, cid), value))
+        gone = sorted({w for w, _ in lost} | set(sent_to_dead))
+        if gone:
+            raise WorkerUnavailableError(gone, f"mp worker(s) {gone} died while computing chosen chunks")
+        return {w: [results[(w, c)] for c in t.chunk_ids] for w, t in checked.items()}
+
+    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+        """``fn`` over ``chunk_ids`` on worker process ``worker``."""
+        return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
+
+    def _dispatch(self, fn: Callable[[Any, Any], Any], payload: Any, ids: list[int]) -> None:
+        live = [w for w in self._workers if w.process.is_alive()]
+        for w in [w for w in self._workers if w not in live]:
+            self._drop(w)
+        if not live:
+            raise WorkerLostError(
+                f"every mp worker has died; chunks {ids} cannot be computed. Check the workers' memory "
+                "(each holds a view of the shared block) and restart with a new handle"
+            )
+        # Contiguous, balanced blocks of chunk ids per live worker (any split gives the same bits).
+        n, k = len(ids), len(live)
+        edges = [(i * n) // k for i in range(k + 1)]
+        for j, w in enumerate(live):
+            block = ids[edges[j]:edges[j + 1]]
+            if not block:
+                continue
+            message = pickle.dumps(("map", fn, payload, block), protocol=pickle.HIGHEST_PROTOCOL)
+            if not self._send(w, message, block):
+                w.pending = list(block)  # collected as lost below
+
+    def _collect(self, store: Callable[[int, int, Any], None]) -> list[tuple[int, list[int]]]:
+        """Wait for every busy worker, ``store(worker, chunk id, value)`` each result; return the
+        (worker, chunk ids) of workers that died meanwhile."""
+        busy = {w.conn: w for w in self._workers if w.pending}
+        sentinels = {w.process.sentinel: w for w in busy.values()}
+        lost: list[tuple[int, list[int]]] = []
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while busy:
+            wait_for = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = connection.wait(list(busy) + list(sentinels), timeout=wait_for)
+            if not ready:
+                hung = sorted(busy.values(), key=lambda w: w.index)
+                detail = ", ".join(f"worker {w.index} (pid {w.process.pid}, chunks {w.pending})" for w in hung)
+                for w in hung:
+                    self._drop(w)
+                raise WorkerTimeoutError(
+                    f"mp backend: no answer within {self.timeout} s from {detail}; the worker(s) were "
+                    "terminated. If the work is just slow, pass a larger timeout= to encoded_data/optimize"
+                )
+            for obj in ready:
+                w = busy.get(obj) or sentinels.get(obj)
+                if w is None or w.conn not in busy:
+                    continue
+                try:
+                    if not w.conn.poll():
+                        raise EOFError
+                    reply = pickle.loads(w.conn.recv_bytes())
+                except (EOFError, ConnectionError, OSError):
+                    lost.append((w.index, list(w.pending)))
+                    self.recovered_chunks.extend(w.pending)
+                    w.pending = []
+                    del busy[w.conn]
+                    sentinels.pop(w.process.sentinel, None)
+                    self._drop(w)
+                    continue
+                if reply[0] == "error":
+                    _, cid, tb = reply
+                    for other in busy.values():
+                        other.pending = []
+                    self._drain(busy, w)
+                    raise WorkerTaskError(f"mp worker {w.index} failed on chunk {cid}:\n{tb}")
+                for cid, value in reply[1]:
+                    store(w.index, cid, value)
+                w.pending = []
+                del busy[w.conn]
+                sentinels.pop(w.process.sentinel, None)
+        return lost
+
+    def _drain(self, busy: dict[Any, _Worker], failed: _Worker) -> None:
+        """After a task error, read (and drop) the replies of the other busy workers."""
+        for conn, w in list(busy.items()):
+            if w is failed:
+                continue
+            try:
+                if conn.poll(self.timeout):
+                    conn.recv_bytes()
+            except (EOFError, OSError):
+                pass
+
+    # -- stop -------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the workers and free the shared block (idempotent)."""
+        for w in list(self._workers):
+            try:
+                w.conn.send_bytes(pickle.dumps(("close",)))
+            except (OSError, ValueError):
+                pass
+        for w in list(self._workers):
+            w.process.join(timeout=5)
+            self._drop(w)
+        if self._shm is not None:
+            try:
+                self._shm.close()
+                self._shm.unlink()
+            except (FileNotFoundError, BufferError):  # pragma: no cover
+                pass
+            self._shm = None
+
+
+def mp_backend(
+    data: Any,
+    *,
+    num_workers: int | None = None,
+    resources: Any = None,
+    timeout: float | None = 300.0,
+    start_timeout: float = 180.0,
+    start_method: str = "spawn",
+    **params: Any,
+) -> ChunkedEncodedData:
+    """Factory of the ``mp`` backend (``num_workers`` processes; default: one per local CPU)."""
+    workers = num_workers if num_workers is not None else (len(resources) if resources is not None else None)
+    runner = MPChunkRunner(workers, timeout=timeout, start_timeout=start_timeout, start_method=start_method)
+    try:
+        return handle_from_runner(runner, data, **params)
+    except BaseException:
+        runner.close()
+        raise

@@ -1,0 +1,230 @@
+"""The ``mpi`` chunk runner: SPMD over an mpi4py communicator.
+
+Every rank runs the same program. Rank ``r`` holds a contiguous block of chunk ids; a data pass
+broadcasts the payload from the root (so every rank scores the same model), computes its own
+chunks and all-gathers, so every rank holds the full list ordered by chunk id and runs the same
+combine: statistics are reduced in one fixed order and every rank ends on the same bits.
+
+With ``root_only=True`` only the root has the rows: it encodes the chunks and scatters each rank
+its block; the other ranks pass ``data=None``. Otherwise every rank has the rows and encodes only
+its own chunks. A failure inside one rank's chunk function is all-gathered and raised on every
+rank, so one bad rank does not leave the others blocked in a collective. Before the all-gather the
+ranks meet at a non-blocking barrier polled against ``timeout``: a rank that does not arrive (hung
+in its chunks) makes the others raise ``WorkerTimeoutError`` instead of waiting forever (run the
+script with ``python -m mpi4py`` so an uncaught error aborts the whole job).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mixle_parallel.executors.estimation.engines.support import (
+    DEFAULT_TIMEOUT_S,
+    Deadline,
+    block_assignment,
+    check_timeout,
+    ordered_results,
+    require_engine,
+    requested_ids,
+)
+from mixle_parallel.executors.estimation.chunks import EncodedChunk, WorkerTimeoutError, apply_chunk_fn, resolve_encoder
+from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
+
+__all__ = ["MPIChunkError", "MPIEncodedData", "MPIRunner", "mpi_encoded_data"]
+
+
+class MPIChunkError(RuntimeError):
+    """A chunk function failed on some rank; raised on every rank so none is left blocked."""
+
+
+class MPIRunner:
+    """SPMD chunk runner over an mpi4py communicator (``COMM_WORLD`` by default)."""
+
+    name = "mpi"
+    supports_worker_placement = False
+    """Declined: an SPMD rank computes only its own block; the SDC audit recomputes a chunk on the same runner (``same_rank``)."""
+
+    def __init__(
+        self, comm: Any = None, *, root: int = 0, root_only: bool = False,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.timeout = check_timeout(timeout)
+        if comm is None:
+            comm = require_engine("mpi4py.MPI", "mpi").COMM_WORLD
+        self.comm = comm
+        self.rank = int(comm.Get_rank())
+        self.size = int(comm.Get_size())
+        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
+            raise ValueError(f"root={root!r} is not a rank of this communicator (size {self.size})")
+        self.root = root
+        self.root_only = bool(root_only)
+        self.num_workers = self.size
+        self._local: dict[int, Any] = {}
+        self._num_chunks = 0
+
+    @property
+    def is_root(self) -> bool:
+        """Whether this process is the root rank."""
+        return self.rank == self.root
+
+    def owned_chunk_ids(self, num_chunks: int) -> list[int]:
+        """The contiguous block of chunk ids this rank holds."""
+        return block_assignment(num_chunks, self.size)[self.rank]
+
+    # -- placement ----------------------------------------------------------------------------
+    def scatter(self, chunks: Sequence[Any] | None) -> None:
+        """Keep this rank's block (``root_only``: the root sends each rank its block).
+
+        Without ``root_only`` each rank passes the full-length list (entries it does not own may
+        be ``None``); with it, only the root's ``chunks`` are read.
+        """
+        if self.root_only:
+            parts = None
+            n = None
+            if self.is_root:
+                if chunks is None:
+                    raise ValueError("root_only=True: the root rank must pass the chunks")
+                n = len(chunks)
+                parts = [[(i, chunks[i]) for i in ids] for ids in block_assignment(n, self.size)]
+            n = self.comm.bcast(n, root=self.root)
+            mine = self.comm.scatter(parts, root=self.root)
+        else:
+            if chunks is None:
+                raise ValueError(
+                    f"rank {self.rank} passed no chunks; every rank needs the data unless root_only=True"
+                )
+            n = len(chunks)
+            counts = self.comm.allgather(n)
+            if len(set(counts)) != 1:
+                raise ValueError(
+                    f"ranks disagree on the number of chunks {counts}; give every rank the same rows and "
+                    "chunking, or pass root_only=True and the rows on the root only"
+                )
+            mine = [(i, chunks[i]) for i in self.owned_chunk_ids(n)]
+            missing = [i for i, c in mine if c is None]
+            if missing:
+                raise ValueError(f"rank {self.rank} owns chunks {missing} but was given None for them")
+        self._num_chunks = int(n)
+        self._local = dict(mine)
+
+    def chunk_owners(self) -> list[int]:
+        """The worker (rank / partition) each chunk is computed on: contiguous blocks."""
+        n = self._num_chunks
+        return [w for w, ids in enumerate(block_assignment(n, self.size)) for _ in ids]
+
+    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+        """Not supported: an SPMD rank computes only its own block."""
+        raise NotImplementedError(
+            "the mpi runner cannot compute chosen chunks on a chosen worker (an SPMD rank computes only its "
+            "own block); check supports_worker_placement first"
+        )
+
+    # -- data passes --------------------------------------------------------------------------
+    def map_chunks(
+        self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None
+    ) -> list[Any]:
+        """Collective: the root's payload to all, own chunks computed, results all-gathered in order.
+
+        Every rank must call it with the same ``fn`` and ``chunk_ids``.
+        """
+        payload = self.comm.bcast(payload if self.is_root else None, root=self.root)
+        ids = requested_ids(chunk_ids, self._num_chunks)
+        mine: list[tuple[int, Any]] = []
+        error: str | None = None
+        failure: BaseException | None = None
+        try:
+            own = [i for i in ids if i in self._local]
+            mine = list(zip(own, apply_chunk_fn(fn, payload, own, self._local.__getitem__)))
+        except Exception as exc:  # noqa: BLE001 - shared with every rank below, then re-raised
+            failure = exc
+            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        self._meet(ids)
+        gathered = self.comm.allgather((mine, error))
+        errors = [(r, e) for r, (_, e) in enumerate(gathered) if e is not None]
+        if errors:
+            detail = "; ".join(f"rank {r}: {e}" for r, e in errors)
+            raise MPIChunkError(f"chunk function failed on {len(errors)} rank(s): {detail}") from failure
+        results: dict[int, Any] = {}
+        for part, _ in gathered:
+            results.update(part)
+        return ordered_results(results, ids, self.name)
+
+    def _meet(self, ids: list[int]) -> None:
+        """Wait for every rank at a non-blocking barrier, at most ``timeout`` seconds."""
+        if self.timeout is None or self.size == 1:
+            return
+        request = self.comm.Ibarrier()
+        deadline = Deadline(self.timeout)
+        pause = 1e-5
+        while not request.Test():
+            if deadline.expired():
+                raise WorkerTimeoutError(
+                    f"mpi rank {self.rank} waited {self.timeout} s for the other ranks to finish their "
+                    f"chunks (pass over {len(ids)} chunk(s)); a rank is hung or "
+                    "overloaded. Raise timeout= (seconds); run with `python -m mpi4py` so this aborts the job."
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+
+    def close(self) -> None:
+        """Drop this rank's chunks (MPI itself stays initialized; the launcher owns it)."""
+        self._local = {}
+
+
+class MPIEncodedData(ChunkedEncodedData):
+    """The generic handle, encoding on each rank only what that rank holds."""
+
+    runner: MPIRunner
+
+    def _ensure_scattered(self, estimator: Any, model: Any) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed; create a new handle with encoded_data(...)")
+        if self._scattered:
+            return
+        runner = self.runner
+        if runner.root_only and not runner.is_root:
+            runner.scatter(None)
+        else:
+            if self._encoder is None:
+                self._encoder = resolve_encoder(estimator, model)
+            if self._data is None:
+                raise ValueError(f"rank {runner.rank} has no rows to encode; pass the data to encoded_data()")
+            wanted = range(len(self.bounds)) if runner.root_only else runner.owned_chunk_ids(len(self.bounds))
+            chunks: list[Any] = [None] * len(self.bounds)
+            for i in wanted:
+                a, b = self.bounds[i]
+                chunks[i] = EncodedChunk(i, a, b, self._encoder.encode(self._data[a:b]))
+            runner.scatter(chunks)
+        self._scattered = True
+        self._data = None
+
+
+_HANDLE_KEYS = ("estimator", "model", "encoder", "num_chunks", "chunk_size", "controls")
+
+
+def mpi_encoded_data(
+    data: Any,
+    *,
+    comm: Any = None,
+    root: int = 0,
+    root_only: bool = False,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    **params: Any,
+) -> MPIEncodedData:
+    """``encoded_data(..., backend="mpi")``: call on every rank (SPMD); see the module docstring."""
+    runner = MPIRunner(comm, root=root, root_only=root_only, timeout=timeout)
+    if root_only:
+        n = len(data) if runner.is_root else None
+        num_rows = runner.comm.bcast(n, root=runner.root)
+    else:
+        if data is None:
+            raise ValueError(f"rank {runner.rank} passed data=None; pass the rows on every rank or root_only=True")
+        num_rows = len(data)
+        counts = runner.comm.allgather(num_rows)
+        if len(set(counts)) != 1:
+            raise ValueError(f"ranks hold different row counts {counts}; pass the same rows on every rank")
+    kwargs = {k: params[k] for k in _HANDLE_KEYS if params.get(k) is not None}
+    return MPIEncodedData(runner, data if (runner.is_root or not root_only) else None, num_rows=num_rows, **kwargs)

@@ -1,0 +1,203 @@
+"""The ``spark`` chunk runner: encoded chunks as the records of one cached RDD.
+
+The chunks are parallelized once as ``(chunk id, chunk)`` records into contiguous partitions
+(one per worker) and cached; every data pass maps ``fn`` over the cached partitions and collects
+``(chunk id, result)`` pairs, which the runner orders by chunk id. Spark retries a failed task
+(a Python worker that died) from the partition's lineage; a pass that does not finish within ``timeout`` seconds is cancelled and raises
+``WorkerTimeoutError``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mixle_parallel.executors.estimation.engines.support import (
+    DEFAULT_TIMEOUT_S,
+    block_assignment,
+    check_timeout,
+    ordered_results,
+    require_engine,
+    requested_ids,
+)
+from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError, apply_chunk_fn
+from mixle_parallel.executors.estimation.handle import handle_from_runner
+
+__all__ = ["LOCAL_TASK_ATTEMPTS", "SparkRunner", "spark_encoded_data"]
+
+LOCAL_TASK_ATTEMPTS = 4
+"""Attempts per task on a ``local[n, F]`` master the runner starts (Spark's cluster default)."""
+
+
+def _partition_runner(fn: Callable[[Any, Any], Any], payload: Any, wanted: frozenset[int] | None) -> Callable:
+    def run(records: Any) -> Any:
+        chunks = {chunk_id: chunk for chunk_id, chunk in records if wanted is None or chunk_id in wanted}
+        ids = sorted(chunks)
+        return zip(ids, apply_chunk_fn(fn, payload, ids, chunks.__getitem__))
+
+    return run
+
+
+class SparkRunner:
+    """Chunk runner over a SparkContext (given, or a ``local[n]`` one it starts and owns)."""
+
+    name = "spark"
+    supports_worker_placement = False
+    """Declined: a Spark task cannot be aimed at a chosen executor; the SDC audit recomputes a chunk on the same runner (``same_rank``)."""
+
+    def __init__(
+        self,
+        spark_context: Any = None,
+        *,
+        num_workers: int | None = None,
+        master: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+        conf: dict[str, str] | None = None,
+    ) -> None:
+        pyspark = require_engine("pyspark", "spark")
+        self.timeout = check_timeout(timeout)
+        if spark_context is None:
+            spark_context = pyspark.SparkContext._active_spark_context  # reuse a running one
+        self._owns_context = spark_context is None
+        if spark_context is None:
+            from mixle_parallel.contracts.resources import local_cpu_count
+
+            n = local_cpu_count() if num_workers is None else int(num_workers)
+            settings = {
+                # local[n, F]: n threads, and a failed task (say a killed Python worker) is
+                # retried up to F times from the cached partition's lineage; plain local[n] never retries.
+                "spark.master": master or f"local[{n},{LOCAL_TASK_ATTEMPTS}]",
+                "spark.app.name": "mixle-parallel-em",
+                "spark.ui.enabled": "false",
+                "spark.ui.showConsoleProgress": "false",
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.pyspark.python": sys.executable,
+                "spark.pyspark.driver.python": sys.executable,
+                "spark.executorEnv.OMP_NUM_THREADS": "1",
+                "spark.executorEnv.OPENBLAS_NUM_THREADS": "1",
+                "spark.executorEnv.MKL_NUM_THREADS": "1",
+            }
+            settings.update(conf or {})
+            # Python workers run PYSPARK_PYTHON (default: "python3" on PATH, which may lack this
+            # package); the driver's interpreter is the one that has it.
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            spark_conf = pyspark.SparkConf().setAll(list(settings.items()))
+            spark_context = pyspark.SparkContext(conf=spark_conf)
+            spark_context.setLogLevel("ERROR")
+        self.sc = spark_context
+        n = int(self.sc.defaultParallelism) if num_workers is None else int(num_workers)
+        if n < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
+        self.num_workers = n
+        self._rdd: Any = None
+        self._num_chunks = 0
+
+    # -- placement ----------------------------------------------------------------------------
+    def scatter(self, chunks: Sequence[Any]) -> None:
+        """Parallelize ``(id, chunk)`` records into contiguous partitions, cache and materialize them."""
+        self._unpersist()
+        records = list(enumerate(chunks))
+        self._num_chunks = len(records)
+        partitions = max(1, min(self.num_workers, len(records)))
+        self._rdd = self.sc.parallelize(records, partitions).cache()
+        self._run_job(lambda: self._rdd.count(), "placing chunks")
+
+    # -- data passes --------------------------------------------------------------------------
+    def _run_job(self, job: Callable[[], Any], what: str) -> Any:
+        """Run a Spark action under a job group; cancel it and raise after ``timeout`` seconds."""
+        if self.timeout is None:
+            return job()
+        group = f"mixle-em-{uuid.uuid4().hex}"
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                self.sc.setJobGroup(group, what, interruptOnCancel=True)
+                box["value"] = job()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=target, name=group, daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if thread.is_alive():
+            self.sc.cancelJobGroup(group)
+            thread.join(30.0)
+            raise WorkerTimeoutError(
+                f"spark job {what!r} did not finish within {self.timeout} s and was cancelled; an executor "
+                "is hung or overloaded. Raise timeout= (seconds) or check the executors."
+            )
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def chunk_owners(self) -> list[int]:
+        """The partition each chunk is in (``parallelize`` slices contiguously, like ``block_assignment``)."""
+        n = self._num_chunks
+        return [w for w, ids in enumerate(block_assignment(n, max(1, min(self.num_workers, n)))) for _ in ids]
+
+    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+        """Not supported: a Spark task cannot be aimed at a chosen executor."""
+        raise NotImplementedError(
+            "the spark runner cannot compute chosen chunks on a chosen worker (a Spark task cannot be aimed "
+            "at a chosen executor); check supports_worker_placement first"
+        )
+
+    def map_chunks(
+        self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None
+    ) -> list[Any]:
+        """``fn(chunk, payload)`` over the cached partitions; results in chunk-id order."""
+        if self._rdd is None:
+            raise RuntimeError("spark runner has no chunks; call scatter(chunks) first")
+        ids = requested_ids(chunk_ids, self._num_chunks)
+        wanted = None if chunk_ids is None else frozenset(ids)
+        rdd = self._rdd.mapPartitions(_partition_runner(fn, payload, wanted))
+        pairs = self._run_job(rdd.collect, "map_chunks")
+        return ordered_results(dict(pairs), ids, self.name)
+
+    # -- lifetime -----------------------------------------------------------------------------
+    def _unpersist(self) -> None:
+        if self._rdd is not None:
+            try:
+                self._rdd.unpersist()
+            except Exception:  # noqa: BLE001 - a stopped context has nothing cached
+                pass
+            self._rdd = None
+
+    def close(self) -> None:
+        """Drop the cached chunks; stop the SparkContext when this runner started it."""
+        self._unpersist()
+        if self._owns_context and self.sc is not None:
+            self.sc.stop()
+            self.sc = None
+
+
+def spark_encoded_data(
+    data: Any,
+    *,
+    spark_context: Any = None,
+    client: Any = None,
+    num_workers: int | None = None,
+    master: str | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    **params: Any,
+) -> Any:
+    """``encoded_data(..., backend="spark")``: a handle over a :class:`SparkRunner`.
+
+    ``client`` (the generic engine handle of ``encoded_data``) may be a SparkContext or a
+    SparkSession; ``spark_context`` names it explicitly.
+    """
+    sc = spark_context if spark_context is not None else client
+    if sc is not None and hasattr(sc, "sparkContext"):
+        sc = sc.sparkContext  # a SparkSession
+    runner = SparkRunner(sc, num_workers=num_workers, master=master, timeout=timeout)
+    try:
+        return handle_from_runner(runner, data, **params)
+    except BaseException:
+        runner.close()
+        raise

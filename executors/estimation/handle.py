@@ -1,0 +1,307 @@
+"""The one generic encoded-data handle every EM backend shares: any chunk runner becomes a handle.
+
+:class:`ChunkedEncodedData` runs the E-step, initialization and log-density passes over a
+:class:`~mixle_parallel.executors.estimation.chunks.ChunkRunner`, combines statistics in the fixed
+two-level order, and wires in the SDC audit and the ledger. :func:`handle_from_runner` is how an
+engine backend builds one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mixle_parallel.contracts import ParallelPlan
+from mixle_parallel.contracts.estimation import statistic_digest
+from mixle_parallel.verification.ledger.chain import Ledger
+from mixle_parallel.executors.estimation.chunks import (
+    ChunkResult,
+    ChunkRunner,
+    EStepResult,
+    GroupFold,
+    chunk_bounds,
+    chunk_estep,
+    chunk_initialize,
+    chunk_log_density,
+    combine_in_chunk_order,
+    count_rows,
+    encode_chunks,
+    fold_pass,
+    ordered_sum,
+    resolve_encoder,
+    seed_from,
+)
+from mixle_parallel.executors.estimation.sdc_audit import DEFAULT_AUDIT_RATE, EMAudit, em_receipt
+
+__all__ = ["ChunkedEncodedData", "handle_from_runner"]
+
+
+class ChunkedEncodedData:
+    """An encoded-data handle over any :class:`ChunkRunner`; same bits on every backend."""
+
+    def __init__(
+        self,
+        runner: ChunkRunner,
+        data: Any = None,
+        *,
+        estimator: Any = None,
+        model: Any = None,
+        encoder: Any = None,
+        num_chunks: int | None = None,
+        chunk_size: int | None = None,
+        num_rows: int | None = None,
+        controls: dict[str, Any] | None = None,
+        owns_runner: bool = True,
+    ) -> None:
+        self.runner = runner
+        self._data = data
+        self.num_rows = count_rows(data) if num_rows is None else int(num_rows)
+        self.bounds = chunk_bounds(self.num_rows, num_chunks, chunk_size)
+        self.controls = dict(controls or {})
+        self._owns_runner = owns_runner
+        self._scattered = False
+        self._closed = False
+        self._encoder = encoder if encoder is not None else (
+            resolve_encoder(estimator, model) if (estimator is not None or model is not None) else None
+        )
+        self.admission: Any = None
+        """The ``AdmissionDecision`` that let this handle run (set by ``encoded_data``)."""
+        self.ledger: Any = None
+        self.iteration = 0
+        """E-steps done so far (the step number of the next ledger receipt and audit)."""
+        self.last_audits: tuple[Any, ...] = ()
+        self._audit: Any = None
+        self._fit_first = True
+        self._failure: str | None = None
+        if self._encoder is not None:
+            self._ensure_scattered(None, None)
+
+    # -- identity -------------------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        """Name of the runner's backend."""
+        return self.runner.name
+
+    @property
+    def num_workers(self) -> int:
+        """Workers of the runner."""
+        return self.runner.num_workers
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunks the data is cut into."""
+        return len(self.bounds)
+
+    def __repr__(self) -> str:
+        return (f"ChunkedEncodedData(backend={self.backend!r}, rows={self.num_rows}, "
+                f"chunks={self.num_chunks}, workers={self.num_workers})")
+
+    # -- placement ------------------------------------------------------------------------------
+    def _ensure_scattered(self, estimator: Any, model: Any) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed; create a new handle with encoded_data(...)")
+        if self._scattered:
+            return
+        if self._encoder is None:
+            self._encoder = resolve_encoder(estimator, model)
+        if self._data is None:
+            raise ValueError("this handle has no data to encode; pass the rows to encoded_data()")
+        chunks = encode_chunks(self._data, self._encoder, self.bounds)
+        self.runner.scatter(chunks)
+        self._scattered = True
+        self._data = None  # the runner holds the encoded chunks now
+
+    def _map(self, fn: Callable[[Any, Any], Any], payload: Any, estimator: Any = None, model: Any = None) -> list[Any]:
+        self._ensure_scattered(estimator, model)
+        if self._audit is not None and self._audit.excluded:  # keep quarantined / lost workers idle
+            results = self._audit.placed_map(fn, payload, self.num_chunks)
+        else:
+            results = self.runner.map_chunks(fn, payload)
+        if len(results) != self.num_chunks:
+            raise RuntimeError(
+                f"backend {self.backend!r} returned {len(results)} chunk results for {self.num_chunks} "
+                "chunks; a runner must return one result per chunk, ordered by chunk id"
+            )
+        return results
+
+    # -- EM ---------------------------------------------------------------------------------------
+    def chunk_statistics(self, estimator: Any, model: Any) -> list[ChunkResult]:
+        """Per-chunk E-step results in chunk order (for audits: compare with ``statistic_digest``)."""
+        return [ChunkResult(*r) for r in self._map(chunk_estep, (estimator, model), estimator, model)]
+
+    def estep_entries(self, estimator: Any, model: Any, raw: Sequence[int] = ()) -> list[Any]:
+        """One pass's E-step entries for :func:`fold_pass`: groups folded on the workers where the runner
+        can, per chunk otherwise; the ``raw`` chunks' own results come back too (see ``chunk_result``)."""
+        fold = GroupFold(chunk_estep, self.num_chunks, frozenset(int(c) for c in raw))
+        return self._map(fold, (estimator, model), estimator, model)
+
+    def chunk_digests(self, estimator: Any, model: Any) -> list[str]:
+        """``sha256:`` digest of each chunk's statistics, in chunk order."""
+        return [statistic_digest(r.stats) for r in self.chunk_statistics(estimator, model)]
+
+    def estep(self, estimator: Any, model: Any) -> EStepResult:
+        """One data pass: the statistics under ``model``, its log-likelihood, and the M-step.
+
+        Audited (see ``executors.estimation.audit``) when the handle has an SDC audit; each pass
+        is one ledger receipt when the handle has a ledger.
+        """
+        iteration = self.iteration
+        if self._audit is not None:
+            self._ensure_scattered(estimator, model)
+            entries, outcomes = self._audit.estep_results(self, estimator, model, iteration, first_of_fit=self._fit_first)
+        else:
+            entries, outcomes = self.estep_entries(estimator, model), ()
+        self._fit_first = False
+        total = fold_pass(estimator, entries)
+        nobs, ll, stats = total.count, total.log_likelihood, total.stats
+        out = EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
+        self.iteration = iteration + 1
+        self.last_audits = tuple(outcomes)
+        if self.ledger is not None:
+            self.ledger.receipt(em_receipt(iteration, nobs, ll, workers=self.num_workers, admission=self.admission,
+                                           outcomes=outcomes, quarantined=sorted(self.quarantined)))
+        return out
+
+    # -- verification -----------------------------------------------------------------------------
+    @property
+    def audit(self) -> Any:
+        """The handle's ``EMAudit`` (None when not audited)."""
+        return self._audit
+
+    @property
+    def audit_records(self) -> tuple[Any, ...]:
+        """Every ``SDCAuditRecord`` of this handle's audited passes."""
+        return self._audit.records if self._audit is not None else ()
+
+    @property
+    def last_audit_records(self) -> tuple[Any, ...]:
+        """The ``SDCAuditRecord``s of the last E-step."""
+        return tuple(r for outcome in self.last_audits for r in outcome.records)
+
+    @property
+    def quarantined(self) -> frozenset[int]:
+        """Workers quarantined by the audit (they get no chunks)."""
+        return self._audit.quarantined if self._audit is not None else frozenset()
+
+    def readmit(self, workers: Sequence[int] | None = None) -> None:
+        """Give quarantined workers chunks again (all when ``workers`` is None), e.g. after a repair."""
+        if self._audit is not None:
+            self._audit.readmit(workers)
+            if self.ledger is not None:
+                self.ledger.note("quarantined worker(s) readmitted", workers=None if workers is None else list(workers))
+
+    def begin_fit(self) -> None:
+        """Mark the next E-step as a fit's first: the audit then checks at least one chunk."""
+        self._fit_first = True
+
+    def record_failure(self, error: BaseException) -> None:
+        """Remember why the run failed; ``close`` writes it into the ledger's run_end."""
+        self._failure = f"{type(error).__name__}: {error}"[:500]
+
+    def attach_verification(self, *, admission: Any = None, certificate: Any = None, audit: bool | None = None,
+                            audit_rate: float | None = None, audit_policy: str = "quarantine", audit_seed: int = 0,
+                            ledger: Any = None, fault_injector: Any = None) -> None:
+        """Bind the admission decision, the SDC audit and the ledger (``encoded_data`` calls this).
+
+        ``audit=None`` audits when the runner has two workers or more; ``audit_rate`` defaults to
+        0.05. ``ledger`` (a ``verification.Ledger`` or a path) gets run_start now, one receipt per
+        E-step, every audit record, and run_end on ``close``.
+        """
+        self.admission = admission
+        if ledger is not None and not hasattr(ledger, "receipt"):
+            ledger = Ledger(ledger)
+        self.ledger = ledger
+        on = (self.num_workers > 1) if audit is None else bool(audit)
+        if fault_injector is not None and not on:
+            raise ValueError("fault_injector= needs the audit on (audit=True or more than one worker)")
+        if on:
+            rate = DEFAULT_AUDIT_RATE if audit_rate is None else float(audit_rate)
+            self._audit = EMAudit(self.runner, rate=rate, policy=audit_policy, seed=audit_seed, ledger=ledger,
+                                  fault_injector=fault_injector)
+        elif audit_rate is not None and audit is False:
+            raise ValueError("audit=False contradicts audit_rate=; drop one of them")
+        if ledger is not None:
+            self._ledger_start(certificate)
+
+    def _ledger_start(self, certificate: Any) -> None:
+        decision = self.admission
+        link = certificate if certificate is not None else (decision.ledger_link if decision is not None else "unverified")
+        self.ledger.run_start(
+            plan=ParallelPlan(dp_replicate=max(1, self.num_workers)), certificate=link,
+            executor=decision.executor if decision is not None else f"em_{self.backend}",
+            extra={"kind": "em_fit", "backend": self.backend, "rows": self.num_rows, "chunks": self.num_chunks,
+                   "workers": self.num_workers, "admission": decision.mode if decision is not None else None,
+                   "audit_rate": self._audit.rate if self._audit is not None else None,
+                   "audit_policy": self._audit.auditor.policy if self._audit is not None else None},
+        )
+
+    def pysp_seq_estimate(self, estimator: Any, prev_estimate: Any) -> Any:
+        """One E/M update from ``prev_estimate`` (the new model)."""
+        return self.estep(estimator, prev_estimate).model
+
+    def pysp_seq_log_density_sum(self, estimate: Any) -> tuple[float, float]:
+        """Rows and total log-likelihood of ``estimate`` over the data."""
+        results = self._map(chunk_log_density, estimate, None, estimate)
+        return ordered_sum([r[0] for r in results]), ordered_sum([r[1] for r in results])
+
+    def pysp_seq_initialize(self, estimator: Any, rng: Any, p: float) -> Any:
+        """A random start: rows kept with probability ``p``; draws depend on (seed, chunk id) only."""
+        if not (isinstance(p, (int, float)) and 0.0 < float(p) <= 1.0):
+            raise ValueError(f"init_p must be in (0, 1], got {p!r}")
+        seed = seed_from(rng)
+        results = self._map(chunk_initialize, (estimator, seed, float(p)), estimator)
+        nobs = ordered_sum([r[0] for r in results])
+        if nobs == 0.0 and self.num_rows > 0:
+            # Nothing was drawn (tiny data, small p): start from every row instead.
+            results = self._map(chunk_initialize, (estimator, seed, 1.0), estimator)
+            nobs = ordered_sum([r[0] for r in results])
+        stats = combine_in_chunk_order(estimator, [r[1] for r in results])
+        return estimator.estimate(nobs, stats)
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the runner's workers and memory (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            try:
+                if self.ledger is not None:
+                    self.ledger.run_end(
+                        status="ok" if self._failure is None else "failed", steps=self.iteration,
+                        extra={"error": self._failure, "audit_records": len(self.audit_records),
+                               "audit_mismatches": sum(1 for r in self.audit_records if not r.matched),
+                               "quarantined": sorted(self.quarantined)})
+            finally:
+                if self._owns_runner:
+                    self.runner.close()
+
+    def __enter__(self) -> "ChunkedEncodedData":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter shutdown
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def handle_from_runner(
+    runner: ChunkRunner,
+    data: Any,
+    *,
+    estimator: Any = None,
+    model: Any = None,
+    encoder: Any = None,
+    num_chunks: int | None = None,
+    chunk_size: int | None = None,
+    num_rows: int | None = None,
+    controls: dict[str, Any] | None = None,
+    **_: Any,
+) -> ChunkedEncodedData:
+    """Wrap a runner as an encoded-data handle (encoding happens now if an encoder is known)."""
+    return ChunkedEncodedData(
+        runner, data, estimator=estimator, model=model, encoder=encoder, num_chunks=num_chunks,
+        chunk_size=chunk_size, num_rows=num_rows, controls=controls,
+    )

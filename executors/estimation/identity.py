@@ -1,0 +1,59 @@
+"""The identity of EM on a backend, as certificates bind it and the admission gate checks it.
+
+``em_capabilities(backend)`` (capabilities ``em_<backend>``: data parallelism over workers, fp64),
+``EM_EXECUTOR_VERSION`` and the one declared update ``stats:data``. ``EMExecutorIdentity`` is what
+``encoded_data``'s gate hands to ``require_admission``; ``verifiable.VerifiableEncodedData`` adds
+the harness trial on top of it.
+"""
+
+from __future__ import annotations
+
+from mixle_parallel.contracts import (
+    BackendCapabilities,
+    CollectiveKind,
+    DistributedUpdate,
+    ParallelAxis,
+    ParallelPlan,
+    PayloadKind,
+    StateLayout,
+)
+from mixle_parallel.executors.registry import normalize_backend_name
+
+__all__ = ["EM_EXECUTOR_VERSION", "EM_PRECISION", "EMExecutorIdentity", "em_capabilities"]
+
+EM_EXECUTOR_VERSION = "1.0.0"
+"""Version of the EM executors bound into certificates."""
+
+EM_PRECISION = "fp64"
+"""The precision EM statistics are computed and certified at."""
+
+
+def em_capabilities(backend: str) -> BackendCapabilities:
+    """The capability declaration of EM on ``backend``: data parallelism over workers, float64 statistics."""
+    return BackendCapabilities(name=f"em_{normalize_backend_name(backend)}", axes=frozenset({ParallelAxis.DP_REPLICATE}),
+                               precisions=frozenset({EM_PRECISION}))
+
+
+class EMExecutorIdentity:
+    """EM on one backend as an executor identity: capabilities, version and declared updates."""
+
+    def __init__(self, backend: str = "mp") -> None:
+        self.backend = normalize_backend_name(backend)
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """``em_capabilities(backend)``."""
+        return em_capabilities(self.backend)
+
+    @property
+    def version(self) -> str:
+        """EM executor version."""
+        return EM_EXECUTOR_VERSION
+
+    def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
+        """One update: chunk statistics gathered from the workers and combined in chunk order."""
+        axes = (ParallelAxis.DP_REPLICATE,) if plan.dp_replicate > 1 else ()
+        return (DistributedUpdate(
+            "stats:data", PayloadKind.SUFFICIENT_STATISTIC, CollectiveKind.CUSTOM if axes else CollectiveKind.NONE,
+            axes, StateLayout.REPLICATED, not axes,
+            notes=("per-chunk statistics gathered to the driver and combined in chunk order",)),)

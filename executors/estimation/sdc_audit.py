@@ -1,0 +1,369 @@
+"""SDC audit of the EM E-step inside an encoded-data handle, plus its ledger receipts.
+
+How a data pass is audited (``EMAudit.estep_results``), on a runner that can place work
+(``supports_worker_placement``: local, mp, dask, ray):
+
+1. Each chunk has a primary worker (where it is resident, among the healthy workers). The
+   audited chunks of the iteration are a seeded ``rate`` fraction (``EMAuditor.audited_chunks``),
+   plus one chunk on the first E-step of every fit, so every fit audits at least one chunk.
+2. One round computes every chunk on its primary *and* every audited chunk on a different worker
+   (the next healthy worker after the primary), so the replays run in parallel with the pass.
+3. ``EMAuditor.audit_chunk`` compares the two by ``statistic_digest`` (canonical statistic bytes,
+   bitwise). On a mismatch a third worker witnesses; the majority names the faulty worker, which
+   is quarantined (policy ``quarantine``): it gets no further chunks, and every chunk it computed
+   in this pass is recomputed on the healthy workers, so the fit ends on the same bits as a clean
+   run. With only two healthy workers a mismatch cannot be attributed and raises
+   ``SDCDetectedError``; with ``policy="warn"`` it is recorded and the majority value used.
+
+Runners without placement (mpi, spark) recompute an audited chunk on the same runner
+(``same_rank`` replays): a transient fault is detected but not attributed, and a mismatch raises
+(``warn``: recorded). Fault injection (``FaultInjector`` with ``BitFlip("statistic",
+"chunk:<c>", rank=<worker>, step=<iteration>, index, bit)``) strikes inside the worker that
+computes chunk ``c`` at that iteration; ``index`` counts the flat numeric elements of the chunk's
+statistic in order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from mixle_parallel.contracts import StepReceipt
+from mixle_parallel.contracts.estimation import statistic_digest
+from mixle_parallel.verification.sdc.em import ChunkAudit, EMAuditor
+from mixle_parallel.verification.sdc.inject import flip_bit
+from mixle_parallel.verification.sdc.schedule import DEFAULT_AUDIT_RATE, audit_uniform
+
+from mixle_parallel.executors.estimation.engines.support import block_assignment
+from mixle_parallel.executors.estimation.chunks import (
+    ChunkResult,
+    GroupFold,
+    GroupStats,
+    WorkerLostError,
+    WorkerTask,
+    WorkerUnavailableError,
+    chunk_estep,
+    chunk_result,
+    group_of,
+    supports_worker_placement,
+)
+
+__all__ = ["DEFAULT_AUDIT_RATE", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic"]
+
+
+# ---- fault injection inside a worker -------------------------------------------------------------
+def _numeric_size(value: Any) -> int:
+    if isinstance(value, np.ndarray):
+        return int(value.size) if value.dtype.kind in "fiuc" else 0
+    if isinstance(value, (float, np.floating)):
+        return 1
+    if isinstance(value, (tuple, list)):
+        return sum(_numeric_size(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_numeric_size(value[k]) for k in sorted(value, key=str))
+    return 0
+
+
+def _flip_in(value: Any, left: list[int], bit: int) -> Any:
+    if left[0] < 0:
+        return value
+    if isinstance(value, np.ndarray) and value.dtype.kind in "fiuc":
+        if left[0] >= value.size:
+            left[0] -= value.size
+            return value
+        out = np.array(value, copy=True, order="C")
+        flip_bit(out, left[0], bit % (out.dtype.itemsize * 8))
+        left[0] = -1
+        return out
+    if isinstance(value, (float, np.floating)):
+        if left[0]:
+            left[0] -= 1
+            return value
+        box = np.array([value], dtype=np.float64)
+        flip_bit(box, 0, bit % 64)
+        left[0] = -1
+        return float(box[0])
+    if isinstance(value, tuple):
+        items = [_flip_in(v, left, bit) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, list):
+        return [_flip_in(v, left, bit) for v in value]
+    if isinstance(value, dict):
+        return {k: _flip_in(value[k], left, bit) for k in sorted(value, key=str)}
+    return value
+
+
+def flip_statistic(stats: Any, index: int, bit: int) -> Any:
+    """A copy of ``stats`` with ``bit`` of flat numeric element ``index`` (modulo the size) flipped."""
+    size = _numeric_size(stats)
+    if size == 0:
+        raise ValueError("this statistic holds no float or numeric-array element to flip")
+    return _flip_in(stats, [int(index) % size], int(bit))
+
+
+def chunk_estep_struck(chunk: Any, payload: tuple[Any, Any, dict[int, tuple[tuple[int, int], ...]]]) -> ChunkResult:
+    """``chunk_estep``, then the planned ``(index, bit)`` flips of this chunk applied to its statistic."""
+    estimator, model, flips = payload
+    result = chunk_estep(chunk, (estimator, model))
+    for index, bit in flips.get(chunk.chunk_id, ()):
+        result = result._replace(stats=flip_statistic(result.stats, index, bit))
+    return result
+
+
+# ---- the audit driver ------------------------------------------------------------------------------
+def _ring_next(healthy: Sequence[int], primary: int) -> int | None:
+    """The worker ``EMAuditor`` picks as the auditor of ``primary``'s chunk: next healthy in ring order."""
+    if not healthy:
+        return None
+    begin = healthy.index(primary) if primary in healthy else 0
+    ring = list(healthy[begin:]) + list(healthy[:begin])
+    others = [w for w in ring if w != primary]
+    return others[0] if others else None
+
+
+class EMAudit:
+    """The SDC audit state of one handle: the seeded auditor, quarantined and lost workers, injector."""
+
+    def __init__(self, runner: Any, *, rate: float = DEFAULT_AUDIT_RATE, policy: str = "quarantine",
+                 seed: int = 0, ledger: Any = None, fault_injector: Any = None) -> None:
+        self.runner = runner
+        self.auditor = EMAuditor(rate=rate, seed=seed, policy=policy, ledger=ledger, digest=statistic_digest)
+        self.injector = fault_injector
+        self.placement = supports_worker_placement(runner)
+        if fault_injector is not None and not self.placement:
+            raise ValueError(
+                f"fault_injector= needs a runner that computes chosen chunks on a chosen worker; the "
+                f"{runner.name!r} runner declares supports_worker_placement=False (use mp, local, dask or ray)"
+            )
+        self.lost: set[int] = set()
+        self.ledger = ledger
+
+    # -- state ----------------------------------------------------------------------------------
+    @property
+    def rate(self) -> float:
+        """Fraction of chunks audited per E-step."""
+        return self.auditor.rate
+
+    @property
+    def records(self) -> tuple[Any, ...]:
+        """Every ``SDCAuditRecord`` so far."""
+        return tuple(self.auditor.records)
+
+    @property
+    def quarantined(self) -> frozenset[int]:
+        """Workers quarantined after an attributed mismatch."""
+        return frozenset(self.auditor.quarantined)
+
+    def readmit(self, workers: Sequence[int] | None = None) -> None:
+        """Give quarantined workers chunks again (after the hardware was checked or replaced)."""
+        if workers is None:
+            self.auditor.quarantined.clear()
+        else:
+            self.auditor.quarantined.difference_update(int(w) for w in workers)
+
+    def live(self) -> list[int]:
+        """Live worker ids not lost during an audited pass."""
+        return [w for w in self.runner.worker_ids() if w not in self.lost]
+
+    def healthy(self) -> list[int]:
+        """Live workers that are not quarantined."""
+        return self.auditor.healthy(self.live())
+
+    @property
+    def excluded(self) -> bool:
+        """True when some worker must get no chunks (quarantined or lost in an audited pass)."""
+        return bool(self.auditor.quarantined or self.lost)
+
+    def audited_chunks(self, iteration: int, num_chunks: int, *, first_of_fit: bool = False) -> tuple[int, ...]:
+        """Chunks audited at ``iteration``: the seeded sample, plus one on the first E-step of a fit."""
+        chosen = set(self.auditor.audited_chunks(iteration, num_chunks))
+        if first_of_fit and not chosen and num_chunks:
+            chosen.add(int(audit_uniform(self.auditor.seed, iteration, "em-fit-first") * num_chunks))
+        return tuple(sorted(chosen))
+
+    def _owners(self, num_chunks: int, healthy: list[int]) -> list[int]:
+        preferred = list(self.runner.chunk_owners()) if hasattr(self.runner, "chunk_owners") else []
+        if len(preferred) == num_chunks and all(w in healthy for w in preferred):
+            return preferred
+        owners = [0] * num_chunks
+        for w, ids in zip(healthy, block_assignment(num_chunks, len(healthy))):
+            for c in ids:
+                owners[c] = w
+        if len(preferred) == num_chunks:  # keep resident placement where the owner is still healthy
+            owners = [p if p in healthy else o for p, o in zip(preferred, owners)]
+        return owners
+
+    # -- placed rounds ---------------------------------------------------------------------------
+    def _round(self, jobs: dict[int, list[int]], estimator: Any, model: Any, iteration: int | None,
+               struck: set[tuple[int, int]], fold: GroupFold | None = None) -> dict[tuple[int, int], Any]:
+        """Compute ``jobs`` (worker -> chunk ids) in one placed round; strike planned flips inside workers.
+
+        With ``fold``, a worker without planned flips folds its complete groups, bringing back the own
+        results of ``fold.raw`` (the audited chunks, read with ``chunk_result``); the entries are then
+        for ``fold_pass``."""
+        tasks: dict[int, WorkerTask] = {}
+        for w, ids in jobs.items():
+            if not ids:
+                continue
+            flips: dict[int, tuple[tuple[int, int], ...]] = {}
+            if self.injector is not None and iteration is not None:
+                for c in ids:
+                    found = []
+                    while (flip := self.injector.claim("statistic", f"chunk:{c}", rank=w, step=iteration)) is not None:
+                        found.append((flip.index, flip.bit))
+                    if found:
+                        flips[c] = tuple(found)
+                        struck.add((w, c))
+            if flips:
+                tasks[w] = WorkerTask(chunk_estep_struck, (estimator, model, flips), tuple(ids))
+            else:
+                tasks[w] = WorkerTask(fold if fold is not None else chunk_estep, (estimator, model), tuple(ids))
+        out = self.runner.run_on_workers(tasks)
+        return {(w, c): value for w, task in tasks.items() for c, value in zip(task.chunk_ids, out[w])}
+
+    def _note_lost(self, exc: WorkerUnavailableError) -> None:
+        self.lost.update(exc.workers)
+        if self.ledger is not None:
+            self.ledger.note(f"worker(s) {list(exc.workers)} lost during an audited pass; their chunks move to "
+                             "the healthy workers", workers=list(exc.workers))
+
+    def _healthy_or_raise(self) -> list[int]:
+        healthy = self.healthy()
+        if not healthy:
+            raise WorkerLostError(
+                f"no healthy worker left (quarantined {sorted(self.auditor.quarantined)}, lost {sorted(self.lost)}); "
+                "create a new handle on replaced hardware"
+            )
+        return healthy
+
+    def placed_map(self, fn: Callable[[Any, Any], Any], payload: Any, num_chunks: int,
+                   ids: Sequence[int] | None = None) -> list[Any]:
+        """``fn`` over the chunks, only on healthy workers; results in chunk order."""
+        wanted = list(range(num_chunks)) if ids is None else sorted(ids)
+        for _ in range(len(self.runner.worker_ids()) + 1):
+            healthy = self._healthy_or_raise()
+            owners = self._owners(num_chunks, healthy)
+            jobs: dict[int, list[int]] = {}
+            for c in wanted:
+                jobs.setdefault(owners[c], []).append(c)
+            try:
+                out = self.runner.run_on_workers({w: WorkerTask(fn, payload, tuple(cs)) for w, cs in jobs.items()})
+            except WorkerUnavailableError as exc:
+                self._note_lost(exc)
+                continue
+            values = {c: v for w, cs in jobs.items() for c, v in zip(cs, out[w])}
+            return [values[c] for c in wanted]
+        raise WorkerLostError("workers kept dying during one pass; create a new handle")
+
+    # -- the audited E-step ----------------------------------------------------------------------
+    def estep_results(self, handle: Any, estimator: Any, model: Any, iteration: int,
+                      *, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The E-step entries of one audited pass (chunk order, for ``fold_pass``; each audited chunk's own
+        result readable with ``chunk_result``) and the audit outcomes."""
+        n = handle.num_chunks
+        audited = self.audited_chunks(iteration, n, first_of_fit=first_of_fit)
+        if not self.placement:
+            return self._same_runner(handle, estimator, model, iteration, audited)
+        pending = self.injector is not None and any(f.step == iteration for f in self.injector.pending)
+        if not audited and not self.excluded and not pending:
+            return handle.estep_entries(estimator, model), ()
+        for _ in range(len(self.runner.worker_ids()) + 1):
+            try:
+                return self._placed_pass(estimator, model, iteration, n, audited)
+            except WorkerUnavailableError as exc:
+                self._note_lost(exc)
+        raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
+
+    def _placed_pass(self, estimator: Any, model: Any, iteration: int, n: int,
+                     audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        healthy = self._healthy_or_raise()
+        owners = self._owners(n, healthy)
+        auditor_of = {c: _ring_next(healthy, owners[c]) for c in audited}
+        jobs: dict[int, list[int]] = {}
+        for c in range(n):
+            jobs.setdefault(owners[c], []).append(c)
+        for c, w in auditor_of.items():
+            if w is not None:
+                jobs.setdefault(w, []).append(c)
+        struck: set[tuple[int, int]] = set()
+        values = self._round(jobs, estimator, model, iteration, struck, GroupFold(chunk_estep, n, frozenset(audited)))
+        entries = [values[(owners[c], c)] for c in range(n)]
+        outcomes: list[ChunkAudit] = []
+        decided: dict[int, Any] = {}  # audited chunk -> its statistic, where the audit did not keep the primary's
+        live = self.live()
+        for c in audited:
+            primary = chunk_result(entries, c)
+            if len(self.auditor.healthy(live)) < 2:
+                replay = self._round({owners[c]: [c]}, estimator, model, iteration, struck)[(owners[c], c)]
+                outcome = self.auditor.audit_same_worker(
+                    iteration=iteration, chunk=c, worker=owners[c], statistic=primary, replayed=replay,
+                    injected=any(k[1] == c for k in struck))
+            else:
+                def recompute(worker: int, c: int = c) -> Any:
+                    if (worker, c) not in values:
+                        values.update(self._round({worker: [c]}, estimator, model, iteration, struck))
+                    value = values[(worker, c)]
+                    return chunk_result([value], 0) if isinstance(value, GroupStats) else value
+
+                outcome = self.auditor.audit_chunk(
+                    iteration=iteration, chunk=c, primary=owners[c], statistic=primary, recompute=recompute,
+                    workers=live, injected=any(k[1] == c for k in struck))
+            if outcome.statistic is not primary and statistic_digest(outcome.statistic) != statistic_digest(primary):
+                decided[c] = outcome.statistic
+            if outcome.quarantined is not None:
+                decided.setdefault(c, outcome.statistic)
+                if self.ledger is not None:
+                    self.ledger.note(f"worker {outcome.quarantined} quarantined after a witnessed mismatch on "
+                                     f"chunk {c} at iteration {iteration}; its chunks are recomputed on the others",
+                                     worker=outcome.quarantined, chunk=c, iteration=iteration)
+            outcomes.append(outcome)
+        # Chunks of a quarantined worker, and every group holding one of them or a chunk whose audited
+        # statistic is not its primary's, are recomputed per chunk on healthy workers (a group folded
+        # with a bad chunk in it cannot be mended in place); the audit's own statistic stands for those.
+        touched = {group_of(n, c) for c in range(n) if owners[c] in self.auditor.quarantined} | {
+            group_of(n, c) for c in decided}
+        redo = sorted(c for a, b in touched for c in range(a, b) if c not in decided)
+        if redo:
+            for c, value in zip(redo, self.placed_map(chunk_estep, (estimator, model), n, redo)):
+                entries[c] = value
+        for c, value in decided.items():
+            entries[c] = value
+        return entries, tuple(outcomes)
+
+    def _same_runner(self, handle: Any, estimator: Any, model: Any, iteration: int,
+                     audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        results = handle.estep_entries(estimator, model, raw=audited)
+        if not audited:
+            return results, ()
+        replays = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=list(audited))
+        owners = (list(self.runner.chunk_owners()) if hasattr(self.runner, "chunk_owners")
+                  else [w for w, ids in enumerate(block_assignment(len(results), self.runner.num_workers)) for _ in ids])
+        outcomes = []
+        for c, replay in zip(audited, replays):
+            outcomes.append(self.auditor.audit_same_worker(iteration=iteration, chunk=c, worker=owners[c],
+                                                           statistic=chunk_result(results, c), replayed=replay))
+        return results, tuple(outcomes)
+
+
+# ---- ledger ---------------------------------------------------------------------------------------
+def em_receipt(iteration: int, nobs: float, log_likelihood: float, *, workers: int, admission: Any,
+               outcomes: Sequence[ChunkAudit] = (), quarantined: Sequence[int] = ()) -> StepReceipt:
+    """The receipt of one EM iteration: rows, mean negative log-likelihood, admission and audit summary."""
+    finite = math.isfinite(log_likelihood)
+    loss = -log_likelihood / nobs if finite and nobs > 0 else 0.0
+    records = [r for o in outcomes for r in o.records]
+    extra = {
+        **(admission.receipt_extra() if admission is not None else {}),
+        "kind": "em_iteration",
+        "log_likelihood": log_likelihood if finite else str(log_likelihood),
+        "audited_chunks": [o.chunk for o in outcomes],
+        "audit_mismatches": sum(1 for r in records if not r.matched),
+        "quarantined": sorted(int(w) for w in quarantined),
+    }
+    rows = int(round(nobs))
+    return StepReceipt(step=iteration, loss=float(loss), local_examples=rows, local_tokens=0, microbatches=1,
+                       accumulation_steps=1, data_parallel_size=max(1, int(workers)), optimizer="em",
+                       precision="fp64", extra=extra, global_examples_observed=rows)

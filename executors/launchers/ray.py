@@ -1,0 +1,122 @@
+"""RayTrainLauncher: one Ray Train worker per plan rank, each handed the attestation for its rank.
+
+``run(fn, ...)`` computes the attestation of every plan rank on the driver, starts a
+``ray.train.torch.TorchTrainer`` with ``ScalingConfig(num_workers=plan.world_size)`` (Ray Train
+creates the torch process group), and in every worker checks Ray's world rank/size and the live
+process group against the attestation it was handed before calling ``fn(context, ...)``. Each
+worker's return value travels back through a small Ray actor; ``run`` returns them in rank
+order. Ray Train owns the process group and destroys it when the workers shut down.
+
+Any plan Ray can start is accepted: the axes are executed by the session inside (torch_native,
+megatron), which checks its own capabilities. Ray is imported only inside ``run``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any, Callable
+
+from mixle_parallel.contracts import MissingExtraError, ParallelPlan, WorkerTopologyAttestation
+
+from mixle_parallel.executors.launchers.base import bind_launched_rank, describe_attestations
+
+LAUNCHER = "ray_train"
+
+
+class _ResultBox:
+    """A Ray actor body collecting each worker's return value by rank."""
+
+    def __init__(self) -> None:
+        self.results: dict[int, Any] = {}
+
+    def put(self, rank: int, value: Any) -> None:
+        self.results[rank] = value
+
+    def get(self) -> dict[int, Any]:
+        return self.results
+
+
+class RayTrainLauncher:
+    """Launch one worker per physical plan rank with ``ray.train.torch.TorchTrainer``."""
+
+    def __init__(
+        self,
+        plan: ParallelPlan,
+        *,
+        use_gpu: bool = False,
+        resources_per_worker: dict[str, float] | None = None,
+        storage_path: str | None = None,
+        name: str | None = None,
+        process_group_timeout_s: int = 600,
+    ) -> None:
+        if not isinstance(plan, ParallelPlan):
+            raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
+        if not isinstance(use_gpu, bool):
+            raise TypeError(f"use_gpu must be a bool, got {use_gpu!r}")
+        self.plan, self.use_gpu = plan, use_gpu
+        self.resources_per_worker = dict(resources_per_worker) if resources_per_worker else None
+        self.storage_path, self.name = storage_path, name
+        self.process_group_timeout_s = process_group_timeout_s
+
+    @property
+    def attestations(self) -> tuple[WorkerTopologyAttestation, ...]:
+        """The attestation handed to each worker, in rank order."""
+        return describe_attestations(self.plan)
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``fn(context, *args, **kwargs)`` on every worker; return the results in rank order.
+
+        ``fn``, its arguments and its results travel through Ray (cloudpickle): ``fn`` must be
+        importable by the workers or defined in the driver script.
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable as fn(context, ...), got {fn!r}")
+        try:
+            import ray
+            from ray.train import RunConfig, ScalingConfig
+            from ray.train.torch import TorchConfig, TorchTrainer
+        except ImportError as err:
+            raise MissingExtraError("ray[train]", "ray") from err
+        box = ray.remote(num_cpus=0)(_ResultBox).remote()
+        scratch = None if self.storage_path else tempfile.TemporaryDirectory(prefix="mixle-ray-")
+        try:
+            trainer = TorchTrainer(
+                _ray_worker,
+                train_loop_config={"plan": self.plan, "attestations": self.attestations, "fn": fn,
+                                   "args": args, "kwargs": kwargs, "box": box},
+                torch_config=TorchConfig(timeout_s=self.process_group_timeout_s),
+                scaling_config=ScalingConfig(num_workers=self.plan.world_size, use_gpu=self.use_gpu,
+                                             resources_per_worker=self.resources_per_worker),
+                run_config=RunConfig(storage_path=self.storage_path or scratch.name,  # type: ignore[union-attr]
+                                     name=self.name),
+            )
+            trainer.fit()
+            results = ray.get(box.get.remote())
+        finally:
+            ray.kill(box)
+            if scratch is not None:
+                scratch.cleanup()
+        missing = sorted(set(range(self.plan.world_size)) - set(results))
+        if missing:
+            raise RuntimeError(f"{LAUNCHER}: ranks {missing} finished without returning a result")
+        return [results[r] for r in range(self.plan.world_size)]
+
+
+def _ray_worker(config: dict[str, Any]) -> None:
+    """Ray Train's per-worker loop: bind the handed attestation, run the user function, send its result."""
+    import ray
+    import ray.train
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    attestations: tuple[WorkerTopologyAttestation, ...] = config["attestations"]
+    if not 0 <= rank < len(attestations):
+        raise RuntimeError(
+            f"{LAUNCHER} started world rank {rank} of {world}, but the plan has {len(attestations)} ranks"
+        )
+    context = bind_launched_rank(
+        config["plan"], launcher=LAUNCHER, rank=rank, world_size=world, local_rank=ctx.get_local_rank(),
+        handle=ctx, expected=attestations[rank],
+    )
+    result = config["fn"](context, *config["args"], **config["kwargs"])
+    ray.get(config["box"].put.remote(rank, result))

@@ -1,0 +1,228 @@
+"""MegatronBackend: prepares a megatron-core session (pipeline, tensor, data and expert parallel).
+
+``prepare(module, plan=...)`` initializes megatron's ``parallel_state`` from the plan in the
+running world, builds this rank's pipeline stage, wraps it in megatron's DDP and builds a
+megatron optimizer. ``module`` is an ``nn.Sequential`` (identical on every rank; it is cut into
+``pp`` contiguous stages) or a callable ``build(config) -> nn.Sequential`` called after the
+parallel state exists, so it can use megatron's tensor-parallel layers and MoE layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mixle_parallel.contracts import (
+    AdmissionCertificate,
+    BackendCapabilities,
+    DistributedUpdate,
+    ParallelAxis,
+    ParallelPlan,
+    attest_worker_coordinate,
+)
+from mixle_parallel.verification.admission import AdmissionDecision, require_admission
+
+from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
+from mixle_parallel.executors.megatron.cpu_compat import cpu_compat
+from mixle_parallel.executors.megatron.parallel_state import (
+    check_layout,
+    describe_megatron_updates,
+    initialize_parallel_state,
+    megatron_live_coordinate,
+)
+from mixle_parallel.executors.megatron.session import LossFn, MegatronSession
+from mixle_parallel.executors.megatron.stages import PipelineStage, stage_bounds, transport_shape
+
+BACKEND_NAME = "megatron"
+OPTIMIZERS = ("adam", "sgd")
+
+
+def megatron_version() -> str:
+    """The installed megatron-core version."""
+    from megatron.core import __version__
+
+    return str(__version__)
+
+
+def _capabilities(sharded_data_parallel: bool) -> BackendCapabilities:
+    axes = {ParallelAxis.DP_REPLICATE, ParallelAxis.PP, ParallelAxis.TP, ParallelAxis.EP}
+    if sharded_data_parallel:
+        axes.add(ParallelAxis.DP_SHARD)
+    return BackendCapabilities(
+        name=BACKEND_NAME,
+        axes=frozenset(axes),
+        precisions=frozenset({"fp32"}),
+        distributed_optimizer=sharded_data_parallel,
+        reshardable_checkpoint=True,
+        requirements=("megatron-core>=0.16", "torch>=2.6"),
+    )
+
+
+class MegatronBackend:
+    """Training backend running megatron-core's schedules, DDP and optimizers.
+
+    ``sharded_data_parallel=True`` opts in to megatron's distributed optimizer for ``dp_shard``;
+    it needs CUDA (see docs/megatron.md) and is checked by tests/device, so the default backend
+    does not claim it.
+    """
+
+    def __init__(self, *, sharded_data_parallel: bool = False) -> None:
+        self.sharded_data_parallel = bool(sharded_data_parallel)
+        self._capabilities = _capabilities(self.sharded_data_parallel)
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """The axes, precision and features this backend executes and has tests for."""
+        return self._capabilities
+
+    @property
+    def version(self) -> str:
+        """This executor's identity for certificates: backend and megatron-core versions."""
+        from importlib.metadata import version
+
+        return f"{version('mixle-parallel')}+megatron-core-{megatron_version()}"
+
+    def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
+        """Every communication this backend performs for ``plan``."""
+        self.validate(plan)
+        return describe_megatron_updates(plan, sharded_data_parallel=self.sharded_data_parallel)
+
+    def validate(self, plan: ParallelPlan, precision: str = "fp32") -> None:
+        """Reject, before any process group is touched, a plan this backend cannot run as planned."""
+        self.capabilities.validate(plan, precision)
+        check_layout(plan)
+
+    def prepare(
+        self,
+        module: torch.nn.Sequential | Callable[[Any], torch.nn.Sequential],
+        *,
+        plan: ParallelPlan,
+        loss_fn: LossFn,
+        activation_shape: Sequence[int],
+        optimizer: str = "adam",
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        max_grad_norm: float | None = None,
+        stage_boundaries: Sequence[int] | None = None,
+        precision: str = "fp32",
+        device: torch.device | str | None = None,
+        certificate: AdmissionCertificate | None = None,
+        admission: str | None = None,
+        moe_config: dict[str, Any] | None = None,
+        seed: int = 0,
+    ) -> MegatronSession:
+        """Build megatron's parallel state, this rank's stage, DDP and optimizer; return the session.
+
+        ``activation_shape`` is one example's activation shape at a stage boundary
+        (``(hidden,)`` or ``(seq, hidden)``). A world larger than one rank needs a
+        ``certificate`` that admits this backend and plan, or ``admission="unverified"``.
+        """
+        self.validate(plan, precision)
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={optimizer!r} is not one of {OPTIMIZERS}")
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "MegatronBackend.prepare needs an initialized torch.distributed world; start the ranks "
+                "with torchrun or a launcher from mixle_parallel.executors.launchers.base"
+            )
+        device = torch.device(device) if device is not None else torch.device(
+            f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+        if device.type == "cpu" and max_grad_norm:
+            raise ValueError(
+                "max_grad_norm needs CUDA with megatron-core: clip_grad_by_total_norm_fp32 asserts "
+                "param.grad.type() == 'torch.cuda.FloatTensor'; leave max_grad_norm=None on the CPU"
+            )
+        admitted = self._admit(plan, precision, certificate, admission, device)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        attestation = attest_worker_coordinate(plan, actual_world_size=world, rank=rank)
+        with cpu_compat(device):
+            initialize_parallel_state(plan, gloo_groups=True)
+            coordinate = megatron_live_coordinate(plan)
+            if coordinate != attestation.coordinate:
+                raise RuntimeError(
+                    f"megatron placed rank {rank} at {coordinate.as_dict()}, the plan at "
+                    f"{attestation.coordinate.as_dict()}; refusing to train on a mismatched mesh"
+                )
+            config = self._config(plan, activation_shape, device, moe_config)
+            stage = self._build_stage(module, plan, config, coordinate.pp, activation_shape,
+                                      stage_boundaries, device, seed)
+            model, megatron_optimizer = self._wrap(stage, config, optimizer, lr, weight_decay, max_grad_norm)
+        return MegatronSession(
+            model=model, stage=stage, optimizer=megatron_optimizer, plan=plan,
+            capabilities=self.capabilities, loss_fn=loss_fn, device=device, precision=precision,
+            optimizer_name=f"megatron-{optimizer}", admission=admitted, attestation=attestation,
+            coordinate=coordinate, collective_meter=CollectiveMeter,
+        )
+
+    # ---- steps of prepare ------------------------------------------------------------
+    def _admit(self, plan: ParallelPlan, precision: str, certificate: AdmissionCertificate | None,
+               admission: str | None, device: torch.device) -> AdmissionDecision:
+        """The same gate as torch_native: ``verification.require_admission`` (certified / unverified / local / verifying)."""
+        return require_admission(self, plan, precision, certificate=certificate, admission=admission,
+                                 world_size=plan.world_size, accelerator=device.type != "cpu",
+                                 library_versions={"megatron-core": megatron_version()})
+
+    def _config(self, plan: ParallelPlan, activation_shape: Sequence[int], device: torch.device,
+                moe_config: dict[str, Any] | None) -> Any:
+        from megatron.core.transformer import TransformerConfig
+
+        _, hidden = transport_shape(tuple(activation_shape))
+        extra = dict(moe_config or {})
+        if plan.ep > 1 and not extra.get("num_moe_experts"):
+            raise ValueError(f"ep={plan.ep} needs moe_config with num_moe_experts (a multiple of ep)")
+        if extra.get("num_moe_experts") and device.type == "cpu":
+            # The alltoall dispatcher allocates torch.cuda.Stream(); allgather runs on gloo.
+            extra.setdefault("moe_token_dispatcher_type", "allgather")
+        return TransformerConfig(
+            num_layers=plan.pp, hidden_size=hidden, num_attention_heads=plan.tp,  # no attention; tp must divide it
+            tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
+            context_parallel_size=plan.cp, expert_model_parallel_size=plan.ep,
+            expert_tensor_parallel_size=plan.etp,
+            use_cpu_initialization=device.type == "cpu", pipeline_dtype=torch.float32,
+            params_dtype=torch.float32, **extra,
+        )
+
+    def _build_stage(self, module: Any, plan: ParallelPlan, config: Any, pp_rank: int,
+                     activation_shape: Sequence[int], stage_boundaries: Sequence[int] | None,
+                     device: torch.device, seed: int) -> PipelineStage:
+        if isinstance(module, torch.nn.Sequential):
+            layers = module
+        elif callable(module):
+            torch.manual_seed(seed)
+            layers = module(config)
+            if not isinstance(layers, torch.nn.Sequential):
+                raise TypeError(f"the model builder returned {type(layers).__name__}; return an nn.Sequential")
+        else:
+            raise TypeError(
+                f"module must be an nn.Sequential or a callable(config) -> nn.Sequential, got {type(module).__name__}"
+            )
+        start, stop = stage_bounds(len(layers), plan.pp, stage_boundaries)[pp_rank]
+        mine = torch.nn.Sequential(*list(layers)[start:stop]).to(device)
+        return PipelineStage(mine, config=config, stage=pp_rank, num_stages=plan.pp,
+                             activation_shape=tuple(activation_shape), first_layer_index=start)
+
+    def _wrap(self, stage: PipelineStage, config: Any, optimizer: str, lr: float, weight_decay: float,
+              max_grad_norm: float | None) -> tuple[Any, Any]:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        sharded = self.sharded_data_parallel
+        ddp = DistributedDataParallel(
+            config, DistributedDataParallelConfig(use_distributed_optimizer=sharded, overlap_grad_reduce=False),
+            stage,
+        )
+        opt = get_megatron_optimizer(
+            OptimizerConfig(optimizer=optimizer, lr=lr, min_lr=lr, weight_decay=weight_decay,
+                            clip_grad=float(max_grad_norm or 0.0), use_distributed_optimizer=sharded,
+                            bf16=False, fp16=False, params_dtype=torch.float32),
+            [ddp],
+        )
+        return ddp, opt
+
+
+def create_megatron_backend() -> MegatronBackend:
+    """Lazy registry factory: importing this module imports torch and megatron-core."""
+    return MegatronBackend()

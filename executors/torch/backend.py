@@ -1,0 +1,280 @@
+"""TorchDistributedBackend (``torch_native``): DeviceMesh, TP, CP, FSDP2/HSDP or DDP for any nn.Module."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from mixle_parallel.contracts import (
+    BackendCapabilities,
+    CollectiveKind,
+    DistributedUpdate,
+    ParallelAxis,
+    ParallelPlan,
+    PayloadKind,
+    StateLayout,
+)
+from mixle_parallel.verification.admission import AdmissionDecision, require_admission
+from mixle_parallel.verification.sdc.schedule import AUDIT_POLICIES, DEFAULT_AUDIT_RATE
+
+from mixle_parallel.executors.torch.sdc_audit import AUDIT_REPLAYS, audit_supported
+from mixle_parallel.executors.torch.comm_taps import install_taps
+from mixle_parallel.executors.torch.layouts import describe_parameter_layouts
+from mixle_parallel.executors.torch.mesh import axis_mesh, build_mesh, ensure_process_group, require_torch, resolve_device
+from mixle_parallel.executors.torch.session import TorchDistributedSession
+from mixle_parallel.executors.torch.parallelize import apply_ddp, apply_fsdp, apply_tp, data_sync_axes, resolve_tp_plan
+
+EXECUTOR_VERSION = "1.0.0"
+
+A = ParallelAxis
+CAPABILITIES = BackendCapabilities(
+    name="torch_native",
+    axes=frozenset({A.DP_REPLICATE, A.DP_SHARD, A.TP, A.CP}),
+    precisions=frozenset({"fp32", "bf16"}),
+    distributed_optimizer=False,
+    reshardable_checkpoint=True,
+    elastic_restart=False,
+    requirements=("torch>=2.6",),
+    # compositions the test-suite does not run (yet): refused before any process group exists
+    incompatible_axis_sets=(
+        frozenset({A.CP, A.DP_REPLICATE}),
+        frozenset({A.CP, A.DP_SHARD}),
+        frozenset({A.CP, A.TP}),
+        frozenset({A.DP_REPLICATE, A.DP_SHARD, A.TP}),
+    ),
+)
+
+
+def lm_token_loss(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Default loss: token-level cross-entropy *sum* of ``module(inputs)`` logits, and the counted tokens
+    (targets equal to -100 are ignored)."""
+    logits = module(inputs)
+    flat = logits.reshape(-1, logits.shape[-1]).float()
+    labels = targets.reshape(-1)
+    loss_sum = F.cross_entropy(flat, labels, reduction="sum", ignore_index=-100)
+    return loss_sum, (labels != -100).sum()
+
+
+def build_optimizer(optimizer: Any, params: list[torch.nn.Parameter], lr: float) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
+    """An optimizer over the transformed parameters from a torch.optim class, its name, or a callable(params)."""
+    if isinstance(optimizer, str):
+        classes = {name.lower(): cls for name, cls in vars(torch.optim).items()
+                   if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer}
+        cls = classes.get(optimizer.strip().lower())
+        if cls is None:
+            raise ValueError(f"unknown optimizer {optimizer!r}; name a torch.optim class (any case), one of: "
+                             f"{', '.join(sorted(c.__name__ for c in classes.values()))}")
+        opt = cls(params, lr=lr)
+    elif isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        opt = optimizer(params, lr=lr)
+    elif callable(optimizer):
+        opt = optimizer(params)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"optimizer factory returned {type(opt).__name__}, expected a torch.optim.Optimizer")
+    else:
+        raise TypeError(f"optimizer must be a torch.optim class, its name or a callable(params), got {optimizer!r}")
+    hyper = {
+        k: (list(v) if isinstance(v, tuple) else v)
+        for k, v in opt.defaults.items()
+        if isinstance(v, (int, float, str, bool, type(None)))
+        or (isinstance(v, tuple) and all(isinstance(i, (int, float)) for i in v))
+    }
+    return opt, {"name": type(opt).__name__, "hyperparameters": hyper}
+
+
+class TorchDistributedBackend:
+    """Native backend for ordinary PyTorch modules: mesh, transforms, optimizer and a resumable session."""
+
+    name = "torch_native"
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """What this backend executes and its tests exercise."""
+        return CAPABILITIES
+
+    @property
+    def version(self) -> str:
+        """Executor version bound into admission certificates."""
+        return f"{EXECUTOR_VERSION}+torch{torch.__version__}"
+
+    def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
+        """The DistributedUpdates a session for ``plan`` performs, one per communication node."""
+        CAPABILITIES.validate(plan)
+        updates: list[DistributedUpdate] = []
+        sync = data_sync_axes(plan)
+        shard_axes = tuple(a for a in (A.DP_SHARD, A.CP) if plan.size(a) > 1)
+        if sync == "ddp" or (sync == "hsdp" and not shard_axes):
+            updates.append(DistributedUpdate(
+                node_id="grad:dp_replicate", payload=PayloadKind.GRADIENT, collective=CollectiveKind.ALL_REDUCE,
+                mesh_axes=(A.DP_REPLICATE,), state_layout=StateLayout.REPLICATED, exact=False,
+                notes=("DDP bucket all-reduce (HSDP with a shard group of one under TP); skipped on non-commit micro-steps",),
+            ))
+        elif sync in ("fsdp", "hsdp"):
+            updates.append(DistributedUpdate(
+                node_id="param:" + ",".join(a.value for a in shard_axes), payload=PayloadKind.PARAMETER,
+                collective=CollectiveKind.ALL_GATHER, mesh_axes=shard_axes, state_layout=StateLayout.SHARDED,
+                exact=False, notes=("FSDP2 all-gathers parameters before forward and backward",),
+            ))
+            updates.append(DistributedUpdate(
+                node_id="grad:" + ",".join(a.value for a in shard_axes), payload=PayloadKind.GRADIENT,
+                collective=CollectiveKind.REDUCE_SCATTER, mesh_axes=shard_axes, state_layout=StateLayout.SHARDED,
+                exact=False, notes=("FSDP2 reduce-scatter; skipped on non-commit micro-steps",),
+            ))
+            if plan.dp_replicate > 1:
+                updates.append(DistributedUpdate(
+                    node_id="grad:dp_replicate", payload=PayloadKind.GRADIENT, collective=CollectiveKind.ALL_REDUCE,
+                    mesh_axes=(A.DP_REPLICATE,), state_layout=StateLayout.SHARDED, exact=False,
+                    notes=("HSDP all-reduce of the reduce-scattered shards across replicas",),
+                ))
+        if plan.tp > 1:
+            updates.append(DistributedUpdate(
+                node_id="act:tp", payload=PayloadKind.ACTIVATION, collective=CollectiveKind.ALL_REDUCE,
+                mesh_axes=(A.TP,), state_layout=StateLayout.SHARDED, exact=False,
+                notes=("DTensor row-wise outputs / column-wise input gradients (all-gather for sequence or replicated outputs)",),
+            ))
+        if plan.cp > 1:
+            updates.append(DistributedUpdate(
+                node_id="kv:cp", payload=PayloadKind.KV_BLOCK, collective=CollectiveKind.ALL_GATHER,
+                mesh_axes=(A.CP,), state_layout=StateLayout.SHARDED, exact=False,
+                notes=("context_parallel ring attention exchanges key/value blocks",),
+            ))
+        if plan.world_size > 1:
+            axes = tuple(a for a in (A.DP_REPLICATE, A.DP_SHARD, A.CP, A.TP) if plan.size(a) > 1)
+            updates.append(DistributedUpdate(
+                node_id="metric:dp", payload=PayloadKind.SUFFICIENT_STATISTIC, collective=CollectiveKind.ALL_REDUCE,
+                mesh_axes=axes, state_layout=StateLayout.REPLICATED, exact=False,
+                notes=("one float64 all-reduce per commit: loss sum, example/token counts, non-finite flag, squared grad norm",),
+            ))
+        if not updates:
+            updates.append(DistributedUpdate(
+                node_id="local", payload=PayloadKind.GRADIENT, collective=CollectiveKind.NONE, mesh_axes=(),
+                state_layout=StateLayout.REPLICATED, exact=True, notes=("single process: no communication",),
+            ))
+        return tuple(updates)
+
+    def prepare(
+        self,
+        module: nn.Module,
+        *,
+        plan: ParallelPlan,
+        loss_fn: Callable[..., Any] | None = None,
+        optimizer: Any = "AdamW",
+        lr: float = 1e-3,
+        scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+        max_grad_norm: float | None = None,
+        precision: str = "fp32",
+        tp_plan: dict[str, Any] | None = None,
+        device: Any = None,
+        seed: int | None = None,
+        nonfinite: str = "raise",
+        admission: Any = None,
+        certificate: Any = None,
+        audit: bool | None = None,
+        audit_rate: float = DEFAULT_AUDIT_RATE,
+        audit_policy: str = "warn",
+        audit_bound: float = 0.0,
+        audit_replay: str = "peer",
+        fault_injector: Any = None,
+        ledger: Any = None,
+    ) -> TorchDistributedSession:
+        """Materialize the mesh, apply TP, CP, FSDP2/HSDP or DDP, build the optimizer, return a session.
+
+        Admission: on a real device mesh (world size > 1 or an accelerator) the run needs a
+        ``certificate`` (or its path; also accepted as ``admission=``, or ``MIXLE_PARALLEL_CERTIFICATE``)
+        that ``check_admission`` accepts, else ``NotAdmittedError`` is raised before any process group,
+        mesh or transform exists; ``admission="unverified"`` runs anyway and every receipt says so.
+
+        SDC audit (``audit``: None = on where supported, True = required, False = off): at
+        ``audit_rate`` (plus the first step) a step's local gradient is recomputed by a peer of its
+        data-parallel group from the shipped batch and RNG state (and on the same rank when a peer
+        disagreed or none exists; ``audit_replay="both"``: on every audited step) before
+        ``optimizer.step()``; ``audit_policy`` is 'warn', 'raise' or 'skip_step';
+        ``audit_bound`` is the allowed max abs difference (0 = bitwise). ``fault_injector`` (a
+        ``verification.FaultInjector``) strikes planned bit flips in gradients (before reduction) or
+        parameters (at the start of a step). ``ledger`` (a ``verification.Ledger``) receives run_start,
+        every receipt, audit records, checkpoint events and run_end.
+        """
+        if not isinstance(plan, ParallelPlan):
+            raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        require_torch()
+        CAPABILITIES.validate(plan, precision=precision)
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
+        if nonfinite not in ("raise", "skip"):
+            raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
+        sync = data_sync_axes(plan)
+        audit_options = _audit_options(plan, sync, audit, audit_rate, audit_policy, audit_bound, seed, audit_replay)
+        styles = resolve_tp_plan(module, tp_plan, plan.tp)  # model checks before any collective
+        dev = resolve_device(device)
+        decision = self._admission_gate(plan, precision, admission, certificate, dev)
+        if seed is not None:
+            torch.manual_seed(seed)
+        owns_pg = ensure_process_group(plan, dev)
+        mesh = build_mesh(plan, dev, unit_shard_dim=sync == "hsdp" and plan.dp_shard == 1 and plan.cp == 1)
+        module = module.to(dev)
+        if styles:
+            apply_tp(module, axis_mesh(mesh, A.TP), styles)
+        cp_mesh = axis_mesh(mesh, A.CP) if plan.cp > 1 else None
+        if sync == "ddp":
+            module = apply_ddp(module, axis_mesh(mesh, A.DP_REPLICATE), dev)
+        elif sync == "fsdp":
+            apply_fsdp(module, axis_mesh(mesh, A.DP_SHARD, A.CP))
+        elif sync == "hsdp":
+            apply_fsdp(module, axis_mesh(mesh, A.DP_REPLICATE, A.DP_SHARD))
+        # DDP keeps its built-in all-reduce; the audit or a fault injector arms local-gradient hooks
+        # only on the steps that need them
+        tap = install_taps(module, plan, sync, gradient_access=audit_options is not None or fault_injector is not None)
+        layouts = describe_parameter_layouts(module, plan)
+        params = [p for p in module.parameters() if p.requires_grad]
+        opt, receipt = build_optimizer(optimizer, params, lr)
+        sched = scheduler(opt) if scheduler is not None else None
+        session = TorchDistributedSession(
+            module, plan=plan, capabilities=CAPABILITIES, mesh=mesh, device=dev, optimizer=opt,
+            optimizer_receipt=receipt, parameter_layouts=layouts, precision=precision,
+            max_grad_norm=max_grad_norm, scheduler=sched, loss_fn=loss_fn or lm_token_loss, sync=sync,
+            cp_mesh=cp_mesh, nonfinite=nonfinite, admission=decision, owns_process_group=owns_pg,
+            tap=tap, ledger=ledger,
+            audit=None if audit_options is None else {**audit_options, "injector": fault_injector, "ledger": ledger},
+        )
+        if ledger is not None:
+            ledger.run_start(plan=plan, certificate=decision.ledger_link, executor=self.name,
+                             extra={"precision": precision, "admission": decision.mode,
+                                    "rank": dist.get_rank() if dist.is_initialized() else 0,
+                                    "audit": {k: v for k, v in (audit_options or {}).items() if k != "enabled"}})
+        return session
+
+    def _admission_gate(self, plan: ParallelPlan, precision: str, admission: Any, certificate: Any,
+                        device: torch.device) -> AdmissionDecision:
+        """The admission gate: runs before any process group, mesh, transform or optimizer is built."""
+        return require_admission(self, plan, precision, certificate=certificate, admission=admission,
+                                 world_size=plan.world_size, accelerator=device.type != "cpu")
+
+
+def _audit_options(plan: ParallelPlan, sync: str, audit: bool | None, rate: float, policy: str, bound: float,
+                   seed: int | None, replay: str = "peer") -> dict[str, Any] | None:
+    """The SessionAudit options, None when the audit is off; raises for a bad option or an unsupported plan."""
+    if audit not in (None, True, False):
+        raise ValueError(f"audit must be None (on where supported), True or False, got {audit!r}")
+    if policy not in AUDIT_POLICIES:
+        raise ValueError(f"audit_policy={policy!r}; allowed: {list(AUDIT_POLICIES)}")
+    if not 0.0 <= float(rate) <= 1.0:
+        raise ValueError(f"audit_rate={rate} must be within [0, 1] (the first step is always audited)")
+    if not float(bound) >= 0.0:
+        raise ValueError(f"audit_bound={bound} must be >= 0 (0 = bitwise)")
+    if replay not in AUDIT_REPLAYS:
+        raise ValueError(f"audit_replay={replay!r}; allowed: {list(AUDIT_REPLAYS)} ('peer': a peer recomputes, "
+                         "the same rank on a disagreement; 'both': both on every audited step)")
+    if audit is False:
+        return None
+    reason = audit_supported(plan, sync)
+    if reason is not None:
+        if audit:
+            raise ValueError(f"audit=True but {reason}")
+        return None
+    return {"rate": float(rate), "policy": policy, "bound": float(bound), "seed": int(seed or 0), "replay": replay}

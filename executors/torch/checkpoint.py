@@ -1,0 +1,490 @@
+"""Reshardable, atomically published training checkpoints through torch.distributed.checkpoint.
+
+What is saved: the model and optimizer state (``get_state_dict``: DTensor shards for FSDP2/TP
+models, plain tensors otherwise), the LR scheduler's ``state_dict()``, the session clocks, the
+typed scheduler state, ``extra``, every rank's RNG states (torch CPU, the current CUDA device's,
+Python ``random``, NumPy's global generator) and every rank's loader state.
+
+Where it goes (layout and publication: ``checkpoint_manifest``): tensors go through DCP into
+``gen-N/dcp/`` and nothing else does — every non-tensor leaf of the model/optimizer state
+(param-group hyper-parameters, FQN lists) and all other state is written by this module as JSON
+(``state.json``, ``ranks/rank-R.json``). What DCP does inside: each tensor is serialized with
+``torch.save`` into ``__R_0.distcp`` files and read back with ``torch.load(weights_only=True)``
+(the restricted unpickler); its ``.metadata`` index is a ``pickle.dump`` of its ``Metadata``
+dataclass, read with ``pickle.load``. Because only tensors reach DCP, its files hold no
+user objects, and a load unpickles ``.metadata`` only after the file's sha256 matched the
+manifest that the pointer vouches for.
+
+Rank-local state rule (also in docs/checkpoints.md):
+
+* Same world size: rank r restores exactly what rank r saved (RNG states, loader state).
+* World size changed (only with ``allow_world_size_change=True``): model and optimizer tensors
+  are resharded by DCP onto the new placements. RNG: rank r of the new world seeds torch (CPU
+  and the current CUDA device), ``random`` and NumPy from
+  ``derive_seed("mixle-parallel/rng", s0, step, r, W)`` — s0 is saved rank 0's
+  ``torch.initial_seed()``, step is ``session_state["step"]`` (0 if absent), W the new world
+  size — so streams are distinct per rank, reproducible, and independent of the old world size.
+  Loader: every rank receives the loader state common to all saved ranks (a world-size-free
+  global position such as epoch and samples consumed, from which each rank derives its shard
+  by rank and world size); if saved ranks differ, the load is refused before anything changes.
+
+Asynchronous saves stage (copy) the state synchronously, then DCP writes it on a background
+thread over a dedicated gloo process group (so its collectives never interleave with the
+training group's); training continues meanwhile; rank 0 publishes the manifest and pointer
+when the write completes; ``handle.wait()`` (collective) returns once it is published.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import contextlib
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
+
+from mixle_parallel.executors.torch.checkpoint_manifest import (
+    DCP_DIR,
+    FORMAT,
+    FORMAT_VERSION,
+    STATE_NAME,
+    TAG,
+    CheckpointError,
+    CorruptCheckpointError,
+    WorldSizeChangeError,
+    create_generation,
+    derive_seed,
+    from_json_value,
+    manifest_problems,
+    next_generation,
+    publish,
+    rank_file,
+    read_json,
+    read_manifest,
+    rederived_loader_state,
+    resolve,
+    to_json_value,
+    write_json_atomic,
+    write_manifest,
+)
+
+__all__ = ["CheckpointHandle", "load_checkpoint", "save_checkpoint"]
+
+_OPTIONS = StateDictOptions(full_state_dict=False, cpu_offload=False, strict=True)
+_IN_FLIGHT: list[CheckpointHandle] = []
+_ASYNC_GROUPS: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+
+# ---- process-group plumbing -----------------------------------------------------------------
+def _group(process_group: Any) -> tuple[Any, int, int]:
+    """(group, rank in it, its size); (None, 0, 1) when torch.distributed is not initialized."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None, 0, 1
+    pg = process_group if process_group is not None else dist.group.WORLD
+    return pg, dist.get_rank(pg), dist.get_world_size(pg)
+
+
+@contextlib.contextmanager
+def _single_process_quiet(pg: Any) -> Iterator[None]:
+    """Silence DCP's 'assuming a single process' warning when that is exactly the intent."""
+    with warnings.catch_warnings():
+        if pg is None:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def _comm_device(pg: Any) -> torch.device:
+    backend = str(dist.get_backend(pg)).lower()
+    if "gloo" in backend or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _all_gather_text(text: str, pg: Any, world: int) -> list[str]:
+    """Every rank's ``text`` (UTF-8 bytes in uint8 tensors: no pickle, unlike all_gather_object)."""
+    if pg is None:
+        return [text]
+    device, data = _comm_device(pg), text.encode("utf-8")
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size, group=pg)
+    longest = max(1, max(int(s.item()) for s in sizes))
+    buffer = torch.zeros(longest, dtype=torch.uint8, device=device)
+    if data:
+        buffer[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    gathered = [torch.empty_like(buffer) for _ in range(world)]
+    dist.all_gather(gathered, buffer, group=pg)
+    return [bytes(g[: int(n.item())].cpu().tolist()).decode("utf-8") for g, n in zip(gathered, sizes)]
+
+
+def _error_doc(err: BaseException) -> dict[str, Any]:
+    if isinstance(err, CorruptCheckpointError):
+        return {"type": "corrupt", "path": err.path, "problem": err.problem}
+    kind = "world" if isinstance(err, WorldSizeChangeError) else "checkpoint"
+    return {"type": kind, "message": f"{err}" if isinstance(err, CheckpointError)
+            else f"{type(err).__name__}: {err}"}
+
+
+def _agree(local_error: BaseException | None, pg: Any, world: int, *, what: str) -> None:
+    """Collective: if any rank failed, raise the lowest rank's error on every rank."""
+    text = json.dumps(_error_doc(local_error)) if local_error is not None else ""
+    texts = _all_gather_text(text, pg, world)
+    failed = [(rank, json.loads(t)) for rank, t in enumerate(texts) if t]
+    if not failed:
+        return
+    rank, doc = failed[0]
+    others = f" (ranks failing: {[r for r, _ in failed]})" if len(failed) > 1 else ""
+    if doc["type"] == "corrupt":
+        raise CorruptCheckpointError(doc["path"], doc["problem"] + others) from local_error
+    cls = WorldSizeChangeError if doc["type"] == "world" else CheckpointError
+    raise cls(f"{what} failed on rank {rank}: {doc['message']}{others}") from local_error
+
+
+def _async_group(pg: Any) -> Any:
+    """A gloo group over the same ranks as ``pg``, created once, for DCP's background thread."""
+    ranks = tuple(dist.get_process_group_ranks(pg))
+    key = (id(dist.group.WORLD), ranks)
+    if key not in _ASYNC_GROUPS:
+        _ASYNC_GROUPS[key] = dist.new_group(list(ranks), backend="gloo", use_local_synchronization=True)
+    return _ASYNC_GROUPS[key]
+
+
+# ---- tensors inside JSON --------------------------------------------------------------------
+def _inline_tensor(value: Any, where: str) -> Any:
+    """Encode a small plain CPU/GPU tensor (scheduler scalars, RNG states) inside JSON."""
+    if not isinstance(value, torch.Tensor):
+        return NotImplemented
+    if isinstance(value, DTensor):
+        raise TypeError(f"{where} is a DTensor; distributed tensors belong in the model/optimizer state")
+    flat = value.detach().cpu().contiguous().reshape(-1)
+    raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return {TAG: "tensor", "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape),
+            "data": base64.b64encode(raw).decode("ascii")}
+
+
+def _decode_inline_tensor(doc: dict[str, Any], where: str) -> torch.Tensor:
+    dtype = getattr(torch, doc["dtype"], None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"{where}: unknown tensor dtype {doc['dtype']!r}")
+    raw = base64.b64decode(doc["data"])
+    if not raw:
+        return torch.empty(doc["shape"], dtype=dtype)
+    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(doc["shape"]).clone()
+
+
+def _to_json(value: Any, where: str) -> Any:
+    return to_json_value(value, where=where, default=_inline_tensor)
+
+
+def _from_json(doc: Any, where: str, tensors: dict[str, torch.Tensor] | None = None) -> Any:
+    decoders: dict[str, Any] = {"tensor": _decode_inline_tensor}
+    if tensors is not None:
+        decoders["dcp"] = lambda d, _w: tensors[d["key"]]
+    return from_json_value(doc, where=where, decoders=decoders)
+
+
+def _split(tree: Any, where: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    """JSON of ``tree`` with every tensor replaced by a reference to a DCP key (its path)."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def collect(value: Any, path: str) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return NotImplemented
+        tensors[path] = value
+        return {TAG: "dcp", "key": path}
+
+    return to_json_value(tree, where=where, default=collect), tensors
+
+
+def _shape_record(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    return {k: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for k, t in tensors.items()}
+
+
+def _state_dicts(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Model and optimizer state dicts keyed by FQN, without creating optimizer state as a side effect."""
+    fresh = not optimizer.state
+    msd, osd = get_state_dict(model, optimizer, options=_OPTIONS)
+    if fresh:  # get_state_dict initialized the state with a zero-lr step; undo that
+        optimizer.state.clear()
+        osd = {"state": {}, "param_groups": osd["param_groups"]}
+    return msd, osd
+
+
+# ---- RNG ------------------------------------------------------------------------------------
+def _capture_rng() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch_cpu": torch.get_rng_state(), "torch_initial_seed": torch.initial_seed(),
+                             "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        device = torch.cuda.current_device()
+        state["torch_cuda"] = {"device": device, "state": torch.cuda.get_rng_state(device)}
+    return state
+
+
+def _restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch_cpu"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "torch_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["torch_cuda"]["state"], torch.cuda.current_device())
+
+
+def _reseed_rng(seed: int) -> None:
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+
+
+# ---- save -----------------------------------------------------------------------------------
+class CheckpointHandle:
+    """A save in progress or done: ``wait()`` (collective) returns the published generation folder."""
+
+    def __init__(self, generation_dir: Path, *, future: Future | None = None, pg: Any = None,
+                 rank: int = 0, world: int = 1, finalize: Any = None) -> None:
+        self.path = generation_dir
+        self.generation = generation_dir.name
+        self._future, self._pg, self._rank, self._world = future, pg, rank, world
+        self._published = threading.Event()
+        self._finalize_error: BaseException | None = None
+        self._waited = future is None
+        if future is None:
+            self._published.set()
+        elif rank == 0:
+            future.add_done_callback(lambda f: self._on_written(f, finalize))
+        else:
+            self._published.set()
+
+    def _on_written(self, future: Future, finalize: Any) -> None:
+        try:
+            if future.exception() is None:
+                finalize()
+        except BaseException as err:  # noqa: BLE001 - reported by wait()
+            self._finalize_error = err
+        finally:
+            self._published.set()
+
+    def done(self) -> bool:
+        """True once this rank's write finished and (on rank 0) the generation is published."""
+        return self._waited or (self._future is not None and self._future.done() and self._published.is_set())
+
+    def wait(self) -> Path:
+        """Block until every rank's write is complete and the pointer names this generation."""
+        if self._waited:
+            return self.path
+        error: BaseException | None = None
+        try:
+            self._future.result()
+        except BaseException as err:  # noqa: BLE001 - shared with every rank below
+            error = err
+        self._published.wait()
+        error = error or self._finalize_error
+        self._waited = True
+        if self in _IN_FLIGHT:
+            _IN_FLIGHT.remove(self)
+        _agree(error, self._pg, self._world, what=f"asynchronous save of {self.path}")
+        return self.path
+
+
+def _drain_in_flight() -> None:
+    while _IN_FLIGHT:
+        _IN_FLIGHT[0].wait()
+
+
+def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: Any = None,
+                    session_state: dict[str, Any], loader_state: Any = None,
+                    typed_scheduler_state: Any = None, extra: Any = None, asynchronous: bool = False,
+                    process_group: Any = None) -> CheckpointHandle:
+    """Save a new generation under ``path`` and publish it; collective over ``process_group``.
+
+    Every rank of the group calls it. Returns a handle; a synchronous save is complete (and
+    published) on return, an asynchronous one once ``handle.wait()`` returns on every rank.
+    """
+    pg, rank, world = _group(process_group)
+    _drain_in_flight()
+    root = Path(path)
+    error: BaseException | None = None
+    try:
+        msd, osd = _state_dicts(model, optimizer)
+        model_json, model_tensors = _split(msd, "model")
+        optim_json, optim_tensors = _split(osd, "optimizer")
+        tensors = {**model_tensors, **optim_tensors}
+        rank_doc = {"format": FORMAT, "version": FORMAT_VERSION, "kind": "rank", "rank": rank,
+                    "world_size": world, "rng": _to_json(_capture_rng(), "rng"),
+                    "loader_state": _to_json(loader_state, "loader_state")}
+        global_doc = {"format": FORMAT, "version": FORMAT_VERSION, "kind": "state", "world_size": world,
+                      "saved_unix": time.time(), "torch_version": torch.__version__,
+                      "session_state": _to_json(dict(session_state), "session_state"),
+                      "scheduler": _to_json(scheduler.state_dict(), "scheduler.state_dict()")
+                      if scheduler is not None else None,
+                      "typed_scheduler_state": _to_json(typed_scheduler_state, "typed_scheduler_state"),
+                      "extra": _to_json(extra, "extra"), "model": model_json, "optimizer": optim_json,
+                      "tensors": _shape_record(tensors)}
+    except Exception as err:  # noqa: BLE001 - every rank must learn of it, or the others would hang
+        error = err
+    _agree(error, pg, world, what=f"encoding checkpoint state for {root}")
+
+    generation = ""
+    if rank == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            generation = next_generation(root)
+            create_generation(root, generation)
+            write_json_atomic(root / generation / STATE_NAME, global_doc)
+        except OSError as err:
+            error = CheckpointError(f"cannot create a checkpoint generation under {root}: {err}")
+    _agree(error, pg, world, what=f"creating a checkpoint generation under {root}")
+    generation = _all_gather_text(generation, pg, world)[0]
+    gen_dir = root / generation
+    try:
+        write_json_atomic(rank_file(gen_dir, rank), rank_doc)
+    except OSError as err:
+        error = CheckpointError(f"cannot write {rank_file(gen_dir, rank)}: {err}")
+    _agree(error, pg, world, what=f"writing rank-local state into {gen_dir}")
+
+    def finalize() -> None:
+        publish(root, generation, write_manifest(gen_dir, world_size=world,
+                                                 info={"torch_version": torch.__version__}))
+
+    writer = dcp.FileSystemWriter(str(gen_dir / DCP_DIR))
+    if asynchronous:
+        group = _async_group(pg) if pg is not None else None
+        with _single_process_quiet(group):
+            response = dcp.async_save(tensors, storage_writer=writer, process_group=group,
+                                      no_dist=group is None)
+        future = getattr(response, "upload_completion", response)
+        handle = CheckpointHandle(gen_dir, future=future, pg=group, rank=rank, world=world, finalize=finalize)
+        _IN_FLIGHT.append(handle)
+        return handle
+    try:
+        with _single_process_quiet(pg):
+            dcp.save(tensors, storage_writer=writer, process_group=pg, no_dist=pg is None)
+        if rank == 0:
+            finalize()
+    except Exception as err:  # noqa: BLE001 - shared with every rank
+        error = err
+    _agree(error, pg, world, what=f"saving checkpoint {gen_dir}")
+    return CheckpointHandle(gen_dir)
+
+
+# ---- load -----------------------------------------------------------------------------------
+def _read_documents(gen_dir: Path, digest: str | None, rank: int, world: int,
+                    allow_world_size_change: bool) -> tuple[dict[str, Any], dict[str, Any], Any, int]:
+    """Verify this rank's share of files and read the JSON documents; nothing is changed yet."""
+    manifest = read_manifest(gen_dir, digest)
+    problems = manifest_problems(gen_dir, manifest, shard=rank, shards=world)
+    if problems:
+        file, problem = problems[0]
+        more = f"; {len(problems) - 1} more file(s) fail too" if len(problems) > 1 else ""
+        raise CorruptCheckpointError(file, problem + more)
+    saved_world = manifest["world_size"]
+    if saved_world != world and not allow_world_size_change:
+        raise WorldSizeChangeError(
+            f"checkpoint {gen_dir} was saved at world size {saved_world} and is being loaded at "
+            f"world size {world}; pass allow_world_size_change=True to reshard the model and "
+            "optimizer state through DCP and re-derive the rank-local state (RNG seeds, loader "
+            "position) by the rule in docs/checkpoints.md")
+    state = read_json(gen_dir / STATE_NAME, what="global state")
+    if saved_world == world:
+        own = read_json(rank_file(gen_dir, rank), what="rank-local state")
+        return state, _from_json(own["rng"], "rng"), _from_json(own["loader_state"], "loader_state"), saved_world
+    loaders = [_from_json(read_json(rank_file(gen_dir, r), what="rank-local state")["loader_state"],
+                          f"rank {r} loader_state") for r in range(saved_world)]
+    rank0_rng = read_json(rank_file(gen_dir, 0), what="rank-local state")["rng"]
+    return state, {"rederive_from": rank0_rng["torch_initial_seed"]}, \
+        rederived_loader_state(loaders, new_world_size=world), saved_world
+
+
+def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: Any = None,
+                    allow_world_size_change: bool = False, process_group: Any = None) -> dict[str, Any]:
+    """Verify, then restore the published generation under ``path``; collective over ``process_group``.
+
+    Returns ``session_state``, ``loader_state`` (this rank's), ``typed_scheduler_state``,
+    ``extra``, ``saved_world_size``, ``world_size``, ``generation`` and ``rng`` ("restored" or
+    "rederived"). Nothing is changed when verification or a check fails.
+    """
+    pg, rank, world = _group(process_group)
+    _drain_in_flight()
+    root = Path(path)
+    error: BaseException | None = None
+    located = ""
+    if rank == 0:
+        try:
+            gen_dir, digest = resolve(root)
+            located = json.dumps([str(gen_dir), digest])
+        except Exception as err:  # noqa: BLE001 - every rank must learn of it
+            error = err
+    _agree(error, pg, world, what=f"locating the checkpoint at {root}")
+    gen_text, digest = json.loads(_all_gather_text(located, pg, world)[0])
+    gen_dir = Path(gen_text)
+    try:
+        state, rng, loader_state, saved_world = _read_documents(
+            gen_dir, digest, rank, world, allow_world_size_change)
+        if scheduler is not None and state.get("scheduler") is None:
+            raise CheckpointError(f"{gen_dir / STATE_NAME} holds no scheduler state but a scheduler was passed")
+    except (KeyError, TypeError, ValueError, AttributeError) as err:  # valid JSON of the wrong shape
+        error = CorruptCheckpointError(gen_dir / STATE_NAME, f"unreadable state ({type(err).__name__}: {err})")
+    except Exception as err:  # noqa: BLE001 - every rank must learn of it
+        error = err
+    _agree(error, pg, world, what=f"verifying checkpoint {gen_dir}")
+
+    fresh = not optimizer.state
+    template: dict[str, torch.Tensor] = {}
+    saved = state["tensors"]
+    try:
+        optimizer.zero_grad(set_to_none=True)  # lets get_state_dict create the optimizer state template
+        msd, osd = get_state_dict(model, optimizer, options=_OPTIONS)
+        template = {**_split(msd, "model")[1], **_split(osd, "optimizer")[1]}
+        _check_keys(saved, template, gen_dir)
+    except Exception as err:  # noqa: BLE001 - every rank must learn of it
+        error = err
+        if fresh:
+            optimizer.state.clear()
+    _agree(error, pg, world, what=f"matching checkpoint {gen_dir} to this model and optimizer")
+
+    targets = {key: template[key] for key in saved}
+    with _single_process_quiet(pg):
+        dcp.load(targets, storage_reader=dcp.FileSystemReader(str(gen_dir / DCP_DIR)), process_group=pg,
+                 no_dist=pg is None)
+    set_state_dict(model, optimizer, model_state_dict=_from_json(state["model"], "model", targets),
+                   optim_state_dict=_from_json(state["optimizer"], "optimizer", targets), options=_OPTIONS)
+    if scheduler is not None:
+        scheduler.load_state_dict(_from_json(state["scheduler"], "scheduler"))
+    session_state = _from_json(state["session_state"], "session_state")
+    if "rederive_from" in rng:
+        step = session_state.get("step", 0) if isinstance(session_state, dict) else 0
+        _reseed_rng(derive_seed("mixle-parallel/rng", rng["rederive_from"], step, rank, world))
+    else:
+        _restore_rng(rng)
+    return {"session_state": session_state, "loader_state": loader_state,
+            "typed_scheduler_state": _from_json(state["typed_scheduler_state"], "typed_scheduler_state"),
+            "extra": _from_json(state["extra"], "extra"), "saved_world_size": saved_world,
+            "world_size": world, "generation": gen_dir.name,
+            "rng": "rederived" if "rederive_from" in rng else "restored"}
+
+
+def _check_keys(saved: dict[str, Any], template: dict[str, torch.Tensor], gen_dir: Path) -> None:
+    """Every saved tensor has a counterpart of the same global shape; every model tensor is saved."""
+    missing = sorted(k for k in saved if k not in template)
+    unsaved = sorted(k for k in template if k.startswith("model") and k not in saved)
+    if missing or unsaved:
+        raise CheckpointError(
+            f"checkpoint {gen_dir} does not match this model/optimizer: in the checkpoint only "
+            f"{missing[:5]}, in the model only {unsaved[:5]}; load it into the same architecture "
+            "(same module names) it was saved from")
+    for key, record in saved.items():
+        have = template[key]
+        if list(have.shape) != record["shape"]:
+            raise CheckpointError(
+                f"checkpoint {gen_dir}: {key} has global shape {record['shape']} in the checkpoint "
+                f"and {list(have.shape)} here; load it into the same architecture")

@@ -1,0 +1,341 @@
+"""The SDC audit inside a torch_native session: replay a sampled step's local gradient before optimizer.step().
+
+On an audited step (``verification.AuditSchedule``: rate r, plus the run's first step) the session
+records the window's micro-steps and the RNG state at its start; the comm taps capture this rank's
+local gradient per parameter before the data-parallel reduction. Then, before the commit:
+
+1. parameters at rest: a digest of this rank's local parameters taken after the last update is
+   compared with one taken now (a flip in parameter memory between steps);
+2. peer replay: every rank ships its window, RNG state, the digest of (batch, parameters) and of
+   its gradient; the next rank of its data-parallel group (same tp/cp/pp coordinate) recomputes its
+   predecessor's gradient from the shipped inputs and compares digests. Every rank replays at once,
+   so the tensor-parallel peers of a replaying rank replay the same predecessor batch with it and
+   their TP collectives line up; under TP each rank recomputes its own shard of the gradient;
+3. same-rank replay: the window is re-run on this rank with the same batches and RNG state (the
+   taps capture without communicating) and its gradient is compared with the captured one. With
+   ``replay="peer"`` (the default) it runs when a peer replay disagreed anywhere (every rank then
+   replays its own window, which tells a fault in the original computation from a persistent or
+   auditor-side one) and where no peer exists (a world of one, pure TP); with ``replay="both"`` on
+   every audited step. A peer's independent recomputation that matches bitwise (or within the
+   bound) already proves what a same-rank replay would: the default halves the audit's cost, the
+   way the EM audit recomputes on another worker and calls a witness only on a mismatch.
+
+Comparison is bitwise (digests; ``bound=0``, the CPU/gloo case) or within ``bound`` (max abs).
+Every rank ends with every rank's records (one all-gather), so the policy acts the same way on
+all of them: ``warn`` records and commits, ``skip_step`` keeps the update out, ``raise`` raises
+``SDCDetectedError`` on every rank. Gradients, RNG state and buffers are restored after replays,
+so a clean audited run is bitwise the run without audit.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mixle_parallel.contracts import SDCAuditRecord, to_dict
+from mixle_parallel.verification.sdc.digest import digest, max_abs_difference
+from mixle_parallel.verification.sdc.schedule import AUDIT_POLICIES, AuditSchedule, SDCDetectedError
+
+from mixle_parallel.executors.torch.comm_taps import CommTap, fsdp_taps_supported
+from mixle_parallel.contracts import from_dict
+from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
+
+AUDIT_REPLAYS = ("peer", "both")
+"""``peer``: a peer recomputes each audited gradient, same-rank replays run on a disagreement or
+without a peer; ``both``: same-rank and peer replay on every audited step."""
+
+_log = logging.getLogger(__name__)
+_MAX = 1.7976931348623157e308
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class SessionAudit:
+    """Schedules, records, replays and judges audited steps of one ``TorchDistributedSession``."""
+
+    def __init__(self, session: Any, tap: CommTap, *, rate: float, policy: str, seed: int, bound: float = 0.0,
+                 replay: str = "peer", injector: Any = None, ledger: Any = None, enabled: bool = True) -> None:
+        if policy not in AUDIT_POLICIES:
+            raise ValueError(f"audit_policy={policy!r}; allowed: {list(AUDIT_POLICIES)}")
+        if replay not in AUDIT_REPLAYS:
+            raise ValueError(f"audit_replay={replay!r}; allowed: {list(AUDIT_REPLAYS)}")
+        self.replay = replay
+        self.session, self.tap = session, tap
+        self.schedule = AuditSchedule(rate=rate, seed=seed)
+        self.policy, self.bound, self.enabled = policy, float(bound), enabled
+        self.injector, self.ledger = injector, ledger
+        self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.world = session.plan.world_size
+        # the whole data-parallel group: the ranks sharing this rank's pp, cp and tp coordinates
+        dp_group = next(g for g in session.plan.data_parallel_group_ranks() if self.rank in g)
+        self.has_peer = len(dp_group) > 1
+        self.predecessor = dp_group[(dp_group.index(self.rank) - 1) % len(dp_group)]
+        self._direct = session.sync == "none"
+        # DDP: local gradients come from on-demand hooks; replays run under no_sync() and read p.grad
+        self._access = tap.ddp_access
+        self._unsynced_replay = session.sync == "ddp"
+        self.records: list[SDCAuditRecord] = []
+        self.audited_steps = 0
+        self._window: list[tuple[Any, Any, bool, float]] | None = None
+        self._rng: dict[str, torch.Tensor] | None = None
+        self._buffers: list[torch.Tensor] | None = None
+        self._param_ref: str | None = None
+        self._param_ref_step: int | None = None
+        tap.injector = injector
+        self.prime(session.step)
+
+    # ---- clock -----------------------------------------------------------------------------
+    def is_audited(self, step: int) -> bool:
+        """True when the step with this index is audited (same answer on every rank)."""
+        return self.enabled and self.schedule.is_audited(step)
+
+    def prime(self, step: int) -> None:
+        """Take the at-rest parameter digest when ``step`` will be audited (after an update, a load, or at start)."""
+        self._param_ref, self._param_ref_step = (self._param_digest(), step) if self.is_audited(step) else (None, None)
+
+    def begin_window(self, step: int) -> None:
+        """At the first micro-step of a window: strike planned parameter flips; start recording if audited."""
+        self.tap.step = step
+        self.tap.injected = []
+        self._injected_params: list[str] = []
+        self._disarm()
+        audited = self.is_audited(step)
+        if audited and self._param_ref_step != step:
+            self.prime(step)  # e.g. after a checkpoint load: the reference is taken before any planned flip
+        if self.injector is not None:
+            for name, p in self.session.named_trainable():
+                if self.injector.apply("parameter", name, _local(p).detach(), rank=self.rank, step=step):
+                    self._injected_params.append(name)
+        if self._access is not None and (audited or self.tap.wants_flip()):
+            self._access.arm()  # DDP: capture the local gradient, or strike a planned flip in it
+        if not audited:
+            self._window = None
+            return
+        self._window = []
+        self._rng = _rng_state(self.session.device)
+        self._buffers = [b.detach().clone() for b in self.session.module.buffers()]
+        self.tap.mode = "capture"
+
+    def _disarm(self) -> None:
+        if self._access is not None:
+            self._access.disarm()
+
+    def note(self, x: Any, y: Any, sync: bool, weight: float) -> None:
+        """Record one micro-step of an audited window."""
+        if self._window is not None and self.tap.mode == "capture":
+            self._window.append((x, y, sync, weight))
+
+    def abort_window(self) -> None:
+        """Forget the window (discarded accumulation)."""
+        self._window, self.tap.mode = None, "pass"
+        self._disarm()
+        self.tap.take()
+
+    # ---- the audit ---------------------------------------------------------------------------
+    def check(self, step: int) -> tuple[list[SDCAuditRecord], bool]:
+        """Audit the window that is about to commit; (records of every rank, keep the update out?)."""
+        self._disarm()
+        if self._window is None:
+            return [], False
+        window, rng, self._window = self._window, self._rng, None
+        if not window:  # pragma: no cover - a commit always follows at least one micro-step
+            raise RuntimeError("audited window recorded no micro-step")
+        self.tap.mode = "pass"
+        observed = self.tap.take()
+        if self._direct:  # no data-parallel reduction: the local gradient is the accumulated .grad
+            if self.tap.wants_flip():
+                for name, p in self.session.named_trainable():
+                    if p.grad is not None:
+                        self.tap.inject(name, p.grad)
+            observed = self._grads()
+        injected = bool(self.tap.injected)
+        self.audited_steps += 1
+        mine: list[SDCAuditRecord] = []
+        now = self._param_digest()
+        if self._param_ref is not None and now != self._param_ref:
+            mine.append(self._record(step, self.rank, "parameters at rest", "same_rank", self._param_ref, now, False,
+                                     _MAX, injected=bool(self._injected_params)))
+        shared = self._allgather((bool(mine), now))
+        corrupt_params = any(flag for flag, _ in shared)
+        # replicated parameters (DDP) must be bitwise equal on every rank; sharded ones are identified by all shards
+        params = now if self.session.sync in ("ddp", "none") else tuple(d for _, d in shared)
+        if not corrupt_params:
+            stash = self._stash()
+            try:
+                obs_d = digest(observed)
+                peer = self._peer(step, window, rng, params, observed, obs_d, injected)
+                disagreed = peer is not None and not peer.matched
+                if peer is None or self.replay == "both" or self._anywhere(disagreed):
+                    replayed = self._replay(window, rng)
+                    exp_d = digest(replayed)
+                    matched, diff = self._compare(observed, replayed, exp_d == obs_d)
+                    mine.append(self._record(step, self.rank, self._unit(observed, replayed, matched), "same_rank",
+                                             exp_d, obs_d, matched, diff, injected=injected))
+                if peer is not None:
+                    mine.append(peer)
+            finally:
+                self._restore(stash)
+        everyone = self._gather(mine)
+        return self._conclude(everyone)
+
+    def _peer(self, step: int, window: list, rng: Any, params: Any, observed: dict, obs_d: str,
+              injected: bool) -> SDCAuditRecord | None:
+        """The next rank recomputes this rank's gradient from the shipped window; returns this rank's finding."""
+        if not self.has_peer:
+            return None  # no other rank sees this rank's tp/cp/pp coordinate (a world of one, or pure TP)
+        batches = [(x.detach().cpu(), y.detach().cpu(), s, w) for x, y, s, w in window]
+        shipped = {"rank": self.rank, "window": batches, "rng": rng, "inputs": digest((batches, rng, params)),
+                   "grad": obs_d, "values": observed if self.bound > 0 else None, "injected": injected}
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, shipped)
+        subject = gathered[self.predecessor]
+        view = digest((subject["window"], subject["rng"], params))
+        if view != subject["inputs"]:
+            return self._record(step, subject["rank"], "batch+parameters", "peer", view, subject["inputs"], False,
+                                _MAX, injected=subject["injected"])
+        device = self.session.device
+        window = [(x.to(device), y.to(device), s, w) for x, y, s, w in subject["window"]]
+        replayed = self._replay(window, subject["rng"])
+        exp_d = digest(replayed)
+        if self.bound > 0:
+            matched, diff = self._compare(subject["values"], replayed)
+        else:
+            matched, diff = exp_d == subject["grad"], 0.0 if exp_d == subject["grad"] else _MAX
+        unit = f"local_gradient inputs={subject['inputs'][:23]}"
+        return self._record(step, subject["rank"], unit, "peer", exp_d, subject["grad"], matched, diff,
+                            injected=subject["injected"])
+
+    # ---- replay mechanics --------------------------------------------------------------------
+    def _replay(self, window: list, rng: Any) -> dict[str, torch.Tensor]:
+        session = self.session
+        for p in session.trainable():
+            p.grad = None
+        if self._buffers:
+            with torch.no_grad():
+                for b, saved in zip(session.module.buffers(), self._buffers):
+                    b.copy_(saved)
+        _set_rng_state(rng, session.device)
+        self.tap.mode = "replay"
+        try:
+            for x, y, sync, weight in window:
+                session.run_micro(x, y, sync=sync and not self._unsynced_replay, weight=weight)
+        finally:
+            self.tap.mode = "pass"
+        return self._grads() if self._direct or self._unsynced_replay else self.tap.take()
+
+    def _grads(self) -> dict[str, torch.Tensor]:
+        return {n: p.grad.detach().clone() for n, p in self.session.named_trainable() if p.grad is not None}
+
+    def _stash(self) -> dict[str, Any]:
+        session = self.session
+        return {"grads": [p.grad for p in session.trainable()], "rng": _rng_state(session.device),
+                "buffers": [b.detach().clone() for b in session.module.buffers()]}
+
+    def _restore(self, stash: dict[str, Any]) -> None:
+        session = self.session
+        for p, g in zip(session.trainable(), stash["grads"]):
+            p.grad = g
+        _set_rng_state(stash["rng"], session.device)
+        with torch.no_grad():
+            for b, saved in zip(session.module.buffers(), stash["buffers"]):
+                b.copy_(saved)
+
+    def _param_digest(self) -> str:
+        return digest({name: _local(p).detach() for name, p in self.session.named_trainable()})
+
+    # ---- judging -------------------------------------------------------------------------------
+    def _compare(self, observed: dict, replayed: dict, same: bool | None = None) -> tuple[bool, float]:
+        if set(observed) != set(replayed):
+            return False, _MAX
+        if self.bound == 0.0:
+            same = digest(observed) == digest(replayed) if same is None else same
+            return same, 0.0 if same else min(max_abs_difference(observed, replayed), _MAX)
+        diff = max_abs_difference(observed, replayed)
+        diff = diff if diff == diff else _MAX  # NaN
+        return diff <= self.bound, min(diff, _MAX)
+
+    @staticmethod
+    def _unit(observed: dict, replayed: dict, matched: bool) -> str:
+        if matched:
+            return "local_gradient"
+        bad = [n for n in sorted(observed) if n not in replayed or digest(observed[n]) != digest(replayed[n])]
+        return "local_gradient[" + ",".join(bad[:4]) + (",..." if len(bad) > 4 else "") + "]"
+
+    def _record(self, step: int, rank: int, unit: str, replay: str, expected: str, observed: str, matched: bool,
+                diff: float, *, injected: bool) -> SDCAuditRecord:
+        diff = 0.0 if matched and self.bound == 0.0 else float(min(diff, _MAX))
+        return SDCAuditRecord(
+            family="training", step=step, rank=rank, unit=unit, replay=replay, expected_digest=expected,
+            observed_digest=observed, matched=matched, action="none" if matched else self.policy,
+            auditor_rank=self.rank, attributed_rank=None if matched else rank,
+            maximum_absolute_difference=diff, bound=self.bound, injected=injected,
+        )
+
+    def _anywhere(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (one small all-reduce; every rank calls it)."""
+        if self.world < 2:
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.session.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def _allgather(self, value: Any) -> list[Any]:
+        if self.world < 2:
+            return [value]
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def _gather(self, mine: list[SDCAuditRecord]) -> list[SDCAuditRecord]:
+        if self.world < 2:
+            return mine
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, [to_dict(r) for r in mine])
+        return [from_dict(r, SDCAuditRecord) for part in gathered for r in part]
+
+    def _conclude(self, records: list[SDCAuditRecord]) -> tuple[list[SDCAuditRecord], bool]:
+        self.records.extend(records)
+        if self.ledger is not None:
+            for record in records:
+                self.ledger.audit(record)
+        bad = [r for r in records if not r.matched]
+        for r in bad:
+            _log.warning("SDC audit mismatch: %s at step %d on rank %s (%s replay by rank %s), policy %s",
+                         r.unit, r.step, r.attributed_rank, r.replay, r.auditor_rank, self.policy)
+        if bad and self.policy == "raise":
+            raise SDCDetectedError(records)
+        return records, bool(bad) and self.policy == "skip_step"
+
+
+def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def audit_supported(plan: Any, sync: str) -> str | None:
+    """Why the in-session audit cannot run for this plan (None when it can)."""
+    if plan.cp > 1:
+        return ("the in-session SDC audit does not replay context-parallel sequence shards yet "
+                "(pass audit=False, or audit those runs with verification.verify)")
+    if sync in ("fsdp", "hsdp") and not fsdp_taps_supported():
+        return "the FSDP2 audit needs FSDPModule.set_custom_reduce_scatter (torch >= 2.8)"
+    return None
+
+
+def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """(pre-wrap name, parameter) of every trainable parameter."""
+    return [(pre_wrap_fqn(n), p) for n, p in unwrap(module).named_parameters() if p.requires_grad]

@@ -1,0 +1,483 @@
+"""TorchDistributedSession: micro-steps, the accumulation clock, exact global-mean commits, receipts."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mixle_parallel.contracts import (
+    BackendCapabilities,
+    to_dict,
+    ParallelAxis,
+    ParallelPlan,
+    ParameterLayout,
+    StepReceipt,
+    TorchSessionState,
+)
+
+from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
+from mixle_parallel.executors.torch.comm_taps import CommTap
+from mixle_parallel.executors.torch.grads import local_grads, scale_grads, weighted_square_sum
+from mixle_parallel.contracts import SCHEMA_VERSION, from_dict, to_dict
+from mixle_parallel.executors.torch.checkpoint import load_checkpoint, save_checkpoint
+from mixle_parallel.executors.torch.sdc_audit import SessionAudit, trainable
+
+LossFn = Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]
+
+
+class TorchDistributedSession:
+    """A transformed module plus its optimizer, the accumulation clock and explicit mesh semantics.
+
+    The committed gradient is the exact global mean: every micro-step back-propagates its loss
+    *sum* times the gradient-averaging group size (so DDP's/FSDP2's averaging cancels), and the
+    commit divides by the global count taken from one small all-reduce.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        plan: ParallelPlan,
+        capabilities: BackendCapabilities,
+        mesh: Any,
+        device: torch.device,
+        optimizer: torch.optim.Optimizer,
+        optimizer_receipt: dict[str, Any],
+        parameter_layouts: tuple[ParameterLayout, ...],
+        precision: str,
+        max_grad_norm: float | None,
+        scheduler: Any = None,
+        loss_fn: LossFn,
+        sync: str = "none",
+        cp_mesh: Any = None,
+        nonfinite: str = "raise",
+        admission: Any = None,
+        owns_process_group: bool = False,
+        tap: CommTap | None = None,
+        audit: dict[str, Any] | None = None,
+        ledger: Any = None,
+    ) -> None:
+        if nonfinite not in ("raise", "skip"):
+            raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
+        self.module, self.plan, self.capabilities, self.mesh = module, plan, capabilities, mesh
+        self.device, self.optimizer, self.scheduler = device, optimizer, scheduler
+        self.optimizer_receipt = dict(optimizer_receipt)
+        self.parameter_layouts = parameter_layouts
+        self.precision, self.max_grad_norm, self.loss_fn = precision, max_grad_norm, loss_fn
+        self.sync, self.cp_mesh, self.nonfinite = sync, cp_mesh, nonfinite
+        self.admission = admission
+        self._admission_extra = (admission.receipt_extra() if hasattr(admission, "receipt_extra")
+                                 else {"admission": admission})
+        self._owns_pg = owns_process_group
+        self._distributed = plan.world_size > 1
+        self._world = plan.world_size
+        # DDP / FSDP2 / HSDP average gradients over every data axis (dp_replicate, dp_shard, cp)
+        self._grad_scale = float(plan.dp_replicate * plan.dp_shard * plan.cp)
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        # DDP / FSDP2 are counted by cheap taps at their comm layer; TP / CP by the dispatch-mode meter
+        self._tap = tap if tap is not None else CommTap(counting=False, rank=0)
+        self._meter = self._tap if self._tap.counting else CollectiveMeter()
+        self._dispatch_meter = not self._tap.counting
+        self._params_named = None
+        self.ledger = ledger
+        self._sync_enabled: bool | None = None
+        self._step = 0
+        self._pending = 0
+        self._last_micro: tuple[Any, Any] | None = None
+        self._closed = False
+        self._reset_window()
+        self._audit = None
+        if audit:
+            self._audit = SessionAudit(self, self._tap, **audit)
+
+    # ---- public API ------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Optimizer updates committed so far."""
+        return self._step
+
+    @property
+    def pending_accumulation(self) -> int:
+        """train_batch calls accumulated since the last commit."""
+        return self._pending
+
+    def state(self) -> TorchSessionState:
+        """The session's non-tensor clocks, serializable as JSON."""
+        return TorchSessionState(
+            step=self._step, pending_accumulation=self._pending, optimizer_receipt=self.optimizer_receipt
+        )
+
+    def restore_state(self, state: TorchSessionState) -> None:
+        """Resume the clocks from ``state`` (a checkpoint restores tensors; pending gradients are not saved)."""
+        if state.pending_accumulation:
+            raise ValueError(
+                f"cannot resume mid-accumulation (pending_accumulation={state.pending_accumulation}); "
+                "save checkpoints after a commit or call finish_accumulation()/discard_accumulation() first"
+            )
+        self._step = state.step
+        self._pending = 0
+        self._reset_window()
+        if self._audit is not None:
+            self._audit.prime(self._step)
+
+    def train_batch(self, inputs: Any, targets: Any) -> StepReceipt:
+        """Accumulate one local batch (split into ``plan.microbatches``) and commit when the clock fires."""
+        self._check_open()
+        micro = self._split(inputs, targets)
+        commit = self._pending + 1 == self.plan.gradient_accumulation_steps
+        self._meter.reset()
+        if self._pending == 0 and self._audit is not None:
+            self._audit.begin_window(self._step)
+        with self._metering():
+            for i, (x, y) in enumerate(micro):
+                self._micro_step(x, y, sync=commit and i == len(micro) - 1, weight=1.0)
+            self._pending += 1
+            if commit:
+                return self._commit()
+        return self._skipped_receipt(reason="accumulating")
+
+    def finish_accumulation(self) -> StepReceipt | None:
+        """Commit what is pending now, before the clock fires (e.g. at the end of an epoch).
+
+        The synchronizing backward DDP/FSDP2 need is a re-run of the last micro-batch with weight 0:
+        it adds exact zeros and lets them reduce the accumulated gradients. None when nothing is pending.
+        """
+        self._check_open()
+        if self._pending == 0:
+            return None
+        self._meter.reset()
+        with self._metering():
+            self._flush_unsynced()
+            return self._commit()
+
+    def discard_accumulation(self) -> StepReceipt | None:
+        """Drop pending gradients without touching parameters or optimizer state; None when nothing is pending."""
+        self._check_open()
+        if self._pending == 0:
+            return None
+        self._meter.reset()
+        with self._metering():
+            if self.sync in ("fsdp", "hsdp"):
+                self._flush_unsynced()  # FSDP2 keeps unsynced grads inside; reduce them so zero_grad clears them
+        if self._audit is not None:
+            self._audit.abort_window()
+        receipt = self._skipped_receipt(reason="discarded", window=True)
+        self._clear_gradients()
+        return receipt
+
+    def reduce_sums(self, *values: float) -> tuple[float, ...]:
+        """Sum scalar metrics over the two-dimensional data-parallel domain (dp_replicate x dp_shard)."""
+        self._check_open()
+        if not self._distributed:
+            return tuple(float(v) for v in values)
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._comm_device())
+        for axis in (ParallelAxis.DP_REPLICATE, ParallelAxis.DP_SHARD):
+            names = self.mesh.mesh_dim_names or ()
+            if axis.value in names and self.mesh.size(names.index(axis.value)) > 1:
+                dist.all_reduce(t, group=self.mesh.get_group(axis.value))
+        return tuple(float(v) for v in t.cpu().tolist())
+
+    def save_checkpoint(
+        self,
+        path: str,
+        *,
+        loader_state: Any = None,
+        typed_scheduler_state: Any = None,
+        extra: Any = None,
+        asynchronous: bool = False,
+    ) -> Any:
+        """Save model, optimizer, scheduler, clocks, RNG and loader state as a new published generation.
+
+        Collective (every rank calls it). Returns a handle whose ``wait()`` (collective) returns the
+        published folder; see docs/checkpoints.md and ``executors.torch_checkpoint``.
+        """
+        self._check_open()
+        if self._pending:
+            raise ValueError(
+                f"cannot save mid-accumulation (pending_accumulation={self._pending}): pending gradients are "
+                "not checkpointed; save after a commit or call finish_accumulation()/discard_accumulation() first"
+            )
+        handle = save_checkpoint(
+            path, model=self.module, optimizer=self.optimizer, scheduler=self.scheduler,
+            session_state=to_dict(self.state())["data"], loader_state=loader_state,
+            typed_scheduler_state=typed_scheduler_state, extra=extra, asynchronous=asynchronous,
+        )
+        if self.ledger is not None:
+            self.ledger.checkpoint(step=self._step, path=str(path),
+                                   extra={"event": "save", "asynchronous": bool(asynchronous)})
+        return handle
+
+    def load_checkpoint(self, path: str, *, allow_world_size_change: bool = False) -> dict[str, Any]:
+        """Restore model, optimizer, scheduler, RNG and the step clock from the generation ``path`` publishes.
+
+        Collective. A checkpoint saved at another world size is refused unless
+        ``allow_world_size_change=True`` (then DCP reshards and rank-local state is re-derived by
+        the rule in docs/checkpoints.md). Returns loader_state, typed_scheduler_state, extra,
+        saved_world_size and the rest of ``executors.torch_checkpoint.load_checkpoint``'s dict.
+        """
+        self._check_open()
+        loaded = load_checkpoint(
+            path, model=self.module, optimizer=self.optimizer, scheduler=self.scheduler,
+            allow_world_size_change=allow_world_size_change,
+        )
+        self.restore_state(from_dict(
+            {"kind": "TorchSessionState", "version": SCHEMA_VERSION, "data": loaded["session_state"]},
+            TorchSessionState,
+        ))
+        self._clear_gradients()
+        if self.ledger is not None:
+            self.ledger.checkpoint(step=self._step, path=str(path), extra={"event": "load"})
+        return loaded
+
+    def close(self) -> None:
+        """Release the session; destroys the process group only if ``prepare`` created it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.ledger is not None:
+            audit = self._audit
+            self.ledger.run_end(status="ok", steps=self._step, extra={
+                "audited_steps": audit.audited_steps if audit else 0,
+                "audit_mismatches": sum(not r.matched for r in audit.records) if audit else 0})
+        if self._owns_pg and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ---- micro-steps ----------------------------------------------------------------------
+    def _micro_step(self, x: Any, y: Any, *, sync: bool, weight: float) -> None:
+        self._last_micro = (x, y)
+        if self._audit is not None:
+            self._audit.note(x, y, sync, weight)
+        loss_sum, count = self.run_micro(x, y, sync=sync, weight=weight)
+        if weight:
+            rows = self._rows(x)
+            count_t = torch.as_tensor(count, dtype=torch.float64).detach().cpu()
+            self._w_loss += loss_sum.detach().to(torch.float64).cpu()
+            self._w_tokens += count_t
+            self._w_examples += rows
+            self._w_calls_tokens += count_t
+            self._w_calls_examples += rows
+            self._w_calls_loss += loss_sum.detach().to(torch.float64).cpu()
+
+    def run_micro(self, x: Any, y: Any, *, sync: bool, weight: float) -> tuple[torch.Tensor, Any]:
+        """One forward/backward of a micro-batch (no clock, no counters): what a step and an audit replay run."""
+        self._tap.syncing = sync
+        with self._sync_context(sync), self._cp_context(x, y) as (x, y):
+            if self.sync == "ddp" and self._tap.counting and self.module.will_sync_module_buffers():
+                self._tap.add("broadcast", sum(b.numel() * b.element_size() for b in self.module.buffers()))
+            with self._autocast():
+                loss_sum, count = self.loss_fn(self.module, x, y)
+            (loss_sum * (self._grad_scale * weight)).backward()
+        if sync and self._tap.ddp_sync_bytes is not None:
+            self._tap.add("all_reduce", self._tap.ddp_sync_bytes)  # DDP's built-in bucket all-reduces just ran
+        return loss_sum, count
+
+    def trainable(self) -> list[nn.Parameter]:
+        """The parameters the optimizer updates."""
+        return self._params
+
+    def named_trainable(self) -> list[tuple[str, nn.Parameter]]:
+        """(pre-wrap name, parameter) of every trainable parameter."""
+        if self._params_named is None:
+            self._params_named = trainable(self.module)
+        return self._params_named
+
+    @property
+    def audit_records(self) -> tuple[Any, ...]:
+        """Every SDCAuditRecord of this session's audited steps (all ranks' findings, on every rank)."""
+        return tuple(self._audit.records) if self._audit is not None else ()
+
+    def _flush_unsynced(self) -> None:
+        if self._last_micro is None:  # pragma: no cover - pending > 0 implies a micro-step ran
+            raise RuntimeError("no micro-batch to synchronize with")
+        x, y = self._last_micro
+        self._micro_step(x, y, sync=True, weight=0.0)
+
+    def _sync_context(self, sync: bool) -> Any:
+        if self.sync == "ddp":
+            return contextlib.nullcontext() if sync else self.module.no_sync()
+        if self.sync in ("fsdp", "hsdp") and self._sync_enabled is not sync:
+            self.module.set_requires_gradient_sync(sync)
+            self._sync_enabled = sync
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _cp_context(self, x: Any, y: Any) -> Any:
+        if self.cp_mesh is None:
+            yield x, y
+            return
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        x, y = x.clone(), y.clone()  # context_parallel shards its buffers in place
+        backends = [SDPBackend.MATH] if self.device.type == "cpu" else [
+            SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+        with sdpa_kernel(backends), context_parallel(
+            self.cp_mesh, buffers=[x, y], buffer_seq_dims=[1, 1], no_restore_buffers={x, y}
+        ):
+            yield x, y
+
+    def _autocast(self) -> Any:
+        if self.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _metering(self) -> Any:
+        return self._meter if self._distributed and self._dispatch_meter else contextlib.nullcontext()
+
+    # ---- commit ---------------------------------------------------------------------------
+    def _commit(self) -> StepReceipt:
+        tp, cp = self.plan.tp, self.plan.cp
+        audit_extra: dict[str, Any] = {}
+        if self._audit is not None:
+            audited = self._audit.is_audited(self._step)
+            try:
+                records, skip = self._audit.check(self._step)
+            except Exception:
+                self._clear_gradients()  # raise policy (or a failed replay): nothing committed, clocks unchanged
+                raise
+            audit_extra = {"audited": audited}
+            if records:
+                audit_extra["sdc_audit"] = [to_dict(r)["data"] for r in records]
+            if skip:
+                tokens = float(self._w_tokens)
+                receipt = self._receipt(skipped=True, loss=float(self._w_loss) / tokens if tokens else math.nan,
+                                        window=True, extra={"reason": "sdc_audit", **audit_extra})
+                self._clear_gradients()
+                return receipt
+        grads = local_grads(self._params)
+        nonfinite_local = 0.0 if bool(torch.isfinite(self._w_loss)) else 1.0
+        # One all-reduce over the world; TP (and, for examples, CP) ranks hold copies, so divide them out.
+        stats = torch.stack([
+            self._w_loss / tp,
+            self._w_examples.to(torch.float64) / (tp * cp),
+            self._w_tokens / tp,
+            torch.tensor(nonfinite_local, dtype=torch.float64),
+            weighted_square_sum(grads, self._world),
+        ]).to(self._comm_device())
+        if self._distributed:
+            dist.all_reduce(stats)
+            self._tap.add("all_reduce", stats.numel() * stats.element_size())
+        loss_sum, examples, tokens, nonfinite, square = (float(v) for v in stats.cpu().tolist())
+        examples_i, tokens_i = int(round(examples)), int(round(tokens))
+        if tokens <= 0:
+            return self._reject("no_counted_targets", examples_i, tokens_i, math.nan, math.nan)
+        loss = loss_sum / tokens
+        norm = math.sqrt(square) / tokens if square >= 0 else math.nan
+        if nonfinite or not (math.isfinite(norm) and math.isfinite(loss)):
+            return self._reject("nonfinite", examples_i, tokens_i, loss, norm)
+        coef = 1.0 / tokens
+        clipped = self.max_grad_norm is not None and norm > self.max_grad_norm
+        if clipped:
+            coef *= self.max_grad_norm / (norm + 1e-6)
+        scale_grads(self._params, coef)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self._step += 1
+        if self._audit is not None:
+            self._audit.prime(self._step)
+        receipt = self._receipt(
+            skipped=False, loss=loss, window=True, examples=examples_i, tokens=tokens_i,
+            extra={"grad_norm": norm, "clipped": bool(clipped), **audit_extra},
+        )
+        self._clear_gradients()
+        return receipt
+
+    def _reject(self, reason: str, examples: int, tokens: int, loss: float, norm: float) -> StepReceipt:
+        receipt = self._receipt(
+            skipped=True, loss=loss, window=True, examples=examples, tokens=tokens,
+            extra={"reason": reason, "grad_norm": norm if math.isfinite(norm) else None},
+        )
+        self._clear_gradients()
+        if self.nonfinite == "raise" or reason != "nonfinite":
+            raise FloatingPointError(
+                f"step {self._step + 1} not committed ({reason}): global loss {loss}, gradient norm {norm}. "
+                "Pending gradients were discarded and parameters, optimizer state and clocks are unchanged; "
+                "fix the data/learning rate, or pass nonfinite='skip' to skip such steps"
+                if reason == "nonfinite" else
+                f"step {self._step + 1} not committed: the loss counted no targets on any rank "
+                f"(global examples {examples}); check the targets/ignore_index"
+            )
+        return receipt
+
+    def _clear_gradients(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._pending = 0
+        self._reset_window()
+
+    # ---- receipts -------------------------------------------------------------------------
+    def _reset_window(self) -> None:
+        zero = lambda: torch.zeros((), dtype=torch.float64)  # noqa: E731
+        self._w_loss, self._w_tokens, self._w_examples = zero(), zero(), zero()
+        self._w_calls_loss, self._w_calls_tokens, self._w_calls_examples = zero(), zero(), zero()
+
+    def _skipped_receipt(self, *, reason: str, window: bool = False) -> StepReceipt:
+        loss_t, tokens_t = (self._w_loss, self._w_tokens) if window else (self._w_calls_loss, self._w_calls_tokens)
+        tokens = float(tokens_t)
+        receipt = self._receipt(
+            skipped=True, loss=float(loss_t) / tokens if tokens else math.nan, window=window,
+            extra={"reason": reason, "pending_accumulation": self._pending},
+        )
+        self._w_calls_loss.zero_(), self._w_calls_tokens.zero_(), self._w_calls_examples.zero_()
+        return receipt
+
+    def _receipt(self, *, skipped: bool, loss: float, window: bool, examples: int | None = None,
+                 tokens: int | None = None, extra: dict[str, Any]) -> StepReceipt:
+        ex_t, tok_t = (self._w_examples, self._w_tokens) if window else (self._w_calls_examples, self._w_calls_tokens)
+        nbytes, counts = self._meter.snapshot()
+        receipt = StepReceipt(
+            step=self._step,
+            loss=float(loss),
+            local_examples=int(round(float(ex_t))),
+            local_tokens=int(round(float(tok_t))),
+            microbatches=self.plan.microbatches,
+            accumulation_steps=self.plan.gradient_accumulation_steps,
+            data_parallel_size=self.plan.data_parallel_size,
+            optimizer=str(self.optimizer_receipt.get("name", type(self.optimizer).__name__)),
+            precision=self.precision,
+            collective_bytes=int(nbytes),
+            skipped=skipped,
+            extra={**extra, "collectives": counts, **self._admission_extra},
+            global_examples_observed=examples,
+            global_tokens_observed=tokens,
+        )
+        if self.ledger is not None:
+            self.ledger.receipt(receipt, rank=dist.get_rank() if dist.is_initialized() else 0)
+        return receipt
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _split(self, inputs: Any, targets: Any) -> list[tuple[Any, Any]]:
+        n = self.plan.microbatches
+        rows = self._rows(inputs)
+        if self._rows(targets) != rows:
+            raise ValueError(f"inputs hold {rows} rows but targets hold {self._rows(targets)}; they must match")
+        if rows < n:
+            raise ValueError(
+                f"a local batch of {rows} rows cannot be split into microbatches={n}; give every rank at "
+                f"least {n} rows or lower plan.microbatches"
+            )
+        if n == 1:
+            return [(inputs, targets)]
+        return list(zip(torch.tensor_split(inputs, n), torch.tensor_split(targets, n)))
+
+    @staticmethod
+    def _rows(value: Any) -> int:
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            raise TypeError(f"inputs and targets must be tensors with a batch dimension, got {type(value).__name__}")
+        return int(value.shape[0])
+
+    def comm_device(self) -> torch.device:
+        """Where small control tensors for collectives live (the device on CUDA, else the CPU)."""
+        return self._comm_device()
+
+    def _comm_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this TorchDistributedSession is closed; prepare a new one")

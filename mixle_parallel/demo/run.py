@@ -1,0 +1,230 @@
+"""``mixle-parallel demo``: the main job, end to end on a local CPU mesh, with no arguments.
+
+1. certify torch_native for dp_shard=2 x tp=2 (4 gloo ranks against the single-process reference);
+2. train a small transformer LM for 50 steps on a built-in synthetic corpus under that certificate,
+   with SDC audit replays on, receipts and a hash-chained ledger written by the logging rank;
+3. certify EM on the mp backend (2 workers, bitwise statistics) and fit a Gaussian mixture with
+   chunk audits under that certificate;
+4. audit the ledger it wrote and print a summary. Everything lands in ./mixle-parallel-run/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from mixle_parallel.contracts import ParallelPlan
+
+TORCH_SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
+TRAIN_PLAN = ParallelPlan(dp_shard=2, tp=2)
+EM_WORKERS = 2
+OUTPUTS = ("certificate-torch_native.json", "certificate-em_mp.json", "ledger.jsonl", "receipts.jsonl",
+           "summary.json", ".store")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mixle-parallel demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="mixle-parallel-run", help="run folder (default ./mixle-parallel-run)")
+    parser.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
+    parser.add_argument("--em-rows", type=int, default=200_000, help="rows of the EM data (default 200000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of data, model and audits (default 0)")
+    return parser
+
+
+def _fresh_run_folder(out: Path) -> None:
+    """Create ``out`` and remove only the files an earlier demo wrote there (a ledger is one run's)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in OUTPUTS:
+        (out / name).unlink(missing_ok=True)
+
+
+def _evidence_table(title: str, report: Any) -> Table:
+    table = Table(title=title)
+    for column in ("update", "max abs err", "max rel err", "deterministic", "collectives", "samples"):
+        table.add_column(column, justify="left" if column == "update" else "right")
+    for e in report.evidence:
+        table.add_row(e.node_id, f"{e.maximum_absolute_error:.2e}", f"{e.maximum_relative_error:.2e}",
+                      "yes" if e.deterministic else "NO", "match" if e.collectives_match else "MISMATCH",
+                      str(e.sample_count))
+    return table
+
+
+def _certify(console: Console, label: str, target: Any, plan: ParallelPlan, precision: str, workload: Any,
+             seed: int, path: Path) -> Any:
+    from mixle_parallel.verification import save_certificate, verify
+
+    with console.status(f"certifying {label} on {plan.describe()} at {precision} (real processes vs reference)"):
+        report = verify(target, plan, precision=precision, workload=workload, trials=1, seed=seed)
+    console.print(_evidence_table(f"evidence: {label}", report))
+    if not report.passed:
+        raise RuntimeError(f"{label} failed verification: {'; '.join(report.failures)}")
+    certificate = report.certify(target)
+    save_certificate(certificate, path)
+    console.print(f"[green]certified[/green] {label}: {certificate.certificate_id[:23]}... -> {path}")
+    return certificate
+
+
+def _train(console: Console, out: Path, steps: int, seed: int) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    from mixle_parallel.demo.train import train_rank
+
+    config = {"plan": {"dp_shard": TRAIN_PLAN.dp_shard, "tp": TRAIN_PLAN.tp}, "steps": steps, "seed": seed,
+              "certificate": str(out / "certificate-torch_native.json"), "ledger": str(out / "ledger.jsonl"),
+              "receipts": str(out / "receipts.jsonl"), "session_options": {"audit_rate": 0.05}}
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    processes = mp.start_processes(train_rank, args=(TRAIN_PLAN.world_size, str(out / ".store"), config, queue),
+                                   nprocs=TRAIN_PLAN.world_size, join=False, start_method="spawn")
+    result: dict[str, Any] = {}
+    try:
+        result = _follow_training(console, queue, processes, steps)
+    finally:
+        for process in processes.processes:  # a failed rank leaves its peers blocked in a collective
+            if process.is_alive():
+                process.terminate()
+    (out / ".store").unlink(missing_ok=True)
+    return result
+
+
+def _follow_training(console: Console, queue: Any, processes: Any, steps: int) -> dict[str, Any]:
+    """Render rank 0's progress messages until it reports completion; raise when a rank fails."""
+    result: dict[str, Any] = {}
+    with Progress(TextColumn("training tiny LM on {task.fields[plan]}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("train", total=steps, plan=TRAIN_PLAN.describe(), loss="-")
+        while not result:
+            try:
+                message = queue.get(timeout=1.0)
+            except Exception:  # noqa: BLE001 - queue.Empty: check the ranks are alive
+                if not all(p.is_alive() for p in processes.processes) and queue.empty():
+                    processes.join()  # raises ProcessRaisedException with the rank's traceback
+                    raise RuntimeError("a training rank exited before finishing") from None
+                continue
+            if message[0] == "step":
+                progress.update(task, completed=message[1], loss=f"{message[2]:.3f}")
+            elif message[0] == "done":
+                result = message[1]
+            else:
+                raise RuntimeError(f"training rank {message[1]} failed: {message[2]}")
+    while not processes.join():
+        pass
+    return result
+
+
+def _em_data(rows: int, seed: int) -> Any:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    means, scales = np.array([-6.0, -1.5, 2.0, 7.0]), np.array([1.0, 0.6, 0.8, 1.5])
+    labels = rng.integers(0, 4, size=rows)
+    return rng.normal(means[labels], scales[labels])
+
+
+def _fit_em(console: Console, out: Path, certificate: Any, rows: int, seed: int) -> dict[str, Any]:
+    from mixle_parallel.executors.estimation import GaussianEstimator, MixtureEstimator, fit
+    from mixle_parallel.verification import Ledger
+
+    data = _em_data(rows, seed)
+    max_its = 40
+    history: list[float] = []
+    ledger = Ledger(out / "ledger.jsonl")
+    with Progress(TextColumn("EM on mp x{task.fields[workers]}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("log-lik {task.fields[ll]}"), TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("em", total=max_its, workers=EM_WORKERS, ll="-")
+
+        def on_step(step: Any) -> None:
+            history.append(float(step.log_likelihood))
+            progress.update(task, completed=len(history), ll=f"{step.log_likelihood:.1f}")
+
+        result = fit(data, MixtureEstimator([GaussianEstimator()] * 4), max_its=max_its, delta=1e-6, seed=seed,
+                     backend="mp", num_workers=EM_WORKERS, on_step=on_step, progress=False, admission=certificate,
+                     audit_rate=0.05, ledger=ledger)
+        progress.update(task, total=len(history), completed=len(history))
+    return {"iterations": result.iterations, "log_likelihood": result.log_likelihood,
+            "audits": len(result.audit_records), "findings": sum(1 for r in result.audit_records if not r.matched),
+            "admission": result.admission, "quarantined": list(result.quarantined)}
+
+
+def run_demo(argv: Sequence[str], console: Console) -> int:
+    """Run the main job; exit 0 when certification, training, EM and the ledger audit all pass."""
+    args = _parser().parse_args(list(argv))
+    console = Console(width=max(console.width, 110)) if not console.is_terminal else console
+    try:
+        return _run(args, console)
+    except (RuntimeError, ValueError) as exc:
+        console.print(f"[red]demo failed:[/red] {exc}")
+        return 1
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    """The four phases and the summary (see the module docstring)."""
+    from mixle_parallel.executors.estimation.verifiable import VerifiableEncodedData
+    from mixle_parallel.demo.train import demo_workload
+    from mixle_parallel.verification import verify_ledger
+
+    out = Path(args.out).resolve()
+    _fresh_run_folder(out)
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+
+    t = time.monotonic()
+    _certify(console, "torch_native", TORCH_SPEC, TRAIN_PLAN, "fp32", demo_workload(2), args.seed,
+             out / "certificate-torch_native.json")
+    timings["certify torch_native"] = time.monotonic() - t
+
+    t = time.monotonic()
+    training = _train(console, out, args.steps, args.seed)
+    timings["train"] = time.monotonic() - t
+
+    t = time.monotonic()
+    em_certificate = _certify(console, "EM on mp", VerifiableEncodedData("mp"), ParallelPlan(dp_replicate=EM_WORKERS),
+                              "fp64", "gaussian_mixture", args.seed, out / "certificate-em_mp.json")
+    timings["certify em_mp"] = time.monotonic() - t
+
+    t = time.monotonic()
+    em = _fit_em(console, out, em_certificate, args.em_rows, args.seed)
+    timings["fit EM"] = time.monotonic() - t
+
+    report = verify_ledger(out / "ledger.jsonl")
+    timings["total"] = time.monotonic() - started
+
+    summary = Table(title=f"mixle-parallel demo: {out}")
+    summary.add_column("phase")
+    summary.add_column("result")
+    summary.add_column("seconds", justify="right")
+    summary.add_row("certify torch_native", f"{TRAIN_PLAN.describe()}, fp32", f"{timings['certify torch_native']:.1f}")
+    summary.add_row("train tiny LM", f"{training['steps']} steps, loss {training['first_loss']:.3f} -> "
+                    f"{training['last_loss']:.3f}, {training['audits']} audits, {training['findings']} findings",
+                    f"{timings['train']:.1f}")
+    summary.add_row("certify EM on mp", f"dp_replicate={EM_WORKERS}, fp64, bitwise", f"{timings['certify em_mp']:.1f}")
+    summary.add_row("fit mixture", f"{em['iterations']} iterations, log-lik {em['log_likelihood']:.1f}, "
+                    f"{em['audits']} audits, {em['findings']} findings", f"{timings['fit EM']:.1f}")
+    verdict = "[green]ok[/green]" if report.ok else f"[red]{len(report.faults)} faults[/red]: {report.faults[0]}"
+    summary.add_row("audit ledger", f"{verdict} ({report.entries} entries, {report.runs} runs, "
+                    f"{report.receipts} receipts, {report.audits} audits)", "")
+    summary.add_row("total", "", f"{timings['total']:.1f}")
+    console.print(summary)
+    (out / "summary.json").write_text(json.dumps({"training": training, "em": em, "timings": timings,
+                                                  "ledger_ok": report.ok}, indent=2, sort_keys=True))
+    return 0 if report.ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point for ``python -m mixle_parallel.demo.run``."""
+    import sys
+
+    return run_demo(sys.argv[1:] if argv is None else argv, Console())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,23 @@
+"""One pytest test per conformance check; collected by the plugin when --mixle-backend is given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mixle_parallel.verification.conformance import suite as conformance
+
+
+@pytest.mark.parametrize("check", [c for c in conformance.CHECKS if c is not conformance.check_harness_admits],
+                         ids=lambda c: c.__name__)
+def test_contract(mixle_conformance: Any, check: Any) -> None:
+    """A contract check that needs no processes."""
+    check(mixle_conformance)
+
+
+def test_harness_admits(mixle_conformance: Any, request: pytest.FixtureRequest) -> None:
+    """The verification harness admits the backend on a small real mesh."""
+    if request.config.getoption("mixle_skip_harness"):
+        pytest.skip("--mixle-skip-harness given")
+    conformance.check_harness_admits(mixle_conformance)

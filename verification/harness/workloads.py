@@ -1,0 +1,279 @@
+"""Built-in verification workloads: an MLP, a tiny transformer LM, a Gaussian mixture.
+
+Each is a small frozen config (so it crosses process boundaries) that builds its torch objects
+lazily. Training workloads also compute the single-process reference: for every step the
+global-batch ``loss``, ``output``, every parameter's gradient ``grad/<name>`` and, after the
+optimizer step, ``param/<name>`` (names are the plain module's ``named_parameters``).
+Users can pass their own workload implementing ``contracts.TrainingWorkload`` (and ``reference``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import attrs
+import numpy as np
+
+from mixle_parallel.contracts import ParallelPlan
+
+from mixle_parallel.verification.harness.worker import to_numpy
+
+TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""Precision name -> torch dtype name used by the workloads."""
+
+
+def torch_dtype(precision: str) -> Any:
+    """The torch dtype of a precision name (fp64, fp32, bf16, fp16)."""
+    import torch
+
+    if precision not in TORCH_DTYPES:
+        raise ValueError(f"workloads run at {sorted(TORCH_DTYPES)}, not {precision!r}")
+    return getattr(torch, TORCH_DTYPES[precision])
+
+
+def data_parallel_index(plan: ParallelPlan, rank: int) -> int:
+    """This rank's position among the data-parallel shards (dp_replicate major, dp_shard minor)."""
+    coord = plan.coordinate(rank)
+    return coord.dp_replicate * plan.dp_shard + coord.dp_shard
+
+
+def shard(tensor: Any, plan: ParallelPlan, rank: int) -> Any:
+    """This rank's contiguous slice of a global batch (dim 0), equal slices in data-parallel order."""
+    size, index = plan.data_parallel_size, data_parallel_index(plan, rank)
+    if tensor.shape[0] % size:
+        raise ValueError(f"global batch {tensor.shape[0]} is not divisible by the data-parallel size {size}")
+    step = tensor.shape[0] // size
+    return tensor[index * step:(index + 1) * step]
+
+
+class _TrainingWorkload:
+    """Shared behaviour: seeded batches, data-parallel shards, SGD, the single-process reference."""
+
+    steps: int
+    lr: float
+    precision: str
+
+    def make_optimizer(self, params: Any) -> Any:
+        """Plain SGD (deterministic, no state), so parameters after k steps are comparable."""
+        import torch
+
+        return torch.optim.SGD(params, lr=self.lr)
+
+    def local_batch(self, step: int, seed: int, plan: ParallelPlan, rank: int) -> tuple[Any, Any]:
+        """This rank's shard of the global batch of ``step``."""
+        inputs, targets = self.global_batch(step, seed)
+        return shard(inputs, plan, rank), shard(targets, plan, rank)
+
+    def global_batch(self, step: int, seed: int) -> tuple[Any, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def build_module(self, seed: int) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def loss(self, output: Any, target: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def reference(self, seed: int, precision: str = "fp32") -> list[dict[str, np.ndarray]]:
+        """Single-process run on the global batches: per step loss, output, grads, params after the step."""
+        import torch
+
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        module = self.build_module(seed).to(torch_dtype(precision))
+        optimizer = self.make_optimizer(module.parameters())
+        out: list[dict[str, np.ndarray]] = []
+        for step in range(self.steps):
+            inputs, targets = self.global_batch(step, seed)
+            inputs = inputs.to(torch_dtype(precision)) if inputs.is_floating_point() else inputs
+            optimizer.zero_grad(set_to_none=True)
+            output = module(inputs)
+            loss = self.loss(output, targets)
+            loss.backward()
+            record = {"loss": to_numpy(loss), "output": to_numpy(output)}
+            record.update({f"grad/{n}": to_numpy(p.grad) for n, p in module.named_parameters()})
+            optimizer.step()
+            record.update({f"param/{n}": to_numpy(p) for n, p in module.named_parameters()})
+            out.append(record)
+        return out
+
+
+@attrs.frozen
+class MLPWorkload(_TrainingWorkload):
+    """Two-layer MLP regression (mean squared error) on seeded Gaussian inputs."""
+
+    name: str = "mlp"
+    in_features: int = 8
+    hidden: int = 16
+    out_features: int = 4
+    batch: int = 16
+    steps: int = 3
+    lr: float = 0.1
+
+    def build_module(self, seed: int) -> Any:
+        """Linear -> tanh -> Linear, initialized from ``seed`` (identical on every rank)."""
+        import torch
+
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(self.in_features, self.hidden), torch.nn.Tanh(),
+                                   torch.nn.Linear(self.hidden, self.out_features))
+
+    def tp_plan(self) -> dict[str, str]:
+        """Tensor-parallel styles by module path: the first layer column-wise, the second row-wise."""
+        return {"0": "colwise", "2": "rowwise"}
+
+    def global_batch(self, step: int, seed: int) -> tuple[Any, Any]:
+        """Seeded inputs and targets for ``step``."""
+        import torch
+
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        x = torch.randn(self.batch, self.in_features, generator=gen)
+        return x, torch.randn(self.batch, self.out_features, generator=gen)
+
+    def loss(self, output: Any, target: Any) -> Any:
+        """Mean squared error (a mean, so averaged shard gradients equal the global gradient)."""
+        import torch
+
+        return torch.nn.functional.mse_loss(output, target.to(output.dtype))
+
+
+@attrs.frozen
+class TinyLMWorkload(_TrainingWorkload):
+    """A one-block causal transformer language model on a seeded synthetic token corpus."""
+
+    name: str = "tiny_lm"
+    vocab: int = 32
+    d_model: int = 16
+    heads: int = 2
+    layers: int = 1
+    seq_len: int = 8
+    batch: int = 8
+    steps: int = 2
+    lr: float = 0.1
+
+    def build_module(self, seed: int) -> Any:
+        """Embedding, ``layers`` pre-norm blocks (attention q/k/v/o, MLP up/down), LM head."""
+        import torch
+
+        torch.manual_seed(seed)
+        return _tiny_lm_class()(self.vocab, self.d_model, self.heads, self.layers, self.seq_len)
+
+    def tp_plan(self) -> dict[str, str]:
+        """Tensor-parallel styles by module path (torchtitan's: q/k/v and w1 column-wise, wo and w2 row-wise)."""
+        return {"layers.*.attention.wq": "colwise", "layers.*.attention.wk": "colwise",
+                "layers.*.attention.wv": "colwise", "layers.*.attention.wo": "rowwise",
+                "layers.*.feed_forward.w1": "colwise", "layers.*.feed_forward.w2": "rowwise"}
+
+    def global_batch(self, step: int, seed: int) -> tuple[Any, Any]:
+        """Next-token prediction on a seeded corpus with a learnable pattern."""
+        import torch
+
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        start = torch.randint(0, self.vocab, (self.batch, 1), generator=gen)
+        stride = torch.randint(1, 4, (self.batch, 1), generator=gen)
+        tokens = (start + stride * torch.arange(self.seq_len + 1)) % self.vocab
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def loss(self, output: Any, target: Any) -> Any:
+        """Token-level mean cross entropy."""
+        import torch
+
+        return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]).float(), target.reshape(-1))
+
+
+@functools.cache
+def _tiny_lm_class() -> type:
+    """The tiny LM module class, defined on first use so this module never imports torch eagerly.
+
+    Parameter names follow torchtitan's: ``tok_embeddings``, ``layers.<i>.attention.{wq,wk,wv,wo}``,
+    ``layers.<i>.feed_forward.{w1,w2}``, ``layers.<i>.{attention_norm,ffn_norm}``, ``norm``, ``output``.
+    """
+    import torch
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self, d_model: int, heads: int) -> None:
+            super().__init__()
+            self.head_dim = d_model // heads  # local head count follows from it under tensor parallelism
+            self.wq, self.wk, self.wv, self.wo = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, _ = x.shape
+            q, k, v = (w(x).view(b, t, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+    class FeedForward(nn.Module):
+        def __init__(self, d_model: int) -> None:
+            super().__init__()
+            self.w1, self.w2 = nn.Linear(d_model, 4 * d_model), nn.Linear(4 * d_model, d_model)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.w2(nn.functional.gelu(self.w1(x)))
+
+    class Block(nn.Module):
+        def __init__(self, d_model: int, heads: int) -> None:
+            super().__init__()
+            self.attention_norm, self.ffn_norm = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+            self.attention, self.feed_forward = Attention(d_model, heads), FeedForward(d_model)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x + self.attention(self.attention_norm(x))
+            return x + self.feed_forward(self.ffn_norm(x))
+
+    class TinyTransformerLM(nn.Module):
+        """Token embedding + learned positions, pre-norm blocks, final norm, LM head."""
+
+        def __init__(self, vocab: int, d_model: int, heads: int, layers: int, seq_len: int) -> None:
+            super().__init__()
+            self.tok_embeddings = nn.Embedding(vocab, d_model)
+            self.pos_embeddings = nn.Parameter(torch.randn(seq_len, d_model) * 0.02)
+            self.layers = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
+            self.norm, self.output = nn.LayerNorm(d_model), nn.Linear(d_model, vocab, bias=False)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            x = self.tok_embeddings(tokens) + self.pos_embeddings[: tokens.shape[1]]
+            for layer in self.layers:
+                x = layer(x)
+            return self.output(self.norm(x))
+
+    return TinyTransformerLM
+
+
+@attrs.frozen
+class GaussianMixtureWorkload:
+    """EM on a seeded 1-D two-component Gaussian mixture, cut into ``num_chunks`` fixed chunks."""
+
+    name: str = "gaussian_mixture"
+    n: int = 800
+    components: int = 2
+    num_chunks: int = 8
+    steps: int = 3
+
+    def data(self, seed: int) -> np.ndarray:
+        """The sample (float64, shape (n,))."""
+        rng = np.random.default_rng(seed)
+        means = np.linspace(-2.0, 2.0, self.components)
+        labels = rng.integers(self.components, size=self.n)
+        return rng.normal(means[labels], 0.8)
+
+    def chunks(self, seed: int) -> list[np.ndarray]:
+        """Chunk boundaries depend only on ``num_chunks``, never on the worker count."""
+        return np.array_split(self.data(seed), self.num_chunks)
+
+    def initial_model(self, seed: int) -> dict[str, np.ndarray]:
+        """Equal weights, spread means, unit variances."""
+        return {"weights": np.full(self.components, 1.0 / self.components),
+                "means": np.linspace(-1.0, 1.0, self.components), "variances": np.ones(self.components)}
+
+
+BUILTIN_WORKLOADS = {"mlp": MLPWorkload, "tiny_lm": TinyLMWorkload, "gaussian_mixture": GaussianMixtureWorkload}
+"""Workload names accepted by ``verify(workload=...)``."""
+
+
+def resolve_workload(workload: Any) -> Any:
+    """A workload object from a built-in name or an object (returned as is)."""
+    if isinstance(workload, str):
+        if workload not in BUILTIN_WORKLOADS:
+            raise ValueError(f"unknown workload {workload!r}; built-in: {sorted(BUILTIN_WORKLOADS)}, or pass an object")
+        return BUILTIN_WORKLOADS[workload]()
+    return workload

@@ -1,0 +1,219 @@
+"""Verify a ledger: hash chain, sequence, step monotonicity, certificate links; name the first bad entry.
+
+``main_audit(argv)`` is the ``mixle-parallel audit LEDGER`` command; it exits 0 only for a
+ledger with no fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from mixle_parallel.contracts import AdmissionCertificate, ContractError, SDCAuditRecord, StepReceipt, from_dict
+
+from mixle_parallel.verification.keys import KEY_ENV, load_key
+from mixle_parallel.verification.ledger.chain import ENTRY_KINDS, GENESIS, UNVERIFIED, LedgerEntry, entry_hash, read_ledger
+
+
+@attrs.frozen
+class LedgerFault:
+    """One problem, located by 1-based line number and the entry's sequence number when known."""
+
+    line: int
+    seq: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" + (f" (seq {self.seq})" if self.seq is not None else "")
+        return f"{where}: {self.message}"
+
+
+@attrs.frozen
+class LedgerReport:
+    """The verdict on one ledger: entry counts, faults (first bad entry first), runs, warnings."""
+
+    path: str
+    entries: int
+    runs: int
+    receipts: int
+    audits: int
+    keyed: bool
+    faults: tuple[LedgerFault, ...]
+    warnings: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when no fault was found."""
+        return not self.faults
+
+    @property
+    def first_bad(self) -> LedgerFault | None:
+        """The first bad entry, by position in the file."""
+        return self.faults[0] if self.faults else None
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        head = (f"{self.path}: {self.entries} entries, {self.runs} run(s), {self.receipts} receipts, "
+                f"{self.audits} audit records, {'HMAC-keyed' if self.keyed else 'sha256 chain'}")
+        if self.ok:
+            return head + "\nOK: chain, sequence, steps and certificate links verified"
+        lines = [head, f"FAULT: first bad entry at {self.first_bad}"]
+        lines += [f"  also: {fault}" for fault in self.faults[1:20]]
+        if len(self.faults) > 20:
+            lines.append(f"  ... {len(self.faults) - 20} more")
+        return "\n".join(lines)
+
+
+class _Run:
+    def __init__(self, certificate: str) -> None:
+        self.certificate = certificate
+        self.ended = False
+        self.last_step: dict[int, int] = {}
+        self.last_committed: dict[int, int] = {}
+
+
+def _check_payload(entry: LedgerEntry, run: _Run, fault: Any) -> None:
+    payload = entry.payload
+    if entry.kind == "receipt":
+        try:
+            receipt = from_dict(payload["receipt"].to_dict(), StepReceipt)
+        except (KeyError, AttributeError, ContractError) as exc:
+            fault(f"receipt payload is not a StepReceipt document: {exc}")
+            return
+        rank = payload.get("rank", 0)
+        if payload.get("step") != receipt.step:
+            fault(f"payload step {payload.get('step')} differs from the receipt's step {receipt.step}")
+        linked = receipt.extra.get("certificate")
+        if linked is not None and linked != run.certificate:
+            fault(f"receipt says certificate {linked!r}, the run's is {run.certificate!r}")
+        mode = receipt.extra.get("admission")
+        if mode == UNVERIFIED and run.certificate != UNVERIFIED:
+            fault(f"receipt says the run is unverified, but it started under certificate {run.certificate}")
+        if mode == "certified" and run.certificate == UNVERIFIED:
+            fault("receipt says certified, but the run started unverified")
+        previous = run.last_step.get(rank)
+        if previous is not None and receipt.step < previous:
+            fault(f"rank {rank} step went backwards: {receipt.step} after {previous}")
+        if not receipt.skipped:
+            committed = run.last_committed.get(rank)
+            if committed is not None and receipt.step <= committed:
+                fault(f"rank {rank} committed step {receipt.step} twice or out of order (last {committed})")
+            run.last_committed[rank] = receipt.step
+        run.last_step[rank] = max(receipt.step, previous if previous is not None else receipt.step)
+    elif entry.kind == "audit":
+        try:
+            from_dict(payload["record"].to_dict(), SDCAuditRecord)
+        except (KeyError, AttributeError, ContractError) as exc:
+            fault(f"audit payload is not an SDCAuditRecord document: {exc}")
+
+
+def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None,
+                  require_end: bool = True) -> LedgerReport:
+    """Check every entry of the ledger at ``path``; see ``LedgerReport``."""
+    found = read_ledger(path)
+    faults: list[LedgerFault] = []
+    warnings: list[str] = []
+    faults += [LedgerFault(number, None, text) for number, text in found.problems]
+    counts = {"run_start": 0, "receipt": 0, "audit": 0}
+    run: _Run | None = None
+    prev_hash = GENESIS
+    keyed = any(e.hash.startswith("hmac-sha256:") for e in found.entries)
+    for index, entry in enumerate(found.entries):
+        line = found.line_numbers[index]
+
+        def fault(message: str, _line: int = line, _seq: int = entry.seq) -> None:
+            faults.append(LedgerFault(_line, _seq, message))
+
+        if entry.seq != index:
+            fault(f"sequence number {entry.seq} where {index} was expected (an entry was deleted, inserted or reordered)")
+        if entry.prev != prev_hash:
+            fault("chain broken: prev does not match the previous entry's hash "
+                  "(an entry before it was deleted, reordered or edited)")
+        if entry.hash.startswith("hmac-sha256:"):
+            if key is None:
+                fault("entry is HMAC-keyed but no key was given; pass --key-file or set "
+                      f"{KEY_ENV['ledger'][0]} / {KEY_ENV['ledger'][1]}")
+            elif entry_hash(entry.body(), key) != entry.hash:
+                fault("contents do not match the entry's HMAC (edited after it was written, or the wrong key)")
+        elif key is not None:
+            fault("entry is not HMAC-keyed although a key was given (an unkeyed entry in a keyed ledger)")
+        elif entry_hash(entry.body()) != entry.hash:
+            fault("contents do not match the entry's hash (edited after it was written)")
+        prev_hash = entry.hash
+        if entry.kind not in ENTRY_KINDS:
+            fault(f"unknown entry kind {entry.kind!r}")
+            continue
+        if entry.kind in counts:
+            counts[entry.kind] += 1
+        if entry.kind == "run_start":
+            if run is not None and not run.ended:
+                warnings.append(f"line {line}: a run started while the previous one had no run_end (resumed after a crash?)")
+            run = _Run(entry.certificate)
+            document = entry.payload.get("certificate_document")
+            if entry.certificate != UNVERIFIED and not entry.certificate.startswith("sha256:"):
+                fault(f"run_start certificate {entry.certificate!r} is neither a certificate id nor 'unverified'")
+            if document is not None:
+                try:
+                    cert = from_dict(document.to_dict(), AdmissionCertificate)
+                    if cert.certificate_id != entry.certificate:
+                        fault(f"the embedded certificate's id {cert.certificate_id} differs from the run's link")
+                except ContractError as exc:
+                    fault(f"embedded certificate is not an AdmissionCertificate document: {exc}")
+            continue
+        if run is None:
+            fault(f"{entry.kind} entry before any run_start")
+            continue
+        if run.ended:
+            fault(f"{entry.kind} entry after run_end")
+        if entry.certificate != run.certificate:
+            fault(f"certificate link {entry.certificate!r} differs from the run_start's {run.certificate!r}")
+        _check_payload(entry, run, fault)
+        if entry.kind == "run_end":
+            run.ended = True
+    if found.torn:
+        faults.append(LedgerFault(found.torn_line or 1, None, found.torn))
+    if not found.entries and not found.problems and not found.torn:
+        faults.append(LedgerFault(1, None, "the ledger is empty"))
+    elif require_end and run is not None and not run.ended:
+        last = found.entries[-1]
+        faults.append(LedgerFault(found.line_numbers[-1] + 1, None,
+                                  f"ledger ends after seq {last.seq} without run_end (truncated, or the run "
+                                  "is still going: pass --allow-open)"))
+    faults.sort(key=lambda f: f.line)
+    return LedgerReport(str(path), len(found.entries), counts["run_start"], counts["receipt"],
+                        counts["audit"], keyed, tuple(faults), tuple(warnings))
+
+
+def main_audit(argv: Sequence[str] | None = None) -> int:
+    """``mixle-parallel audit LEDGER``: verify a ledger, print the verdict, exit 1 on any fault."""
+    parser = argparse.ArgumentParser(prog="mixle-parallel audit", description=main_audit.__doc__)
+    parser.add_argument("ledger", help="path to a ledger .jsonl file")
+    parser.add_argument("--key-file", default=None,
+                        help=f"HMAC key file (else {KEY_ENV['ledger'][0]} or {KEY_ENV['ledger'][1]})")
+    parser.add_argument("--allow-open", action="store_true", help="accept a last run without run_end")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if not os.path.isfile(args.ledger):
+        print(f"mixle-parallel audit: no ledger file at {args.ledger!r}", file=sys.stderr)
+        return 2
+    try:
+        key = load_key(key_file=args.key_file, purpose="ledger")
+    except (OSError, ValueError) as exc:
+        print(f"mixle-parallel audit: {exc}", file=sys.stderr)
+        return 2
+    report = verify_ledger(args.ledger, key=key, require_end=not args.allow_open)
+    if args.json:
+        data = attrs.asdict(report)
+        data["ok"] = report.ok
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(report.summary())
+        for warning in report.warnings:
+            print(f"warning: {warning}")
+    return 0 if report.ok else 1

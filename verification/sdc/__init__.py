@@ -1,0 +1,23 @@
+"""Silent-data-corruption audits: replay sampled steps (or EM chunks) and compare digests.
+
+``schedule`` picks the audited steps, ``digest`` hashes what is compared, ``inject`` flips bits on
+purpose to prove detection, ``training`` audits training steps, ``em`` audits EM chunk statistics.
+The ``digest`` function is not re-exported here, so ``sdc.digest`` stays the module.
+"""
+
+from mixle_parallel.verification.sdc.em import ChunkAudit, EMAuditor, audited_fold
+from mixle_parallel.verification.sdc.inject import BitFlip, FaultInjector, flip_bit
+from mixle_parallel.verification.sdc.schedule import (
+    AUDIT_POLICIES,
+    DEFAULT_AUDIT_RATE,
+    AuditSchedule,
+    SDCDetectedError,
+    audit_uniform,
+)
+from mixle_parallel.verification.sdc.training import AuditVerdict, TrainingAuditor
+
+__all__ = [
+    "AUDIT_POLICIES", "AuditSchedule", "AuditVerdict", "BitFlip", "ChunkAudit", "DEFAULT_AUDIT_RATE",
+    "EMAuditor", "FaultInjector", "SDCDetectedError", "TrainingAuditor", "audit_uniform", "audited_fold",
+    "flip_bit",
+]

@@ -1,0 +1,220 @@
+"""SDC audit for EM: an audited chunk is recomputed by another worker, a third witnesses a mismatch.
+
+EM sufficient statistics are additive and deterministic per chunk, so a chunk's statistics
+computed on any healthy worker have the same bits. ``EMAuditor.audit_chunk`` recomputes a
+chunk on the next healthy worker; on a mismatch a third worker's recomputation decides which
+one is faulty (majority of three digests), that worker is quarantined, and the majority value is
+used. ``audited_fold`` is the reference driver an EM handle can call per iteration: it assigns
+chunks to healthy workers, audits the sampled ones, recomputes every chunk of a quarantined
+worker, and combines in chunk order so the fit ends on the same bits as a clean run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from mixle_parallel.contracts import SDCAuditRecord
+
+from mixle_parallel.verification.sdc.digest import digest
+from mixle_parallel.verification.sdc.schedule import DEFAULT_AUDIT_RATE, SDCDetectedError, audit_uniform
+
+EM_POLICIES = ("quarantine", "raise", "warn")
+"""What an EM audit does on a mismatch: quarantine the faulty worker, raise, or only record."""
+
+_log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class ChunkAudit:
+    """The outcome of auditing one chunk: records, the statistic to use, the worker quarantined."""
+
+    iteration: int
+    chunk: int
+    records: tuple[SDCAuditRecord, ...]
+    statistic: Any = attrs.field(eq=False)
+    quarantined: int | None = None
+
+    @property
+    def matched(self) -> bool:
+        """True when the first replay agreed with the primary."""
+        return self.records[0].matched
+
+
+class EMAuditor:
+    """Chooses audited chunks (seeded), runs peer/witness replays, and tracks quarantined workers."""
+
+    def __init__(self, *, rate: float = DEFAULT_AUDIT_RATE, seed: int = 0, policy: str = "quarantine",
+                 ledger: Any = None, digest: Callable[[Any], str] = digest) -> None:
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"EM audit rate={rate} must be within [0, 1]")
+        if policy not in EM_POLICIES:
+            raise ValueError(f"EM audit policy {policy!r}; allowed: {list(EM_POLICIES)}")
+        self.rate, self.seed, self.policy, self.ledger = rate, seed, policy, ledger
+        self.digest = digest
+        """The checksum compared (default ``sdc_digest.digest``; EM handles pass ``statistic_digest``)."""
+        self.quarantined: set[int] = set()
+        self.records: list[SDCAuditRecord] = []
+
+    def audited_chunks(self, iteration: int, num_chunks: int) -> tuple[int, ...]:
+        """Chunks audited in ``iteration``: a seeded ``rate`` fraction, and one chunk of iteration 0 always."""
+        chosen = {c for c in range(num_chunks) if audit_uniform(self.seed, iteration * 1_000_003 + c, "em") < self.rate}
+        if iteration == 0 and num_chunks:
+            chosen.add(int(audit_uniform(self.seed, 0, "em-first") * num_chunks))
+        return tuple(sorted(chosen))
+
+    def healthy(self, workers: Sequence[int]) -> list[int]:
+        """``workers`` without the quarantined ones."""
+        return [w for w in workers if w not in self.quarantined]
+
+    def _others(self, workers: Sequence[int], exclude: set[int], start: int) -> list[int]:
+        healthy = self.healthy(workers)
+        if not healthy:
+            return []
+        begin = healthy.index(start) if start in healthy else 0
+        ring = healthy[begin:] + healthy[:begin]
+        return [w for w in ring if w not in exclude]
+
+    def _record(self, iteration: int, chunk: int, rank: int, replay: str, auditor: int, expected: str,
+                observed: str, action: str, attributed: int | None, injected: bool) -> SDCAuditRecord:
+        matched = expected == observed
+        return SDCAuditRecord(
+            family="em", step=iteration, rank=rank, unit=f"chunk:{chunk}", replay=replay,
+            expected_digest=expected, observed_digest=observed, matched=matched,
+            action="none" if matched else action, auditor_rank=auditor,
+            attributed_rank=None if matched else attributed, injected=injected,
+        )
+
+    def audit_chunk(
+        self,
+        *,
+        iteration: int,
+        chunk: int,
+        primary: int,
+        statistic: Any,
+        recompute: Callable[[int], Any],
+        workers: Sequence[int],
+        injected: bool = False,
+    ) -> ChunkAudit:
+        """Recompute ``chunk`` on another worker with ``recompute(worker)``; witness and attribute on mismatch."""
+        peers = self._others(workers, {primary}, primary)
+        if not peers:
+            raise ValueError(f"cannot audit chunk {chunk}: no healthy worker other than {primary} in {list(workers)}")
+        auditor = peers[0]
+        primary_digest = self.digest(statistic)
+        replayed = recompute(auditor)
+        replay_digest = self.digest(replayed)
+        if replay_digest == primary_digest:
+            record = self._record(iteration, chunk, primary, "peer", auditor, replay_digest, primary_digest,
+                                  "none", None, injected)
+            return self._finish(ChunkAudit(iteration, chunk, (record,), statistic))
+        witnesses = [w for w in peers[1:]]
+        action = {"quarantine": "quarantine", "raise": "raise", "warn": "warn"}[self.policy]
+        if not witnesses:
+            record = self._record(iteration, chunk, primary, "peer", auditor, replay_digest, primary_digest,
+                                  "raise", None, injected)
+            self._finish(ChunkAudit(iteration, chunk, (record,), statistic), enforce=False)
+            raise SDCDetectedError([record])
+        witness = witnesses[0]
+        witnessed = recompute(witness)
+        witness_digest = self.digest(witnessed)
+        if witness_digest == replay_digest:
+            faulty, value = primary, replayed
+        elif witness_digest == primary_digest:
+            faulty, value = auditor, statistic
+        else:
+            faulty, value, action = None, statistic, "raise"
+        peer_record = self._record(iteration, chunk, primary, "peer", auditor, replay_digest, primary_digest,
+                                   action, faulty, injected)
+        witness_record = self._record(iteration, chunk, primary, "witness", witness, witness_digest,
+                                      primary_digest, action, faulty, injected)
+        quarantined = faulty if action == "quarantine" else None
+        if quarantined is not None:
+            self.quarantined.add(quarantined)
+        return self._finish(ChunkAudit(iteration, chunk, (peer_record, witness_record), value, quarantined))
+
+    def audit_same_worker(self, *, iteration: int, chunk: int, worker: int, statistic: Any, replayed: Any,
+                          injected: bool = False) -> ChunkAudit:
+        """Compare a chunk with its replay on the same worker (runners that cannot place work on a peer).
+
+        A mismatch cannot be attributed between two runs on one worker: it is recorded against
+        ``worker`` and, unless the policy is ``warn``, raises ``SDCDetectedError``.
+        """
+        expected, observed = self.digest(replayed), self.digest(statistic)
+        action = "warn" if self.policy == "warn" else "raise"
+        record = self._record(iteration, chunk, worker, "same_rank", worker, expected, observed, action, worker, injected)
+        return self._finish(ChunkAudit(iteration, chunk, (record,), statistic))
+
+    def _finish(self, outcome: ChunkAudit, *, enforce: bool = True) -> ChunkAudit:
+        self.records.extend(outcome.records)
+        if self.ledger is not None:
+            for record in outcome.records:
+                self.ledger.audit(record)
+        bad = [r for r in outcome.records if not r.matched]
+        if bad:
+            _log.warning("EM audit mismatch on chunk %d, iteration %d: attributed to worker %s, action %s",
+                         outcome.chunk, outcome.iteration, bad[0].attributed_rank, bad[0].action)
+            if enforce and (self.policy == "raise" or bad[0].action == "raise"):
+                raise SDCDetectedError(outcome.records)
+        return outcome
+
+
+def audited_fold(
+    num_chunks: int,
+    *,
+    workers: Sequence[int],
+    compute: Callable[[int, int], Any],
+    combine: Callable[[Any, Any], Any],
+    iteration: int,
+    auditor: EMAuditor | None = None,
+    injector: Any = None,
+) -> tuple[Any, tuple[ChunkAudit, ...]]:
+    """One EM iteration's statistics: ``compute(worker, chunk)`` per chunk, audited, combined in chunk order.
+
+    ``injector`` (a ``FaultInjector``) strikes the primary computation only, with names
+    ``chunk:<c>/<key>`` for mapping statistics (``chunk:<c>`` otherwise) and step = ``iteration``.
+    """
+    if num_chunks < 1:
+        raise ValueError("audited_fold needs at least one chunk")
+    healthy = auditor.healthy(workers) if auditor else list(workers)
+    if not healthy:
+        raise RuntimeError(f"every worker of {list(workers)} is quarantined; nothing can compute")
+    owner = {c: healthy[c % len(healthy)] for c in range(num_chunks)}
+    results: dict[int, Any] = {}
+    struck: set[int] = set()
+    for chunk in range(num_chunks):
+        value = compute(owner[chunk], chunk)
+        if injector is not None:
+            if isinstance(value, dict):
+                hit = any(injector.apply("statistic", f"chunk:{chunk}/{k}", value[k], rank=owner[chunk], step=iteration)
+                          for k in sorted(value))
+            else:
+                hit = injector.apply("statistic", f"chunk:{chunk}", value, rank=owner[chunk], step=iteration)
+            if hit:
+                struck.add(chunk)
+        results[chunk] = value
+    outcomes: list[ChunkAudit] = []
+    if auditor is not None:
+        for chunk in auditor.audited_chunks(iteration, num_chunks):
+            outcome = auditor.audit_chunk(
+                iteration=iteration, chunk=chunk, primary=owner[chunk], statistic=results[chunk],
+                recompute=lambda worker, c=chunk: compute(worker, c), workers=workers, injected=chunk in struck,
+            )
+            results[chunk] = outcome.statistic
+            outcomes.append(outcome)
+            if outcome.quarantined is not None:
+                survivors = auditor.healthy(workers)
+                if not survivors:
+                    raise RuntimeError("every worker is quarantined; cannot recompute")
+                for other, worker in owner.items():
+                    if worker == outcome.quarantined and other != chunk:
+                        replacement = survivors[other % len(survivors)]
+                        results[other] = compute(replacement, other)
+                        owner[other] = replacement
+    total = results[0]
+    for chunk in range(1, num_chunks):
+        total = combine(total, results[chunk])
+    return total, tuple(outcomes)

@@ -1,0 +1,59 @@
+"""Which steps (or EM passes) an SDC audit replays, and the error raised when one disagrees.
+
+Shared by the training audit (``sdc.training``) and the EM audit (``sdc.em``): the sampling is a
+seeded hash of (seed, step), so every rank and every backend picks the same steps without talking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import attrs
+
+from mixle_parallel.contracts import SDCAuditRecord
+
+AUDIT_POLICIES = ("warn", "raise", "skip_step")
+"""What a training audit does on a mismatch."""
+
+DEFAULT_AUDIT_RATE = 0.05
+"""Default fraction of steps audited (plus the run's first step, so every run audits one)."""
+
+class SDCDetectedError(RuntimeError):
+    """An audit found a corrupted result and the policy is ``raise``; ``records`` says where."""
+
+    def __init__(self, records: Sequence[SDCAuditRecord]) -> None:
+        self.records = tuple(records)
+        bad = [r for r in self.records if not r.matched]
+        where = ", ".join(f"{r.unit} at step {r.step} on rank {r.attributed_rank}" for r in bad)
+        super().__init__(
+            f"silent data corruption detected: {where}; the update was kept out of the optimizer. "
+            "Quarantine the rank's device and resume from the last checkpoint"
+        )
+
+
+def audit_uniform(seed: int, step: int, salt: str = "train") -> float:
+    """A deterministic number in [0, 1) for (seed, step): every rank computes the same one."""
+    raw = hashlib.sha256(f"mixle-parallel-audit:{salt}:{seed}:{step}".encode()).digest()
+    return int.from_bytes(raw[:8], "big") / 2.0**64
+
+
+@attrs.frozen
+class AuditSchedule:
+    """Which steps are audited: a seeded ``rate`` fraction, plus ``first_step`` (at least one per run)."""
+
+    rate: float = attrs.field(default=DEFAULT_AUDIT_RATE)
+    seed: int = 0
+    first_step: int | None = 0
+
+    def __attrs_post_init__(self) -> None:
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"AuditSchedule.rate={self.rate} must be within [0, 1]")
+
+    def is_audited(self, step: int) -> bool:
+        """True when ``step`` is audited (identical on every rank that shares the seed)."""
+        return step == self.first_step or audit_uniform(self.seed, step) < self.rate
+
+    def audited_steps(self, start: int, stop: int) -> tuple[int, ...]:
+        """The audited steps in ``range(start, stop)``."""
+        return tuple(s for s in range(start, stop) if self.is_audited(s))
