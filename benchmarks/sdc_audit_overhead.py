@@ -13,20 +13,17 @@ ones) and their ratio (target <= 1.08).
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-
 from train_step_overhead import LM, add_step_arguments
 
+from mixle_parallel.verification.harness.mesh import run_world
 
-def worker(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+
+def worker(rank: int, world_size: int, args: argparse.Namespace) -> list[tuple]:
+    """One rank of the 2-rank gloo world (started by the project's one spawner); its rows of the table."""
     from mixle_parallel.contracts import ParallelPlan
     from mixle_parallel.executors import get_training_backend
 
@@ -59,9 +56,7 @@ def worker(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
         rows.append((kind, args.steps, audit.audited_steps, plain * 1e3, audited * 1e3, audited / plain))
         for s in sessions.values():
             s.close()
-    if rank == 0:
-        torch.save(rows, out)
-    dist.destroy_process_group()
+    return rows
 
 
 def main() -> None:
@@ -70,10 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 100:
         parser.error("--steps must be >= 100 so a 5% audit rate audits a handful of steps")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rows.pt")
-        mp.start_processes(worker, args=(args, os.path.join(tmp, "store"), out), nprocs=2, start_method="spawn")
-        rows = torch.load(out)
+    rows = run_world(worker, 2, args, timeout=3600.0)[0]
     print(f"world 2 (gloo, CPU), dim={args.dim} depth={args.depth} vocab={args.vocab} "
           f"batch={args.batch}x{args.seq} per rank, default audit rate (0.05 + first step)")
     print(f"{'transform':<10}{'steps':>7}{'audited':>9}{'plain ms':>10}{'audited ms':>12}{'ratio':>8}")

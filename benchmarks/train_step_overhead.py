@@ -13,16 +13,15 @@ by benchmarks/sdc_audit_overhead.py.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
+
+from mixle_parallel.verification.harness.mesh import run_world
 
 
 class Block(nn.Module):
@@ -61,9 +60,8 @@ def hand_written(kind: str, model: nn.Module, mesh) -> tuple[nn.Module, torch.op
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def worker(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+def worker(rank: int, world_size: int, args: argparse.Namespace) -> list[tuple]:
+    """One rank of the 2-rank gloo world (started by the project's one spawner); its rows of the table."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from mixle_parallel.contracts import ParallelPlan
@@ -84,14 +82,14 @@ def worker(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=(name,))
         model, opt = hand_written(kind, LM(args.vocab, args.dim, args.depth), mesh)
 
-        def hand_step() -> None:
+        def hand_step(model: nn.Module = model, opt: torch.optim.Optimizer = opt) -> None:
             loss = F.cross_entropy(model(x).reshape(-1, args.vocab), y.reshape(-1), ignore_index=-100)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
 
-        def session_step() -> None:
-            session.train_batch(x, y)
+        def session_step(session: object = session) -> None:
+            session.train_batch(x, y)  # type: ignore[attr-defined]
 
         times = {"hand": [], "session": []}
         for _ in range(args.warmup):
@@ -108,9 +106,7 @@ def worker(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
         hand, sess = statistics.median(times["hand"]), statistics.median(times["session"])
         rows.append((kind, len(times["hand"]), hand * 1e3, sess * 1e3, sess / hand))
         session.close()
-    if rank == 0:
-        torch.save(rows, out)
-    dist.destroy_process_group()
+    return rows
 
 
 def add_step_arguments(parser: argparse.ArgumentParser, *, steps: int) -> None:
@@ -131,10 +127,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 30:
         parser.error("--steps must be >= 30 so the median is meaningful")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rows.pt")
-        mp.start_processes(worker, args=(args, os.path.join(tmp, "store"), out), nprocs=2, start_method="spawn")
-        rows = torch.load(out)
+    rows = run_world(worker, 2, args, timeout=3600.0)[0]
     print(f"world 2 (gloo, CPU), dim={args.dim} depth={args.depth} vocab={args.vocab} "
           f"batch={args.batch}x{args.seq} per rank, {args.warmup} warm-up steps, "
           f"SDC audit {'on (default rate)' if args.audit else 'off'}")

@@ -26,6 +26,8 @@ from mixle_parallel.contracts import ParallelPlan
 TORCH_SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
 TRAIN_PLAN = ParallelPlan(dp_shard=2, tp=2)
 EM_WORKERS = 2
+TRAIN_TIMEOUT_S = 900.0
+"""The training phase as a whole (start, rendezvous, every step) on a loaded 2-core machine."""
 OUTPUTS = ("certificate-torch_native.json", "certificate-em_mp.json", "ledger.jsonl", "receipts.jsonl",
            "summary.json", ".store")
 
@@ -74,51 +76,22 @@ def _certify(console: Console, label: str, target: Any, plan: ParallelPlan, prec
 
 
 def _train(console: Console, out: Path, steps: int, seed: int) -> dict[str, Any]:
-    import torch.multiprocessing as mp
-
     from mixle_parallel.demo.train import train_rank
+    from mixle_parallel.verification.harness.mesh import run_world
 
     config = {"plan": {"dp_shard": TRAIN_PLAN.dp_shard, "tp": TRAIN_PLAN.tp}, "steps": steps, "seed": seed,
               "certificate": str(out / "certificate-torch_native.json"), "ledger": str(out / "ledger.jsonl"),
               "receipts": str(out / "receipts.jsonl"), "session_options": {"audit_rate": 0.05}}
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    processes = mp.start_processes(train_rank, args=(TRAIN_PLAN.world_size, str(out / ".store"), config, queue),
-                                   nprocs=TRAIN_PLAN.world_size, join=False, start_method="spawn")
-    result: dict[str, Any] = {}
-    try:
-        result = _follow_training(console, queue, processes, steps)
-    finally:
-        for process in processes.processes:  # a failed rank leaves its peers blocked in a collective
-            if process.is_alive():
-                process.terminate()
-    (out / ".store").unlink(missing_ok=True)
-    return result
-
-
-def _follow_training(console: Console, queue: Any, processes: Any, steps: int) -> dict[str, Any]:
-    """Render rank 0's progress messages until it reports completion; raise when a rank fails."""
-    result: dict[str, Any] = {}
     with Progress(TextColumn("training tiny LM on {task.fields[plan]}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("train", total=steps, plan=TRAIN_PLAN.describe(), loss="-")
-        while not result:
-            try:
-                message = queue.get(timeout=1.0)
-            except Exception:  # noqa: BLE001 - queue.Empty: check the ranks are alive
-                if not all(p.is_alive() for p in processes.processes) and queue.empty():
-                    processes.join()  # raises ProcessRaisedException with the rank's traceback
-                    raise RuntimeError("a training rank exited before finishing") from None
-                continue
-            if message[0] == "step":
-                progress.update(task, completed=message[1], loss=f"{message[2]:.3f}")
-            elif message[0] == "done":
-                result = message[1]
-            else:
-                raise RuntimeError(f"training rank {message[1]} failed: {message[2]}")
-    while not processes.join():
-        pass
-    return result
+
+        def on_step(rank: int, message: tuple[int, float]) -> None:
+            progress.update(task, completed=message[0], loss=f"{message[1]:.3f}")
+
+        ranks = run_world(train_rank, TRAIN_PLAN.world_size, config, timeout=TRAIN_TIMEOUT_S,
+                          group_timeout_s=300.0, on_message=on_step)
+    return ranks[0]
 
 
 def _em_data(rows: int, seed: int) -> Any:
@@ -168,8 +141,8 @@ def run_demo(argv: Sequence[str], console: Console) -> int:
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     """The four phases and the summary (see the module docstring)."""
-    from mixle_parallel.executors.estimation.verifiable import VerifiableEncodedData
     from mixle_parallel.demo.train import demo_workload
+    from mixle_parallel.executors.estimation.verifiable import VerifiableEncodedData
     from mixle_parallel.verification import verify_ledger
 
     out = Path(args.out).resolve()

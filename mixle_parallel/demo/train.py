@@ -1,13 +1,12 @@
 """One rank of the demo's training phase: a tiny transformer LM under a certificate, with SDC audit.
 
-Spawned by ``mixle_parallel.demo.run`` (torch imported here, inside the rank, never by the facade).
+Run in every rank of the world ``mixle_parallel.demo.run`` starts with the one spawner
+(``verification.harness.mesh.run_world``); torch is imported inside the rank, never by the facade.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,49 +21,42 @@ def demo_workload(steps: int) -> Any:
     return TinyLMWorkload(steps=steps, lr=0.05, **DEMO_MODEL)
 
 
-def train_rank(rank: int, world_size: int, store_path: str, config: dict[str, Any], queue: Any) -> None:
-    """Train ``config['steps']`` steps; rank 0 reports progress on ``queue`` and writes receipts and the ledger."""
-    import torch
-    import torch.distributed as dist
-
+def train_rank(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any] | None:
+    """Train ``config['steps']`` steps in a started process world; rank 0 reports progress, writes the
+    receipts and the ledger, and returns the summary (the other ranks return None)."""
     from mixle_parallel import ParallelPlan, load_certificate, to_dict
     from mixle_parallel.executors import get_training_backend
     from mixle_parallel.verification import Ledger
+    from mixle_parallel.verification.harness.mesh import report
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank,
-                            world_size=world_size, timeout=timedelta(minutes=5))
+    plan = ParallelPlan.from_mapping(config["plan"])
+    workload = demo_workload(config["steps"])
+    certificate = load_certificate(config["certificate"])
+    ledger = Ledger(config["ledger"]) if rank == 0 else None
+    session = get_training_backend("torch_native").prepare(
+        workload.build_module(config["seed"]), plan=plan, optimizer="adamw", lr=3e-3,
+        tp_plan=workload.tp_plan(), seed=config["seed"], admission=certificate,
+        **config.get("session_options", {}), **({"ledger": ledger} if ledger is not None else {}),
+    )
+    receipts = Path(config["receipts"]).open("a", encoding="utf-8") if rank == 0 else None
+    losses: list[float] = []
+    audits = findings = 0
     try:
-        plan = ParallelPlan.from_mapping(config["plan"])
-        workload = demo_workload(config["steps"])
-        certificate = load_certificate(config["certificate"])
-        ledger = Ledger(config["ledger"]) if rank == 0 else None
-        session = get_training_backend("torch_native").prepare(
-            workload.build_module(config["seed"]), plan=plan, optimizer="adamw", lr=3e-3,
-            tp_plan=workload.tp_plan(), seed=config["seed"], admission=certificate,
-            **config.get("session_options", {}), **({"ledger": ledger} if ledger is not None else {}),
-        )
-        receipts = Path(config["receipts"]).open("a", encoding="utf-8") if rank == 0 else None
-        losses: list[float] = []
-        audits = findings = 0
         for step in range(config["steps"]):
             inputs, targets = workload.local_batch(step, config["seed"], plan, rank)
             receipt = session.train_batch(inputs, targets)
             records = receipt.extra.get("sdc_audit", ())
             audits += len(records)
             findings += sum(1 for r in records if not r.get("matched", True))
-            if rank == 0:
+            if receipts is not None:
                 losses.append(receipt.loss)
                 receipts.write(json.dumps(to_dict(receipt), sort_keys=True) + "\n")
-                queue.put(("step", step + 1, receipt.loss))
+                report((step + 1, receipt.loss))
         session.close()
-        if rank == 0:
-            receipts.close()
-            queue.put(("done", {"first_loss": losses[0], "last_loss": losses[-1], "steps": len(losses),
-                                "audits": audits, "findings": findings}))
-    except BaseException as exc:
-        queue.put(("error", rank, f"{type(exc).__name__}: {exc}"))
-        raise
     finally:
-        dist.destroy_process_group()
+        if receipts is not None:
+            receipts.close()
+    if rank != 0:
+        return None
+    return {"first_loss": losses[0], "last_loss": losses[-1], "steps": len(losses), "audits": audits,
+            "findings": findings}

@@ -46,24 +46,10 @@ def _body(rank: int, world: int) -> dict:
 
 
 def test_distributed_optimizer_matches_reference_on_two_gpus():
-    import os
+    from mixle_parallel.verification.harness.mesh import run_world
 
-    import torch.multiprocessing as mp
-
-    from tests.megatron._world import free_port
-
-    port = free_port()
-
-    def run(rank: int) -> None:  # pragma: no cover - runs on a CUDA machine
-        import torch.distributed as dist
-
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("nccl", rank=rank, world_size=2)
-        try:
-            out = _body(rank, 2)
-            assert max(out["errors"].values()) <= 1e-5, out
-            assert abs(out["loss"] - out["ref"]) <= 1e-5, out
-        finally:
-            dist.destroy_process_group()
-
-    mp.start_processes(run, nprocs=2, start_method="fork")
+    ranks = run_world(_body, 2, timeout=600.0, torchrun_env=True,
+                      env={"MIXLE_PARALLEL_MESH_BACKEND": "cpu:gloo,cuda:nccl"})
+    for out in ranks:
+        assert max(out["errors"].values()) <= 1e-5, out
+        assert abs(out["loss"] - out["ref"]) <= 1e-5, out

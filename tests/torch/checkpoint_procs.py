@@ -1,24 +1,19 @@
 """Real gloo process worlds for the checkpoint tests: a launcher and the per-rank scenarios.
 
-Run as a script by ``launch_world``: ``python checkpoint_procs.py SCENARIO ROOT OUT`` with RANK,
-WORLD_SIZE, MASTER_ADDR and MASTER_PORT set. Each scenario runs several cases in one process
-world (process start dominates the cost on a loaded 2-core machine) and writes
-``OUT/<scenario>-rank<R>.json`` for the test to judge.
+``launch_world`` starts the ranks with the project's one spawner (``verification.harness.mesh``),
+torchrun's variables set. Each scenario runs several cases in one process world (process start
+dominates the cost on a loaded 2-core machine) and returns a JSON document per rank to judge.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import threading
-import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from mixle_parallel.verification.harness.mesh import MeshError, run_world
 
 GLOBAL_BATCH = 8
 START_STEP, RESUME_STEPS = 3, 4
@@ -32,46 +27,20 @@ def resume_close(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= ATOL + RTOL * abs(y) for x, y in zip(a, b))
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago (bind to port 0)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch_world(scenario: str, world: int, root: Path, out: Path, *, timeout: float = 420.0) -> list[dict[str, Any]]:
-    """Start ``world`` ranks of ``scenario``, wait for all, return their result documents in rank order."""
-    port, procs = free_port(), []
+    """Run ``world`` ranks of ``scenario`` on the project's one spawner; their result documents in rank order.
+
+    Each rank's result also lands in ``OUT/<scenario>-rank<R>.json`` (kept for a look after a failure).
+    """
     out.mkdir(parents=True, exist_ok=True)
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        log = open(out / f"{scenario}-rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, __file__, scenario, str(root), str(out)],
-                                       env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    deadline, failed = time.monotonic() + timeout, []
     try:
-        for rank, (proc, _) in enumerate(procs):
-            try:
-                rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-            if rc != 0:
-                failed.append(rank)
-                for other, _ in procs:
-                    if other.poll() is None:
-                        other.kill()
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
-    if failed:
-        tails = "\n".join(f"--- rank {r} ---\n" + (out / f"{scenario}-rank{r}.log").read_text()[-4000:]
-                          for r in failed)
-        raise AssertionError(f"{scenario} world {world}: ranks {failed} failed\n{tails}")
-    return [json.loads((out / f"{scenario}-rank{r}.json").read_text()) for r in range(world)]
+        results = run_world(_scenario_rank, world, scenario, str(root), timeout=timeout, torchrun_env=True,
+                            group_timeout_s=300.0, env={"MIXLE_PARALLEL_MESH_BACKEND": "gloo"})
+    except MeshError as err:
+        raise AssertionError(f"{scenario} world {world}: {err}") from None
+    for rank, text in enumerate(results):
+        (out / f"{scenario}-rank{rank}.json").write_text(text)
+    return [json.loads(text) for text in results]
 
 
 # ---- everything below runs inside a rank ----------------------------------------------------
@@ -338,21 +307,10 @@ SCENARIOS = {"world4": _scenario_world4, "resharded": _scenario_resharded,
              "session4": _scenario_session4, "session_resharded": _scenario_session_resharded}
 
 
-def _main(argv: list[str]) -> int:
+def _scenario_rank(rank: int, world: int, scenario: str, root: str) -> str:
+    """One rank of ``scenario`` (the process group is up); its result as a JSON document."""
     import torch.distributed as dist
 
-    scenario, root, out = argv[0], Path(argv[1]), Path(argv[2])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
-    try:
-        result = SCENARIOS[scenario](root, rank, world)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    (out / f"{scenario}-rank{rank}.json").write_text(json.dumps(result, default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    raise SystemExit(_main(sys.argv[1:]))
+    result = SCENARIOS[scenario](Path(root), rank, world)
+    dist.barrier()
+    return json.dumps(result, default=str)
