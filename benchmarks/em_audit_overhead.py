@@ -49,7 +49,9 @@ def main() -> None:
     models = {"audited": start, "plain": start}
     try:
         for it in range(args.iters):
-            order = (("audited", audited), ("plain", plain)) if it % 2 == 0 else (("plain", plain), ("audited", audited))
+            order = (
+                (("audited", audited), ("plain", plain)) if it % 2 == 0 else (("plain", plain), ("audited", audited))
+            )
             for name, handle in order:
                 t = time.perf_counter()
                 models[name] = handle.estep(est, models[name]).model
@@ -61,15 +63,21 @@ def main() -> None:
     same = canonical_statistic_bytes(models["audited"].params()) == canonical_statistic_bytes(models["plain"].params())
     a, p = statistics.median(times["audited"]), statistics.median(times["plain"])
     chunks = audited.num_chunks
-    print(f"{args.rows:,} rows x 1-D, K={k}, {args.backend} with {args.workers} workers, {chunks} chunks, "
-          f"{args.iters} interleaved iterations")
+    print(
+        f"{args.rows:,} rows x 1-D, K={k}, {args.backend} with {args.workers} workers, {chunks} chunks, "
+        f"{args.iters} interleaved iterations"
+    )
     print(f"{'':12}{'median s/it':>12}{'mean s/it':>11}")
     for name in ("plain", "audited"):
         print(f"{name:12}{statistics.median(times[name]):12.4f}{statistics.fmean(times[name]):11.4f}")
-    print(f"audited chunks: {len([r for r in records if r.replay == 'peer'])} of {chunks * args.iters} "
-          f"({len([r for r in records if not r.matched])} mismatches); same model bits: {same}")
-    print(f"ratio audited / plain (median): {a / p:.3f}x   (mean: "
-          f"{statistics.fmean(times['audited']) / statistics.fmean(times['plain']):.3f}x)")
+    print(
+        f"audited chunks: {len([r for r in records if r.replay == 'peer'])} of {chunks * args.iters} "
+        f"({len([r for r in records if not r.matched])} mismatches); same model bits: {same}"
+    )
+    print(
+        f"ratio audited / plain (median): {a / p:.3f}x   (mean: "
+        f"{statistics.fmean(times['audited']) / statistics.fmean(times['plain']):.3f}x)"
+    )
 
 
 if __name__ == "__main__":

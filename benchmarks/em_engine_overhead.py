@@ -113,11 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     base = rows[0]
     print(f"{args.rows} rows, 1-D, K={args.components}, chunk_size={args.chunk_size}, "
           f"{args.iters} passes (median), CPUs available: {len(os.sched_getaffinity(0))}")
-    print(f"{'backend':8} {'workers':>7} {'start-up s':>10} {'pass s':>8} {'pass / local-1':>14} {'close s':>8}  same bits")
+    print(
+        f"{'backend':8} {'workers':>7} {'start-up s':>10} {'pass s':>8} {'pass / local-1':>14} {'close s':>8}  same "
+        "bits"
+    )
     for r in rows:
         note = f"  (+ mpiexec launch, total wall {r['launch_wall_s']:.2f} s)" if "launch_wall_s" in r else ""
-        print(f"{r['backend']:8} {r['workers']:>7} {r['startup_s']:>10.3f} {r['pass_s']:>8.4f} "
-              f"{r['pass_s'] / base['pass_s']:>14.2f} {r['close_s']:>8.3f}  {r['digest'] == base['digest']}{note}")
+        print(
+            f"{r['backend']:8} {r['workers']:>7} {r['startup_s']:>10.3f} {r['pass_s']:>8.4f} "
+            f"{r['pass_s'] / base['pass_s']:>14.2f} {r['close_s']:>8.3f}  {r['digest'] == base['digest']}{note}"
+        )
         if args.json:
             print(json.dumps(r))
     return 0 if all(r["digest"] == base["digest"] for r in rows) else 1

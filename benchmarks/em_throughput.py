@@ -137,8 +137,8 @@ def time_side_by_side(x, est, start, iters, backend, rounds):
 
 def _ceiling_worker(x, est, start, part, parts, barrier, queue, passes):
     """One plain process: the E-step of its share of the chunks, ``passes`` times, in step with the others."""
-    from mixle_parallel.executors.estimation.engines.support import prepare_worker
     from mixle_parallel.executors.estimation.chunks import EncodedChunk, chunk_bounds, chunk_estep
+    from mixle_parallel.executors.estimation.engines.support import prepare_worker
 
     prepare_worker()
     enc = est.encoder()
@@ -288,30 +288,42 @@ def main(argv: list[str] | None = None) -> int:
             best = {w: min(v) for w, v in times.items()}
             paired = statistics.median(pairs)
             scaling.append((name, backend, med[1], med[2], med[1] / med[2], paired, best[1] / best[2], same))
-            print(f"  {backend}: 1 worker {med[1]:.4f}s/it, 2 workers {med[2]:.4f}s/it, speed-up {med[1] / med[2]:.2f}x "
-                  f"(median of {len(pairs)} pairs {paired:.2f}x, quartiles {' '.join(f'{v:.2f}' for v in statistics.quantiles(pairs, n=4))}; best passes "
-                  f"{best[1] / best[2]:.2f}x), set-up {setup[1]:.1f}s/{setup[2]:.1f}s, same bits as local: {same}",
-                  flush=True)
+            quartiles = " ".join(f"{v:.2f}" for v in statistics.quantiles(pairs, n=4))
+            print(
+                f"  {backend}: 1 worker {med[1]:.4f}s/it, 2 workers {med[2]:.4f}s/it, speed-up {med[1] / med[2]:.2f}x "
+                f"(median of {len(pairs)} pairs {paired:.2f}x, quartiles {quartiles}; best passes "
+                f"{best[1] / best[2]:.2f}x), set-up {setup[1]:.1f}s/{setup[2]:.1f}s, same bits as local: {same}",
+                flush=True,
+            )
     if shared_ray:
         import ray
 
         ray.shutdown()
     me, kids = peak_rss_mb()
     print()
-    print(f"{'case':<14}{'rows':>10}{'ours s/it':>11}{'sklearn':>10}{'mixle':>9}{'ours/skl':>10}{'ours/mixle':>11}{'LL rel':>10}")
+    print(
+        f"{'case':<14}{'rows':>10}{'ours s/it':>11}{'sklearn':>10}{'mixle':>9}{'ours/skl':>10}"
+        f"{'ours/mixle':>11}{'LL rel':>10}"
+    )
     for name, n, ours, sk, mx, rel in rows:
         mx_s = "n/a" if mx is None else f"{mx:.4f}"
         ratio_m = "n/a" if mx is None else f"{ours / mx:.2f}"
         print(f"{name:<14}{n:>10}{ours:>11.4f}{sk:>10.4f}{mx_s:>9}{ours / sk:>10.2f}{ratio_m:>11}{rel:>10.1e}")
     print()
-    print(f"2 workers vs 1 ({args.rounds} rounds x {args.iters} interleaved pairs of passes): speed-up of the "
-          "median passes, median of the pairs' own speed-ups, best passes")
-    print(f"{'case':<14}{'engine':>7}{'1 worker s':>12}{'2 workers s':>13}{'speed-up':>10}{'pairs':>8}{'best':>7}"
-          f"{'same bits':>11}")
+    print(
+        f"2 workers vs 1 ({args.rounds} rounds x {args.iters} interleaved pairs of passes): speed-up of the "
+        "median passes, median of the pairs' own speed-ups, best passes"
+    )
+    print(
+        f"{'case':<14}{'engine':>7}{'1 worker s':>12}{'2 workers s':>13}{'speed-up':>10}{'pairs':>8}{'best':>7}"
+        f"{'same bits':>11}"
+    )
     for name, backend, t1, t2, ratio, paired, best, same in scaling:
         print(f"{name:<14}{backend:>7}{t1:>12.4f}{t2:>13.4f}{ratio:>9.2f}x{paired:>7.2f}x{best:>6.2f}x{str(same):>11}")
-    print("machine ceiling (the E-step over two plain processes, no engine, no messages): "
-          + ", ".join(f"{name} {ceiling:.2f}x" for name, ceiling in ceilings))
+    print(
+        "machine ceiling (the E-step over two plain processes, no engine, no messages): "
+        + ", ".join(f"{name} {ceiling:.2f}x" for name, ceiling in ceilings)
+    )
     print(f"peak RSS: this process {me:.0f} MiB, children {kids:.0f} MiB")
     return 0
 

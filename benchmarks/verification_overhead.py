@@ -46,7 +46,7 @@ def train(steps: int, audited: bool, workload: TinyLMWorkload) -> float:
         x, y = workload.global_batch(step, 0)
         grads = local_grads(x, y)
         if audited and auditor.should_audit(step):
-            verdict = auditor.audit(step=step, rank=0, observed=grads, recompute=lambda: local_grads(x, y))
+            verdict = auditor.audit(step=step, rank=0, observed=grads, recompute=lambda x=x, y=y: local_grads(x, y))
             if verdict.skip:
                 continue
             for n, p in params:

@@ -13,15 +13,6 @@ from mixle_parallel.contracts.enums import (
     StateLayout,
 )
 from mixle_parallel.contracts.errors import CapabilityError, ContractError, MissingExtraError, NotAdmittedError
-from mixle_parallel.contracts.evidence import NumericsEvidence, ObservedCollective, SDCAuditRecord, Tolerance
-from mixle_parallel.contracts.frozen_mapping import FrozenDict
-from mixle_parallel.contracts.plan import (
-    MeshCoordinate,
-    MeshShape,
-    ParallelPlan,
-    WorkerTopologyAttestation,
-    attest_worker_coordinate,
-)
 from mixle_parallel.contracts.estimation import (
     Accumulator,
     AccumulatorFactory,
@@ -34,7 +25,16 @@ from mixle_parallel.contracts.estimation import (
     statistic_digest,
     statistics_equal,
 )
+from mixle_parallel.contracts.evidence import NumericsEvidence, ObservedCollective, SDCAuditRecord, Tolerance
+from mixle_parallel.contracts.frozen_mapping import FrozenDict
 from mixle_parallel.contracts.placement import ComponentShard, ModelShardingPlan, Placement, RowShard
+from mixle_parallel.contracts.plan import (
+    MeshCoordinate,
+    MeshShape,
+    ParallelPlan,
+    WorkerTopologyAttestation,
+    attest_worker_coordinate,
+)
 from mixle_parallel.contracts.protocols import AdmissibleExecutor, TrainingBackend
 from mixle_parallel.contracts.receipts import StepReceipt, TorchSessionState
 from mixle_parallel.contracts.resources import DeviceSpec, Resources

@@ -7,7 +7,6 @@ import hmac
 from collections.abc import Mapping
 from datetime import datetime
 
-
 import attrs
 
 from mixle_parallel.contracts._checks import enum_frozenset, non_empty_str, optional_str, str_frozenset
@@ -89,7 +88,7 @@ class AdmissionCertificate:
         """sha256 of the canonical JSON of every field but the signature."""
         return content_digest(attrs.evolve(self, signature=None))
 
-    def signed(self, key: bytes) -> "AdmissionCertificate":
+    def signed(self, key: bytes) -> AdmissionCertificate:
         """A copy carrying an HMAC-SHA256 of ``certificate_id`` under ``key``."""
         return attrs.evolve(self, signature=_hmac(key, self.certificate_id))
 

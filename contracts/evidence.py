@@ -36,7 +36,7 @@ class Tolerance:
             raise ValueError("Tolerance: a bitwise tolerance has atol=0 and rtol=0")
 
     @classmethod
-    def exact(cls, source: str = "bitwise equality") -> "Tolerance":
+    def exact(cls, source: str = "bitwise equality") -> Tolerance:
         """Bitwise equality."""
         return cls(0.0, 0.0, True, source)
 

@@ -130,9 +130,9 @@ class ParallelPlan:
         if isinstance(world_size, bool) or not isinstance(world_size, int):
             raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
         if world_size != self.world_size:
+            sizes = " x ".join(f"{a.value}={self.size(a)}" for a in PHYSICAL_AXES if self.size(a) > 1)
             raise ValueError(
-                f"the plan needs world size {self.world_size} "
-                f"({' x '.join(f'{a.value}={self.size(a)}' for a in PHYSICAL_AXES if self.size(a) > 1) or 'one rank'}), "
+                f"the plan needs world size {self.world_size} ({sizes or 'one rank'}), "
                 f"but {world_size} processes were launched; launch {self.world_size} ranks or change the plan"
             )
 
@@ -233,7 +233,7 @@ class ParallelPlan:
         return f"{axes} (world {self.world_size})"
 
     @classmethod
-    def from_mapping(cls, sizes: Mapping[str, Any]) -> "ParallelPlan":
+    def from_mapping(cls, sizes: Mapping[str, Any]) -> ParallelPlan:
         """Build a plan from a plain mapping of field names, rejecting unknown keys."""
         fields = {f.name for f in attrs.fields(cls)}
         unknown = set(sizes) - fields
@@ -253,18 +253,12 @@ class WorkerTopologyAttestation:
 
     def __attrs_post_init__(self) -> None:
         if self.rank >= self.world_size:
-            raise ValueError(
-                f"WorkerTopologyAttestation.rank={self.rank} must be < world_size={self.world_size}"
-            )
+            raise ValueError(f"WorkerTopologyAttestation.rank={self.rank} must be < world_size={self.world_size}")
 
 
-def attest_worker_coordinate(
-    plan: ParallelPlan, *, actual_world_size: int, rank: int
-) -> WorkerTopologyAttestation:
+def attest_worker_coordinate(plan: ParallelPlan, *, actual_world_size: int, rank: int) -> WorkerTopologyAttestation:
     """Validate a runtime rank and bind it to the plan's mesh coordinate (the executors' order)."""
     if not isinstance(plan, ParallelPlan):
         raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
     plan.validate_world_size(actual_world_size)
-    return WorkerTopologyAttestation(
-        rank=rank, world_size=actual_world_size, coordinate=plan.coordinate(rank)
-    )
+    return WorkerTopologyAttestation(rank=rank, world_size=actual_world_size, coordinate=plan.coordinate(rank))

@@ -11,7 +11,13 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts._checks import non_empty_str, optional_non_negative_int, optional_str, positive_finite, to_float
+from mixle_parallel.contracts._checks import (
+    non_empty_str,
+    optional_non_negative_int,
+    optional_str,
+    positive_finite,
+    to_float,
+)
 from mixle_parallel.contracts.serialization import from_dict, from_json, register_contract, to_dict, to_json
 
 DEVICE_KINDS = frozenset({"cpu", "cuda", "mps", "xpu", "tpu", "rocm"})
@@ -95,14 +101,14 @@ class Resources:
     @classmethod
     def single_cpu(
         cls, memory_bytes: int | None = None, throughput: float = 1.0, precision: str | None = None
-    ) -> "Resources":
+    ) -> Resources:
         """One CPU device."""
         return cls((DeviceSpec("cpu:0", "cpu", 0, memory_bytes, throughput, precision, socket.gethostname()),))
 
     @classmethod
     def local(
         cls, num_cpus: int | None = None, memory_bytes: int | None = None, precision: str | None = None
-    ) -> "Resources":
+    ) -> Resources:
         """Local CPU resources split into ``num_cpus`` worker slots sharing this host's memory."""
         n = local_cpu_count() if num_cpus is None else num_cpus
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -116,7 +122,7 @@ class Resources:
     @classmethod
     def discover(
         cls, include_torch: bool = True, cpu_workers: int | None = None, precision: str | None = None
-    ) -> "Resources":
+    ) -> Resources:
         """Every local CPU, plus CUDA devices when ``include_torch`` and torch is installed."""
         devices = list(cls.local(cpu_workers, precision=precision).devices)
         if include_torch and "torch" not in sys.modules:
@@ -139,7 +145,7 @@ class Resources:
         return cls(tuple(devices))
 
     @classmethod
-    def from_specs(cls, specs: Iterable[DeviceSpec]) -> "Resources":
+    def from_specs(cls, specs: Iterable[DeviceSpec]) -> Resources:
         """Build resources from device specifications."""
         return cls(tuple(specs))
 
@@ -150,7 +156,7 @@ class Resources:
         memory_bytes: int | None = None,
         throughput: float = 1.0,
         precision: str | None = None,
-    ) -> "Resources":
+    ) -> Resources:
         """One CPU slot per MPI rank, from ``comm.Get_size()`` or the launcher's environment."""
         if comm is not None:
             size = int(comm.Get_size())
@@ -165,7 +171,7 @@ class Resources:
         )
 
     @classmethod
-    def from_dask(cls, client: Any, precision: str | None = None) -> "Resources":
+    def from_dask(cls, client: Any, precision: str | None = None) -> Resources:
         """One slot per worker thread of a dask.distributed-like client (``scheduler_info()``)."""
         try:
             info = client.scheduler_info(n_workers=-1)
@@ -189,13 +195,13 @@ class Resources:
     @classmethod
     def from_spark(
         cls, spark_context: Any, memory_bytes: int | None = None, precision: str | None = None
-    ) -> "Resources":
+    ) -> Resources:
         """One CPU slot per unit of the SparkContext's default parallelism."""
         n = int(spark_context.defaultParallelism)
         return cls(tuple(DeviceSpec(f"spark:{i}", "cpu", i, memory_bytes, 1.0, precision) for i in range(n)))
 
     @classmethod
-    def from_torchrun(cls, memory_bytes: int | None = None, precision: str | None = None) -> "Resources":
+    def from_torchrun(cls, memory_bytes: int | None = None, precision: str | None = None) -> Resources:
         """One slot per global rank of a torchrun/torchelastic job, from its environment."""
         try:
             world = int(os.environ["WORLD_SIZE"])
@@ -206,7 +212,9 @@ class Resources:
                 "start the script with `torchrun --nproc-per-node N script.py`"
             ) from None
         if world < 1 or local_world < 1:
-            raise RuntimeError(f"torchrun environment is inconsistent: WORLD_SIZE={world}, LOCAL_WORLD_SIZE={local_world}")
+            raise RuntimeError(
+                f"torchrun environment is inconsistent: WORLD_SIZE={world}, LOCAL_WORLD_SIZE={local_world}"
+            )
         return cls(
             tuple(
                 DeviceSpec(f"rank:{r}", "cpu", r % local_world, memory_bytes, 1.0, precision, f"node{r // local_world}")
@@ -224,7 +232,7 @@ class Resources:
         return to_dict(self)
 
     @classmethod
-    def from_dict(cls, payload: dict[str, Any]) -> "Resources":
+    def from_dict(cls, payload: dict[str, Any]) -> Resources:
         """Inverse of ``to_dict``."""
         return from_dict(payload, cls)
 
@@ -233,7 +241,7 @@ class Resources:
         return to_json(self, **kwargs)
 
     @classmethod
-    def from_json(cls, text: str) -> "Resources":
+    def from_json(cls, text: str) -> Resources:
         """Inverse of ``to_json``."""
         return from_json(text, cls)
 
@@ -246,6 +254,6 @@ class Resources:
         return target
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "Resources":
+    def load(cls, path: str | os.PathLike[str]) -> Resources:
         """Read resources saved with ``save``."""
         return cls.from_json(Path(path).read_text(encoding="utf-8"))

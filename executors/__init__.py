@@ -2,8 +2,10 @@
 
 from typing import Any
 
-from mixle_parallel.executors import estimation  # numpy only; registers the built-in encoded-data backends (lazy factories)
-from mixle_parallel.executors import registry
+from mixle_parallel.executors import (
+    estimation,  # numpy only; registers the built-in encoded-data backends (lazy factories)
+    registry,
+)
 from mixle_parallel.executors.registry import *  # noqa: F403 - re-exported through __all__
 
 # Heavy executors load on first attribute access, so importing this package stays torch-free.

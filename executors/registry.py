@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import inspect
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = [
-    "available_encoded_data_backends", "available_training_backends", "get_encoded_data_backend", "get_training_backend",
-    "normalize_backend_name", "register_encoded_data_backend", "register_training_backend", "register_verification_target",
-    "unregister_encoded_data_backend", "unregister_training_backend", "verification_target",
+    "available_encoded_data_backends",
+    "available_training_backends",
+    "get_encoded_data_backend",
+    "get_training_backend",
+    "normalize_backend_name",
+    "register_encoded_data_backend",
+    "register_training_backend",
+    "register_verification_target",
+    "unregister_encoded_data_backend",
+    "unregister_training_backend",
+    "verification_target",
 ]
 
 _lock = threading.RLock()
@@ -57,8 +66,7 @@ def get_training_backend(name: str) -> Any:
     with _lock:
         if key not in _training_backends:
             raise KeyError(
-                f"unknown training backend {name!r}; available: "
-                f"{', '.join(available_training_backends()) or '(none)'}"
+                f"unknown training backend {name!r}; available: {', '.join(available_training_backends()) or '(none)'}"
             )
         if _training_is_factory[key]:
             _training_backends[key] = _training_backends[key]()

@@ -16,7 +16,7 @@ from mixle_parallel.executors.estimation import *  # noqa: F403
 from mixle_parallel.verification import *  # noqa: F403
 
 # Both contracts and the EM models name an AccumulatorFactory; the facade's is the contract (protocol).
-from mixle_parallel.contracts import AccumulatorFactory  # noqa: E402 - overrides the star import above
+AccumulatorFactory = contracts.AccumulatorFactory
 
 __all__ = sorted({
     "__version__", *contracts.__all__, *executors.__all__, *estimation.__all__, *verification.__all__,

@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +38,21 @@ from mixle_parallel.contracts import (
     from_json,
     to_json,
 )
-
 from mixle_parallel.verification.keys import load_key
 
-__all__ = ["ADMISSION_MODES", "CERTIFICATE_ENV", "AdmissionDecision", "CertificationError", "certify", "current_library_versions", "is_verifying", "load_certificate", "require_admission", "save_certificate", "verifying"]
+__all__ = [
+    "ADMISSION_MODES",
+    "CERTIFICATE_ENV",
+    "AdmissionDecision",
+    "CertificationError",
+    "certify",
+    "current_library_versions",
+    "is_verifying",
+    "load_certificate",
+    "require_admission",
+    "save_certificate",
+    "verifying",
+]
 
 CERTIFICATE_ENV = "MIXLE_PARALLEL_CERTIFICATE"
 """Environment variable naming a certificate file the gate uses when none is passed."""
@@ -144,7 +155,8 @@ def _merged_tolerance(records: list[NumericsEvidence]) -> Tolerance:
     if not loose:
         return Tolerance.exact()
     return Tolerance(
-        atol=max(t.atol for t in loose), rtol=max(t.rtol for t in loose),
+        atol=max(t.atol for t in loose),
+        rtol=max(t.rtol for t in loose),
         source="loosest of: " + " | ".join(sorted(t.source or f"atol={t.atol} rtol={t.rtol}" for t in loose)),
     )
 
@@ -179,7 +191,9 @@ def certify(
         if record.executor != name:
             problems.append(f"{where}: evidence is for executor {record.executor!r}, not {name!r}")
         if record.plan.axis_family != plan.axis_family:
-            problems.append(f"{where}: evidence measured plan {record.plan.describe()}, not the family of {plan.describe()}")
+            problems.append(
+                f"{where}: evidence measured plan {record.plan.describe()}, not the family of {plan.describe()}"
+            )
         if record.precision != precision:
             problems.append(f"{where}: evidence measured at {record.precision}, not {precision}")
         if not record.within_tolerance:
@@ -200,7 +214,7 @@ def certify(
                 problems.append(f"declared update {update.node_id!r} has no evidence")
     if problems:
         raise CertificationError(f"cannot certify {name} for {plan.describe()} at {precision}: " + "; ".join(problems))
-    stamp = issued_at or datetime.now(timezone.utc)
+    stamp = issued_at or datetime.now(UTC)
     if stamp.tzinfo is None:
         raise ValueError("issued_at needs a timezone (use datetime.now(timezone.utc))")
     certificate = AdmissionCertificate(
@@ -239,21 +253,26 @@ def require_admission(
     the certificate itself (or its path), for executors that take one ``admission=`` argument.
     """
     if isinstance(admission, (AdmissionCertificate, os.PathLike)) or (
-            isinstance(admission, str) and admission not in ("required", "unverified")
-            and (admission.endswith(".json") or os.path.sep in admission)):
+        isinstance(admission, str)
+        and admission not in ("required", "unverified")
+        and (admission.endswith(".json") or os.path.sep in admission)
+    ):
         if certificate is not None:
             raise ValueError("pass the certificate once: as certificate= or as admission=, not both")
         certificate, admission = admission, None  # executors' one-argument form: admission=<certificate>
     if admission not in (None, "required", "unverified"):
-        raise ValueError(f"admission={admission!r}; expected None, 'required', 'unverified', a certificate "
-                         "or the path of a certificate document")
+        raise ValueError(
+            f"admission={admission!r}; expected None, 'required', 'unverified', a certificate "
+            "or the path of a certificate document"
+        )
     name = executor.capabilities.name
     common = {"executor": name, "plan": plan.describe(), "precision": precision}
     if is_verifying():
         return AdmissionDecision("verifying", None, notes=("run by the verification harness",), **common)
     if admission == "unverified":
-        _log.warning("running %s on %s at %s WITHOUT admission (admission='unverified')",
-                     name, plan.describe(), precision)
+        _log.warning(
+            "running %s on %s at %s WITHOUT admission (admission='unverified')", name, plan.describe(), precision
+        )
         return AdmissionDecision("unverified", None, notes=("admission='unverified' requested",), **common)
     if certificate is None and os.environ.get(CERTIFICATE_ENV):
         certificate = os.environ[CERTIFICATE_ENV]

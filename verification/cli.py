@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mixle_parallel.contracts import to_dict
-
 from mixle_parallel.verification.admission import CertificationError, save_certificate
 from mixle_parallel.verification.conformance.suite import parse_plan
 from mixle_parallel.verification.harness.run import verify

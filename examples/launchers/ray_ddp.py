@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import tiny_ddp
+
 from mixle_parallel.executors import RayTrainLauncher
 
 

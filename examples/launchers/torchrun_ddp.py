@@ -11,9 +11,9 @@ import json
 import pathlib
 import sys
 
+import tiny_ddp
 import torch.distributed as dist
 
-import tiny_ddp
 from mixle_parallel.executors import TorchrunLauncher
 
 

@@ -15,19 +15,17 @@ from mixle_parallel.executors.estimation import (
     component_parallel,
     handle,
     models,
-    optimize as _optimize_module,
     planner,
     verifiable,
+)
+from mixle_parallel.executors.estimation import (
+    optimize as _optimize_module,
 )
 from mixle_parallel.executors.estimation.api import *  # noqa: F403 - re-exported through __all__
 from mixle_parallel.executors.estimation.builtin_backends import *  # noqa: F403
 from mixle_parallel.executors.estimation.chunks import *  # noqa: F403
 from mixle_parallel.executors.estimation.combine_order import *  # noqa: F403
 from mixle_parallel.executors.estimation.component_parallel import *  # noqa: F403
-from mixle_parallel.executors.estimation.handle import *  # noqa: F403
-from mixle_parallel.executors.estimation.models import *  # noqa: F403
-from mixle_parallel.executors.estimation.optimize import *  # noqa: F403
-from mixle_parallel.executors.estimation.planner import *  # noqa: F403
 
 # Engine runners (mpi, spark, dask, ray) import their engine only when a runner is constructed,
 # so importing them here keeps this package light.
@@ -35,6 +33,10 @@ from mixle_parallel.executors.estimation.engines.dask import DaskRunner
 from mixle_parallel.executors.estimation.engines.mpi import MPIChunkError, MPIEncodedData, MPIRunner
 from mixle_parallel.executors.estimation.engines.ray import RayRunner
 from mixle_parallel.executors.estimation.engines.spark import SparkRunner
+from mixle_parallel.executors.estimation.handle import *  # noqa: F403
+from mixle_parallel.executors.estimation.models import *  # noqa: F403
+from mixle_parallel.executors.estimation.optimize import *  # noqa: F403
+from mixle_parallel.executors.estimation.planner import *  # noqa: F403
 
 builtin_backends.register_builtin_encoded_data_backends()
 verifiable.register_em_verification_targets()

@@ -23,16 +23,15 @@ from typing import Any
 
 from mixle_parallel.contracts import AdmissionCertificate, NotAdmittedError, ParallelPlan
 from mixle_parallel.contracts.resources import local_cpu_count
+from mixle_parallel.executors.estimation.engines.support import require_engine
+from mixle_parallel.executors.estimation.identity import EM_PRECISION, EMExecutorIdentity
+from mixle_parallel.executors.registry import normalize_backend_name
 from mixle_parallel.verification.admission import (
     AdmissionDecision,
     is_verifying,
     load_certificate,
     require_admission,
 )
-
-from mixle_parallel.executors.estimation.engines.support import require_engine
-from mixle_parallel.executors.estimation.identity import EM_PRECISION, EMExecutorIdentity
-from mixle_parallel.executors.registry import normalize_backend_name
 
 __all__ = ["EM_PRECISION", "admit_encoded_data", "canonical_backend", "planned_world"]
 
@@ -81,7 +80,11 @@ def planned_world(name: str, *, num_workers: int | None, resources: Any = None, 
         n = len(client.scheduler_info(n_workers=-1)["workers"]) if client is not None else local_cpu_count()
     elif name == "ray" and n is None:
         ray = sys.modules.get("ray")
-        n = int(ray.cluster_resources().get("CPU", 1)) if ray is not None and ray.is_initialized() else local_cpu_count()
+        n = (
+            int(ray.cluster_resources().get("CPU", 1))
+            if ray is not None and ray.is_initialized()
+            else local_cpu_count()
+        )
     elif name == "spark" and n is None:
         sc = options.get("spark_context") or client
         if sc is not None and hasattr(sc, "sparkContext"):
@@ -110,21 +113,36 @@ def _as_certificate(admission: Any) -> tuple[AdmissionCertificate | None, str | 
     )
 
 
-def admit_encoded_data(name: str, *, admission: Any, workers: int,
-                       world_size: int) -> tuple[AdmissionDecision, AdmissionCertificate | None]:
+def admit_encoded_data(
+    name: str, *, admission: Any, workers: int, world_size: int
+) -> tuple[AdmissionDecision, AdmissionCertificate | None]:
     """The gate: an ``AdmissionDecision`` (and the certificate used), or ``NotAdmittedError``."""
     executor = EMExecutorIdentity(name)
     plan = ParallelPlan(dp_replicate=max(1, workers))
     certificate, mode = _as_certificate(admission)
     if certificate is None and mode != "unverified" and world_size <= 1 and not is_verifying():
-        return AdmissionDecision("local", None, executor=executor.capabilities.name, plan=plan.describe(),
-                                 precision=EM_PRECISION, notes=("one process on CPU: no certificate needed",)), None
+        return AdmissionDecision(
+            "local",
+            None,
+            executor=executor.capabilities.name,
+            plan=plan.describe(),
+            precision=EM_PRECISION,
+            notes=("one process on CPU: no certificate needed",),
+        ), None
     try:
-        decision = require_admission(executor, plan, EM_PRECISION, certificate=certificate,
-                                     admission="unverified" if mode == "unverified" else None,
-                                     world_size=world_size, accelerator=False)
+        decision = require_admission(
+            executor,
+            plan,
+            EM_PRECISION,
+            certificate=certificate,
+            admission="unverified" if mode == "unverified" else None,
+            world_size=world_size,
+            accelerator=False,
+        )
     except NotAdmittedError as exc:
-        hint = (f"certify with `mixle-parallel certify --backend {name} --plan dp_replicate={max(2, workers)} "
-                f"--workload gaussian_mixture --out cert.json` and pass admission='cert.json'")
+        hint = (
+            f"certify with `mixle-parallel certify --backend {name} --plan dp_replicate={max(2, workers)} "
+            f"--workload gaussian_mixture --out cert.json` and pass admission='cert.json'"
+        )
         raise NotAdmittedError(tuple(exc.reasons) + (hint,)) from None
     return decision, certificate if decision.certified else None

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from mixle_parallel.contracts.estimation import EncodedDataHandle
-
 from mixle_parallel.executors.estimation.admission import admit_encoded_data, canonical_backend, planned_world
 from mixle_parallel.executors.estimation.builtin_backends import (
     BUILTIN_ENCODED_DATA_BACKENDS,

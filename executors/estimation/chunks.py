@@ -15,7 +15,7 @@ The contract (for backend authors: local, mp, mpi, spark, dask, ray, or yours)
   :class:`WorkerTimeoutError` for a worker that does not answer within its timeout.
   An SPMD runner (MPI) computes its own chunk ids and all-gathers, so every rank holds the full
   ordered list and runs the same combine, yielding the same model on every rank.
-* :class:`~mixle_parallel.executors.estimation.handle.ChunkedEncodedData` (``handle.py``) turns any runner into an encoded-data handle (the ``pysp_seq_*``
+* ``handle.ChunkedEncodedData`` turns any runner into an encoded-data handle (the ``pysp_seq_*``
   methods). It combines E-step statistics in one fixed two-level order (:func:`combine_groups`:
   chunks folded in order within contiguous groups, then the groups folded in order), and
   initialization draws come from a per-chunk generator seeded by ``(seed, chunk_id)``
@@ -49,8 +49,6 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from mixle_parallel.contracts.estimation import statistic_digest
-
 from mixle_parallel.executors.estimation.combine_order import (
     DEFAULT_CHUNK_MULTIPLE,
     GroupFold,
@@ -67,13 +65,34 @@ DEFAULT_CHUNK_SIZE = 16384
 """Largest rows per chunk when neither ``num_chunks`` nor ``chunk_size`` is given."""
 
 __all__ = [
-    "GroupFold", "GroupStats", "apply_chunk_fn", "chunk_result", "combine_groups", "fold_group", "fold_pass",
+    "GroupFold",
+    "GroupStats",
+    "apply_chunk_fn",
+    "chunk_result",
+    "combine_groups",
+    "fold_group",
+    "fold_pass",
     "group_of",
-    "ChunkResult", "ChunkRunner", "DEFAULT_CHUNK_SIZE", "EStepResult",
-    "DEFAULT_CHUNK_MULTIPLE", "EncodedChunk", "WorkerLostError", "WorkerTask", "WorkerTimeoutError", "WorkerUnavailableError",
-    "chunk_bounds", "chunk_estep", "supports_worker_placement",
-    "chunk_initialize", "chunk_log_density", "chunk_rng", "combine_in_chunk_order", "encode_chunks",
-    "resolve_encoder", "seed_from",
+    "ChunkResult",
+    "ChunkRunner",
+    "DEFAULT_CHUNK_SIZE",
+    "EStepResult",
+    "DEFAULT_CHUNK_MULTIPLE",
+    "EncodedChunk",
+    "WorkerLostError",
+    "WorkerTask",
+    "WorkerTimeoutError",
+    "WorkerUnavailableError",
+    "chunk_bounds",
+    "chunk_estep",
+    "supports_worker_placement",
+    "chunk_initialize",
+    "chunk_log_density",
+    "chunk_rng",
+    "combine_in_chunk_order",
+    "encode_chunks",
+    "resolve_encoder",
+    "seed_from",
 ]
 
 

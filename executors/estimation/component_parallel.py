@@ -17,11 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
-from mixle_parallel.executors.estimation.models._base import as_weights
-from mixle_parallel.executors.estimation.models.combinators import MixtureAccumulator, _stacked_kernel, MixtureDistribution, posterior_from_log_densities
 from mixle_parallel.executors.estimation.chunks import EStepResult
+from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
+from mixle_parallel.executors.estimation.models._base import as_weights
+from mixle_parallel.executors.estimation.models.combinators import (
+    MixtureAccumulator,
+    MixtureDistribution,
+    _stacked_kernel,
+    posterior_from_log_densities,
+)
 
 __all__ = [
     "ComponentParallelEncodedData", "ComponentParallelEstimator", "ModelParallelAccumulator",
@@ -117,7 +122,7 @@ class ModelParallelAccumulator:
         """The inner initialization (serial: it draws from one generator)."""
         self.inner.initialize(enc, weights, rng)
 
-    def combine(self, stats: Any) -> "ModelParallelAccumulator":
+    def combine(self, stats: Any) -> ModelParallelAccumulator:
         """The inner combine."""
         self.inner.combine(stats)
         return self
@@ -126,7 +131,7 @@ class ModelParallelAccumulator:
         """The inner statistics, unchanged."""
         return self.inner.value()
 
-    def from_value(self, stats: Any) -> "ModelParallelAccumulator":
+    def from_value(self, stats: Any) -> ModelParallelAccumulator:
         """The inner from_value."""
         self.inner.from_value(stats)
         return self
@@ -147,7 +152,8 @@ class ModelParallelEstimator:
     """Fully resident component-parallel EM around ``inner`` (its M-step and statistics unchanged)."""
 
     def __init__(self, inner: Any, num_workers: int | None = None) -> None:
-        if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1):
+        bad_count = isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1
+        if num_workers is not None and bad_count:
             raise ValueError(f"num_workers must be an int >= 1 or None, got {num_workers!r}")
         self.inner, self.num_workers = inner, num_workers
 
@@ -186,8 +192,15 @@ class ModelParallelEncodedData(ChunkedEncodedData):
         **_: Any,
     ) -> None:
         self.component_workers = num_workers
-        super().__init__(LocalChunkRunner(1), data, estimator=estimator, model=model, encoder=encoder,
-                         num_chunks=num_chunks, chunk_size=chunk_size)
+        super().__init__(
+            LocalChunkRunner(1),
+            data,
+            estimator=estimator,
+            model=model,
+            encoder=encoder,
+            num_chunks=num_chunks,
+            chunk_size=chunk_size,
+        )
 
     def _wrap(self, estimator: Any) -> Any:
         if isinstance(estimator, ModelParallelEstimator):

@@ -8,12 +8,11 @@ engine backend builds one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mixle_parallel.contracts import ParallelPlan
 from mixle_parallel.contracts.estimation import statistic_digest
-from mixle_parallel.verification.ledger.chain import Ledger
 from mixle_parallel.executors.estimation.chunks import (
     ChunkResult,
     ChunkRunner,
@@ -32,6 +31,7 @@ from mixle_parallel.executors.estimation.chunks import (
     seed_from,
 )
 from mixle_parallel.executors.estimation.sdc_audit import DEFAULT_AUDIT_RATE, EMAudit, em_receipt
+from mixle_parallel.verification.ledger.chain import Ledger
 
 __all__ = ["ChunkedEncodedData", "handle_from_runner"]
 
@@ -142,13 +142,15 @@ class ChunkedEncodedData:
     def estep(self, estimator: Any, model: Any) -> EStepResult:
         """One data pass: the statistics under ``model``, its log-likelihood, and the M-step.
 
-        Audited (see ``executors.estimation.audit``) when the handle has an SDC audit; each pass
+        Audited (see ``executors.estimation.sdc_audit``) when the handle has an SDC audit; each pass
         is one ledger receipt when the handle has a ledger.
         """
         iteration = self.iteration
         if self._audit is not None:
             self._ensure_scattered(estimator, model)
-            entries, outcomes = self._audit.estep_results(self, estimator, model, iteration, first_of_fit=self._fit_first)
+            entries, outcomes = self._audit.estep_results(
+                self, estimator, model, iteration, first_of_fit=self._fit_first
+            )
         else:
             entries, outcomes = self.estep_entries(estimator, model), ()
         self._fit_first = False
@@ -158,8 +160,17 @@ class ChunkedEncodedData:
         self.iteration = iteration + 1
         self.last_audits = tuple(outcomes)
         if self.ledger is not None:
-            self.ledger.receipt(em_receipt(iteration, nobs, ll, workers=self.num_workers, admission=self.admission,
-                                           outcomes=outcomes, quarantined=sorted(self.quarantined)))
+            self.ledger.receipt(
+                em_receipt(
+                    iteration,
+                    nobs,
+                    ll,
+                    workers=self.num_workers,
+                    admission=self.admission,
+                    outcomes=outcomes,
+                    quarantined=sorted(self.quarantined),
+                )
+            )
         return out
 
     # -- verification -----------------------------------------------------------------------------
@@ -198,9 +209,18 @@ class ChunkedEncodedData:
         """Remember why the run failed; ``close`` writes it into the ledger's run_end."""
         self._failure = f"{type(error).__name__}: {error}"[:500]
 
-    def attach_verification(self, *, admission: Any = None, certificate: Any = None, audit: bool | None = None,
-                            audit_rate: float | None = None, audit_policy: str = "quarantine", audit_seed: int = 0,
-                            ledger: Any = None, fault_injector: Any = None) -> None:
+    def attach_verification(
+        self,
+        *,
+        admission: Any = None,
+        certificate: Any = None,
+        audit: bool | None = None,
+        audit_rate: float | None = None,
+        audit_policy: str = "quarantine",
+        audit_seed: int = 0,
+        ledger: Any = None,
+        fault_injector: Any = None,
+    ) -> None:
         """Bind the admission decision, the SDC audit and the ledger (``encoded_data`` calls this).
 
         ``audit=None`` audits when the runner has two workers or more; ``audit_rate`` defaults to
@@ -216,8 +236,14 @@ class ChunkedEncodedData:
             raise ValueError("fault_injector= needs the audit on (audit=True or more than one worker)")
         if on:
             rate = DEFAULT_AUDIT_RATE if audit_rate is None else float(audit_rate)
-            self._audit = EMAudit(self.runner, rate=rate, policy=audit_policy, seed=audit_seed, ledger=ledger,
-                                  fault_injector=fault_injector)
+            self._audit = EMAudit(
+                self.runner,
+                rate=rate,
+                policy=audit_policy,
+                seed=audit_seed,
+                ledger=ledger,
+                fault_injector=fault_injector,
+            )
         elif audit_rate is not None and audit is False:
             raise ValueError("audit=False contradicts audit_rate=; drop one of them")
         if ledger is not None:
@@ -225,14 +251,23 @@ class ChunkedEncodedData:
 
     def _ledger_start(self, certificate: Any) -> None:
         decision = self.admission
-        link = certificate if certificate is not None else (decision.ledger_link if decision is not None else "unverified")
+        link = (
+            certificate if certificate is not None else (decision.ledger_link if decision is not None else "unverified")
+        )
         self.ledger.run_start(
-            plan=ParallelPlan(dp_replicate=max(1, self.num_workers)), certificate=link,
+            plan=ParallelPlan(dp_replicate=max(1, self.num_workers)),
+            certificate=link,
             executor=decision.executor if decision is not None else f"em_{self.backend}",
-            extra={"kind": "em_fit", "backend": self.backend, "rows": self.num_rows, "chunks": self.num_chunks,
-                   "workers": self.num_workers, "admission": decision.mode if decision is not None else None,
-                   "audit_rate": self._audit.rate if self._audit is not None else None,
-                   "audit_policy": self._audit.auditor.policy if self._audit is not None else None},
+            extra={
+                "kind": "em_fit",
+                "backend": self.backend,
+                "rows": self.num_rows,
+                "chunks": self.num_chunks,
+                "workers": self.num_workers,
+                "admission": decision.mode if decision is not None else None,
+                "audit_rate": self._audit.rate if self._audit is not None else None,
+                "audit_policy": self._audit.auditor.policy if self._audit is not None else None,
+            },
         )
 
     def pysp_seq_estimate(self, estimator: Any, prev_estimate: Any) -> Any:
@@ -266,15 +301,20 @@ class ChunkedEncodedData:
             try:
                 if self.ledger is not None:
                     self.ledger.run_end(
-                        status="ok" if self._failure is None else "failed", steps=self.iteration,
-                        extra={"error": self._failure, "audit_records": len(self.audit_records),
-                               "audit_mismatches": sum(1 for r in self.audit_records if not r.matched),
-                               "quarantined": sorted(self.quarantined)})
+                        status="ok" if self._failure is None else "failed",
+                        steps=self.iteration,
+                        extra={
+                            "error": self._failure,
+                            "audit_records": len(self.audit_records),
+                            "audit_mismatches": sum(1 for r in self.audit_records if not r.matched),
+                            "quarantined": sorted(self.quarantined),
+                        },
+                    )
             finally:
                 if self._owns_runner:
                     self.runner.close()
 
-    def __enter__(self) -> "ChunkedEncodedData":
+    def __enter__(self) -> ChunkedEncodedData:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -302,6 +342,13 @@ def handle_from_runner(
 ) -> ChunkedEncodedData:
     """Wrap a runner as an encoded-data handle (encoding happens now if an encoder is known)."""
     return ChunkedEncodedData(
-        runner, data, estimator=estimator, model=model, encoder=encoder, num_chunks=num_chunks,
-        chunk_size=chunk_size, num_rows=num_rows, controls=controls,
+        runner,
+        data,
+        estimator=estimator,
+        model=model,
+        encoder=encoder,
+        num_chunks=num_chunks,
+        chunk_size=chunk_size,
+        num_rows=num_rows,
+        controls=controls,
     )

@@ -30,8 +30,11 @@ EM_PRECISION = "fp64"
 
 def em_capabilities(backend: str) -> BackendCapabilities:
     """The capability declaration of EM on ``backend``: data parallelism over workers, float64 statistics."""
-    return BackendCapabilities(name=f"em_{normalize_backend_name(backend)}", axes=frozenset({ParallelAxis.DP_REPLICATE}),
-                               precisions=frozenset({EM_PRECISION}))
+    return BackendCapabilities(
+        name=f"em_{normalize_backend_name(backend)}",
+        axes=frozenset({ParallelAxis.DP_REPLICATE}),
+        precisions=frozenset({EM_PRECISION}),
+    )
 
 
 class EMExecutorIdentity:
@@ -53,7 +56,14 @@ class EMExecutorIdentity:
     def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
         """One update: chunk statistics gathered from the workers and combined in chunk order."""
         axes = (ParallelAxis.DP_REPLICATE,) if plan.dp_replicate > 1 else ()
-        return (DistributedUpdate(
-            "stats:data", PayloadKind.SUFFICIENT_STATISTIC, CollectiveKind.CUSTOM if axes else CollectiveKind.NONE,
-            axes, StateLayout.REPLICATED, not axes,
-            notes=("per-chunk statistics gathered to the driver and combined in chunk order",)),)
+        return (
+            DistributedUpdate(
+                "stats:data",
+                PayloadKind.SUFFICIENT_STATISTIC,
+                CollectiveKind.CUSTOM if axes else CollectiveKind.NONE,
+                axes,
+                StateLayout.REPLICATED,
+                not axes,
+                notes=("per-chunk statistics gathered to the driver and combined in chunk order",),
+            ),
+        )

@@ -74,7 +74,7 @@ class MixleAccumulator:
         """mixle's ``seq_initialize`` with a RandomState drawn from the chunk's generator."""
         self.inner.seq_initialize(enc, weights, np.random.RandomState(int(rng.integers(2**31 - 1))))
 
-    def combine(self, stats: Any) -> "MixleAccumulator":
+    def combine(self, stats: Any) -> MixleAccumulator:
         """mixle's ``combine``."""
         self.inner.combine(stats)
         return self
@@ -83,7 +83,7 @@ class MixleAccumulator:
         """mixle's ``value()`` (tuples of arrays and floats)."""
         return self.inner.value()
 
-    def from_value(self, stats: Any) -> "MixleAccumulator":
+    def from_value(self, stats: Any) -> MixleAccumulator:
         """mixle's ``from_value``."""
         self.inner.from_value(stats)
         return self

@@ -9,7 +9,12 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from mixle_parallel.executors.estimation.api import encoded_data, is_encoded_data_handle
-from mixle_parallel.executors.estimation.mixle_interop import MixleEstimator, is_mixle_estimator, unwrap_mixle, wrap_mixle_model
+from mixle_parallel.executors.estimation.mixle_interop import (
+    MixleEstimator,
+    is_mixle_estimator,
+    unwrap_mixle,
+    wrap_mixle_model,
+)
 
 __all__ = ["EMStep", "FitResult", "as_estimator", "fit", "optimize"]
 

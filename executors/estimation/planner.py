@@ -14,7 +14,6 @@ import numpy as np
 
 from mixle_parallel.contracts.placement import ComponentShard, ModelShardingPlan, Placement, RowShard
 from mixle_parallel.contracts.resources import Resources
-
 from mixle_parallel.executors.estimation.chunks import DEFAULT_CHUNK_SIZE, chunk_bounds, resolve_encoder
 
 __all__ = ["UnrealizedModelPlacementError", "auto_parallel_estimator", "model_sharding_plan", "plan"]
@@ -57,7 +56,11 @@ def _model_bytes(model: Any) -> int:
 
 
 def _num_components(model: Any, estimator: Any) -> int:
-    for obj, attr in ((model, "components"), (estimator, "estimators"), (getattr(estimator, "inner", None), "estimators")):
+    for obj, attr in (
+        (model, "components"),
+        (estimator, "estimators"),
+        (getattr(estimator, "inner", None), "estimators"),
+    ):
         if obj is not None and hasattr(obj, attr):
             return max(1, len(getattr(obj, attr)))
     return 1
@@ -131,10 +134,19 @@ def model_sharding_plan(
     caps = [d.memory_bytes for d in resources.devices]
     if all(c is None or c >= model_bytes for c in caps):
         shards = tuple(ComponentShard(d.name, 0, k, model_bytes) for d in resources.devices)
-        return ModelShardingPlan(axis, k, model_bytes, shards, False, True,
-                                 "one copy of the model fits on every device: replicate it, split the data")
+        return ModelShardingPlan(
+            axis,
+            k,
+            model_bytes,
+            shards,
+            False,
+            True,
+            "one copy of the model fits on every device: replicate it, split the data",
+        )
     # Split components in proportion to memory, at least min_components_per_shard each.
-    usable = [d for d in resources.devices if d.memory_bytes and d.memory_bytes >= per_component * min_components_per_shard]
+    usable = [
+        d for d in resources.devices if d.memory_bytes and d.memory_bytes >= per_component * min_components_per_shard
+    ]
     capacity = sum(d.memory_bytes // max(per_component, 1) for d in usable)
     shards_list, start = [], 0
     for d in usable:
@@ -147,8 +159,10 @@ def model_sharding_plan(
     fits = start >= k and capacity >= k
     if not shards_list:
         shards_list = [ComponentShard(resources.devices[0].name, 0, k, model_bytes)]
-    reason = (f"the model needs {model_bytes} bytes but the smallest device holds "
-              f"{min(c for c in caps if c is not None)}; components split over {len(shards_list)} device(s)")
+    reason = (
+        f"the model needs {model_bytes} bytes but the smallest device holds "
+        f"{min(c for c in caps if c is not None)}; components split over {len(shards_list)} device(s)"
+    )
     return ModelShardingPlan(axis, k, model_bytes, tuple(shards_list), True, fits, reason)
 
 

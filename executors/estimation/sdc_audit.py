@@ -33,11 +33,6 @@ import numpy as np
 
 from mixle_parallel.contracts import StepReceipt
 from mixle_parallel.contracts.estimation import statistic_digest
-from mixle_parallel.verification.sdc.em import ChunkAudit, EMAuditor
-from mixle_parallel.verification.sdc.inject import flip_bit
-from mixle_parallel.verification.sdc.schedule import DEFAULT_AUDIT_RATE, audit_uniform
-
-from mixle_parallel.executors.estimation.engines.support import block_assignment
 from mixle_parallel.executors.estimation.chunks import (
     ChunkResult,
     GroupFold,
@@ -50,6 +45,10 @@ from mixle_parallel.executors.estimation.chunks import (
     group_of,
     supports_worker_placement,
 )
+from mixle_parallel.executors.estimation.engines.support import block_assignment
+from mixle_parallel.verification.sdc.em import ChunkAudit, EMAuditor
+from mixle_parallel.verification.sdc.inject import flip_bit
+from mixle_parallel.verification.sdc.schedule import DEFAULT_AUDIT_RATE, audit_uniform
 
 __all__ = ["DEFAULT_AUDIT_RATE", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic"]
 
@@ -339,18 +338,32 @@ class EMAudit:
         if not audited:
             return results, ()
         replays = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=list(audited))
-        owners = (list(self.runner.chunk_owners()) if hasattr(self.runner, "chunk_owners")
-                  else [w for w, ids in enumerate(block_assignment(len(results), self.runner.num_workers)) for _ in ids])
+        if hasattr(self.runner, "chunk_owners"):
+            owners = list(self.runner.chunk_owners())
+        else:
+            blocks = block_assignment(len(results), self.runner.num_workers)
+            owners = [w for w, ids in enumerate(blocks) for _ in ids]
         outcomes = []
         for c, replay in zip(audited, replays):
-            outcomes.append(self.auditor.audit_same_worker(iteration=iteration, chunk=c, worker=owners[c],
-                                                           statistic=chunk_result(results, c), replayed=replay))
+            outcomes.append(
+                self.auditor.audit_same_worker(
+                    iteration=iteration, chunk=c, worker=owners[c], statistic=chunk_result(results, c), replayed=replay
+                )
+            )
         return results, tuple(outcomes)
 
 
 # ---- ledger ---------------------------------------------------------------------------------------
-def em_receipt(iteration: int, nobs: float, log_likelihood: float, *, workers: int, admission: Any,
-               outcomes: Sequence[ChunkAudit] = (), quarantined: Sequence[int] = ()) -> StepReceipt:
+def em_receipt(
+    iteration: int,
+    nobs: float,
+    log_likelihood: float,
+    *,
+    workers: int,
+    admission: Any,
+    outcomes: Sequence[ChunkAudit] = (),
+    quarantined: Sequence[int] = (),
+) -> StepReceipt:
     """The receipt of one EM iteration: rows, mean negative log-likelihood, admission and audit summary."""
     finite = math.isfinite(log_likelihood)
     loss = -log_likelihood / nobs if finite and nobs > 0 else 0.0
@@ -364,6 +377,16 @@ def em_receipt(iteration: int, nobs: float, log_likelihood: float, *, workers: i
         "quarantined": sorted(int(w) for w in quarantined),
     }
     rows = int(round(nobs))
-    return StepReceipt(step=iteration, loss=float(loss), local_examples=rows, local_tokens=0, microbatches=1,
-                       accumulation_steps=1, data_parallel_size=max(1, int(workers)), optimizer="em",
-                       precision="fp64", extra=extra, global_examples_observed=rows)
+    return StepReceipt(
+        step=iteration,
+        loss=float(loss),
+        local_examples=rows,
+        local_tokens=0,
+        microbatches=1,
+        accumulation_steps=1,
+        data_parallel_size=max(1, int(workers)),
+        optimizer="em",
+        precision="fp64",
+        extra=extra,
+        global_examples_observed=rows,
+    )

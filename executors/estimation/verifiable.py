@@ -49,7 +49,7 @@ class VerifiableEncodedData(EMExecutorIdentity):
     verification_launch = "self"
 
     def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
-                   world_size: int) -> "EncodedDataTrial":
+                   world_size: int) -> EncodedDataTrial:
         """An encoded-data handle over the workload's data with ``plan.dp_replicate`` workers."""
         return EncodedDataTrial(self.backend, workload, plan, seed)
 

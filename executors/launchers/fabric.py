@@ -15,10 +15,10 @@ and raises if one of them failed.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mixle_parallel.contracts import BackendCapabilities, CapabilityError, MissingExtraError, ParallelAxis, ParallelPlan
-
 from mixle_parallel.executors.launchers.base import LaunchContext, bind_launched_rank, release_process_group
 
 LAUNCHER = "lightning_fabric"
@@ -63,12 +63,20 @@ class LightningFabricLauncher:
             raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
         # the gate runs here, before anything imports lightning
         self.strategy = fabric_strategy(plan)
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1 or plan.world_size % num_nodes:
-            raise ValueError(f"num_nodes={num_nodes!r} must be a positive int dividing the plan's world size {plan.world_size}")
+        if (
+            isinstance(num_nodes, bool)
+            or not isinstance(num_nodes, int)
+            or num_nodes < 1
+            or plan.world_size % num_nodes
+        ):
+            raise ValueError(
+                f"num_nodes={num_nodes!r} must be a positive int dividing the plan's world size {plan.world_size}"
+            )
         if self.strategy == "fsdp" and accelerator == "cpu":
             raise ValueError(
                 f"plan {plan.describe()} shards parameters, and Fabric runs FSDP only on GPUs; pass "
-                "accelerator='gpu', or run a torch_native session (FSDP2 on CPU) under TorchrunLauncher or RayTrainLauncher"
+                "accelerator='gpu', or run a torch_native session (FSDP2 on CPU) under TorchrunLauncher or "
+                "RayTrainLauncher"
             )
         for key in ("strategy", "devices"):
             if key in fabric_kwargs:
@@ -89,8 +97,13 @@ class LightningFabricLauncher:
         except ImportError as err:
             raise MissingExtraError("lightning", "lightning") from err
         strategy = self.strategy if self.plan.world_size > 1 else "auto"
-        return Fabric(accelerator=self.accelerator, devices=self.devices, num_nodes=self.num_nodes,
-                      strategy=strategy, **self.fabric_kwargs)
+        return Fabric(
+            accelerator=self.accelerator,
+            devices=self.devices,
+            num_nodes=self.num_nodes,
+            strategy=strategy,
+            **self.fabric_kwargs,
+        )
 
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(context, *args, **kwargs)`` on every rank; return this rank's result.
@@ -129,15 +142,21 @@ class LightningFabricLauncher:
             if code != 0:
                 failed.append(f"pid {proc.pid}: {code}")
         if failed:
-            raise RuntimeError(f"{LAUNCHER}: ranks started by Fabric failed ({'; '.join(failed)}); see their output above")
+            raise RuntimeError(
+                f"{LAUNCHER}: ranks started by Fabric failed ({'; '.join(failed)}); see their output above"
+            )
 
 
 def _run_rank(fabric: Any, plan: ParallelPlan, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Fabric's per-rank entry: bind the attestation, run ``fn``, destroy the process group."""
     try:
         context: LaunchContext = bind_launched_rank(
-            plan, launcher=LAUNCHER, rank=int(fabric.global_rank), world_size=int(fabric.world_size),
-            local_rank=int(fabric.local_rank), handle=fabric,
+            plan,
+            launcher=LAUNCHER,
+            rank=int(fabric.global_rank),
+            world_size=int(fabric.world_size),
+            local_rank=int(fabric.local_rank),
+            handle=fabric,
         )
         return fn(context, *args, **kwargs)
     finally:

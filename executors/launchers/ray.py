@@ -14,10 +14,10 @@ megatron), which checks its own capabilities. Ray is imported only inside ``run`
 from __future__ import annotations
 
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mixle_parallel.contracts import MissingExtraError, ParallelPlan, WorkerTopologyAttestation
-
 from mixle_parallel.executors.launchers.base import bind_launched_rank, describe_attestations
 
 LAUNCHER = "ray_train"

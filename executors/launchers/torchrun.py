@@ -17,7 +17,6 @@ from collections.abc import Iterator, Mapping
 from datetime import timedelta
 
 from mixle_parallel.contracts import ParallelPlan, Resources
-
 from mixle_parallel.executors.launchers.base import LaunchContext, bind_launched_rank, release_process_group
 
 LAUNCHER = "torchrun"

@@ -23,9 +23,6 @@ from mixle_parallel.contracts import (
     ParallelPlan,
     attest_worker_coordinate,
 )
-from mixle_parallel.verification.admission import AdmissionDecision, require_admission
-
-from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
 from mixle_parallel.executors.megatron.cpu_compat import cpu_compat
 from mixle_parallel.executors.megatron.parallel_state import (
     check_layout,
@@ -35,6 +32,8 @@ from mixle_parallel.executors.megatron.parallel_state import (
 )
 from mixle_parallel.executors.megatron.session import LossFn, MegatronSession
 from mixle_parallel.executors.megatron.stages import PipelineStage, stage_bounds, transport_shape
+from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
+from mixle_parallel.verification.admission import AdmissionDecision, require_admission
 
 BACKEND_NAME = "megatron"
 OPTIMIZERS = ("adam", "sgd")
@@ -160,13 +159,28 @@ class MegatronBackend:
     # ---- steps of prepare ------------------------------------------------------------
     def _admit(self, plan: ParallelPlan, precision: str, certificate: AdmissionCertificate | None,
                admission: str | None, device: torch.device) -> AdmissionDecision:
-        """The same gate as torch_native: ``verification.require_admission`` (certified / unverified / local / verifying)."""
-        return require_admission(self, plan, precision, certificate=certificate, admission=admission,
-                                 world_size=plan.world_size, accelerator=device.type != "cpu",
-                                 library_versions={"megatron-core": megatron_version()})
+        """The same gate as torch_native: ``verification.require_admission``.
 
-    def _config(self, plan: ParallelPlan, activation_shape: Sequence[int], device: torch.device,
-                moe_config: dict[str, Any] | None) -> Any:
+        Its modes: certified, unverified, local, verifying.
+        """
+        return require_admission(
+            self,
+            plan,
+            precision,
+            certificate=certificate,
+            admission=admission,
+            world_size=plan.world_size,
+            accelerator=device.type != "cpu",
+            library_versions={"megatron-core": megatron_version()},
+        )
+
+    def _config(
+        self,
+        plan: ParallelPlan,
+        activation_shape: Sequence[int],
+        device: torch.device,
+        moe_config: dict[str, Any] | None,
+    ) -> Any:
         from megatron.core.transformer import TransformerConfig
 
         _, hidden = transport_shape(tuple(activation_shape))
@@ -177,17 +191,31 @@ class MegatronBackend:
             # The alltoall dispatcher allocates torch.cuda.Stream(); allgather runs on gloo.
             extra.setdefault("moe_token_dispatcher_type", "allgather")
         return TransformerConfig(
-            num_layers=plan.pp, hidden_size=hidden, num_attention_heads=plan.tp,  # no attention; tp must divide it
-            tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
-            context_parallel_size=plan.cp, expert_model_parallel_size=plan.ep,
+            num_layers=plan.pp,
+            hidden_size=hidden,
+            num_attention_heads=plan.tp,  # no attention; tp must divide it
+            tensor_model_parallel_size=plan.tp,
+            pipeline_model_parallel_size=plan.pp,
+            context_parallel_size=plan.cp,
+            expert_model_parallel_size=plan.ep,
             expert_tensor_parallel_size=plan.etp,
-            use_cpu_initialization=device.type == "cpu", pipeline_dtype=torch.float32,
-            params_dtype=torch.float32, **extra,
+            use_cpu_initialization=device.type == "cpu",
+            pipeline_dtype=torch.float32,
+            params_dtype=torch.float32,
+            **extra,
         )
 
-    def _build_stage(self, module: Any, plan: ParallelPlan, config: Any, pp_rank: int,
-                     activation_shape: Sequence[int], stage_boundaries: Sequence[int] | None,
-                     device: torch.device, seed: int) -> PipelineStage:
+    def _build_stage(
+        self,
+        module: Any,
+        plan: ParallelPlan,
+        config: Any,
+        pp_rank: int,
+        activation_shape: Sequence[int],
+        stage_boundaries: Sequence[int] | None,
+        device: torch.device,
+        seed: int,
+    ) -> PipelineStage:
         if isinstance(module, torch.nn.Sequential):
             layers = module
         elif callable(module):
@@ -201,23 +229,45 @@ class MegatronBackend:
             )
         start, stop = stage_bounds(len(layers), plan.pp, stage_boundaries)[pp_rank]
         mine = torch.nn.Sequential(*list(layers)[start:stop]).to(device)
-        return PipelineStage(mine, config=config, stage=pp_rank, num_stages=plan.pp,
-                             activation_shape=tuple(activation_shape), first_layer_index=start)
+        return PipelineStage(
+            mine,
+            config=config,
+            stage=pp_rank,
+            num_stages=plan.pp,
+            activation_shape=tuple(activation_shape),
+            first_layer_index=start,
+        )
 
-    def _wrap(self, stage: PipelineStage, config: Any, optimizer: str, lr: float, weight_decay: float,
-              max_grad_norm: float | None) -> tuple[Any, Any]:
+    def _wrap(
+        self,
+        stage: PipelineStage,
+        config: Any,
+        optimizer: str,
+        lr: float,
+        weight_decay: float,
+        max_grad_norm: float | None,
+    ) -> tuple[Any, Any]:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         sharded = self.sharded_data_parallel
         ddp = DistributedDataParallel(
-            config, DistributedDataParallelConfig(use_distributed_optimizer=sharded, overlap_grad_reduce=False),
+            config,
+            DistributedDataParallelConfig(use_distributed_optimizer=sharded, overlap_grad_reduce=False),
             stage,
         )
         opt = get_megatron_optimizer(
-            OptimizerConfig(optimizer=optimizer, lr=lr, min_lr=lr, weight_decay=weight_decay,
-                            clip_grad=float(max_grad_norm or 0.0), use_distributed_optimizer=sharded,
-                            bf16=False, fp16=False, params_dtype=torch.float32),
+            OptimizerConfig(
+                optimizer=optimizer,
+                lr=lr,
+                min_lr=lr,
+                weight_decay=weight_decay,
+                clip_grad=float(max_grad_norm or 0.0),
+                use_distributed_optimizer=sharded,
+                bf16=False,
+                fp16=False,
+                params_dtype=torch.float32,
+            ),
             [ddp],
         )
         return ddp, opt

@@ -24,7 +24,6 @@ from mixle_parallel.contracts import (
     TorchSessionState,
     WorkerTopologyAttestation,
 )
-
 from mixle_parallel.executors.megatron.checkpoint import load_stage, save_stage
 from mixle_parallel.executors.megatron.cpu_compat import cpu_compat
 from mixle_parallel.executors.megatron.stages import PipelineStage, transport_shape

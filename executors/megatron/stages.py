@@ -15,7 +15,9 @@ import torch
 from megatron.core.enums import ModelType
 
 
-def stage_bounds(num_layers: int, num_stages: int, boundaries: Sequence[int] | None = None) -> tuple[tuple[int, int], ...]:
+def stage_bounds(
+    num_layers: int, num_stages: int, boundaries: Sequence[int] | None = None
+) -> tuple[tuple[int, int], ...]:
     """``(start, stop)`` layer ranges of every stage: ``boundaries`` (cut points) or balanced by count."""
     if num_stages > num_layers:
         raise ValueError(
@@ -127,16 +129,29 @@ class DropBias(torch.nn.Module):
         return out if bias is None else out + bias
 
 
-def tensor_parallel_mlp(config: object, in_features: int, hidden_features: int, out_features: int,
-                        activation: torch.nn.Module | None = None) -> torch.nn.Sequential:
+def tensor_parallel_mlp(
+    config: object, in_features: int, hidden_features: int, out_features: int, activation: torch.nn.Module | None = None
+) -> torch.nn.Sequential:
     """ColumnParallelLinear -> activation -> RowParallelLinear: megatron's tensor-parallel MLP block."""
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
     init = torch.nn.init.xavier_uniform_
     return torch.nn.Sequential(
-        DropBias(ColumnParallelLinear(in_features, hidden_features, config=config, init_method=init,
-                                      bias=True, gather_output=False)),
+        DropBias(
+            ColumnParallelLinear(
+                in_features, hidden_features, config=config, init_method=init, bias=True, gather_output=False
+            )
+        ),
         activation if activation is not None else torch.nn.GELU(),
-        DropBias(RowParallelLinear(hidden_features, out_features, config=config, init_method=init,
-                                   bias=True, input_is_parallel=True, skip_bias_add=False)),
+        DropBias(
+            RowParallelLinear(
+                hidden_features,
+                out_features,
+                config=config,
+                init_method=init,
+                bias=True,
+                input_is_parallel=True,
+                skip_bias_add=False,
+            )
+        ),
     )

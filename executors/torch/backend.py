@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,15 +19,20 @@ from mixle_parallel.contracts import (
     PayloadKind,
     StateLayout,
 )
-from mixle_parallel.verification.admission import AdmissionDecision, require_admission
-from mixle_parallel.verification.sdc.schedule import AUDIT_POLICIES, DEFAULT_AUDIT_RATE
-
-from mixle_parallel.executors.torch.sdc_audit import AUDIT_REPLAYS, audit_supported
 from mixle_parallel.executors.torch.comm_taps import install_taps
 from mixle_parallel.executors.torch.layouts import describe_parameter_layouts
-from mixle_parallel.executors.torch.mesh import axis_mesh, build_mesh, ensure_process_group, require_torch, resolve_device
-from mixle_parallel.executors.torch.session import TorchDistributedSession
+from mixle_parallel.executors.torch.mesh import (
+    axis_mesh,
+    build_mesh,
+    ensure_process_group,
+    require_torch,
+    resolve_device,
+)
 from mixle_parallel.executors.torch.parallelize import apply_ddp, apply_fsdp, apply_tp, data_sync_axes, resolve_tp_plan
+from mixle_parallel.executors.torch.sdc_audit import AUDIT_REPLAYS, audit_supported
+from mixle_parallel.executors.torch.session import TorchDistributedSession
+from mixle_parallel.verification.admission import AdmissionDecision, require_admission
+from mixle_parallel.verification.sdc.schedule import AUDIT_POLICIES, DEFAULT_AUDIT_RATE
 
 EXECUTOR_VERSION = "1.0.0"
 
@@ -59,15 +65,22 @@ def lm_token_loss(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     return loss_sum, (labels != -100).sum()
 
 
-def build_optimizer(optimizer: Any, params: list[torch.nn.Parameter], lr: float) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
+def build_optimizer(
+    optimizer: Any, params: list[torch.nn.Parameter], lr: float
+) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
     """An optimizer over the transformed parameters from a torch.optim class, its name, or a callable(params)."""
     if isinstance(optimizer, str):
-        classes = {name.lower(): cls for name, cls in vars(torch.optim).items()
-                   if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer}
+        classes = {
+            name.lower(): cls
+            for name, cls in vars(torch.optim).items()
+            if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer
+        }
         cls = classes.get(optimizer.strip().lower())
         if cls is None:
-            raise ValueError(f"unknown optimizer {optimizer!r}; name a torch.optim class (any case), one of: "
-                             f"{', '.join(sorted(c.__name__ for c in classes.values()))}")
+            raise ValueError(
+                f"unknown optimizer {optimizer!r}; name a torch.optim class (any case), one of: "
+                f"{', '.join(sorted(c.__name__ for c in classes.values()))}"
+            )
         opt = cls(params, lr=lr)
     elif isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
         opt = optimizer(params, lr=lr)
@@ -108,52 +121,110 @@ class TorchDistributedBackend:
         sync = data_sync_axes(plan)
         shard_axes = tuple(a for a in (A.DP_SHARD, A.CP) if plan.size(a) > 1)
         if sync == "ddp" or (sync == "hsdp" and not shard_axes):
-            updates.append(DistributedUpdate(
-                node_id="grad:dp_replicate", payload=PayloadKind.GRADIENT, collective=CollectiveKind.ALL_REDUCE,
-                mesh_axes=(A.DP_REPLICATE,), state_layout=StateLayout.REPLICATED, exact=False,
-                notes=("DDP bucket all-reduce (HSDP with a shard group of one under TP); skipped on non-commit micro-steps",),
-            ))
+            updates.append(
+                DistributedUpdate(
+                    node_id="grad:dp_replicate",
+                    payload=PayloadKind.GRADIENT,
+                    collective=CollectiveKind.ALL_REDUCE,
+                    mesh_axes=(A.DP_REPLICATE,),
+                    state_layout=StateLayout.REPLICATED,
+                    exact=False,
+                    notes=(
+                        "DDP bucket all-reduce (HSDP with a shard group of one under TP); skipped on non-commit "
+                        "micro-steps",
+                    ),
+                )
+            )
         elif sync in ("fsdp", "hsdp"):
-            updates.append(DistributedUpdate(
-                node_id="param:" + ",".join(a.value for a in shard_axes), payload=PayloadKind.PARAMETER,
-                collective=CollectiveKind.ALL_GATHER, mesh_axes=shard_axes, state_layout=StateLayout.SHARDED,
-                exact=False, notes=("FSDP2 all-gathers parameters before forward and backward",),
-            ))
-            updates.append(DistributedUpdate(
-                node_id="grad:" + ",".join(a.value for a in shard_axes), payload=PayloadKind.GRADIENT,
-                collective=CollectiveKind.REDUCE_SCATTER, mesh_axes=shard_axes, state_layout=StateLayout.SHARDED,
-                exact=False, notes=("FSDP2 reduce-scatter; skipped on non-commit micro-steps",),
-            ))
+            updates.append(
+                DistributedUpdate(
+                    node_id="param:" + ",".join(a.value for a in shard_axes),
+                    payload=PayloadKind.PARAMETER,
+                    collective=CollectiveKind.ALL_GATHER,
+                    mesh_axes=shard_axes,
+                    state_layout=StateLayout.SHARDED,
+                    exact=False,
+                    notes=("FSDP2 all-gathers parameters before forward and backward",),
+                )
+            )
+            updates.append(
+                DistributedUpdate(
+                    node_id="grad:" + ",".join(a.value for a in shard_axes),
+                    payload=PayloadKind.GRADIENT,
+                    collective=CollectiveKind.REDUCE_SCATTER,
+                    mesh_axes=shard_axes,
+                    state_layout=StateLayout.SHARDED,
+                    exact=False,
+                    notes=("FSDP2 reduce-scatter; skipped on non-commit micro-steps",),
+                )
+            )
             if plan.dp_replicate > 1:
-                updates.append(DistributedUpdate(
-                    node_id="grad:dp_replicate", payload=PayloadKind.GRADIENT, collective=CollectiveKind.ALL_REDUCE,
-                    mesh_axes=(A.DP_REPLICATE,), state_layout=StateLayout.SHARDED, exact=False,
-                    notes=("HSDP all-reduce of the reduce-scattered shards across replicas",),
-                ))
+                updates.append(
+                    DistributedUpdate(
+                        node_id="grad:dp_replicate",
+                        payload=PayloadKind.GRADIENT,
+                        collective=CollectiveKind.ALL_REDUCE,
+                        mesh_axes=(A.DP_REPLICATE,),
+                        state_layout=StateLayout.SHARDED,
+                        exact=False,
+                        notes=("HSDP all-reduce of the reduce-scattered shards across replicas",),
+                    )
+                )
         if plan.tp > 1:
-            updates.append(DistributedUpdate(
-                node_id="act:tp", payload=PayloadKind.ACTIVATION, collective=CollectiveKind.ALL_REDUCE,
-                mesh_axes=(A.TP,), state_layout=StateLayout.SHARDED, exact=False,
-                notes=("DTensor row-wise outputs / column-wise input gradients (all-gather for sequence or replicated outputs)",),
-            ))
+            updates.append(
+                DistributedUpdate(
+                    node_id="act:tp",
+                    payload=PayloadKind.ACTIVATION,
+                    collective=CollectiveKind.ALL_REDUCE,
+                    mesh_axes=(A.TP,),
+                    state_layout=StateLayout.SHARDED,
+                    exact=False,
+                    notes=(
+                        "DTensor row-wise outputs / column-wise input gradients (all-gather for sequence or "
+                        "replicated outputs)",
+                    ),
+                )
+            )
         if plan.cp > 1:
-            updates.append(DistributedUpdate(
-                node_id="kv:cp", payload=PayloadKind.KV_BLOCK, collective=CollectiveKind.ALL_GATHER,
-                mesh_axes=(A.CP,), state_layout=StateLayout.SHARDED, exact=False,
-                notes=("context_parallel ring attention exchanges key/value blocks",),
-            ))
+            updates.append(
+                DistributedUpdate(
+                    node_id="kv:cp",
+                    payload=PayloadKind.KV_BLOCK,
+                    collective=CollectiveKind.ALL_GATHER,
+                    mesh_axes=(A.CP,),
+                    state_layout=StateLayout.SHARDED,
+                    exact=False,
+                    notes=("context_parallel ring attention exchanges key/value blocks",),
+                )
+            )
         if plan.world_size > 1:
             axes = tuple(a for a in (A.DP_REPLICATE, A.DP_SHARD, A.CP, A.TP) if plan.size(a) > 1)
-            updates.append(DistributedUpdate(
-                node_id="metric:dp", payload=PayloadKind.SUFFICIENT_STATISTIC, collective=CollectiveKind.ALL_REDUCE,
-                mesh_axes=axes, state_layout=StateLayout.REPLICATED, exact=False,
-                notes=("one float64 all-reduce per commit: loss sum, example/token counts, non-finite flag, squared grad norm",),
-            ))
+            updates.append(
+                DistributedUpdate(
+                    node_id="metric:dp",
+                    payload=PayloadKind.SUFFICIENT_STATISTIC,
+                    collective=CollectiveKind.ALL_REDUCE,
+                    mesh_axes=axes,
+                    state_layout=StateLayout.REPLICATED,
+                    exact=False,
+                    notes=(
+                        "one float64 all-reduce per commit: loss sum, example/token counts, non-finite flag, squared "
+                        "grad norm",
+                    ),
+                )
+            )
         if not updates:
-            updates.append(DistributedUpdate(
-                node_id="local", payload=PayloadKind.GRADIENT, collective=CollectiveKind.NONE, mesh_axes=(),
-                state_layout=StateLayout.REPLICATED, exact=True, notes=("single process: no communication",),
-            ))
+            updates.append(
+                DistributedUpdate(
+                    node_id="local",
+                    payload=PayloadKind.GRADIENT,
+                    collective=CollectiveKind.NONE,
+                    mesh_axes=(),
+                    state_layout=StateLayout.REPLICATED,
+                    exact=True,
+                    notes=("single process: no communication",),
+                )
+            )
         return tuple(updates)
 
     def prepare(
@@ -235,29 +306,66 @@ class TorchDistributedBackend:
         opt, receipt = build_optimizer(optimizer, params, lr)
         sched = scheduler(opt) if scheduler is not None else None
         session = TorchDistributedSession(
-            module, plan=plan, capabilities=CAPABILITIES, mesh=mesh, device=dev, optimizer=opt,
-            optimizer_receipt=receipt, parameter_layouts=layouts, precision=precision,
-            max_grad_norm=max_grad_norm, scheduler=sched, loss_fn=loss_fn or lm_token_loss, sync=sync,
-            cp_mesh=cp_mesh, nonfinite=nonfinite, admission=decision, owns_process_group=owns_pg,
-            tap=tap, ledger=ledger,
+            module,
+            plan=plan,
+            capabilities=CAPABILITIES,
+            mesh=mesh,
+            device=dev,
+            optimizer=opt,
+            optimizer_receipt=receipt,
+            parameter_layouts=layouts,
+            precision=precision,
+            max_grad_norm=max_grad_norm,
+            scheduler=sched,
+            loss_fn=loss_fn or lm_token_loss,
+            sync=sync,
+            cp_mesh=cp_mesh,
+            nonfinite=nonfinite,
+            admission=decision,
+            owns_process_group=owns_pg,
+            tap=tap,
+            ledger=ledger,
             audit=None if audit_options is None else {**audit_options, "injector": fault_injector, "ledger": ledger},
         )
         if ledger is not None:
-            ledger.run_start(plan=plan, certificate=decision.ledger_link, executor=self.name,
-                             extra={"precision": precision, "admission": decision.mode,
-                                    "rank": dist.get_rank() if dist.is_initialized() else 0,
-                                    "audit": {k: v for k, v in (audit_options or {}).items() if k != "enabled"}})
+            ledger.run_start(
+                plan=plan,
+                certificate=decision.ledger_link,
+                executor=self.name,
+                extra={
+                    "precision": precision,
+                    "admission": decision.mode,
+                    "rank": dist.get_rank() if dist.is_initialized() else 0,
+                    "audit": {k: v for k, v in (audit_options or {}).items() if k != "enabled"},
+                },
+            )
         return session
 
-    def _admission_gate(self, plan: ParallelPlan, precision: str, admission: Any, certificate: Any,
-                        device: torch.device) -> AdmissionDecision:
+    def _admission_gate(
+        self, plan: ParallelPlan, precision: str, admission: Any, certificate: Any, device: torch.device
+    ) -> AdmissionDecision:
         """The admission gate: runs before any process group, mesh, transform or optimizer is built."""
-        return require_admission(self, plan, precision, certificate=certificate, admission=admission,
-                                 world_size=plan.world_size, accelerator=device.type != "cpu")
+        return require_admission(
+            self,
+            plan,
+            precision,
+            certificate=certificate,
+            admission=admission,
+            world_size=plan.world_size,
+            accelerator=device.type != "cpu",
+        )
 
 
-def _audit_options(plan: ParallelPlan, sync: str, audit: bool | None, rate: float, policy: str, bound: float,
-                   seed: int | None, replay: str = "peer") -> dict[str, Any] | None:
+def _audit_options(
+    plan: ParallelPlan,
+    sync: str,
+    audit: bool | None,
+    rate: float,
+    policy: str,
+    bound: float,
+    seed: int | None,
+    replay: str = "peer",
+) -> dict[str, Any] | None:
     """The SessionAudit options, None when the audit is off; raises for a bad option or an unsupported plan."""
     if audit not in (None, True, False):
         raise ValueError(f"audit must be None (on where supported), True or False, got {audit!r}")
@@ -268,8 +376,10 @@ def _audit_options(plan: ParallelPlan, sync: str, audit: bool | None, rate: floa
     if not float(bound) >= 0.0:
         raise ValueError(f"audit_bound={bound} must be >= 0 (0 = bitwise)")
     if replay not in AUDIT_REPLAYS:
-        raise ValueError(f"audit_replay={replay!r}; allowed: {list(AUDIT_REPLAYS)} ('peer': a peer recomputes, "
-                         "the same rank on a disagreement; 'both': both on every audited step)")
+        raise ValueError(
+            f"audit_replay={replay!r}; allowed: {list(AUDIT_REPLAYS)} ('peer': a peer recomputes, "
+            "the same rank on a disagreement; 'both': both on every audited step)"
+        )
     if audit is False:
         return None
     reason = audit_supported(plan, sync)

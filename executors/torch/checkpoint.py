@@ -37,9 +37,9 @@ when the write completes; ``handle.wait()`` (collective) returns once it is publ
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import random
-import contextlib
 import threading
 import time
 import warnings

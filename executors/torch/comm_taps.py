@@ -1,6 +1,6 @@
 """Cheap collective accounting and the SDC audit's view of local gradients, at the data-parallel comm layer.
 
-Instead of a dispatch mode over every aten op (``torch_comm.CollectiveMeter``, still used for
+Instead of a dispatch mode over every aten op (``comm_meter.CollectiveMeter``, still used for
 tensor and context parallelism), the session taps the only places DDP and FSDP2 communicate:
 
 * DDP: its built-in all-reduce is left alone; bytes are those of its buckets (every trainable
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
 from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
 
 MODES = ("pass", "capture", "replay")
@@ -319,7 +320,7 @@ def install_taps(module: nn.Module, plan: Any, sync: str, *, gradient_access: bo
     """
     counting = plan.world_size > 1 and plan.tp == 1 and plan.cp == 1
     if sync in ("fsdp", "hsdp") and not fsdp_taps_supported():
-        counting = False  # older FSDP2: the dispatch-mode meter counts; the audit is refused (see torch_audit)
+        counting = False  # older FSDP2: the dispatch-mode meter counts; the audit is refused (see torch.sdc_audit)
     tap = CommTap(counting=counting, rank=dist.get_rank() if dist.is_initialized() else 0)
     if sync == "ddp":
         tap.ddp_sync_bytes = sum(_nbytes(p) for p in module.parameters() if p.requires_grad)

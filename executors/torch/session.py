@@ -4,27 +4,28 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from mixle_parallel.contracts import (
+    SCHEMA_VERSION,
     BackendCapabilities,
-    to_dict,
     ParallelAxis,
     ParallelPlan,
     ParameterLayout,
     StepReceipt,
     TorchSessionState,
+    from_dict,
+    to_dict,
 )
-
+from mixle_parallel.executors.torch.checkpoint import load_checkpoint, save_checkpoint
 from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
 from mixle_parallel.executors.torch.comm_taps import CommTap
 from mixle_parallel.executors.torch.grads import local_grads, scale_grads, weighted_square_sum
-from mixle_parallel.contracts import SCHEMA_VERSION, from_dict, to_dict
-from mixle_parallel.executors.torch.checkpoint import load_checkpoint, save_checkpoint
 from mixle_parallel.executors.torch.sdc_audit import SessionAudit, trainable
 
 LossFn = Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]
@@ -194,7 +195,7 @@ class TorchDistributedSession:
         """Save model, optimizer, scheduler, clocks, RNG and loader state as a new published generation.
 
         Collective (every rank calls it). Returns a handle whose ``wait()`` (collective) returns the
-        published folder; see docs/checkpoints.md and ``executors.torch_checkpoint``.
+        published folder; see docs/checkpoints.md and ``executors.torch.checkpoint``.
         """
         self._check_open()
         if self._pending:
@@ -218,7 +219,7 @@ class TorchDistributedSession:
         Collective. A checkpoint saved at another world size is refused unless
         ``allow_world_size_change=True`` (then DCP reshards and rank-local state is re-derived by
         the rule in docs/checkpoints.md). Returns loader_state, typed_scheduler_state, extra,
-        saved_world_size and the rest of ``executors.torch_checkpoint.load_checkpoint``'s dict.
+        saved_world_size and the rest of ``executors.torch.checkpoint.load_checkpoint``'s dict.
         """
         self._check_open()
         loaded = load_checkpoint(

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from mixle_parallel.contracts import DistributedUpdate, ParallelPlan, PayloadKind
-
 from mixle_parallel.executors.torch.backend import TorchDistributedBackend
 
 
@@ -42,7 +41,7 @@ class VerifiableTorchNative:
         return self._backend.describe_updates(plan)
 
     def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
-                   world_size: int) -> "TorchNativeTrial":
+                   world_size: int) -> TorchNativeTrial:
         """A prepared session for ``workload`` on this rank."""
         return TorchNativeTrial(self._backend, workload, plan, precision=precision, seed=seed, rank=rank)
 

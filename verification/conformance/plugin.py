@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-CHECKS_MODULE = Path(__file__).with_name("conformance_checks.py")
+CHECKS_MODULE = Path(__file__).with_name("checks.py")
 """The bundled test module holding one test per conformance check."""
 
 

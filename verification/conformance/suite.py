@@ -1,7 +1,7 @@
 """The conformance suite: standard contract and executor checks any backend must pass.
 
 Run it with ``mixle-parallel conformance --backend module:attr`` (``main_conformance``) or
-``pytest --mixle-backend module:attr`` (the pytest plugin in ``conformance_plugin``). Each
+``pytest --mixle-backend module:attr`` (the pytest plugin in ``conformance.plugin``). Each
 check is a function of a ``ConformanceContext`` that raises ``ConformanceFailure`` with what is
 wrong; the last one runs the verification harness on a small real mesh and requires that its
 evidence certifies the backend.
@@ -28,9 +28,8 @@ from mixle_parallel.contracts import (
     from_json,
     to_json,
 )
-
-from mixle_parallel.verification.harness.worker import resolve_executor
 from mixle_parallel.verification.harness.run import verify
+from mixle_parallel.verification.harness.worker import resolve_executor
 
 
 class ConformanceFailure(AssertionError):
@@ -223,5 +222,6 @@ def main_conformance(argv: Sequence[str] | None = None) -> int:
         if not result.passed:
             print("      " + result.detail.replace("\n", "\n      "))
     failed = [r.name for r in results if not r.passed]
-    print(f"{len(results) - len(failed)}/{len(results)} checks passed" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    failed_note = f"; failed: {', '.join(failed)}" if failed else ""
+    print(f"{len(results) - len(failed)}/{len(results)} checks passed{failed_note}")
     return 1 if failed else 0

@@ -33,15 +33,13 @@ from mixle_parallel.contracts import (
     ParallelPlan,
     Tolerance,
 )
-
-from mixle_parallel.verification.harness.collectives import realized_kinds
-from mixle_parallel.verification.harness.worker import gloo_rank_main, resolve_executor, run_trials
-from mixle_parallel.verification.harness.mesh import DEFAULT_TIMEOUT_S, run_on_gloo_mesh
-from mixle_parallel.verification.sdc.digest import digest
-from mixle_parallel.verification.harness.tolerance import compare, default_tolerance
-from mixle_parallel.verification.harness.workloads import resolve_workload
-from mixle_parallel.verification.harness.collectives import summarize
 from mixle_parallel.verification.admission import CertificationError, certify
+from mixle_parallel.verification.harness.collectives import realized_kinds, summarize
+from mixle_parallel.verification.harness.mesh import DEFAULT_TIMEOUT_S, run_on_gloo_mesh
+from mixle_parallel.verification.harness.tolerance import compare, default_tolerance
+from mixle_parallel.verification.harness.worker import gloo_rank_main, resolve_executor, run_trials
+from mixle_parallel.verification.harness.workloads import resolve_workload
+from mixle_parallel.verification.sdc.digest import digest
 
 _FLOAT_MAX = sys.float_info.max
 
@@ -181,29 +179,70 @@ def verify(
     undeclared = [f"{kind.value} over {[a.value for a in axes]} x{n}" for (kind, axes), n in sorted(steady.items())
                   if (kind, axes) not in declared] + list(strays)
     if undeclared:
-        failures.append(f"check 'collectives' failed: undeclared collectives observed in steps: {', '.join(undeclared)}")
+        failures.append(
+            f"check 'collectives' failed: undeclared collectives observed in steps: {', '.join(undeclared)}"
+        )
     evidence, evidenced = [], []
     for update in updates:
-        record = _judge(update, by_rank, reference, tol, observed, bool(undeclared), reported, local, plan,
-                        precision, trials, failures, launch)
+        record = _judge(
+            update,
+            by_rank,
+            reference,
+            tol,
+            observed,
+            bool(undeclared),
+            reported,
+            local,
+            plan,
+            precision,
+            trials,
+            failures,
+            launch,
+        )
         if record is None:
             evidenced.append(update)
             continue
         evidence.append(record)
-        evidenced.append(attrs.evolve(
-            update, determinism_observed=record.deterministic,
-            maximum_absolute_error=record.maximum_absolute_error,
-            maximum_relative_error=record.maximum_relative_error,
-            numerics_evidence_id=record.evidence_id, numerics_sample_count=record.sample_count))
+        evidenced.append(
+            attrs.evolve(
+                update,
+                determinism_observed=record.deterministic,
+                maximum_absolute_error=record.maximum_absolute_error,
+                maximum_relative_error=record.maximum_relative_error,
+                numerics_evidence_id=record.evidence_id,
+                numerics_sample_count=record.sample_count,
+            )
+        )
     all_observed = tuple(ObservedCollective(k, a, n) for (k, a), n in sorted(observed.items()))
-    return VerificationReport(local.capabilities.name, str(local.version), plan, precision, work.name,
-                              tuple(evidence), tuple(evidenced), tuple(failures), all_observed,
-                              time.perf_counter() - started)
+    return VerificationReport(
+        local.capabilities.name,
+        str(local.version),
+        plan,
+        precision,
+        work.name,
+        tuple(evidence),
+        tuple(evidenced),
+        tuple(failures),
+        all_observed,
+        time.perf_counter() - started,
+    )
 
 
-def _judge(update: DistributedUpdate, by_rank: list[list[dict[str, Any]]], reference: Mapping[int, list[dict]],
-           tol: Tolerance, observed: Counter, undeclared: bool, reported: bool, executor: Any, plan: ParallelPlan,
-           precision: str, trials: int, failures: list[str], launch: str) -> NumericsEvidence | None:
+def _judge(
+    update: DistributedUpdate,
+    by_rank: list[list[dict[str, Any]]],
+    reference: Mapping[int, list[dict]],
+    tol: Tolerance,
+    observed: Counter,
+    undeclared: bool,
+    reported: bool,
+    executor: Any,
+    plan: ParallelPlan,
+    precision: str,
+    trials: int,
+    failures: list[str],
+    launch: str,
+) -> NumericsEvidence | None:
     where = f"update {update.node_id!r}"
     max_abs = max_rel = 0.0
     samples, within, deterministic = 0, True, True
@@ -216,7 +255,9 @@ def _judge(update: DistributedUpdate, by_rank: list[list[dict[str, Any]]], refer
             for step, record in enumerate(run["steps"]):
                 values = record["observables"].get(update.node_id)
                 if values is None or not values:
-                    failures.append(f"{where}: check 'observables' failed: no observables at step {step} on rank {rank}")
+                    failures.append(
+                        f"{where}: check 'observables' failed: no observables at step {step} on rank {rank}"
+                    )
                     return None
                 per_run.append(values)
                 if run["repeat"]:
@@ -224,8 +265,10 @@ def _judge(update: DistributedUpdate, by_rank: list[list[dict[str, Any]]], refer
                 for key, value in sorted(values.items()):
                     expected = reference[run["seed"]][step].get(key)
                     if expected is None:
-                        failures.append(f"{where}: check 'observables' failed: key {key!r} is not in the "
-                                        f"{'reference' if launch == 'gloo' else 'single-process run'}")
+                        failures.append(
+                            f"{where}: check 'observables' failed: key {key!r} is not in the "
+                            f"{'reference' if launch == 'gloo' else 'single-process run'}"
+                        )
                         return None
                     try:
                         result = compare(value, expected, tol)
@@ -246,9 +289,11 @@ def _judge(update: DistributedUpdate, by_rank: list[list[dict[str, Any]]], refer
         failures.append(f"{where}: check 'observables' failed: nothing to compare")
         return None
     if not within:
-        failures.append(f"{where}: check 'numerics' failed: max abs error {max_abs:.3g}, max rel error "
-                        f"{max_rel:.3g} at {worst}, outside atol={tol.atol} rtol={tol.rtol}"
-                        f"{' (bitwise)' if tol.bitwise else ''}")
+        failures.append(
+            f"{where}: check 'numerics' failed: max abs error {max_abs:.3g}, max rel error "
+            f"{max_rel:.3g} at {worst}, outside atol={tol.atol} rtol={tol.rtol}"
+            f"{' (bitwise)' if tol.bitwise else ''}"
+        )
     if not deterministic:
         failures.append(f"{where}: check 'determinism' failed: {'; '.join(notes)}")
     axes = tuple(sorted(update.mesh_axes))
@@ -259,23 +304,40 @@ def _judge(update: DistributedUpdate, by_rank: list[list[dict[str, Any]]], refer
         seen = [ObservedCollective(k, update.mesh_axes, observed[(k, axes)]) for k in kinds if observed.get((k, axes))]
         count = sum(c.count for c in seen)
         if any(c.kind is not update.collective for c in seen):
-            notes.append(f"gloo realizes {update.collective.value} as "
-                         f"{', '.join(c.kind.value for c in seen if c.kind is not update.collective)}")
+            notes.append(
+                f"gloo realizes {update.collective.value} as "
+                f"{', '.join(c.kind.value for c in seen if c.kind is not update.collective)}"
+            )
         if not reported:
             collectives_ok = False
-            failures.append(f"{where}: check 'collectives' failed: the executor launches its own workers and "
-                            "reports no collectives (implement trial.observed_collectives())")
+            failures.append(
+                f"{where}: check 'collectives' failed: the executor launches its own workers and "
+                "reports no collectives (implement trial.observed_collectives())"
+            )
         elif count == 0:
             collectives_ok = False
-            failures.append(f"{where}: check 'collectives' failed: declared {update.collective.value} over "
-                            f"{[a.value for a in update.mesh_axes]} was never observed")
+            failures.append(
+                f"{where}: check 'collectives' failed: declared {update.collective.value} over "
+                f"{[a.value for a in update.mesh_axes]} was never observed"
+            )
     if launch == "self" and reported:
         notes.append("collective counts self-reported by the executor")
     if launch == "self":
         notes.append("reference: the same executor on one process")
     return NumericsEvidence(
-        node_id=update.node_id, payload=update.payload, executor=executor.capabilities.name, plan=plan,
-        precision=precision, trials=trials, sample_count=samples, maximum_absolute_error=max_abs,
-        maximum_relative_error=max_rel, deterministic=deterministic, within_tolerance=within, tolerance=tol,
-        collectives_observed=tuple(seen), collectives_match=collectives_ok, notes=tuple(notes),
+        node_id=update.node_id,
+        payload=update.payload,
+        executor=executor.capabilities.name,
+        plan=plan,
+        precision=precision,
+        trials=trials,
+        sample_count=samples,
+        maximum_absolute_error=max_abs,
+        maximum_relative_error=max_rel,
+        deterministic=deterministic,
+        within_tolerance=within,
+        tolerance=tol,
+        collectives_observed=tuple(seen),
+        collectives_match=collectives_ok,
+        notes=tuple(notes),
     )

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from mixle_parallel.contracts import ParallelPlan
-
 from mixle_parallel.verification.admission import verifying
 from mixle_parallel.verification.harness.collectives import FlightRecorderTrace
 from mixle_parallel.verification.harness.mesh import fresh_process_group

@@ -16,7 +16,6 @@ import attrs
 import numpy as np
 
 from mixle_parallel.contracts import ParallelPlan
-
 from mixle_parallel.verification.harness.worker import to_numpy
 
 TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

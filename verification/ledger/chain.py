@@ -23,7 +23,7 @@ import platform
 import socket
 import threading
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +90,7 @@ def entry_hash(body: Mapping[str, Any], key: bytes | None = None) -> str:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 def library_versions() -> dict[str, str]:
@@ -236,11 +236,17 @@ class Ledger:
         elif isinstance(certificate, str) and certificate.startswith("sha256:"):
             link, document = certificate, None
         else:
-            raise ValueError(f"certificate must be an AdmissionCertificate, its id or 'unverified', got {certificate!r}")
+            raise ValueError(
+                f"certificate must be an AdmissionCertificate, its id or 'unverified', got {certificate!r}"
+            )
         payload = {
-            "plan": to_dict(plan), "executor": executor, "certificate_document": document,
+            "plan": to_dict(plan),
+            "executor": executor,
+            "certificate_document": document,
             "versions": dict(versions or library_versions()),
-            "host": host or socket.gethostname(), "pid": os.getpid(), "extra": dict(extra or {}),
+            "host": host or socket.gethostname(),
+            "pid": os.getpid(),
+            "extra": dict(extra or {}),
         }
         entry = self.append("run_start", payload, certificate=link)
         self._certificate = link
@@ -248,8 +254,9 @@ class Ledger:
 
     def receipt(self, receipt: StepReceipt, *, rank: int = 0, extra: Mapping[str, Any] | None = None) -> LedgerEntry:
         """Record one StepReceipt of ``rank``."""
-        return self.append("receipt", {"rank": rank, "step": receipt.step, "receipt": to_dict(receipt),
-                                       "extra": dict(extra or {})})
+        return self.append(
+            "receipt", {"rank": rank, "step": receipt.step, "receipt": to_dict(receipt), "extra": dict(extra or {})}
+        )
 
     def audit(self, record: SDCAuditRecord) -> LedgerEntry:
         """Record one SDC audit finding."""
@@ -263,8 +270,9 @@ class Ledger:
         """Record a free-form event (e.g. a quarantine decision, a resume)."""
         return self.append("note", {"message": message, "extra": extra})
 
-    def run_end(self, *, status: str = "ok", steps: int | None = None,
-                extra: Mapping[str, Any] | None = None) -> LedgerEntry:
+    def run_end(
+        self, *, status: str = "ok", steps: int | None = None, extra: Mapping[str, Any] | None = None
+    ) -> LedgerEntry:
         """Close the run."""
         entry = self.append("run_end", {"status": status, "steps": steps, "extra": dict(extra or {})})
         return entry

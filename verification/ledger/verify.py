@@ -16,9 +16,15 @@ from typing import Any
 import attrs
 
 from mixle_parallel.contracts import AdmissionCertificate, ContractError, SDCAuditRecord, StepReceipt, from_dict
-
 from mixle_parallel.verification.keys import KEY_ENV, load_key
-from mixle_parallel.verification.ledger.chain import ENTRY_KINDS, GENESIS, UNVERIFIED, LedgerEntry, entry_hash, read_ledger
+from mixle_parallel.verification.ledger.chain import (
+    ENTRY_KINDS,
+    GENESIS,
+    UNVERIFIED,
+    LedgerEntry,
+    entry_hash,
+    read_ledger,
+)
 
 
 @attrs.frozen
@@ -131,14 +137,20 @@ def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None,
             faults.append(LedgerFault(_line, _seq, message))
 
         if entry.seq != index:
-            fault(f"sequence number {entry.seq} where {index} was expected (an entry was deleted, inserted or reordered)")
+            fault(
+                f"sequence number {entry.seq} where {index} was expected (an entry was deleted, inserted or reordered)"
+            )
         if entry.prev != prev_hash:
-            fault("chain broken: prev does not match the previous entry's hash "
-                  "(an entry before it was deleted, reordered or edited)")
+            fault(
+                "chain broken: prev does not match the previous entry's hash "
+                "(an entry before it was deleted, reordered or edited)"
+            )
         if entry.hash.startswith("hmac-sha256:"):
             if key is None:
-                fault("entry is HMAC-keyed but no key was given; pass --key-file or set "
-                      f"{KEY_ENV['ledger'][0]} / {KEY_ENV['ledger'][1]}")
+                fault(
+                    "entry is HMAC-keyed but no key was given; pass --key-file or set "
+                    f"{KEY_ENV['ledger'][0]} / {KEY_ENV['ledger'][1]}"
+                )
             elif entry_hash(entry.body(), key) != entry.hash:
                 fault("contents do not match the entry's HMAC (edited after it was written, or the wrong key)")
         elif key is not None:
@@ -153,7 +165,9 @@ def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None,
             counts[entry.kind] += 1
         if entry.kind == "run_start":
             if run is not None and not run.ended:
-                warnings.append(f"line {line}: a run started while the previous one had no run_end (resumed after a crash?)")
+                warnings.append(
+                    f"line {line}: a run started while the previous one had no run_end (resumed after a crash?)"
+                )
             run = _Run(entry.certificate)
             document = entry.payload.get("certificate_document")
             if entry.certificate != UNVERIFIED and not entry.certificate.startswith("sha256:"):
@@ -182,20 +196,34 @@ def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None,
         faults.append(LedgerFault(1, None, "the ledger is empty"))
     elif require_end and run is not None and not run.ended:
         last = found.entries[-1]
-        faults.append(LedgerFault(found.line_numbers[-1] + 1, None,
-                                  f"ledger ends after seq {last.seq} without run_end (truncated, or the run "
-                                  "is still going: pass --allow-open)"))
+        faults.append(
+            LedgerFault(
+                found.line_numbers[-1] + 1,
+                None,
+                f"ledger ends after seq {last.seq} without run_end (truncated, or the run "
+                "is still going: pass --allow-open)",
+            )
+        )
     faults.sort(key=lambda f: f.line)
-    return LedgerReport(str(path), len(found.entries), counts["run_start"], counts["receipt"],
-                        counts["audit"], keyed, tuple(faults), tuple(warnings))
+    return LedgerReport(
+        str(path),
+        len(found.entries),
+        counts["run_start"],
+        counts["receipt"],
+        counts["audit"],
+        keyed,
+        tuple(faults),
+        tuple(warnings),
+    )
 
 
 def main_audit(argv: Sequence[str] | None = None) -> int:
     """``mixle-parallel audit LEDGER``: verify a ledger, print the verdict, exit 1 on any fault."""
     parser = argparse.ArgumentParser(prog="mixle-parallel audit", description=main_audit.__doc__)
     parser.add_argument("ledger", help="path to a ledger .jsonl file")
-    parser.add_argument("--key-file", default=None,
-                        help=f"HMAC key file (else {KEY_ENV['ledger'][0]} or {KEY_ENV['ledger'][1]})")
+    parser.add_argument(
+        "--key-file", default=None, help=f"HMAC key file (else {KEY_ENV['ledger'][0]} or {KEY_ENV['ledger'][1]})"
+    )
     parser.add_argument("--allow-open", action="store_true", help="accept a last run without run_end")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -35,7 +35,7 @@ def _little_endian_bytes(array: np.ndarray) -> np.ndarray:
     return flat.view(np.uint8)
 
 
-def _feed(h: "hashlib._Hash", value: Any) -> None:
+def _feed(h: hashlib._Hash, value: Any) -> None:
     if hasattr(value, "detach") and hasattr(value, "element_size"):
         array, dtype = _tensor_array(value)
         shape = ",".join(map(str, array.shape))

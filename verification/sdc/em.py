@@ -18,7 +18,6 @@ from typing import Any
 import attrs
 
 from mixle_parallel.contracts import SDCAuditRecord
-
 from mixle_parallel.verification.sdc.digest import digest
 from mixle_parallel.verification.sdc.schedule import DEFAULT_AUDIT_RATE, SDCDetectedError, audit_uniform
 
@@ -55,7 +54,7 @@ class EMAuditor:
             raise ValueError(f"EM audit policy {policy!r}; allowed: {list(EM_POLICIES)}")
         self.rate, self.seed, self.policy, self.ledger = rate, seed, policy, ledger
         self.digest = digest
-        """The checksum compared (default ``sdc_digest.digest``; EM handles pass ``statistic_digest``)."""
+        """The checksum compared (default ``sdc.digest.digest``; EM handles pass ``statistic_digest``)."""
         self.quarantined: set[int] = set()
         self.records: list[SDCAuditRecord] = []
 
@@ -145,7 +144,9 @@ class EMAuditor:
         """
         expected, observed = self.digest(replayed), self.digest(statistic)
         action = "warn" if self.policy == "warn" else "raise"
-        record = self._record(iteration, chunk, worker, "same_rank", worker, expected, observed, action, worker, injected)
+        record = self._record(
+            iteration, chunk, worker, "same_rank", worker, expected, observed, action, worker, injected
+        )
         return self._finish(ChunkAudit(iteration, chunk, (record,), statistic))
 
     def _finish(self, outcome: ChunkAudit, *, enforce: bool = True) -> ChunkAudit:
@@ -155,8 +156,13 @@ class EMAuditor:
                 self.ledger.audit(record)
         bad = [r for r in outcome.records if not r.matched]
         if bad:
-            _log.warning("EM audit mismatch on chunk %d, iteration %d: attributed to worker %s, action %s",
-                         outcome.chunk, outcome.iteration, bad[0].attributed_rank, bad[0].action)
+            _log.warning(
+                "EM audit mismatch on chunk %d, iteration %d: attributed to worker %s, action %s",
+                outcome.chunk,
+                outcome.iteration,
+                bad[0].attributed_rank,
+                bad[0].action,
+            )
             if enforce and (self.policy == "raise" or bad[0].action == "raise"):
                 raise SDCDetectedError(outcome.records)
         return outcome
@@ -189,8 +195,10 @@ def audited_fold(
         value = compute(owner[chunk], chunk)
         if injector is not None:
             if isinstance(value, dict):
-                hit = any(injector.apply("statistic", f"chunk:{chunk}/{k}", value[k], rank=owner[chunk], step=iteration)
-                          for k in sorted(value))
+                hit = any(
+                    injector.apply("statistic", f"chunk:{chunk}/{k}", value[k], rank=owner[chunk], step=iteration)
+                    for k in sorted(value)
+                )
             else:
                 hit = injector.apply("statistic", f"chunk:{chunk}", value, rank=owner[chunk], step=iteration)
             if hit:
@@ -200,8 +208,13 @@ def audited_fold(
     if auditor is not None:
         for chunk in auditor.audited_chunks(iteration, num_chunks):
             outcome = auditor.audit_chunk(
-                iteration=iteration, chunk=chunk, primary=owner[chunk], statistic=results[chunk],
-                recompute=lambda worker, c=chunk: compute(worker, c), workers=workers, injected=chunk in struck,
+                iteration=iteration,
+                chunk=chunk,
+                primary=owner[chunk],
+                statistic=results[chunk],
+                recompute=lambda worker, c=chunk: compute(worker, c),
+                workers=workers,
+                injected=chunk in struck,
             )
             results[chunk] = outcome.statistic
             outcomes.append(outcome)

@@ -25,7 +25,6 @@ from typing import Any
 import attrs
 
 from mixle_parallel.contracts import SDCAuditRecord
-
 from mixle_parallel.verification.sdc.digest import digest, max_abs_difference
 from mixle_parallel.verification.sdc.schedule import (
     AUDIT_POLICIES,

@@ -82,7 +82,7 @@ class ChannelServer:
             listener.close()
         _no_delay(conn)
         if self._batch:
-            yield_on_wakeup()  # this thread computes: do not preempt the driver when woken (see engine_support)
+            yield_on_wakeup()  # this thread computes: do not preempt the driver when woken (see engines.support)
         with conn:
             while True:
                 try:

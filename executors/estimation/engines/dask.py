@@ -11,7 +11,7 @@ a chunk unpickled in the actor owns aligned memory (dask's zero-copy arrays did 
 slower on them).
 
 With ``direct_channel=True`` (the default, on ``tcp://`` clusters) each holder also serves the
-data passes on a socket of its own (``engine_channel``): a pass, and each placed run of the SDC
+data passes on a socket of its own (``engines.channel``): a pass, and each placed run of the SDC
 audit (borrowed chunks included), then costs a pipe-like round trip instead of two trips through
 dask's RPC stack. Loading chunks, liveness and recovery stay dask's.
 
@@ -30,11 +30,24 @@ import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mixle_parallel.executors.estimation.chunks import (
+    WorkerLostError,
+    WorkerTask,
+    WorkerTimeoutError,
+    WorkerUnavailableError,
+    check_tasks,
+)
 from mixle_parallel.executors.estimation.engines.channel import (
     ChannelClient,
     collect_replies,
     new_channel_key,
     wait_channels,
+)
+from mixle_parallel.executors.estimation.engines.dask_holder import (
+    DaskChunkHolder,
+    dask_config_for_em,
+    pack_for_holder,
+    work_for_holder,
 )
 from mixle_parallel.executors.estimation.engines.support import (
     DEFAULT_TIMEOUT_S,
@@ -42,11 +55,9 @@ from mixle_parallel.executors.estimation.engines.support import (
     block_assignment,
     check_timeout,
     ordered_results,
-    require_engine,
     requested_ids,
+    require_engine,
 )
-from mixle_parallel.executors.estimation.engines.dask_holder import DaskChunkHolder, dask_config_for_em, pack_for_holder, work_for_holder
-from mixle_parallel.executors.estimation.chunks import WorkerLostError, WorkerTask, WorkerTimeoutError, WorkerUnavailableError, check_tasks
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 
 __all__ = ["DaskChunkHolder", "DaskRunner", "channel_host", "dask_config_for_em", "dask_encoded_data"]
@@ -225,7 +236,9 @@ class DaskRunner:
                 self._where[i] = worker
         for worker, call in loads.items():
             if self._await(worker, call, deadline, "take its chunks") is None:
-                raise WorkerLostError(f"dask worker {worker} died while its chunks were loaded; create the handle again")
+                raise WorkerLostError(
+                    f"dask worker {worker} died while its chunks were loaded; create the handle again"
+                )
 
     def _replace(self, chunk_ids: list[int], deadline: Deadline) -> None:
         """Load lost chunks into live actors, each chunk onto the one holding the fewest chunks."""
@@ -252,7 +265,10 @@ class DaskRunner:
                 load[target] += 1
                 targets.setdefault(target, []).append(i)
             _log.warning("dask: re-placing lost chunks %s onto %s", chunk_ids, sorted(targets))
-            calls = {t: self._invoke(t, "load", {i: pack_for_holder(self._chunks[i]) for i in ids}) for t, ids in targets.items()}
+            calls = {
+                t: self._invoke(t, "load", {i: pack_for_holder(self._chunks[i]) for i in ids})
+                for t, ids in targets.items()
+            }
             results = [self._await(t, call, deadline, f"take lost chunks {targets[t]}") for t, call in calls.items()]
             if None not in results:
                 break  # else a target died too: place again on the actors left
@@ -285,14 +301,17 @@ class DaskRunner:
             if not self._alive(address):
                 break
             if deadline.expired():
-                raise WorkerTimeoutError(f"dask worker {address} did not {what} within {self.timeout} s; "
-                                         "raise timeout= (seconds) or restart it")
+                raise WorkerTimeoutError(
+                    f"dask worker {address} did not {what} within {self.timeout} s; "
+                    "raise timeout= (seconds) or restart it"
+                )
             self._wait_some([call], deadline)
         self._forget(address)
         return None
 
-    def _settle(self, pending: dict[Any, tuple[Any, ...]], deadline: Deadline,
-                timed_out: Callable[[], Exception]) -> Any:
+    def _settle(
+        self, pending: dict[Any, tuple[Any, ...]], deadline: Deadline, timed_out: Callable[[], Exception]
+    ) -> Any:
         """Yield ``(key, entry, values)`` as the calls of ``pending`` (key -> ``(address, call, ...)``)
         settle, removing each; ``values`` is None when the worker was lost (then forgotten). The caller
         may add calls between yields. When nothing settles by the deadline, raises ``timed_out()``.
@@ -356,8 +375,12 @@ class DaskRunner:
         host = channel_host(address)
         if host is None:
             return None
-        reply = self._await(address, self._invoke(address, "open_channel", self._channel_key, host),
-                            Deadline(_ACTOR_START_S), "open its pass channel")
+        reply = self._await(
+            address,
+            self._invoke(address, "open_channel", self._channel_key, host),
+            Deadline(_ACTOR_START_S),
+            "open its pass channel",
+        )
         if reply is None:
             return None  # the worker is gone (forgotten by _await)
         try:
@@ -487,8 +510,10 @@ class DaskRunner:
         by_worker: dict[str, list[int]] = {}
         for i in ids:
             by_worker.setdefault(self._where[i], []).append(i)
-        return {next(self._calls): (address, self._invoke(address, "run", task, work_for_holder(wids)), wids)
-                for address, wids in sorted(by_worker.items())}
+        return {
+            next(self._calls): (address, self._invoke(address, "run", task, work_for_holder(wids)), wids)
+            for address, wids in sorted(by_worker.items())
+        }
 
     # -- placement (the SDC audit recomputes a chunk on a chosen worker) -----------------------
     def worker_ids(self) -> list[int]:
@@ -522,8 +547,11 @@ class DaskRunner:
             task = pack_for_holder((t.fn, t.payload), task=True)
             ids = list(t.chunk_ids)
             borrowed = {i: pack_for_holder(self._chunks[i]) for i in dict.fromkeys(ids) if self._where[i] != address}
-            orphans = [i for i in dict.fromkeys(borrowed) if not self._alive(self._where[i])
-                       and all(i not in kept for kept in adopted.values())]
+            orphans = [
+                i
+                for i in dict.fromkeys(borrowed)
+                if not self._alive(self._where[i]) and all(i not in kept for kept in adopted.values())
+            ]
             adopted[w] = orphans
             # over the holder's pass channel, borrowed chunks included, unless a dead holder's chunks are
             # to stay here (that goes through dask); one call either way, so one thread computes
@@ -533,13 +561,17 @@ class DaskRunner:
                 sent[w] = []
                 continue
             sent[w] = ids
-            pending[w] = (address, self._invoke(address, "run", task, work_for_holder(ids, orphans),
-                                                *([borrowed] if borrowed else [])))
+            pending[w] = (
+                address,
+                self._invoke(address, "run", task, work_for_holder(ids, orphans), *([borrowed] if borrowed else [])),
+            )
         values: dict[int, dict[int, Any]] = {w: {} for w in checked}
         got, closed, hung = collect_replies(direct, deadline.remaining)
         if hung:
-            raise WorkerTimeoutError(f"dask worker(s) {[self._workers[w] for w in hung]} did not return chunks "
-                                     f"within {self.timeout} s; raise timeout= (seconds) or restart it")
+            raise WorkerTimeoutError(
+                f"dask worker(s) {[self._workers[w] for w in hung]} did not return chunks "
+                f"within {self.timeout} s; raise timeout= (seconds) or restart it"
+            )
         for w, (ids, entries) in got.items():
             values[w].update(zip(ids, entries))
         dead: list[int] = list(closed)
@@ -548,9 +580,11 @@ class DaskRunner:
 
         def timed_out() -> WorkerTimeoutError:
             w = min(pending)
-            return WorkerTimeoutError(f"dask worker {self._workers[w]} did not return chunks "
-                                      f"{list(checked[w].chunk_ids)} within {self.timeout} s; "
-                                      "raise timeout= (seconds) or restart it")
+            return WorkerTimeoutError(
+                f"dask worker {self._workers[w]} did not return chunks "
+                f"{list(checked[w].chunk_ids)} within {self.timeout} s; "
+                "raise timeout= (seconds) or restart it"
+            )
 
         for w, (address, _), entries in self._settle(pending, deadline, timed_out):
             if entries is None:
@@ -564,13 +598,16 @@ class DaskRunner:
             dead = sorted(set(dead))
             for w in dead:
                 self._forget(self._workers[w])
-            raise WorkerUnavailableError(dead, f"dask worker(s) {[self._workers[w] for w in dead]} "
-                                               "were lost while computing chosen chunks")
+            raise WorkerUnavailableError(
+                dead, f"dask worker(s) {[self._workers[w] for w in dead]} were lost while computing chosen chunks"
+            )
         for w, t in checked.items():
             out[w] = [values[w][i] for i in t.chunk_ids]
         return out
 
-    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+    def compute_on(
+        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
+    ) -> list[Any]:
         """``fn`` over ``chunk_ids`` on worker ``worker``."""
         return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
 
@@ -610,7 +647,7 @@ def dask_encoded_data(
     **params: Any,
 ) -> Any:
     """``encoded_data(..., backend="dask")``: a handle over a :class:`DaskRunner`
-    (``direct_channel=False`` sends every data pass through dask's RPC, see ``engine_channel``)."""
+    (``direct_channel=False`` sends every data pass through dask's RPC, see ``engines.channel``)."""
     runner = DaskRunner(client, num_workers=num_workers, timeout=timeout, direct_channel=direct_channel)
     try:
         return handle_from_runner(runner, data, **params)

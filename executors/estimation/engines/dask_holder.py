@@ -3,7 +3,7 @@
 :class:`DaskChunkHolder` is the actor that keeps a worker's chunks resident and maps chunk
 functions over them (through dask's RPC, or over its direct pass channel); ``pack_for_holder`` / ``work_for_holder``
 are the one-pickle forms the runner sends it; :func:`dask_config_for_em` sets up a cluster the
-runner starts. Split from ``dask_backend`` (the driver side) to keep each module to one job.
+runner starts. Split from ``engines.dask`` (the driver side) to keep each module to one job.
 """
 
 from __future__ import annotations

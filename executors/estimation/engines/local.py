@@ -7,9 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mixle_parallel.contracts.resources import local_cpu_count
-
-from mixle_parallel.executors.estimation.engines.support import block_assignment
 from mixle_parallel.executors.estimation.chunks import WorkerTask, apply_chunk_fn, check_tasks
+from mixle_parallel.executors.estimation.engines.support import block_assignment
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
 
 __all__ = ["LocalChunkRunner", "local_backend"]
@@ -72,7 +71,9 @@ class LocalChunkRunner:
         futures = {w: self._pinned[w].submit(run, t) for w, t in checked.items()}
         return {w: f.result() for w, f in futures.items()}
 
-    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+    def compute_on(
+        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
+    ) -> list[Any]:
         """``fn`` over ``chunk_ids`` on worker thread ``worker``."""
         return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
 

@@ -23,8 +23,6 @@ from typing import Any
 import numpy as np
 
 from mixle_parallel.contracts.resources import local_cpu_count
-
-from mixle_parallel.executors.estimation.engines.support import block_assignment, keep_freed_memory, yield_on_wakeup
 from mixle_parallel.executors.estimation.chunks import (
     EncodedChunk,
     WorkerLostError,
@@ -34,6 +32,7 @@ from mixle_parallel.executors.estimation.chunks import (
     apply_chunk_fn,
     check_tasks,
 )
+from mixle_parallel.executors.estimation.engines.support import block_assignment, keep_freed_memory, yield_on_wakeup
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
 
 __all__ = ["BLAS_THREAD_VARIABLES", "MPChunkRunner", "WorkerTaskError", "mp_backend"]
@@ -297,7 +296,8 @@ class MPChunkRunner:
         for index, task in checked.items():
             if not task.chunk_ids:
                 continue
-            message = pickle.dumps(("map", task.fn, task.payload, list(task.chunk_ids)), protocol=pickle.HIGHEST_PROTOCOL)
+            request = ("map", task.fn, task.payload, list(task.chunk_ids))
+            message = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
             if not self._send(by_index[index], message, list(task.chunk_ids)):
                 by_index[index].pending = list(task.chunk_ids)
                 sent_to_dead.append(index)
@@ -308,7 +308,9 @@ class MPChunkRunner:
             raise WorkerUnavailableError(gone, f"mp worker(s) {gone} died while computing chosen chunks")
         return {w: [results[(w, c)] for c in t.chunk_ids] for w, t in checked.items()}
 
-    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+    def compute_on(
+        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
+    ) -> list[Any]:
         """``fn`` over ``chunk_ids`` on worker process ``worker``."""
         return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
 
@@ -325,7 +327,7 @@ class MPChunkRunner:
         n, k = len(ids), len(live)
         edges = [(i * n) // k for i in range(k + 1)]
         for j, w in enumerate(live):
-            block = ids[edges[j]:edges[j + 1]]
+            block = ids[edges[j] : edges[j + 1]]
             if not block:
                 continue
             message = pickle.dumps(("map", fn, payload, block), protocol=pickle.HIGHEST_PROTOCOL)

@@ -21,16 +21,16 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mixle_parallel.executors.estimation.chunks import EncodedChunk, WorkerTimeoutError, apply_chunk_fn, resolve_encoder
 from mixle_parallel.executors.estimation.engines.support import (
     DEFAULT_TIMEOUT_S,
     Deadline,
     block_assignment,
     check_timeout,
     ordered_results,
-    require_engine,
     requested_ids,
+    require_engine,
 )
-from mixle_parallel.executors.estimation.chunks import EncodedChunk, WorkerTimeoutError, apply_chunk_fn, resolve_encoder
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
 
 __all__ = ["MPIChunkError", "MPIEncodedData", "MPIRunner", "mpi_encoded_data"]
@@ -45,10 +45,17 @@ class MPIRunner:
 
     name = "mpi"
     supports_worker_placement = False
-    """Declined: an SPMD rank computes only its own block; the SDC audit recomputes a chunk on the same runner (``same_rank``)."""
+    """Declined: an SPMD rank computes only its own block.
+
+    The SDC audit recomputes a chunk on the same runner instead (``same_rank``).
+    """
 
     def __init__(
-        self, comm: Any = None, *, root: int = 0, root_only: bool = False,
+        self,
+        comm: Any = None,
+        *,
+        root: int = 0,
+        root_only: bool = False,
         timeout: float | None = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.timeout = check_timeout(timeout)
@@ -93,9 +100,7 @@ class MPIRunner:
             mine = self.comm.scatter(parts, root=self.root)
         else:
             if chunks is None:
-                raise ValueError(
-                    f"rank {self.rank} passed no chunks; every rank needs the data unless root_only=True"
-                )
+                raise ValueError(f"rank {self.rank} passed no chunks; every rank needs the data unless root_only=True")
             n = len(chunks)
             counts = self.comm.allgather(n)
             if len(set(counts)) != 1:
@@ -115,7 +120,9 @@ class MPIRunner:
         n = self._num_chunks
         return [w for w, ids in enumerate(block_assignment(n, self.size)) for _ in ids]
 
-    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+    def compute_on(
+        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
+    ) -> list[Any]:
         """Not supported: an SPMD rank computes only its own block."""
         raise NotImplementedError(
             "the mpi runner cannot compute chosen chunks on a chosen worker (an SPMD rank computes only its "

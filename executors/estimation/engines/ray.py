@@ -9,7 +9,7 @@ them from the object store and recompute them; a pass that does not finish withi
 seconds raises ``WorkerTimeoutError``.
 
 With ``direct_channel=True`` (the default) each actor also serves the data passes on a socket of its
-own (``engine_channel``): a pass, and each placed run of the SDC audit (borrowed chunks included),
+own (``engines.channel``): a pass, and each placed run of the SDC audit (borrowed chunks included),
 then costs a pipe-like round trip instead of two trips through Ray's task RPC. Loading chunks,
 liveness and recovery stay Ray's.
 """
@@ -21,6 +21,14 @@ import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mixle_parallel.executors.estimation.chunks import (
+    WorkerLostError,
+    WorkerTask,
+    WorkerTimeoutError,
+    WorkerUnavailableError,
+    apply_chunk_fn,
+    check_tasks,
+)
 from mixle_parallel.executors.estimation.engines.channel import (
     ChannelClient,
     ChannelServer,
@@ -35,10 +43,9 @@ from mixle_parallel.executors.estimation.engines.support import (
     check_timeout,
     ordered_results,
     prepare_worker,
-    require_engine,
     requested_ids,
+    require_engine,
 )
-from mixle_parallel.executors.estimation.chunks import WorkerLostError, WorkerTask, WorkerTimeoutError, WorkerUnavailableError, apply_chunk_fn, check_tasks
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 
 __all__ = ["INLINE_PAYLOAD_BYTES", "RayChunkWorker", "RayRunner", "pack_payload", "ray_encoded_data", "ray_uses_tls"]
@@ -109,18 +116,24 @@ class RayChunkWorker:
     def run(self, fn: Callable[[Any, Any], Any], payload: bytes, chunk_ids: list[int]) -> bytes:
         """``fn(chunk, payload)`` for each of ``chunk_ids``: the pickled ``(chunk id, result)`` pairs
         (``payload`` comes pickled, see ``pack_payload``)."""
-        return _pickled(list(zip(chunk_ids, apply_chunk_fn(fn, pickle.loads(payload), chunk_ids, self.chunks.__getitem__))))
+        return _pickled(
+            list(zip(chunk_ids, apply_chunk_fn(fn, pickle.loads(payload), chunk_ids, self.chunks.__getitem__)))
+        )
 
-    def run_any(self, fn: Callable[[Any, Any], Any], payload: bytes, chunk_ids: list[int],
-                borrowed: dict[int, Any]) -> bytes:
+    def run_any(
+        self, fn: Callable[[Any, Any], Any], payload: bytes, chunk_ids: list[int], borrowed: dict[int, Any]
+    ) -> bytes:
         """``fn`` over ``chunk_ids`` in order; chunks not resident here come from the store (``borrowed``
         holds their object refs, wrapped in a list so Ray passes them unresolved) and are not kept.
         Returns the pickled results."""
         import ray
 
         extra = dict(zip(borrowed, ray.get([ref[0] for ref in borrowed.values()]))) if borrowed else {}
-        return _pickled(apply_chunk_fn(fn, pickle.loads(payload), chunk_ids,
-                                       lambda i: self.chunks[i] if i in self.chunks else extra[i]))
+        return _pickled(
+            apply_chunk_fn(
+                fn, pickle.loads(payload), chunk_ids, lambda i: self.chunks[i] if i in self.chunks else extra[i]
+            )
+        )
 
 
 class RayRunner:
@@ -383,8 +396,10 @@ class RayRunner:
         values: dict[int, dict[int, Any]] = {w: {} for w in checked}
         got, closed, hung = collect_replies(direct, deadline.remaining)
         if hung:
-            raise WorkerTimeoutError(f"ray actor(s) {hung} did not answer within {self.timeout} s; "
-                                     "a worker is hung or overloaded. Raise timeout= (seconds).")
+            raise WorkerTimeoutError(
+                f"ray actor(s) {hung} did not answer within {self.timeout} s; "
+                "a worker is hung or overloaded. Raise timeout= (seconds)."
+            )
         dead.extend(closed)
         for w, (ids, entries) in got.items():
             values[w].update(zip(ids, entries))
@@ -393,8 +408,10 @@ class RayRunner:
             ready, pending = ray.wait(pending, num_returns=1, timeout=deadline.remaining())
             if not ready:
                 hung = sorted(refs[r] for r in pending)
-                raise WorkerTimeoutError(f"ray actor(s) {hung} did not answer within {self.timeout} s; "
-                                         "a worker is hung or overloaded. Raise timeout= (seconds).")
+                raise WorkerTimeoutError(
+                    f"ray actor(s) {hung} did not answer within {self.timeout} s; "
+                    "a worker is hung or overloaded. Raise timeout= (seconds)."
+                )
             for ref in ready:
                 w = refs[ref]
                 try:
@@ -404,12 +421,16 @@ class RayRunner:
         if dead:
             for w in sorted(set(dead)):
                 self._reassign(w)
-            raise WorkerUnavailableError(sorted(set(dead)), f"ray actor(s) {sorted(set(dead))} died while computing chosen chunks")
+            raise WorkerUnavailableError(
+                sorted(set(dead)), f"ray actor(s) {sorted(set(dead))} died while computing chosen chunks"
+            )
         for w, task in checked.items():
             out[w] = [values[w][i] for i in task.chunk_ids]
         return out
 
-    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+    def compute_on(
+        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
+    ) -> list[Any]:
         """``fn`` over ``chunk_ids`` on actor ``worker``."""
         return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
 
@@ -444,10 +465,16 @@ def ray_encoded_data(
 
     ``timeout`` bounds each data pass, ``start_timeout`` the actors' start and chunk placement;
     ``init_kwargs`` go to ``ray.init`` when no Ray is running yet (the runner then owns it);
-    ``direct_channel=False`` sends every data pass through Ray's RPC (see ``engine_channel``).
+    ``direct_channel=False`` sends every data pass through Ray's RPC (see ``engines.channel``).
     """
-    runner = RayRunner(num_workers, address=address, timeout=timeout, start_timeout=start_timeout,
-                       init_kwargs=init_kwargs, direct_channel=direct_channel)
+    runner = RayRunner(
+        num_workers,
+        address=address,
+        timeout=timeout,
+        start_timeout=start_timeout,
+        init_kwargs=init_kwargs,
+        direct_channel=direct_channel,
+    )
     try:
         return handle_from_runner(runner, data, **params)
     except BaseException:

@@ -3,8 +3,8 @@
 The chunks are parallelized once as ``(chunk id, chunk)`` records into contiguous partitions
 (one per worker) and cached; every data pass maps ``fn`` over the cached partitions and collects
 ``(chunk id, result)`` pairs, which the runner orders by chunk id. Spark retries a failed task
-(a Python worker that died) from the partition's lineage; a pass that does not finish within ``timeout`` seconds is cancelled and raises
-``WorkerTimeoutError``.
+(a Python worker that died) from the partition's lineage; a pass that does not finish within
+``timeout`` seconds is cancelled and raises ``WorkerTimeoutError``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError, apply_chunk_fn
 from mixle_parallel.executors.estimation.engines.support import (
     DEFAULT_TIMEOUT_S,
     block_assignment,
     check_timeout,
     ordered_results,
-    require_engine,
     requested_ids,
+    require_engine,
 )
-from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError, apply_chunk_fn
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 
 __all__ = ["LOCAL_TASK_ATTEMPTS", "SparkRunner", "spark_encoded_data"]
@@ -47,7 +47,10 @@ class SparkRunner:
 
     name = "spark"
     supports_worker_placement = False
-    """Declined: a Spark task cannot be aimed at a chosen executor; the SDC audit recomputes a chunk on the same runner (``same_rank``)."""
+    """Declined: a Spark task cannot be aimed at a chosen executor.
+
+    The SDC audit recomputes a chunk on the same runner instead (``same_rank``).
+    """
 
     def __init__(
         self,
@@ -141,7 +144,9 @@ class SparkRunner:
         n = self._num_chunks
         return [w for w, ids in enumerate(block_assignment(n, max(1, min(self.num_workers, n)))) for _ in ids]
 
-    def compute_on(self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]) -> list[Any]:
+    def compute_on(
+        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
+    ) -> list[Any]:
         """Not supported: a Spark task cannot be aimed at a chosen executor."""
         raise NotImplementedError(
             "the spark runner cannot compute chosen chunks on a chosen worker (a Spark task cannot be aimed "

@@ -10,6 +10,15 @@ from mixle_parallel.executors.estimation.models.combinators import (
     MixtureDistribution,
     MixtureEstimator,
 )
+from mixle_parallel.executors.estimation.models.continuous import (
+    ExponentialAccumulator,
+    ExponentialDistribution,
+    ExponentialEstimator,
+    GaussianAccumulator,
+    GaussianDistribution,
+    GaussianEstimator,
+    ScalarEncoder,
+)
 from mixle_parallel.executors.estimation.models.discrete import (
     CategoricalAccumulator,
     CategoricalDistribution,
@@ -28,15 +37,6 @@ from mixle_parallel.executors.estimation.models.multivariate import (
     MultivariateGaussianDistribution,
     MultivariateGaussianEstimator,
     VectorEncoder,
-)
-from mixle_parallel.executors.estimation.models.continuous import (
-    ExponentialAccumulator,
-    ExponentialDistribution,
-    ExponentialEstimator,
-    GaussianAccumulator,
-    GaussianDistribution,
-    GaussianEstimator,
-    ScalarEncoder,
 )
 
 __all__ = [

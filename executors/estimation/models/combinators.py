@@ -25,7 +25,9 @@ def _stacked_kernel(objects: Sequence[Any], name: str) -> Any:
     return getattr(first, name, None)
 
 
-def component_log_densities(model: "MixtureDistribution", enc: Any, components: Sequence[int] | None = None) -> np.ndarray:
+def component_log_densities(
+    model: MixtureDistribution, enc: Any, components: Sequence[int] | None = None
+) -> np.ndarray:
     """(K, n) matrix: log weight + log density of each component (rows are components)."""
     if components is None:
         stacked = _stacked_kernel(model.components, "stacked_log_density")
@@ -94,7 +96,7 @@ class MixtureDistribution:
         """The components' (shared) encoder."""
         return self.components[0].encoder()
 
-    def estimator(self, **kwargs: Any) -> "MixtureEstimator":
+    def estimator(self, **kwargs: Any) -> MixtureEstimator:
         """A matching estimator."""
         return MixtureEstimator([c.estimator() for c in self.components], **kwargs)
 
@@ -137,7 +139,7 @@ class MixtureAccumulator:
             self.counts[j] += float(np.sum(wj))
             acc.initialize(enc, wj, rng)
 
-    def combine(self, stats: tuple[np.ndarray, tuple[Any, ...]]) -> "MixtureAccumulator":
+    def combine(self, stats: tuple[np.ndarray, tuple[Any, ...]]) -> MixtureAccumulator:
         """Add another accumulator's value."""
         self.counts += stats[0]
         for acc, s in zip(self.accumulators, stats[1]):
@@ -148,7 +150,7 @@ class MixtureAccumulator:
         """Plain-data statistics."""
         return (self.counts.copy(), tuple(acc.value() for acc in self.accumulators))
 
-    def from_value(self, stats: tuple[np.ndarray, tuple[Any, ...]]) -> "MixtureAccumulator":
+    def from_value(self, stats: tuple[np.ndarray, tuple[Any, ...]]) -> MixtureAccumulator:
         """Load statistics."""
         self.counts = np.array(stats[0], dtype=np.float64)
         for acc, s in zip(self.accumulators, stats[1]):
@@ -242,7 +244,7 @@ class CompositeDistribution:
         """Field-by-field encoder."""
         return CompositeEncoder([d.encoder() for d in self.dists])
 
-    def estimator(self, **kwargs: Any) -> "CompositeEstimator":
+    def estimator(self, **kwargs: Any) -> CompositeEstimator:
         """A matching estimator."""
         return CompositeEstimator([d.estimator() for d in self.dists], **kwargs)
 
@@ -272,7 +274,7 @@ class CompositeAccumulator:
         for acc, e in zip(self.accumulators, enc):
             acc.initialize(e, weights, rng)
 
-    def combine(self, stats: tuple[Any, ...]) -> "CompositeAccumulator":
+    def combine(self, stats: tuple[Any, ...]) -> CompositeAccumulator:
         """Add another accumulator's value."""
         for acc, s in zip(self.accumulators, stats):
             acc.combine(s)
@@ -282,7 +284,7 @@ class CompositeAccumulator:
         """Plain-data statistics."""
         return tuple(acc.value() for acc in self.accumulators)
 
-    def from_value(self, stats: tuple[Any, ...]) -> "CompositeAccumulator":
+    def from_value(self, stats: tuple[Any, ...]) -> CompositeAccumulator:
         """Load statistics."""
         for acc, s in zip(self.accumulators, stats):
             acc.from_value(s)

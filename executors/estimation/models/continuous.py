@@ -58,7 +58,7 @@ class GaussianDistribution:
         """The encoder of its rows."""
         return ScalarEncoder()
 
-    def estimator(self, **kwargs: Any) -> "GaussianEstimator":
+    def estimator(self, **kwargs: Any) -> GaussianEstimator:
         """A matching estimator."""
         return GaussianEstimator(**kwargs)
 
@@ -96,7 +96,7 @@ class GaussianAccumulator:
         """Random start: the weighted rows."""
         self.update(x, weights, None)
 
-    def combine(self, stats: tuple[float, float, float]) -> "GaussianAccumulator":
+    def combine(self, stats: tuple[float, float, float]) -> GaussianAccumulator:
         """Add another accumulator's value."""
         self.sw += stats[0]
         self.sx += stats[1]
@@ -107,7 +107,7 @@ class GaussianAccumulator:
         """Plain-data statistics."""
         return (self.sw, self.sx, self.sx2)
 
-    def from_value(self, stats: tuple[float, float, float]) -> "GaussianAccumulator":
+    def from_value(self, stats: tuple[float, float, float]) -> GaussianAccumulator:
         """Load statistics."""
         self.sw, self.sx, self.sx2 = (float(s) for s in stats)
         return self
@@ -164,7 +164,7 @@ class ExponentialDistribution:
         """The encoder of its rows."""
         return ScalarEncoder()
 
-    def estimator(self, **kwargs: Any) -> "ExponentialEstimator":
+    def estimator(self, **kwargs: Any) -> ExponentialEstimator:
         """A matching estimator."""
         return ExponentialEstimator(**kwargs)
 
@@ -194,7 +194,7 @@ class ExponentialAccumulator:
         """Random start: the weighted rows."""
         self.update(x, weights, None)
 
-    def combine(self, stats: tuple[float, float]) -> "ExponentialAccumulator":
+    def combine(self, stats: tuple[float, float]) -> ExponentialAccumulator:
         """Add another accumulator's value."""
         self.sw += stats[0]
         self.sx += stats[1]
@@ -204,7 +204,7 @@ class ExponentialAccumulator:
         """Plain-data statistics."""
         return (self.sw, self.sx)
 
-    def from_value(self, stats: tuple[float, float]) -> "ExponentialAccumulator":
+    def from_value(self, stats: tuple[float, float]) -> ExponentialAccumulator:
         """Load statistics."""
         self.sw, self.sx = float(stats[0]), float(stats[1])
         return self

@@ -57,7 +57,7 @@ class PoissonDistribution:
         """The encoder of its rows."""
         return PoissonEncoder()
 
-    def estimator(self, **kwargs: Any) -> "PoissonEstimator":
+    def estimator(self, **kwargs: Any) -> PoissonEstimator:
         """A matching estimator."""
         return PoissonEstimator(**kwargs)
 
@@ -88,7 +88,7 @@ class PoissonAccumulator:
         """Random start: the weighted rows."""
         self.update(enc, weights, None)
 
-    def combine(self, stats: tuple[float, float]) -> "PoissonAccumulator":
+    def combine(self, stats: tuple[float, float]) -> PoissonAccumulator:
         """Add another accumulator's value."""
         self.sw += stats[0]
         self.sx += stats[1]
@@ -98,7 +98,7 @@ class PoissonAccumulator:
         """Plain-data statistics."""
         return (self.sw, self.sx)
 
-    def from_value(self, stats: tuple[float, float]) -> "PoissonAccumulator":
+    def from_value(self, stats: tuple[float, float]) -> PoissonAccumulator:
         """Load statistics."""
         self.sw, self.sx = float(stats[0]), float(stats[1])
         return self
@@ -178,7 +178,7 @@ class CategoricalDistribution:
         """The encoder of its rows."""
         return CategoricalEncoder()
 
-    def estimator(self, **kwargs: Any) -> "CategoricalEstimator":
+    def estimator(self, **kwargs: Any) -> CategoricalEstimator:
         """A matching estimator."""
         return CategoricalEstimator(**kwargs)
 
@@ -205,11 +205,13 @@ class CategoricalAccumulator:
             self.counts[u] = self.counts.get(u, 0.0) + s
         return None
 
-    def initialize(self, enc: tuple[tuple[Any, ...], np.ndarray], weights: np.ndarray, rng: np.random.Generator) -> None:
+    def initialize(
+        self, enc: tuple[tuple[Any, ...], np.ndarray], weights: np.ndarray, rng: np.random.Generator
+    ) -> None:
         """Random start: the weighted rows."""
         self.update(enc, weights, None)
 
-    def combine(self, stats: Mapping[Any, float]) -> "CategoricalAccumulator":
+    def combine(self, stats: Mapping[Any, float]) -> CategoricalAccumulator:
         """Add another accumulator's value."""
         for k, v in stats.items():
             self.counts[k] = self.counts.get(k, 0.0) + float(v)
@@ -219,7 +221,7 @@ class CategoricalAccumulator:
         """Plain-data statistics."""
         return dict(self.counts)
 
-    def from_value(self, stats: Mapping[Any, float]) -> "CategoricalAccumulator":
+    def from_value(self, stats: Mapping[Any, float]) -> CategoricalAccumulator:
         """Load statistics."""
         self.counts = {k: float(v) for k, v in stats.items()}
         return self

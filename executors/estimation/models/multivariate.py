@@ -60,7 +60,7 @@ class DiagonalGaussianDistribution:
         """The encoder of its rows."""
         return VectorEncoder()
 
-    def estimator(self, **kwargs: Any) -> "DiagonalGaussianEstimator":
+    def estimator(self, **kwargs: Any) -> DiagonalGaussianEstimator:
         """A matching estimator."""
         return DiagonalGaussianEstimator(len(self.mu), **kwargs)
 
@@ -92,7 +92,7 @@ class DiagonalGaussianAccumulator:
         """Random start: the weighted rows."""
         self.update(x, weights, None)
 
-    def combine(self, stats: tuple[float, np.ndarray, np.ndarray]) -> "DiagonalGaussianAccumulator":
+    def combine(self, stats: tuple[float, np.ndarray, np.ndarray]) -> DiagonalGaussianAccumulator:
         """Add another accumulator's value."""
         self.sw += stats[0]
         self.sx += stats[1]
@@ -103,7 +103,7 @@ class DiagonalGaussianAccumulator:
         """Plain-data statistics."""
         return (self.sw, self.sx.copy(), self.sx2.copy())
 
-    def from_value(self, stats: tuple[float, np.ndarray, np.ndarray]) -> "DiagonalGaussianAccumulator":
+    def from_value(self, stats: tuple[float, np.ndarray, np.ndarray]) -> DiagonalGaussianAccumulator:
         """Load statistics."""
         self.sw, self.sx, self.sx2 = float(stats[0]), np.array(stats[1], float), np.array(stats[2], float)
         return self
@@ -168,7 +168,7 @@ class MultivariateGaussianDistribution:
         """The encoder of its rows."""
         return VectorEncoder()
 
-    def estimator(self, **kwargs: Any) -> "MultivariateGaussianEstimator":
+    def estimator(self, **kwargs: Any) -> MultivariateGaussianEstimator:
         """A matching estimator."""
         return MultivariateGaussianEstimator(len(self.mu), **kwargs)
 
@@ -201,7 +201,7 @@ class MultivariateGaussianAccumulator:
         """Random start: the weighted rows."""
         self.update(x, weights, None)
 
-    def combine(self, stats: tuple[float, np.ndarray, np.ndarray]) -> "MultivariateGaussianAccumulator":
+    def combine(self, stats: tuple[float, np.ndarray, np.ndarray]) -> MultivariateGaussianAccumulator:
         """Add another accumulator's value."""
         self.sw += stats[0]
         self.sx += stats[1]
@@ -212,7 +212,7 @@ class MultivariateGaussianAccumulator:
         """Plain-data statistics."""
         return (self.sw, self.sx.copy(), self.sxx.copy())
 
-    def from_value(self, stats: tuple[float, np.ndarray, np.ndarray]) -> "MultivariateGaussianAccumulator":
+    def from_value(self, stats: tuple[float, np.ndarray, np.ndarray]) -> MultivariateGaussianAccumulator:
         """Load statistics."""
         self.sw, self.sx, self.sxx = float(stats[0]), np.array(stats[1], float), np.array(stats[2], float)
         return self
@@ -240,7 +240,9 @@ class MultivariateGaussianEstimator:
         """The encoder of its rows."""
         return VectorEncoder()
 
-    def estimate(self, nobs: float | None, stats: tuple[float, np.ndarray, np.ndarray]) -> MultivariateGaussianDistribution:
+    def estimate(
+        self, nobs: float | None, stats: tuple[float, np.ndarray, np.ndarray]
+    ) -> MultivariateGaussianDistribution:
         """Weighted MLE; an empty or degenerate component gets a covariance made positive definite."""
         sw, sx, sxx = stats
         if not sw > 0.0:
