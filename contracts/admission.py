@@ -50,7 +50,7 @@ class AdmissionCertificate:
     executor: str = attrs.field(validator=non_empty_str)
     executor_version: str = attrs.field(validator=non_empty_str)
     capabilities: BackendCapabilities = attrs.field(validator=attrs.validators.instance_of(BackendCapabilities))
-    axis_family: frozenset[ParallelAxis] = attrs.field(converter=enum_frozenset(ParallelAxis))
+    axis_family: frozenset[ParallelAxis] = attrs.field(converter=enum_frozenset(ParallelAxis))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
     measured_plan: ParallelPlan = attrs.field(validator=attrs.validators.instance_of(ParallelPlan))
     precision: str = attrs.field(validator=non_empty_str)
     library_versions: FrozenDict = attrs.field(converter=to_frozen_dict)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from mixle_parallel.contracts._checks import enum_frozenset, exact_bool, non_empty_str, str_frozenset, str_tuple
@@ -21,9 +23,9 @@ def _precisions(inst: object, attribute: attrs.Attribute, value: frozenset[str])
         )
 
 
-def _axis_sets(values: object) -> tuple[frozenset[ParallelAxis], ...]:
+def _axis_sets(values: Any) -> tuple[frozenset[ParallelAxis], ...]:
     convert = enum_frozenset(ParallelAxis)
-    sets = {convert(v) for v in values}  # type: ignore[union-attr]
+    sets = {convert(v) for v in values}
     return tuple(sorted(sets, key=lambda s: sorted(a.value for a in s)))
 
 
@@ -42,7 +44,7 @@ class BackendCapabilities:
     """The axes, precisions and features a backend executes and tests, not merely accepts."""
 
     name: str = attrs.field(validator=non_empty_str)
-    axes: frozenset[ParallelAxis] = attrs.field(converter=enum_frozenset(ParallelAxis))
+    axes: frozenset[ParallelAxis] = attrs.field(converter=enum_frozenset(ParallelAxis))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
     precisions: frozenset[str] = attrs.field(
         default=frozenset({"bf16", "fp32"}), converter=str_frozenset, validator=_precisions
     )

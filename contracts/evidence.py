@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import attrs
 
 from mixle_parallel.contracts._checks import (
@@ -46,8 +48,8 @@ class Tolerance:
 class ObservedCollective:
     """A collective kind over mesh axes and how many times it ran in a traced step."""
 
-    kind: CollectiveKind = attrs.field(converter=enum_converter(CollectiveKind))
-    axes: tuple[ParallelAxis, ...] = attrs.field(converter=enum_tuple(ParallelAxis))
+    kind: CollectiveKind = attrs.field(converter=enum_converter(CollectiveKind))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
+    axes: tuple[ParallelAxis, ...] = attrs.field(converter=enum_tuple(ParallelAxis))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
     count: int = attrs.field(validator=non_negative_int)
 
 
@@ -56,13 +58,17 @@ def _precision(inst: object, attribute: attrs.Attribute, value: str) -> None:
         raise ValueError(f"{type(inst).__name__}.precision={value!r}; allowed: {sorted(KNOWN_PRECISIONS)}")
 
 
+def _collective_tuple(values: Iterable[ObservedCollective]) -> tuple[ObservedCollective, ...]:
+    return tuple(values)
+
+
 @register_contract
 @attrs.frozen
 class NumericsEvidence:
     """Per declared update: error against the single-process reference, determinism, collectives seen."""
 
     node_id: str = attrs.field(validator=non_empty_str)
-    payload: PayloadKind = attrs.field(converter=enum_converter(PayloadKind))
+    payload: PayloadKind = attrs.field(converter=enum_converter(PayloadKind))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
     executor: str = attrs.field(validator=non_empty_str)
     plan: ParallelPlan = attrs.field(validator=attrs.validators.instance_of(ParallelPlan))
     precision: str = attrs.field(validator=_precision)
@@ -73,7 +79,7 @@ class NumericsEvidence:
     deterministic: bool = attrs.field(validator=exact_bool)
     within_tolerance: bool = attrs.field(validator=exact_bool)
     tolerance: Tolerance = attrs.field(validator=attrs.validators.instance_of(Tolerance))
-    collectives_observed: tuple[ObservedCollective, ...] = attrs.field(default=(), converter=tuple)
+    collectives_observed: tuple[ObservedCollective, ...] = attrs.field(default=(), converter=_collective_tuple)
     collectives_match: bool = attrs.field(default=True, validator=exact_bool)
     notes: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
 

@@ -52,7 +52,7 @@ class Placement:
     num_chunks: int = attrs.field(validator=positive_int)
     bytes_per_row: int = attrs.field(validator=non_negative_int)
     model_bytes: int = attrs.field(validator=non_negative_int)
-    shards: tuple[RowShard, ...] = attrs.field(converter=_tuple_of(RowShard))
+    shards: tuple[RowShard, ...] = attrs.field(converter=_tuple_of(RowShard))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
     fits: bool = attrs.field(validator=exact_bool)
     notes: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
 
@@ -83,7 +83,7 @@ class ModelShardingPlan:
     axis: str = attrs.field(validator=non_empty_str)
     num_components: int = attrs.field(validator=positive_int)
     model_bytes: int = attrs.field(validator=non_negative_int)
-    shards: tuple[ComponentShard, ...] = attrs.field(converter=_tuple_of(ComponentShard))
+    shards: tuple[ComponentShard, ...] = attrs.field(converter=_tuple_of(ComponentShard))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
     requires_split: bool = attrs.field(validator=exact_bool)
     fits: bool = attrs.field(validator=exact_bool)
     reason: str = attrs.field(validator=non_empty_str)

@@ -7,7 +7,7 @@ import hashlib
 import json
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -33,14 +33,18 @@ CONTRACT_TYPES: dict[str, type] = {}
 """Every contract that can travel as a JSON document, by kind name."""
 
 
+def _is_attrs_class(cls: type) -> bool:
+    return bool(attrs.has(cls))
+
+
 def register_contract(cls: type[T]) -> type[T]:
     """Make an attrs class a document kind (its class name) of the one converter."""
-    if not attrs.has(cls):
+    if not _is_attrs_class(cls):
         raise TypeError(f"{cls!r} is not an attrs class")
     current = CONTRACT_TYPES.get(cls.__name__)
     if current is not None and current is not cls:
         raise ValueError(f"contract kind {cls.__name__!r} is already registered to {current!r}")
-    attrs.resolve_types(cls)
+    attrs.resolve_types(typing.cast(Any, cls))
     CONTRACT_TYPES[cls.__name__] = cls
     return cls
 
@@ -120,7 +124,7 @@ def _all_fields_required(converter: cattrs.Converter):  # noqa: ANN202 - hook fa
 
     def factory(cls: type) -> Any:
         attrs.resolve_types(cls)
-        generated = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True)
+        generated: Callable[[Any, Any], Any] = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True)
         names = [f.name for f in attrs.fields(cls) if f.init]
 
         def structure(value: Any, _: Any) -> Any:
@@ -153,6 +157,10 @@ def _canonical_sort_key(item: Any) -> str:
     return json.dumps(item, sort_keys=True)
 
 
+def _is_frozenset_type(tp: Any) -> bool:
+    return tp is frozenset or typing.get_origin(tp) is frozenset
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     for primitive, hook in ((int, _structure_int), (float, _structure_float),
@@ -183,9 +191,7 @@ def _make_converter() -> cattrs.Converter:
     def unstructure_frozenset(value: frozenset[Any]) -> list[Any]:
         return sorted((conv.unstructure(v) for v in value), key=_canonical_sort_key)
 
-    conv.register_unstructure_hook_func(
-        lambda t: t is frozenset or typing.get_origin(t) is frozenset, unstructure_frozenset
-    )
+    conv.register_unstructure_hook_func(_is_frozenset_type, unstructure_frozenset)
     return conv
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import attrs
 
@@ -38,10 +39,10 @@ class DistributedUpdate:
     """
 
     node_id: str = attrs.field(validator=non_empty_str)
-    payload: PayloadKind = attrs.field(converter=enum_converter(PayloadKind))
-    collective: CollectiveKind = attrs.field(converter=enum_converter(CollectiveKind))
-    mesh_axes: tuple[ParallelAxis, ...] = attrs.field(converter=enum_tuple(ParallelAxis), validator=_unique_axes)
-    state_layout: StateLayout = attrs.field(converter=enum_converter(StateLayout))
+    payload: PayloadKind = attrs.field(converter=enum_converter(PayloadKind))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
+    collective: CollectiveKind = attrs.field(converter=enum_converter(CollectiveKind))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
+    mesh_axes: tuple[ParallelAxis, ...] = attrs.field(converter=enum_tuple(ParallelAxis), validator=_unique_axes)  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
+    state_layout: StateLayout = attrs.field(converter=enum_converter(StateLayout))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
     exact: bool = attrs.field(validator=exact_bool)
     notes: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
     contract_exact: bool = attrs.field(default=False, validator=exact_bool)
@@ -101,17 +102,17 @@ class DistributedUpdate:
 _PLACEMENT = re.compile(r"^(Replicate\(\)|Partial\((sum|avg|max|min)?\)|Shard\((\d+)\))$")
 
 
-def _shape(values: object) -> tuple[int, ...]:
-    out = tuple(values)  # type: ignore[arg-type]
+def _shape(values: Any) -> tuple[int, ...]:
+    out = tuple(values)
     for v in out:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"ParameterLayout.global_shape must hold ints >= 0, got {list(out)}")
     return out
 
 
-def _placement_pairs(values: object) -> tuple[tuple[ParallelAxis, str], ...]:
-    out = []
-    for pair in values:  # type: ignore[union-attr]
+def _placement_pairs(values: Any) -> tuple[tuple[ParallelAxis, str], ...]:
+    out: list[tuple[ParallelAxis, str]] = []
+    for pair in values:
         axis, placement = pair
         out.append((enum_converter(ParallelAxis)(axis), placement))
     return tuple(out)
@@ -127,7 +128,7 @@ class ParameterLayout:
     placements: tuple[tuple[ParallelAxis, str], ...] = attrs.field(default=(), converter=_placement_pairs)
     shared_group: str | None = attrs.field(default=None, validator=optional_str)
     optimizer_state: StateLayout = attrs.field(
-        default=StateLayout.REPLICATED, converter=enum_converter(StateLayout)
+        default=StateLayout.REPLICATED, converter=enum_converter(StateLayout)  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
     )
 
     def __attrs_post_init__(self) -> None:

@@ -266,7 +266,7 @@ def require_admission(
             "or the path of a certificate document"
         )
     name = executor.capabilities.name
-    common = {"executor": name, "plan": plan.describe(), "precision": precision}
+    common: dict[str, Any] = {"executor": name, "plan": plan.describe(), "precision": precision}
     if is_verifying():
         return AdmissionDecision("verifying", None, notes=("run by the verification harness",), **common)
     if admission == "unverified":

@@ -46,6 +46,8 @@ def _identity(spec: str) -> Any:
 def _run(args: argparse.Namespace, prog: str, resolve: Resolver):  # noqa: ANN202 - report or None
     try:
         plan = parse_plan(args.plan)
+        if plan is None:
+            raise ValueError("--plan names no axis; give at least one, e.g. --plan dp_shard=2")
         target = resolve(args.backend)
     except (ValueError, KeyError) as exc:
         print(f"{prog}: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)

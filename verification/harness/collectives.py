@@ -66,9 +66,10 @@ def collective_kind(profiling_name: str) -> CollectiveKind | None:
 
 
 def _dump() -> list[dict[str, Any]]:
-    from torch._C._distributed_c10d import _dump_fr_trace_json
+    import torch._C._distributed_c10d as c10d
 
-    return list(json.loads(_dump_fr_trace_json()).get("entries", []))
+    dump = c10d._dump_fr_trace_json  # type: ignore[attr-defined]  # private: torch ships no stub for it
+    return list(json.loads(dump()).get("entries", []))
 
 
 def group_ranks_by_name() -> dict[str, tuple[int, ...]]:

@@ -196,7 +196,7 @@ def run_world(
     ``group_timeout_s`` is the process group's collective timeout (torch's default when None).
     """
     _check_arguments(world_size, start_method, timeout)
-    context = multiprocessing.get_context(start_method)
+    context: Any = multiprocessing.get_context(start_method)  # a SpawnContext or ForkServerContext
     if preload:
         if start_method != "forkserver":
             raise ValueError("preload= needs start_method='forkserver'")

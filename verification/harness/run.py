@@ -297,7 +297,7 @@ def _judge(
     if not deterministic:
         failures.append(f"{where}: check 'determinism' failed: {'; '.join(notes)}")
     axes = tuple(sorted(update.mesh_axes))
-    seen = []
+    seen: list[ObservedCollective] = []
     collectives_ok = not undeclared
     if update.collective is not CollectiveKind.NONE:
         kinds = realized_kinds(update.collective, "gloo" if launch == "gloo" else "self")

@@ -79,7 +79,7 @@ def run_trials(executor: Any, workload: Any, plan: ParallelPlan, *, precision: s
                     for step in range(workload.steps):
                         mark = tracer.mark() if tracer else None
                         raw = trial.step(step)
-                        if tracer is not None:
+                        if tracer is not None and mark is not None:
                             collectives: Any = tracer.since(mark)
                         else:
                             reported = getattr(trial, "observed_collectives", None)

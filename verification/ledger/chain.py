@@ -205,7 +205,7 @@ class Ledger:
             link = certificate if certificate is not None else self._certificate
             if link is None:
                 raise LedgerError(f"append {kind!r} before run_start: call run_start(plan=..., certificate=...) first")
-            body = {"seq": self._seq, "kind": kind, "time": _now(), "certificate": link,
+            body: dict[str, Any] = {"seq": self._seq, "kind": kind, "time": _now(), "certificate": link,
                     "payload": FrozenDict(payload).to_dict(), "prev": self._prev}
             entry = LedgerEntry(**body, hash=entry_hash(body, self._key))
             line = (entry.to_line() + "\n").encode("utf-8")

@@ -40,14 +40,14 @@ def _feed(h: hashlib._Hash, value: Any) -> None:
         array, dtype = _tensor_array(value)
         shape = ",".join(map(str, array.shape))
         h.update(f"T{dtype}:{shape};".encode())
-        h.update(_little_endian_bytes(array))
+        h.update(_little_endian_bytes(array).data)
     elif isinstance(value, np.ndarray) or isinstance(value, np.generic):
         array = np.asarray(value)
         if array.dtype.kind == "O":
             raise TypeError("cannot digest an object array; convert it to a numeric dtype")
         shape = ",".join(map(str, array.shape))
         h.update(f"A{array.dtype.str}:{shape};".encode())
-        h.update(_little_endian_bytes(array))
+        h.update(_little_endian_bytes(array).data)
     elif isinstance(value, Mapping):
         h.update(f"D{len(value)};".encode())
         for key in sorted(value, key=str):

@@ -207,12 +207,16 @@ def audited_fold(
     outcomes: list[ChunkAudit] = []
     if auditor is not None:
         for chunk in auditor.audited_chunks(iteration, num_chunks):
+
+            def recompute(worker: int, c: int = chunk) -> Any:
+                return compute(worker, c)
+
             outcome = auditor.audit_chunk(
                 iteration=iteration,
                 chunk=chunk,
                 primary=owner[chunk],
                 statistic=results[chunk],
-                recompute=lambda worker, c=chunk: compute(worker, c),
+                recompute=recompute,
                 workers=workers,
                 injected=chunk in struck,
             )
