@@ -24,6 +24,33 @@ def is_encoded_data_handle(obj: Any) -> bool:
     return isinstance(obj, EncodedDataHandle)
 
 
+_CONTROL_DEFAULTS: dict[str, Any] = {"sub_chunks": 1, "root": 0, "audit_policy": "quarantine", "audit_seed": 0}
+"""Controls of ``encoded_data`` whose default is not None (the others are set when not None)."""
+
+_FLAG_CONTROLS = ("root_only", "parallel_chunks")
+"""Boolean controls: set when true."""
+
+
+def _refuse_controls(handle: Any, controls: dict[str, Any], backend_options: dict[str, Any]) -> None:
+    """Raise ``EncodedDataControlConflictError`` when any control is set for an existing handle."""
+    conflicts = []
+    for name, value in controls.items():
+        if name in _FLAG_CONTROLS:
+            active = bool(value)
+        elif name in _CONTROL_DEFAULTS:
+            active = value != _CONTROL_DEFAULTS[name]
+        else:
+            active = value is not None
+        if active:
+            conflicts.append(name)
+    conflicts.extend(sorted(backend_options))
+    if conflicts:
+        raise EncodedDataControlConflictError(
+            f"an existing encoded handle ({handle!r}) cannot apply control(s): {', '.join(conflicts)}; "
+            "omit them to reuse the handle unchanged, or build a new handle from the raw data"
+        )
+
+
 def encoded_data(
     data: Any,
     estimator: Any | None = None,
@@ -78,30 +105,8 @@ def encoded_data(
       rank=<worker>, step=<iteration>, index, bit)`` to prove the audit (tests, drills).
     """
     if is_encoded_data_handle(data):
-        conflicts = [
-            name for name, active in (
-                ("estimator", estimator is not None), ("model", model is not None),
-                ("encoder", encoder is not None), ("placement", placement is not None),
-                ("resources", resources is not None), ("engine", engine is not None),
-                ("precision", precision is not None), ("num_chunks", num_chunks is not None),
-                ("sub_chunks", sub_chunks != 1), ("backend", backend is not None),
-                ("num_workers", num_workers is not None), ("client", client is not None),
-                ("comm", comm is not None), ("root", root != 0), ("root_only", bool(root_only)),
-                ("parallel_chunks", bool(parallel_chunks)), ("chunk_workers", chunk_workers is not None),
-                ("batch_size", batch_size is not None), ("shuffle", shuffle is not None),
-                ("seed", seed is not None), ("chunk_size", chunk_size is not None),
-                ("admission", admission is not None), ("audit", audit is not None),
-                ("audit_rate", audit_rate is not None), ("audit_policy", audit_policy != "quarantine"),
-                ("audit_seed", audit_seed != 0), ("ledger", ledger is not None),
-                ("fault_injector", fault_injector is not None),
-                *((k, True) for k in sorted(backend_options)),
-            ) if active
-        ]
-        if conflicts:
-            raise EncodedDataControlConflictError(
-                f"an existing encoded handle ({data!r}) cannot apply control(s): {', '.join(conflicts)}; "
-                "omit them to reuse the handle unchanged, or build a new handle from the raw data"
-            )
+        controls = {k: v for k, v in locals().items() if k not in ("data", "backend_options")}
+        _refuse_controls(data, controls, backend_options)
         return data
     if backend is None:
         backend = "local"
@@ -131,18 +136,24 @@ def encoded_data(
         root_only=root_only, parallel_chunks=parallel_chunks, chunk_workers=chunk_workers,
         batch_size=batch_size, shuffle=shuffle, seed=seed, chunk_size=chunk_size, **backend_options,
     )
+    verification = {"audit": audit, "audit_rate": audit_rate, "audit_policy": audit_policy, "audit_seed": audit_seed,
+                    "ledger": ledger, "fault_injector": fault_injector}
+    return _attach_verification(handle, backend, decision, certificate, verification)
+
+
+def _attach_verification(handle: Any, backend: str, decision: Any, certificate: Any,
+                         verification: dict[str, Any]) -> Any:
+    """Bind the admission decision, SDC audit and ledger to a new handle; close it if that fails."""
     attach = getattr(handle, "attach_verification", None)
     if attach is None:
-        asked = [k for k, v in (("audit", audit), ("audit_rate", audit_rate), ("ledger", ledger),
-                                ("fault_injector", fault_injector)) if v is not None]
+        asked = [k for k in ("audit", "audit_rate", "ledger", "fault_injector") if verification[k] is not None]
         if asked:
             handle.close()
             raise ValueError(f"backend {backend!r} returned a {type(handle).__name__}, which has no SDC audit or "
                              f"ledger; drop {', '.join(asked)} or build the backend on ChunkedEncodedData")
         return handle
     try:
-        attach(admission=decision, certificate=certificate, audit=audit, audit_rate=audit_rate,
-               audit_policy=audit_policy, audit_seed=audit_seed, ledger=ledger, fault_injector=fault_injector)
+        attach(admission=decision, certificate=certificate, **verification)
     except BaseException:
         handle.close()
         raise

@@ -99,6 +99,28 @@ def build_optimizer(
     return opt, {"name": type(opt).__name__, "hyperparameters": hyper}
 
 
+def _check_prepare_inputs(module: Any, plan: Any, precision: str, max_grad_norm: float | None,
+                          nonfinite: str) -> None:
+    """``prepare``'s argument checks, before anything is built or any process group exists."""
+    if not isinstance(plan, ParallelPlan):
+        raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    require_torch()
+    CAPABILITIES.validate(plan, precision=precision)
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
+    if nonfinite not in ("raise", "skip"):
+        raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
+
+
+def _update(node_id: str, payload: PayloadKind, collective: CollectiveKind, axes: tuple[ParallelAxis, ...],
+            layout: StateLayout, note: str) -> DistributedUpdate:
+    """One declared (inexact) communication node of a torch_native session."""
+    return DistributedUpdate(node_id=node_id, payload=payload, collective=collective, mesh_axes=axes,
+                             state_layout=layout, exact=False, notes=(note,))
+
+
 class TorchDistributedBackend:
     """Native backend for ordinary PyTorch modules: mesh, transforms, optimizer and a resumable session."""
 
@@ -117,114 +139,39 @@ class TorchDistributedBackend:
     def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
         """The DistributedUpdates a session for ``plan`` performs, one per communication node."""
         CAPABILITIES.validate(plan)
+        P, C, L = PayloadKind, CollectiveKind, StateLayout
         updates: list[DistributedUpdate] = []
         sync = data_sync_axes(plan)
         shard_axes = tuple(a for a in (A.DP_SHARD, A.CP) if plan.size(a) > 1)
+        shard_names = ",".join(a.value for a in shard_axes)
         if sync == "ddp" or (sync == "hsdp" and not shard_axes):
-            updates.append(
-                DistributedUpdate(
-                    node_id="grad:dp_replicate",
-                    payload=PayloadKind.GRADIENT,
-                    collective=CollectiveKind.ALL_REDUCE,
-                    mesh_axes=(A.DP_REPLICATE,),
-                    state_layout=StateLayout.REPLICATED,
-                    exact=False,
-                    notes=(
-                        "DDP bucket all-reduce (HSDP with a shard group of one under TP); skipped on non-commit "
-                        "micro-steps",
-                    ),
-                )
-            )
+            updates.append(_update("grad:dp_replicate", P.GRADIENT, C.ALL_REDUCE, (A.DP_REPLICATE,), L.REPLICATED,
+                                   "DDP bucket all-reduce (HSDP with a shard group of one under TP); skipped on "
+                                   "non-commit micro-steps"))
         elif sync in ("fsdp", "hsdp"):
-            updates.append(
-                DistributedUpdate(
-                    node_id="param:" + ",".join(a.value for a in shard_axes),
-                    payload=PayloadKind.PARAMETER,
-                    collective=CollectiveKind.ALL_GATHER,
-                    mesh_axes=shard_axes,
-                    state_layout=StateLayout.SHARDED,
-                    exact=False,
-                    notes=("FSDP2 all-gathers parameters before forward and backward",),
-                )
-            )
-            updates.append(
-                DistributedUpdate(
-                    node_id="grad:" + ",".join(a.value for a in shard_axes),
-                    payload=PayloadKind.GRADIENT,
-                    collective=CollectiveKind.REDUCE_SCATTER,
-                    mesh_axes=shard_axes,
-                    state_layout=StateLayout.SHARDED,
-                    exact=False,
-                    notes=("FSDP2 reduce-scatter; skipped on non-commit micro-steps",),
-                )
-            )
+            updates.append(_update(f"param:{shard_names}", P.PARAMETER, C.ALL_GATHER, shard_axes, L.SHARDED,
+                                   "FSDP2 all-gathers parameters before forward and backward"))
+            updates.append(_update(f"grad:{shard_names}", P.GRADIENT, C.REDUCE_SCATTER, shard_axes, L.SHARDED,
+                                   "FSDP2 reduce-scatter; skipped on non-commit micro-steps"))
             if plan.dp_replicate > 1:
-                updates.append(
-                    DistributedUpdate(
-                        node_id="grad:dp_replicate",
-                        payload=PayloadKind.GRADIENT,
-                        collective=CollectiveKind.ALL_REDUCE,
-                        mesh_axes=(A.DP_REPLICATE,),
-                        state_layout=StateLayout.SHARDED,
-                        exact=False,
-                        notes=("HSDP all-reduce of the reduce-scattered shards across replicas",),
-                    )
-                )
+                updates.append(_update("grad:dp_replicate", P.GRADIENT, C.ALL_REDUCE, (A.DP_REPLICATE,), L.SHARDED,
+                                       "HSDP all-reduce of the reduce-scattered shards across replicas"))
         if plan.tp > 1:
-            updates.append(
-                DistributedUpdate(
-                    node_id="act:tp",
-                    payload=PayloadKind.ACTIVATION,
-                    collective=CollectiveKind.ALL_REDUCE,
-                    mesh_axes=(A.TP,),
-                    state_layout=StateLayout.SHARDED,
-                    exact=False,
-                    notes=(
-                        "DTensor row-wise outputs / column-wise input gradients (all-gather for sequence or "
-                        "replicated outputs)",
-                    ),
-                )
-            )
+            updates.append(_update("act:tp", P.ACTIVATION, C.ALL_REDUCE, (A.TP,), L.SHARDED,
+                                   "DTensor row-wise outputs / column-wise input gradients (all-gather for "
+                                   "sequence or replicated outputs)"))
         if plan.cp > 1:
-            updates.append(
-                DistributedUpdate(
-                    node_id="kv:cp",
-                    payload=PayloadKind.KV_BLOCK,
-                    collective=CollectiveKind.ALL_GATHER,
-                    mesh_axes=(A.CP,),
-                    state_layout=StateLayout.SHARDED,
-                    exact=False,
-                    notes=("context_parallel ring attention exchanges key/value blocks",),
-                )
-            )
+            updates.append(_update("kv:cp", P.KV_BLOCK, C.ALL_GATHER, (A.CP,), L.SHARDED,
+                                   "context_parallel ring attention exchanges key/value blocks"))
         if plan.world_size > 1:
             axes = tuple(a for a in (A.DP_REPLICATE, A.DP_SHARD, A.CP, A.TP) if plan.size(a) > 1)
-            updates.append(
-                DistributedUpdate(
-                    node_id="metric:dp",
-                    payload=PayloadKind.SUFFICIENT_STATISTIC,
-                    collective=CollectiveKind.ALL_REDUCE,
-                    mesh_axes=axes,
-                    state_layout=StateLayout.REPLICATED,
-                    exact=False,
-                    notes=(
-                        "one float64 all-reduce per commit: loss sum, example/token counts, non-finite flag, squared "
-                        "grad norm",
-                    ),
-                )
-            )
+            updates.append(_update("metric:dp", P.SUFFICIENT_STATISTIC, C.ALL_REDUCE, axes, L.REPLICATED,
+                                   "one float64 all-reduce per commit: loss sum, example/token counts, non-finite "
+                                   "flag, squared grad norm"))
         if not updates:
-            updates.append(
-                DistributedUpdate(
-                    node_id="local",
-                    payload=PayloadKind.GRADIENT,
-                    collective=CollectiveKind.NONE,
-                    mesh_axes=(),
-                    state_layout=StateLayout.REPLICATED,
-                    exact=True,
-                    notes=("single process: no communication",),
-                )
-            )
+            updates.append(DistributedUpdate(node_id="local", payload=P.GRADIENT, collective=C.NONE, mesh_axes=(),
+                                             state_layout=L.REPLICATED, exact=True,
+                                             notes=("single process: no communication",)))
         return tuple(updates)
 
     def prepare(
@@ -269,16 +216,7 @@ class TorchDistributedBackend:
         parameters (at the start of a step). ``ledger`` (a ``verification.Ledger``) receives run_start,
         every receipt, audit records, checkpoint events and run_end.
         """
-        if not isinstance(plan, ParallelPlan):
-            raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
-        if not isinstance(module, nn.Module):
-            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        require_torch()
-        CAPABILITIES.validate(plan, precision=precision)
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
-        if nonfinite not in ("raise", "skip"):
-            raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
+        _check_prepare_inputs(module, plan, precision, max_grad_norm, nonfinite)
         sync = data_sync_axes(plan)
         audit_options = _audit_options(plan, sync, audit, audit_rate, audit_policy, audit_bound, seed, audit_replay)
         styles = resolve_tp_plan(module, tp_plan, plan.tp)  # model checks before any collective
@@ -306,39 +244,17 @@ class TorchDistributedBackend:
         opt, receipt = build_optimizer(optimizer, params, lr)
         sched = scheduler(opt) if scheduler is not None else None
         session = TorchDistributedSession(
-            module,
-            plan=plan,
-            capabilities=CAPABILITIES,
-            mesh=mesh,
-            device=dev,
-            optimizer=opt,
-            optimizer_receipt=receipt,
-            parameter_layouts=layouts,
-            precision=precision,
-            max_grad_norm=max_grad_norm,
-            scheduler=sched,
-            loss_fn=loss_fn or lm_token_loss,
-            sync=sync,
-            cp_mesh=cp_mesh,
-            nonfinite=nonfinite,
-            admission=decision,
-            owns_process_group=owns_pg,
-            tap=tap,
-            ledger=ledger,
+            module, plan=plan, capabilities=CAPABILITIES, mesh=mesh, device=dev, optimizer=opt,
+            optimizer_receipt=receipt, parameter_layouts=layouts, precision=precision, max_grad_norm=max_grad_norm,
+            scheduler=sched, loss_fn=loss_fn or lm_token_loss, sync=sync, cp_mesh=cp_mesh, nonfinite=nonfinite,
+            admission=decision, owns_process_group=owns_pg, tap=tap, ledger=ledger,
             audit=None if audit_options is None else {**audit_options, "injector": fault_injector, "ledger": ledger},
         )
         if ledger is not None:
-            ledger.run_start(
-                plan=plan,
-                certificate=decision.ledger_link,
-                executor=self.name,
-                extra={
-                    "precision": precision,
-                    "admission": decision.mode,
-                    "rank": dist.get_rank() if dist.is_initialized() else 0,
-                    "audit": {k: v for k, v in (audit_options or {}).items() if k != "enabled"},
-                },
-            )
+            audit_extra = {k: v for k, v in (audit_options or {}).items() if k != "enabled"}
+            ledger.run_start(plan=plan, certificate=decision.ledger_link, executor=self.name, extra={
+                "precision": precision, "admission": decision.mode,
+                "rank": dist.get_rank() if dist.is_initialized() else 0, "audit": audit_extra})
         return session
 
     def _admission_gate(

@@ -228,6 +228,45 @@ def verify(
     )
 
 
+def _judge_collectives(
+    update: DistributedUpdate,
+    observed: Counter,
+    undeclared: bool,
+    reported: bool,
+    launch: str,
+    notes: list[str],
+    failures: list[str],
+) -> tuple[list[ObservedCollective], bool]:
+    """The collectives observed for ``update`` and whether they match its declaration (notes and
+    failures are appended to)."""
+    where = f"update {update.node_id!r}"
+    axes = tuple(sorted(update.mesh_axes))
+    seen: list[ObservedCollective] = []
+    collectives_ok = not undeclared
+    if update.collective is not CollectiveKind.NONE:
+        kinds = realized_kinds(update.collective, "gloo" if launch == "gloo" else "self")
+        seen = [ObservedCollective(k, update.mesh_axes, observed[(k, axes)]) for k in kinds if observed.get((k, axes))]
+        count = sum(c.count for c in seen)
+        if any(c.kind is not update.collective for c in seen):
+            notes.append(
+                f"gloo realizes {update.collective.value} as "
+                f"{', '.join(c.kind.value for c in seen if c.kind is not update.collective)}"
+            )
+        if not reported:
+            collectives_ok = False
+            failures.append(
+                f"{where}: check 'collectives' failed: the executor launches its own workers and "
+                "reports no collectives (implement trial.observed_collectives())"
+            )
+        elif count == 0:
+            collectives_ok = False
+            failures.append(
+                f"{where}: check 'collectives' failed: declared {update.collective.value} over "
+                f"{[a.value for a in update.mesh_axes]} was never observed"
+            )
+    return seen, collectives_ok
+
+
 def _judge(
     update: DistributedUpdate,
     by_rank: list[list[dict[str, Any]]],
@@ -296,30 +335,7 @@ def _judge(
         )
     if not deterministic:
         failures.append(f"{where}: check 'determinism' failed: {'; '.join(notes)}")
-    axes = tuple(sorted(update.mesh_axes))
-    seen: list[ObservedCollective] = []
-    collectives_ok = not undeclared
-    if update.collective is not CollectiveKind.NONE:
-        kinds = realized_kinds(update.collective, "gloo" if launch == "gloo" else "self")
-        seen = [ObservedCollective(k, update.mesh_axes, observed[(k, axes)]) for k in kinds if observed.get((k, axes))]
-        count = sum(c.count for c in seen)
-        if any(c.kind is not update.collective for c in seen):
-            notes.append(
-                f"gloo realizes {update.collective.value} as "
-                f"{', '.join(c.kind.value for c in seen if c.kind is not update.collective)}"
-            )
-        if not reported:
-            collectives_ok = False
-            failures.append(
-                f"{where}: check 'collectives' failed: the executor launches its own workers and "
-                "reports no collectives (implement trial.observed_collectives())"
-            )
-        elif count == 0:
-            collectives_ok = False
-            failures.append(
-                f"{where}: check 'collectives' failed: declared {update.collective.value} over "
-                f"{[a.value for a in update.mesh_axes]} was never observed"
-            )
+    seen, collectives_ok = _judge_collectives(update, observed, undeclared, reported, launch, notes, failures)
     if launch == "self" and reported:
         notes.append("collective counts self-reported by the executor")
     if launch == "self":

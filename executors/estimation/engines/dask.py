@@ -37,12 +37,8 @@ from mixle_parallel.executors.estimation.chunks import (
     WorkerUnavailableError,
     check_tasks,
 )
-from mixle_parallel.executors.estimation.engines.channel import (
-    ChannelClient,
-    collect_replies,
-    new_channel_key,
-    wait_channels,
-)
+from mixle_parallel.executors.estimation.engines.channel import ChannelClient, collect_replies, new_channel_key
+from mixle_parallel.executors.estimation.engines.dask_channel import ACTOR_START_S, POLL_S, DirectPasses, channel_host
 from mixle_parallel.executors.estimation.engines.dask_holder import (
     DaskChunkHolder,
     dask_config_for_em,
@@ -64,12 +60,6 @@ __all__ = ["DaskChunkHolder", "DaskRunner", "channel_host", "dask_config_for_em"
 
 _log = logging.getLogger(__name__)
 
-_POLL_S = 0.25
-"""How often a waiting pass looks for actors whose worker died (a call to a dead worker can stall)."""
-
-_ACTOR_START_S = 15.0
-"""Longest wait for a fresh actor on a replacement worker during recovery (survivors take over otherwise)."""
-
 
 async def _outcomes(calls: dict[Any, Any], timeout: float | None) -> dict[Any, tuple[bool, Any]]:
     """Inside the client's event loop: wait up to ``timeout`` seconds for all ``calls`` (key -> actor
@@ -89,16 +79,7 @@ async def _outcomes(calls: dict[Any, Any], timeout: float | None) -> dict[Any, t
     return {tasks[task]: task.result() for task in done}
 
 
-def channel_host(address: str) -> str | None:
-    """The host a pass channel to the dask worker at ``address`` listens on; None unless the cluster
-    talks plain TCP (``tls://`` and other comms keep every pass on dask's own RPC)."""
-    scheme, _, rest = address.partition("://")
-    if scheme != "tcp" or not rest:
-        return None
-    return rest.rsplit(":", 1)[0].strip("[]")
-
-
-class DaskRunner:
+class DaskRunner(DirectPasses):
     """Chunk runner over a dask.distributed ``Client`` (given, or a ``LocalCluster`` it owns)."""
 
     name = "dask"
@@ -248,7 +229,7 @@ class DaskRunner:
         fresh = [a for a in live if a not in self._actors and a not in self._unusable]
         if fresh:
             remaining = deadline.remaining()
-            self._start_actors(fresh, _ACTOR_START_S if remaining is None else min(remaining, _ACTOR_START_S))
+            self._start_actors(fresh, ACTOR_START_S if remaining is None else min(remaining, ACTOR_START_S))
         lost = set(chunk_ids)
         while True:
             if not self._actors:
@@ -322,7 +303,7 @@ class DaskRunner:
         while pending:
             calls = {key: entry[1] for key, entry in pending.items() if entry[1] is not None}
             remaining = deadline.remaining()
-            wait = _POLL_S if remaining is None else min(_POLL_S, remaining)
+            wait = POLL_S if remaining is None else min(POLL_S, remaining)
             outcomes = self.client.sync(_outcomes, calls, wait) if calls else {}
             progressed = False
             for key, entry in list(pending.items()):
@@ -356,7 +337,7 @@ class DaskRunner:
     def _wait_some(calls: list[Any], deadline: Deadline) -> None:
         """Block until the first unfinished call finishes, the poll interval passes, or the deadline."""
         remaining = deadline.remaining()
-        wait = _POLL_S if remaining is None else min(_POLL_S, remaining)
+        wait = POLL_S if remaining is None else min(POLL_S, remaining)
         for call in calls:
             if call is not None and not call.done():
                 try:
@@ -364,91 +345,6 @@ class DaskRunner:
                 except Exception:  # noqa: BLE001 - timeouts and failures are read by the caller
                     pass
                 return
-
-    # -- direct pass channels -----------------------------------------------------------------
-    def _channel_for(self, address: str) -> ChannelClient | None:
-        """The pass socket of the holder on ``address``, opened on first use; None when the cluster's
-        comms are not plain TCP (TLS stays dask's own), or the holder is gone."""
-        channel = self._channels.get(address)
-        if channel is not None or not self.direct_channel:
-            return channel
-        host = channel_host(address)
-        if host is None:
-            return None
-        reply = self._await(
-            address,
-            self._invoke(address, "open_channel", self._channel_key, host),
-            Deadline(_ACTOR_START_S),
-            "open its pass channel",
-        )
-        if reply is None:
-            return None  # the worker is gone (forgotten by _await)
-        try:
-            if isinstance(reply, str):
-                raise OSError(reply)
-            self._channels[address] = ChannelClient(reply, self._channel_key)
-        except OSError as exc:
-            _log.warning("dask: no pass channel to %s (%s); data passes go through dask's RPC", address, exc)
-            self.direct_channel = False
-            return None
-        return self._channels[address]
-
-    def _drop_channel(self, address: str) -> list[int]:
-        """Close the pass socket of ``address``; the chunk ids it still owed."""
-        channel = self._channels.pop(address, None)
-        if channel is None:
-            return []
-        owed = channel.owed
-        channel.close()
-        return owed
-
-    def _map_direct(self, task: bytes, ids: list[int], deadline: Deadline) -> list[Any]:
-        """A pass over the holders' sockets. A closed socket, or a worker the scheduler dropped, is a
-        lost worker: its chunks are re-placed through dask and recomputed."""
-        results: dict[int, Any] = {}
-        losses = 0
-
-        def lost(address: str, extra: Sequence[int] = ()) -> None:
-            nonlocal losses
-            owed = sorted(set(self._drop_channel(address)) | set(extra))
-            self._forget(address)
-            for other in [a for a in self._channels if a not in self._actors]:  # forgotten meanwhile
-                owed = sorted(set(owed) | set(self._drop_channel(other)))
-            if not owed:
-                return
-            losses += 1
-            self._check_losses(losses, owed)
-            self._replace(owed, deadline)
-            submit(owed)
-
-        def submit(chunk_list: Sequence[int]) -> None:
-            by_worker: dict[str, list[int]] = {}
-            for i in chunk_list:
-                by_worker.setdefault(self._where[i], []).append(i)
-            for address, wids in sorted(by_worker.items()):
-                channel = self._channel_for(address)
-                if channel is None or not channel.send(task, wids):
-                    lost(address, wids)
-
-        submit(ids)
-        while any(channel.waiting for channel in self._channels.values()):
-            remaining = deadline.remaining()
-            ready = wait_channels(self._channels, _POLL_S if remaining is None else min(_POLL_S, remaining))
-            for address in ready:
-                if address not in self._channels:
-                    continue
-                got = self._channels[address].receive()
-                if got is None:  # the holder's socket closed: its worker died
-                    lost(address)
-                    continue
-                results.update(zip(*got))
-            if not ready:  # a worker on another host can vanish without closing its socket
-                for address in [a for a, ch in self._channels.items() if ch.waiting and not self._alive(a)]:
-                    lost(address)
-                if deadline.expired():
-                    hung = {a: ch.owed for a, ch in self._channels.items() if ch.waiting}
-                    raise self._pass_timeout(hung)
-        return ordered_results(results, ids, self.name)
 
     def _check_losses(self, losses: int, chunk_ids: Sequence[int]) -> None:
         """Give up a pass whose workers keep dying (``max_recoveries`` losses)."""
