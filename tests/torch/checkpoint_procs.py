@@ -1,9 +1,9 @@
 """Real gloo process worlds for the checkpoint tests: a launcher and the per-rank scenarios.
 
-Run as a script by ``launch_world``: ``python checkpoint_procs.py SCENARIO ROOT OUT`` with RANK,
-WORLD_SIZE, MASTER_ADDR and MASTER_PORT set. Each scenario runs several cases in one process
-world (process start dominates the cost on a loaded 2-core machine) and writes
-``OUT/<scenario>-rank<R>.json`` for the test to judge.
+Run as a module by ``launch_world``, from the repository root: ``python -m
+tests.torch.checkpoint_procs SCENARIO ROOT OUT`` with RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT set. Each scenario runs several cases in one process world (process start dominates
+the cost on a loaded 2-core machine) and writes ``OUT/<scenario>-rank<R>.json`` for the test to judge.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The ranks' working directory: ``python -m tests.torch.checkpoint_procs`` imports from there."""
 GLOBAL_BATCH = 8
 START_STEP, RESUME_STEPS = 3, 4
 # fp32 tolerance for a resharded resume: the same global batch and global-mean gradient, summed in
@@ -47,8 +49,8 @@ def launch_world(scenario: str, world: int, root: Path, out: Path, *, timeout: f
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         log = open(out / f"{scenario}-rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, __file__, scenario, str(root), str(out)],
-                                       env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        command = [sys.executable, "-m", "tests.torch.checkpoint_procs", scenario, str(root), str(out)]
+        procs.append((subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     deadline, failed = time.monotonic() + timeout, []
     try:
         for rank, (proc, _) in enumerate(procs):
@@ -261,9 +263,10 @@ def _scenario_resharded(root: Path, rank: int, world: int) -> dict[str, Any]:
 # ---- the same through the torch_native session (TinyLM, default token cross-entropy) ---------
 def _session(world: int, seed: int):
     import torch
-    from _models import TinyLM  # tests/torch/_models.py, beside this script
     from mixle_parallel.contracts import ParallelPlan
     from mixle_parallel.executors import get_training_backend
+
+    from tests.torch._models import TinyLM
 
     torch.manual_seed(seed)
     backend = get_training_backend("torch_native")
@@ -275,7 +278,7 @@ def _session(world: int, seed: int):
 
 def _tokens(step: int, rank: int, world: int):
     import torch
-    from _models import SEQ, VOCAB
+    from tests.torch._models import SEQ, VOCAB
 
     gen = torch.Generator().manual_seed(2000 + step)
     tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ + 1), generator=gen)
@@ -354,5 +357,4 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     raise SystemExit(_main(sys.argv[1:]))

@@ -11,10 +11,6 @@ import pytest
 
 pytest.importorskip("distributed")
 
-import chunk_probes as probes  # noqa: E402
-import em_case  # noqa: E402
-from engine_helpers import by_value  # noqa: E402
-
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
 from mixle_parallel.executors.estimation.engines.dask import DaskRunner  # noqa: E402
 from mixle_parallel.executors.estimation.chunks import (  # noqa: E402
@@ -22,6 +18,10 @@ from mixle_parallel.executors.estimation.chunks import (  # noqa: E402
     WorkerTimeoutError,
     WorkerUnavailableError,
 )
+
+from tests.estimation.engines import chunk_probes as probes  # noqa: E402
+from tests.estimation.engines import em_case  # noqa: E402
+from tests.estimation.engines.engine_helpers import by_value  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

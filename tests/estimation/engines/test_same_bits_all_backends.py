@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-import em_case
-from engine_helpers import run_mpi
+from tests.estimation.engines import em_case
+from tests.estimation.engines.engine_helpers import run_mpi
 
 pytestmark = pytest.mark.slow
 

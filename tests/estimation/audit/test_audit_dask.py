@@ -6,11 +6,12 @@ import logging
 
 import numpy as np
 import pytest
-from audit_cases import clean_fit, flip_trial, same_bits, start_model
-from conftest import ROWS_PER_CHUNK, estimator
 
 from mixle_parallel.executors.estimation import encoded_data, fit
 from mixle_parallel.verification import FaultInjector
+
+from tests.estimation.audit.audit_cases import clean_fit, flip_trial, same_bits, start_model
+from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 
 pytestmark = pytest.mark.slow
 distributed = pytest.importorskip("distributed")
