@@ -1,8 +1,9 @@
 """Each launcher runs the tiny DDP example once per test session; the slow tests read its per-rank records.
 
 Real processes throughout: torchrun starts 2 ranks, Lightning Fabric's ``ddp`` launcher starts 2
-CPU ranks, Ray Train starts 2 CPU workers on a local Ray (``ray.init(num_cpus=2)``) that the
-fixture shuts down. Generous timeouts: the CI machine may be loaded.
+CPU ranks, Ray Train starts 2 CPU workers on the session's local Ray (``ray_session`` in
+tests/conftest.py: ``num_cpus=2``, shut down at the end of the session). Generous timeouts: the CI
+machine may be loaded.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 import pathlib
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -68,17 +68,13 @@ def fabric_records(tmp_path_factory: pytest.TempPathFactory, tiny_ddp: Any) -> l
 
 
 @pytest.fixture(scope="session")
-def local_ray(tiny_ddp: Any) -> Iterator[Any]:
-    """A local Ray with 2 CPUs, started once for the session and shut down at its end."""
-    ray = pytest.importorskip("ray")
-    # workers import the example module and tests.launchers._jobs (functions travel by reference)
-    path = os.pathsep.join(p for p in (str(EXAMPLES), str(EXAMPLES.parents[1]), os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+def local_ray(ray_session: Any, tiny_ddp: Any) -> Any:
+    """The session's local Ray with 2 CPUs (tests/conftest.py), shut down at the end of the session.
+
+    Its workers have the repository root and examples/launchers on PYTHONPATH: they import the
+    example module and tests.launchers._jobs (functions travel by reference).
+    """
+    return ray_session
 
 
 @pytest.fixture(scope="session")

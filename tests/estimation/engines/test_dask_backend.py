@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
@@ -27,19 +26,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def client():
-    from distributed import Client, LocalCluster
-
+def client(own_dask_client):
+    """This module's own 2-worker cluster (tests/conftest.py), the chunk probes pickled by value."""
     by_value(probes)
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                           silence_logs=logging.ERROR)
-    client = Client(cluster)
-    try:
-        client.wait_for_workers(2, timeout=120)
-        yield client
-    finally:
-        client.close()
-        cluster.close()
+    return own_dask_client
 
 
 def _worker_pids(client) -> dict[str, int]:

@@ -20,15 +20,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+def ray_session(ray_session):
+    """The session's local Ray (tests/conftest.py), the chunk probes pickled by value."""
     by_value(probes)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    return ray_session
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct-channel", "ray-rpc"])
