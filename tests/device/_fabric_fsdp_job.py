@@ -1,6 +1,7 @@
 """Job script for test_fabric_fsdp.py: Fabric's own FSDP (``fabric.setup``) on 2 GPUs via LightningFabricLauncher.
 
-Run by the test as ``python tests/device/_fabric_fsdp_job.py OUT_DIR``; Fabric re-runs it for rank 1.
+Run by the test as ``python tests/device/_fabric_fsdp_job.py OUT_DIR`` with examples/launchers on
+PYTHONPATH (for ``tiny_ddp``); Fabric re-runs it for rank 1.
 Each rank writes OUT_DIR/rank<R>.json with its attestation and its gathered final parameters.
 """
 
@@ -10,15 +11,13 @@ import json
 import pathlib
 import sys
 
+import tiny_ddp  # examples/launchers/tiny_ddp.py, on PYTHONPATH
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "launchers"))
-import tiny_ddp  # noqa: E402
-
-from mixle_parallel.contracts import ParallelPlan  # noqa: E402
-from mixle_parallel.executors import LightningFabricLauncher  # noqa: E402
+from mixle_parallel.contracts import ParallelPlan
+from mixle_parallel.executors import LightningFabricLauncher
 
 PLAN = ParallelPlan(dp_shard=2)
 

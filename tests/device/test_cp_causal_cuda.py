@@ -8,13 +8,9 @@ at least 2 CUDA devices:  python -m pytest tests/device/test_cp_causal_cuda.py -
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import pytest
 import torch
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "torch"))
 
 pytestmark = [
     pytest.mark.device,
@@ -30,9 +26,10 @@ def causal_cp_scenario() -> dict:
     """Body run on every rank (spawned by _world.run_world with NCCL for CUDA tensors)."""
     import torch.distributed as dist
 
-    from _models import global_batches, make_model
     from mixle_parallel.contracts import ParallelPlan
     from mixle_parallel.executors import get_training_backend
+
+    from tests.torch._models import global_batches, make_model
 
     rank = dist.get_rank()
     torch.cuda.set_device(rank)
@@ -51,10 +48,10 @@ def causal_cp_scenario() -> dict:
 
 
 def test_causal_context_parallel_matches_reference() -> None:
-    from _models import global_batches, reference_run
-    from _world import run_world
+    from tests.torch._models import global_batches, reference_run
+    from tests.torch._world import run_world
 
-    ranks = run_world(2, "test_cp_causal_cuda", "causal_cp_scenario", backend="cpu:gloo,cuda:nccl")
+    ranks = run_world(2, "tests.device.test_cp_causal_cuda", "causal_cp_scenario", backend="cpu:gloo,cuda:nccl")
     ref = reference_run("causal_attn", global_batches(3, [4]), device="cuda")
     for result in ranks:
         for got, want in zip(result["losses"], ref["losses"]):

@@ -27,18 +27,21 @@ pytestmark = [
 ]
 
 JOB = pathlib.Path(__file__).resolve().parent / "_fabric_fsdp_job.py"
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "launchers"
 
 
 def test_fabric_fsdp_matches_reference_on_two_gpus(tmp_path: pathlib.Path) -> None:
+    from tests.launchers._examples import EXAMPLES, load_example
+
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    # the job (and Fabric's re-run of it for rank 1) imports the example module tiny_ddp by name
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(EXAMPLES), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, str(JOB), str(tmp_path)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    sys.path.insert(0, str(EXAMPLES))
-    import tiny_ddp
     from mixle_parallel.contracts import ParallelPlan
+
+    tiny_ddp = load_example("tiny_ddp")
 
     plan = ParallelPlan(dp_shard=2)
     reference = tiny_ddp.reference(plan)["params"]  # CPU, one process, whole global batch

@@ -1,8 +1,9 @@
 """Each launcher runs the tiny DDP example once per test session; the slow tests read its per-rank records.
 
 Real processes throughout: torchrun starts 2 ranks, Lightning Fabric's ``ddp`` launcher starts 2
-CPU ranks, Ray Train starts 2 CPU workers on a local Ray (``ray.init(num_cpus=2)``) that the
-fixture shuts down. Generous timeouts: the CI machine may be loaded.
+CPU ranks, Ray Train starts 2 CPU workers on the session's local Ray (``ray_session`` in
+tests/conftest.py: ``num_cpus=2``, shut down at the end of the session). Generous timeouts: the CI
+machine may be loaded.
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ import os
 import pathlib
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples" / "launchers"
+from ._examples import EXAMPLES, load_example
+
 JOBS = pathlib.Path(__file__).resolve().parent / "_jobs.py"
 TIMEOUT_S = 600
 # torchrun/torch.distributed variables a launching process must not pass on to the job it starts
@@ -40,11 +40,7 @@ def read_records(out_dir: pathlib.Path, world_size: int) -> list[dict[str, Any]]
 @pytest.fixture(scope="session")
 def tiny_ddp() -> Any:
     """The shared example body (model, data, train, reference)."""
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    import tiny_ddp
-
-    return tiny_ddp
+    return load_example("tiny_ddp")
 
 
 @pytest.fixture(scope="session")
@@ -72,24 +68,19 @@ def fabric_records(tmp_path_factory: pytest.TempPathFactory, tiny_ddp: Any) -> l
 
 
 @pytest.fixture(scope="session")
-def local_ray(tiny_ddp: Any) -> Iterator[Any]:
-    """A local Ray with 2 CPUs, started once for the session and shut down at its end."""
-    ray = pytest.importorskip("ray")
-    # workers import the example module and tests.launchers._jobs (functions travel by reference)
-    path = os.pathsep.join(p for p in (str(EXAMPLES), str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+def local_ray(ray_session: Any, tiny_ddp: Any) -> Any:
+    """The session's local Ray with 2 CPUs (tests/conftest.py), shut down at the end of the session.
+
+    Its workers have the repository root and examples/launchers on PYTHONPATH: they import the
+    example module and tests.launchers._jobs (functions travel by reference).
+    """
+    return ray_session
 
 
 @pytest.fixture(scope="session")
 def ray_records(tmp_path_factory: pytest.TempPathFactory, tiny_ddp: Any, local_ray: Any) -> list[dict[str, Any]]:
     """The Ray example's launch(): 2 Ray Train CPU workers on the local Ray."""
-    import ray_ddp
-
+    ray_ddp = load_example("ray_ddp")
     out = tmp_path_factory.mktemp("ray")
     records = ray_ddp.launch(str(out))
     assert read_records(out, tiny_ddp.PLAN.world_size) == records

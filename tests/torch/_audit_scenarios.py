@@ -17,7 +17,7 @@ from mixle_parallel.contracts import ParallelPlan, to_dict
 from mixle_parallel.executors import get_training_backend
 from mixle_parallel.verification import BitFlip, FaultInjector, Ledger, SDCDetectedError, digest
 
-from _models import global_batches, make_model
+from tests.torch._models import global_batches, make_model
 
 DDP, FSDP = ParallelPlan(dp_replicate=2), ParallelPlan(dp_shard=2)
 CLEAN_STEPS = 130  # per clean run: 2 x 130 + 2 x 20 accumulation windows = 300 audited steps, none may flag

@@ -11,8 +11,8 @@ from typing import Any
 from mixle_parallel.contracts import ParallelPlan
 from mixle_parallel.verification import BitFlip, FaultInjector
 
-from _audit_scenarios import drive, session
-from _models import TP_PLAN, global_batches
+from tests.torch._audit_scenarios import drive, session
+from tests.torch._models import TP_PLAN, global_batches
 
 FSDP_TP = ParallelPlan(dp_shard=2, tp=2)
 

@@ -18,7 +18,7 @@ from mixle_parallel.executors import get_training_backend
 from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
 from mixle_parallel.executors.torch.backend import lm_token_loss
 
-from _models import TP_PLAN, global_batches, make_model
+from tests.torch._models import TP_PLAN, global_batches, make_model
 
 STEPS = 3
 

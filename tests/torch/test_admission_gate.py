@@ -15,7 +15,7 @@ from mixle_parallel.executors import get_training_backend
 from mixle_parallel.verification import verify
 from mixle_parallel.verification.admission import save_certificate
 
-from _models import make_model
+from tests.torch._models import make_model
 
 SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
 NO_LAUNCHER = "torchrun --nproc-per-node"

@@ -7,14 +7,10 @@ checkpoint, resharded. Scenarios: tests/torch/checkpoint_procs.py.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torch", reason="torch is the optional [torch] extra")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from checkpoint_procs import RESUME_STEPS, launch_world, resume_close  # noqa: E402
+from tests.torch.checkpoint_procs import RESUME_STEPS, launch_world, resume_close  # noqa: E402
 
 
 @pytest.fixture(scope="module")

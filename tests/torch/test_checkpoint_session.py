@@ -6,14 +6,10 @@ tests/torch/checkpoint_procs.py (``session4``, ``session_resharded``).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torch", reason="torch is the optional [torch] extra")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from checkpoint_procs import RESUME_STEPS, START_STEP, launch_world, resume_close  # noqa: E402
+from tests.torch.checkpoint_procs import RESUME_STEPS, START_STEP, launch_world, resume_close  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +48,7 @@ def test_session_resharded_resume_matches_uninterrupted_run(session4, root, worl
 
 def test_session_refuses_to_save_mid_accumulation_and_restores_its_clock(tmp_path):
     import torch
-    from _models import SEQ, VOCAB, TinyLM
+    from tests.torch._models import SEQ, VOCAB, TinyLM
     from mixle_parallel.contracts import ParallelPlan
     from mixle_parallel.executors import get_training_backend
 

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from _models import global_batches, reference_run
-from _world import run_world
+from tests.torch._models import global_batches, reference_run
+from tests.torch._world import run_world
 
 pytestmark = pytest.mark.slow
 
@@ -26,12 +26,12 @@ BF16_PARAM_TOL = dict(rtol=5e-2, atol=5e-3)
 
 @pytest.fixture(scope="module")
 def world2() -> list[dict]:
-    return run_world(2, "_scenarios", "world2")
+    return run_world(2, "tests.torch._scenarios", "world2")
 
 
 @pytest.fixture(scope="module")
 def world4() -> list[dict]:
-    return run_world(4, "_scenarios", "world4")
+    return run_world(4, "tests.torch._scenarios", "world4")
 
 
 def committed(result: dict) -> list[dict]:

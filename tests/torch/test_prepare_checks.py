@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from _models import TP_PLAN, global_batches, make_model, reference_run
-
 from mixle_parallel.contracts import CapabilityError, ParallelPlan
 from mixle_parallel.executors import get_training_backend
+
+from tests.torch._models import TP_PLAN, global_batches, make_model, reference_run
 
 
 def test_importing_the_package_does_not_import_torch() -> None:

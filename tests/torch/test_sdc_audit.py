@@ -13,8 +13,8 @@ from mixle_parallel.contracts import ParallelPlan, SDCAuditRecord, from_dict
 from mixle_parallel.verification import verify, verify_ledger
 from mixle_parallel.verification.admission import save_certificate
 
-from _audit_scenarios import BOTH_STEPS
-from _world import run_world
+from tests.torch._audit_scenarios import BOTH_STEPS
+from tests.torch._world import run_world
 
 pytestmark = pytest.mark.slow
 SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
@@ -31,7 +31,7 @@ def audit_world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     mp.setenv("MIXLE_PARALLEL_CERTIFICATE", str(path))
     mp.setenv("AUDIT_TEST_LEDGER", str(root / "ledger.jsonl"))
     try:
-        ranks = run_world(2, "_audit_scenarios", "world2")
+        ranks = run_world(2, "tests.torch._audit_scenarios", "world2")
     finally:
         mp.undo()
     return {"ranks": ranks, "certificate": certificate, "ledger": root / "ledger.jsonl"}
@@ -163,7 +163,7 @@ def test_certified_run_receipts_and_ledger(audit_world: dict) -> None:
 @pytest.fixture(scope="module")
 def tp_world() -> list[dict]:
     """One world of 4 (dp_shard=2 x tp=2) running the tensor-parallel audit scenarios."""
-    return run_world(4, "_audit_tp_scenarios", "world4")
+    return run_world(4, "tests.torch._audit_tp_scenarios", "world4")
 
 
 @pytest.mark.slow

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from vhelpers import StubExecutor, make_evidence
 
 from mixle_parallel.contracts import NotAdmittedError, ParallelPlan, Tolerance, check_admission
 from mixle_parallel.verification.admission import (
@@ -17,6 +16,8 @@ from mixle_parallel.verification.admission import (
 )
 from mixle_parallel.verification.keys import load_key
 from mixle_parallel.verification.harness.tolerance import compare, default_tolerance, tolerance_policy
+
+from tests.verification.vhelpers import StubExecutor, make_evidence
 
 KEY = b"cert-test-key"
 

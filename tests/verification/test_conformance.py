@@ -11,18 +11,20 @@ import pytest
 
 from mixle_parallel.verification.conformance.suite import main_conformance, parse_plan, run_conformance
 
-HERE = Path(__file__).parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""On the child pytest's PYTHONPATH, so ``tests.verification.toy_executors`` imports there."""
+TOYS = "tests.verification.toy_executors"
 pytest_plugins = ["pytester"]
 
 
 def test_cli_passes_the_correct_toy(capsys):
-    assert main_conformance(["--backend", "toy_executors:ToyDDPExecutor"]) == 0
+    assert main_conformance(["--backend", f"{TOYS}:ToyDDPExecutor"]) == 0
     out = capsys.readouterr().out
     assert "6/6 checks passed" in out and "PASS  check_harness_admits" in out
 
 
 def test_cli_rejects_the_wrong_group_toy_naming_the_check(capsys):
-    code = main_conformance(["--backend", "toy_executors:WrongGroupDDPExecutor", "--plan", "dp_replicate=2,dp_shard=2"])
+    code = main_conformance(["--backend", f"{TOYS}:WrongGroupDDPExecutor", "--plan", "dp_replicate=2,dp_shard=2"])
     out = capsys.readouterr().out
     assert code == 1
     assert "FAIL  check_harness_admits" in out and "check 'numerics' failed" in out
@@ -40,7 +42,7 @@ class NotAnExecutor:
 def test_contract_checks_name_what_is_wrong():
     results = {r.name: r for r in run_conformance(NotAnExecutor(), skip_harness=True)}
     assert not results["check_identity"].passed and "BackendCapabilities" in results["check_identity"].detail
-    assert main_conformance(["--backend", "toy_executors:ToyEMExecutor", "--plan", "tp=x"]) == 2
+    assert main_conformance(["--backend", f"{TOYS}:ToyEMExecutor", "--plan", "tp=x"]) == 2
 
 
 def test_parse_plan():
@@ -56,13 +58,12 @@ def _plugin_args() -> list[str]:
 
 
 def test_pytest_plugin_runs_the_suite(pytester):
-    pytester.syspathinsert(HERE)
-    env_path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    env_path = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
     pytester._monkeypatch.setenv("PYTHONPATH", env_path)
-    good = pytester.runpytest_subprocess(*_plugin_args(), "--mixle-backend", "toy_executors:ToyEMExecutor",
+    good = pytester.runpytest_subprocess(*_plugin_args(), "--mixle-backend", f"{TOYS}:ToyEMExecutor",
                                          "--mixle-plan", "dp_replicate=2", "--mixle-precision", "fp64", "-q")
     good.assert_outcomes(passed=6)
-    bad = pytester.runpytest_subprocess(*_plugin_args(), "--mixle-backend", "toy_executors:PerWorkerEMExecutor",
+    bad = pytester.runpytest_subprocess(*_plugin_args(), "--mixle-backend", f"{TOYS}:PerWorkerEMExecutor",
                                         "--mixle-plan", "dp_replicate=3", "--mixle-precision", "fp64", "-q")
     bad.assert_outcomes(passed=5, failed=1)
     bad.stdout.fnmatch_lines(["*test_harness_admits*", "*check 'numerics' failed*"])
@@ -73,7 +74,7 @@ def test_verify_and_certify_commands(tmp_path, capsys):
     from mixle_parallel.verification.admission import load_certificate
     from mixle_parallel.verification.cli import main_certify, main_verify
 
-    spec = "toy_executors:ToyEMExecutor"
+    spec = f"{TOYS}:ToyEMExecutor"
     common = ["--backend", spec, "--plan", "dp_replicate=2", "--precision", "fp64", "--workload", "gaussian_mixture"]
     assert main_verify(common) == 0
     assert "PASSED" in capsys.readouterr().out
@@ -81,7 +82,7 @@ def test_verify_and_certify_commands(tmp_path, capsys):
     key.write_text("secret\n")
     assert main_certify([*common, "--out", str(tmp_path / "cert.json"), "--key-file", str(key)]) == 0
     assert load_certificate(tmp_path / "cert.json").signature_valid(b"secret")
-    bad = ["--backend", "toy_executors:PerWorkerEMExecutor", "--plan", "dp_replicate=3", "--precision", "fp64",
+    bad = ["--backend", f"{TOYS}:PerWorkerEMExecutor", "--plan", "dp_replicate=3", "--precision", "fp64",
            "--workload", "gaussian_mixture"]
     assert main_verify(bad) == 1
     assert main_certify([*bad, "--out", str(tmp_path / "bad.json")]) == 1

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from toy_executors import PerWorkerEMExecutor, ToyDDPExecutor, ToyEMExecutor, WrongGroupDDPExecutor
 
 from mixle_parallel.contracts import CapabilityError, ParallelPlan, check_admission
 from mixle_parallel.verification.admission import CertificationError
 from mixle_parallel.verification.harness.collectives import axes_of_group, collective_kind
 from mixle_parallel.verification.harness.run import verify
 from mixle_parallel.verification.harness.worker import resolve_executor
+
+from tests.verification.toy_executors import PerWorkerEMExecutor, ToyDDPExecutor, ToyEMExecutor, WrongGroupDDPExecutor
 
 
 def test_correct_ddp_toy_passes_and_is_certified():
@@ -91,13 +92,13 @@ def test_plans_and_arguments_are_checked_before_anything_runs():
 
 
 def test_executor_specs_resolve_from_strings():
-    assert resolve_executor("toy_executors:ToyDDPExecutor").capabilities.name == "toy_ddp"
+    assert resolve_executor("tests.verification.toy_executors:ToyDDPExecutor").capabilities.name == "toy_ddp"
     with pytest.raises(ValueError, match="package.module:attribute"):
-        resolve_executor("toy_executors")
+        resolve_executor("tests.verification.toy_executors")
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
-        resolve_executor("toy_executors:Nope")
+        resolve_executor("tests.verification.toy_executors:Nope")
     with pytest.raises(TypeError, match="not an executor"):
-        resolve_executor("toy_executors:DP_AXES")
+        resolve_executor("tests.verification.toy_executors:DP_AXES")
 
 
 def test_axis_mapping_of_process_groups():

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import sdc_models as m
 from scipy.stats import binomtest
 
 from mixle_parallel.verification.sdc.em import EMAuditor, audited_fold
 from mixle_parallel.verification.sdc.inject import BitFlip, FaultInjector
 from mixle_parallel.verification.sdc.training import AuditSchedule, SDCDetectedError, TrainingAuditor
+
+from tests.verification import sdc_models as m
 
 WORLD = 4
 CONFIDENCE_P = 1e-3  # reject "detection rate == audit rate" only below p = 0.001 (99.9% confidence)

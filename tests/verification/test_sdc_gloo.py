@@ -4,11 +4,11 @@ every rank together (skip_step) or raised on every rank (raise)."""
 
 from __future__ import annotations
 
-import sdc_gloo_job
-
 from mixle_parallel.contracts import SDCAuditRecord, from_dict
 from mixle_parallel.verification.harness.mesh import run_on_gloo_mesh
 from mixle_parallel.verification.sdc.inject import BitFlip
+
+from tests.verification import sdc_gloo_job
 
 
 def test_flip_detected_attributed_and_skipped_on_every_rank():

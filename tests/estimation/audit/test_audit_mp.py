@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from audit_cases import clean_fit, flip_trial, same_bits, start_model
-from conftest import ROWS_PER_CHUNK, estimator
 from scipy.stats import binomtest
 
 from mixle_parallel.executors.estimation import encoded_data, fit
 from mixle_parallel.verification import BitFlip, FaultInjector, Ledger, read_ledger, verify_ledger
+
+from tests.estimation.audit.audit_cases import clean_fit, flip_trial, same_bits, start_model
+from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 
 CONFIDENCE_P = 1e-3  # reject "detection rate == audit rate" only below p = 0.001 (99.9% confidence)
 ITS = 3

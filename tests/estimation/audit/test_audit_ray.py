@@ -1,29 +1,21 @@
-"""The E-step SDC audit on three Ray actors of a local Ray (started once for the module)."""
+"""The E-step SDC audit on three Ray actors of the session's local Ray (``ray_session``, tests/conftest.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from audit_cases import clean_fit, flip_trial, same_bits, start_model
-from conftest import ROWS_PER_CHUNK, estimator
 
 from mixle_parallel.executors.estimation import encoded_data, fit
 from mixle_parallel.verification import FaultInjector
 
+from tests.estimation.audit.audit_cases import clean_fit, flip_trial, same_bits, start_model
+from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
+
 pytestmark = pytest.mark.slow
-ray = pytest.importorskip("ray")
+pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-def test_ray_clean_audits_and_attributed_flips(rows, local_ray):
+def test_ray_clean_audits_and_attributed_flips(rows, ray_session):
     start = start_model(rows)
     clean = clean_fit(rows, start, 3)
     injector = FaultInjector()

@@ -1,4 +1,7 @@
-"""Run under mpiexec: MPIRunner placement, ordering, root_only scatter, error fan-out, Resources."""
+"""Run under mpiexec: MPIRunner placement, ordering, root_only scatter, error fan-out, Resources.
+
+Started from the repository root as ``python -m tests.estimation.engines.mpi_scripts.runner_check MODE``.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +10,12 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mpi4py import MPI
 
-import chunk_probes as probes  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+from mixle_parallel.contracts.resources import Resources
+from mixle_parallel.executors.estimation.engines.mpi import MPIChunkError, MPIRunner
 
-from mixle_parallel.contracts.resources import Resources  # noqa: E402
-from mixle_parallel.executors.estimation.engines.mpi import MPIChunkError, MPIRunner  # noqa: E402
+from tests.estimation.engines import chunk_probes as probes
 
 
 def main() -> None:

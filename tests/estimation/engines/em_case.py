@@ -33,7 +33,7 @@ def signature(result: Any) -> tuple[str, tuple[str, ...]]:
 def run(backend: str, num_workers: int | None, est: Any = None, **kwargs: Any) -> tuple[str, tuple[str, ...]]:
     """Fit the case on ``backend`` and return its signature."""
     # admission="unverified": the engines' test meshes are compared bitwise with the reference, no
-    # certificate is needed for that (tests/em_audit checks the gate itself)
+    # certificate is needed for that (tests/estimation/audit checks the gate itself)
     options = {"admission": "unverified", **FIT_KWARGS, **kwargs}
     return signature(fit(data(), est if est is not None else estimator(), backend=backend,
                          num_workers=num_workers, **options))

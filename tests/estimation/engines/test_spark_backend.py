@@ -2,39 +2,25 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 pytest.importorskip("pyspark")
-
-import chunk_probes as probes  # noqa: E402
-from engine_helpers import by_value  # noqa: E402
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
 from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError  # noqa: E402
 from mixle_parallel.executors.estimation.engines.spark import SparkRunner  # noqa: E402
 
+from tests.estimation.engines import chunk_probes as probes  # noqa: E402
+from tests.estimation.engines.engine_helpers import by_value  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def spark_context():
-    from pyspark import SparkConf, SparkContext
-
-    # local[2,4]: 2 threads, up to 4 attempts per task (plain local[2] never retries a task).
-    conf = (SparkConf().setMaster("local[2,4]").setAppName("mixle-parallel-tests")
-            .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
-            .set("spark.driver.bindAddress", "127.0.0.1").set("spark.pyspark.python", sys.executable))
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this package's venv
-    sc = SparkContext(conf=conf)
-    sc.setLogLevel("ERROR")
+def spark_context(spark_context):
+    """The session's SparkContext on local[2,4] (tests/conftest.py), the chunk probes pickled by value."""
     by_value(probes)
-    try:
-        yield sc
-    finally:
-        sc.stop()
+    return spark_context
 
 
 def test_partitions_hold_contiguous_chunks_results_in_order(spark_context):

@@ -1,19 +1,20 @@
-"""Run under `mpiexec -n 2 python -m mpi4py`: the last rank hangs in its chunk; the others time out."""
+"""Run under `mpiexec -n 2 python -m mpi4py`: the last rank hangs in its chunk; the others time out.
+
+Started from the repository root as ``python -m mpi4py -m tests.estimation.engines.mpi_scripts.hang_check``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mpi4py import MPI
 
-import chunk_probes as probes  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+from mixle_parallel.executors.estimation.engines.mpi import MPIRunner
+from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError
 
-from mixle_parallel.executors.estimation.engines.mpi import MPIRunner  # noqa: E402
-from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError  # noqa: E402
+from tests.estimation.engines import chunk_probes as probes
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("mpi4py")
 
-from engine_helpers import run_mpi  # noqa: E402
+from tests.estimation.engines.engine_helpers import run_mpi  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 

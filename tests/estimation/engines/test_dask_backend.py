@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
@@ -10,10 +9,6 @@ import time
 import pytest
 
 pytest.importorskip("distributed")
-
-import chunk_probes as probes  # noqa: E402
-import em_case  # noqa: E402
-from engine_helpers import by_value  # noqa: E402
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
 from mixle_parallel.executors.estimation.engines.dask import DaskRunner  # noqa: E402
@@ -23,23 +18,18 @@ from mixle_parallel.executors.estimation.chunks import (  # noqa: E402
     WorkerUnavailableError,
 )
 
+from tests.estimation.engines import chunk_probes as probes  # noqa: E402
+from tests.estimation.engines import em_case  # noqa: E402
+from tests.estimation.engines.engine_helpers import by_value  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def client():
-    from distributed import Client, LocalCluster
-
+def client(own_dask_client):
+    """This module's own 2-worker cluster (tests/conftest.py), the chunk probes pickled by value."""
     by_value(probes)
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                           silence_logs=logging.ERROR)
-    client = Client(cluster)
-    try:
-        client.wait_for_workers(2, timeout=120)
-        yield client
-    finally:
-        client.close()
-        cluster.close()
+    return own_dask_client
 
 
 def _worker_pids(client) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """The direct pass channel of the dask and ray chunk holders, on a real loopback socket.
 
 (Engine-level behaviour -- passes on the channel, a holder killed mid-pass, a hung one -- is in
-tests/em_engines/test_dask_backend.py and test_ray_backend.py.)
+tests/estimation/engines/test_dask_backend.py and test_ray_backend.py.)
 """
 
 from __future__ import annotations

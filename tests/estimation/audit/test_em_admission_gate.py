@@ -6,12 +6,13 @@ import multiprocessing
 
 import numpy as np
 import pytest
-from conftest import ROWS_PER_CHUNK, estimator
 
 from mixle_parallel.contracts import NotAdmittedError
 from mixle_parallel.executors.estimation import EncodedDataControlConflictError, encoded_data, fit, optimize
 from mixle_parallel.verification import Ledger, load_certificate, read_ledger, verify_ledger, verifying
 from mixle_parallel.verification.admission import CERTIFICATE_ENV
+
+from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 
 
 def test_mesh_without_certificate_is_refused_before_any_worker_starts(rows):

@@ -6,57 +6,14 @@ each backend's model parameters and whole log-likelihood trajectory must equal i
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-
 import pytest
 
-import em_case
-from engine_helpers import run_mpi
+from tests.estimation.engines import em_case
+from tests.estimation.engines.engine_helpers import run_mpi
 
 pytestmark = pytest.mark.slow
 
 WORKERS = [1, 2, 3]
-
-
-@pytest.fixture(scope="module")
-def dask_client():
-    distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                                       dashboard_address=":0", silence_logs=logging.ERROR)
-    client = distributed.Client(cluster)
-    try:
-        client.wait_for_workers(3, timeout=120)
-        yield client
-    finally:
-        client.close()
-        cluster.close()
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def spark_context():
-    pyspark = pytest.importorskip("pyspark")
-    conf = (pyspark.SparkConf().setMaster("local[2]").setAppName("mixle-parallel-bits")
-            .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
-            .set("spark.driver.bindAddress", "127.0.0.1").set("spark.pyspark.python", sys.executable))
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this package's venv
-    sc = pyspark.SparkContext(conf=conf)
-    sc.setLogLevel("ERROR")
-    try:
-        yield sc
-    finally:
-        sc.stop()
 
 
 def test_reference_fit_is_a_real_fit():

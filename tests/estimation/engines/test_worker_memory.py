@@ -6,23 +6,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-import chunk_probes as probes
 from mixle_parallel.executors.estimation.engines.support import keep_freed_memory
 from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
 from mixle_parallel.executors.estimation.chunks import EncodedChunk
+
+from tests.estimation.engines import chunk_probes as probes
+from tests.estimation.engines.engine_helpers import REPO_ROOT
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="glibc's malloc thresholds and SCHED_BATCH are what is tuned, and both are Linux's")
 
 _FRESH = """
-import sys
-sys.path.insert(0, {here!r})
-import chunk_probes
+from tests.estimation.engines import chunk_probes
 if {tuned}:
     from mixle_parallel.executors.estimation.engines.support import keep_freed_memory
     assert keep_freed_memory()
@@ -31,8 +30,9 @@ print(chunk_probes.page_faults_per_pass(None, {{}}))
 
 
 def _fresh_process_faults(tuned: bool) -> float:
-    code = _FRESH.format(here=str(Path(__file__).parent), tuned=tuned)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    code = _FRESH.format(tuned=tuned)  # run from the repository root, where tests.estimation imports
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                         check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 

@@ -4,7 +4,6 @@ worker is detected by timeout."""
 from __future__ import annotations
 
 import pytest
-from faulty_models import FaultyEstimator
 
 from mixle_parallel.contracts.estimation import canonical_statistic_bytes
 from mixle_parallel.executors.estimation import (
@@ -14,6 +13,8 @@ from mixle_parallel.executors.estimation import (
     encoded_data,
     fit,
 )
+
+from tests.estimation.core.faulty_models import FaultyEstimator
 
 
 def test_killed_worker_is_recomputed_on_survivors_with_the_same_bits(gmm_1d, tmp_path):

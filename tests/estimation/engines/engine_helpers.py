@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-SCRIPTS = HERE / "mpi_scripts"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+"""The ranks' working directory: ``python -m tests.estimation.engines.mpi_scripts.<name>`` imports from there."""
+SCRIPTS = "tests.estimation.engines.mpi_scripts"
 
 
 def by_value(module: Any) -> None:
@@ -58,7 +59,8 @@ def mpi_env(exe: str) -> dict[str, str]:
 def run_mpi(
     script: str, n: int, *args: str, timeout: float = 240.0, abort_on_error: bool = False, check: bool = True
 ) -> list[dict[str, Any]]:
-    """Run ``mpi_scripts/script`` on ``n`` ranks; each rank writes ``$MPI_TEST_OUT/rank<r>.json``.
+    """Run ``mpi_scripts/script`` (as the module ``tests.estimation.engines.mpi_scripts.<name>``) on ``n`` ranks;
+    each rank writes ``$MPI_TEST_OUT/rank<r>.json``.
 
     ``abort_on_error`` runs the ranks as ``python -m mpi4py`` (an uncaught error aborts the job);
     ``check=False`` returns whatever ranks wrote even when the job failed.
@@ -73,8 +75,8 @@ def run_mpi(
         env["MPI_TEST_OUT"] = out
         proc = subprocess.run(
             [exe, "-n", str(n), sys.executable, *(["-m", "mpi4py"] if abort_on_error else []),
-             str(SCRIPTS / script), *args],
-            capture_output=True, text=True, timeout=timeout, env=env, cwd=str(HERE),
+             "-m", f"{SCRIPTS}.{script.removesuffix('.py')}", *args],
+            capture_output=True, text=True, timeout=timeout, env=env, cwd=str(REPO_ROOT),
         )
         assert proc.returncode == 0 or not check, f"mpiexec -n {n} {script} failed:\n{proc.stdout}\n{proc.stderr}"
         rows = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]

@@ -1,40 +1,27 @@
-"""The E-step SDC audit on a real dask LocalCluster of three worker processes (started once)."""
+"""The E-step SDC audit on a real dask LocalCluster of three worker processes (``dask_client``, tests/conftest.py)."""
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
-from audit_cases import clean_fit, flip_trial, same_bits, start_model
-from conftest import ROWS_PER_CHUNK, estimator
 
 from mixle_parallel.executors.estimation import encoded_data, fit
 from mixle_parallel.verification import FaultInjector
 
+from tests.estimation.audit.audit_cases import clean_fit, flip_trial, same_bits, start_model
+from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
+
 pytestmark = pytest.mark.slow
-distributed = pytest.importorskip("distributed")
+pytest.importorskip("distributed")
 
 
-@pytest.fixture(scope="module")
-def client():
-    cluster = distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0",
-                                       silence_logs=logging.ERROR)
-    c = distributed.Client(cluster)
-    try:
-        yield c
-    finally:
-        c.close()
-        cluster.close()
-
-
-def test_dask_clean_audits_and_attributed_flips(rows, client):
+def test_dask_clean_audits_and_attributed_flips(rows, dask_client):
     start = start_model(rows)
     clean = clean_fit(rows, start, 3)
     injector = FaultInjector()
     rng = np.random.default_rng(5)
     # admission="unverified": a test cluster; the audit is what is checked
-    with encoded_data(rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK, backend="dask", client=client,
+    with encoded_data(rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK, backend="dask", client=dask_client,
                       num_workers=3, admission="unverified", audit_rate=0.1, fault_injector=injector,
                       timeout=300) as handle:
         full = fit(handle, estimator(), max_its=3, delta=None, prev_estimate=start)

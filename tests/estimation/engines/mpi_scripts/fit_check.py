@@ -1,4 +1,7 @@
-"""Run under mpiexec: fit the shared EM case with backend="mpi"; each rank writes its signature."""
+"""Run under mpiexec: fit the shared EM case with backend="mpi"; each rank writes its signature.
+
+Started from the repository root as ``python -m tests.estimation.engines.mpi_scripts.fit_check MODE``.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,11 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mpi4py import MPI
 
-import em_case  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+from mixle_parallel.executors.estimation import fit
 
-from mixle_parallel.executors.estimation import fit  # noqa: E402
+from tests.estimation.engines import em_case
 
 
 def main() -> None:

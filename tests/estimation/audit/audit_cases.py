@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from conftest import ROWS_PER_CHUNK, estimator
 
 from mixle_parallel.contracts.estimation import canonical_statistic_bytes
 from mixle_parallel.executors.estimation import encoded_data, fit
 from mixle_parallel.verification import BitFlip
+
+from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 
 
 def start_model(rows: np.ndarray) -> Any:

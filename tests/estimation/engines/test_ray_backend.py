@@ -9,26 +9,21 @@ import pytest
 
 pytest.importorskip("ray")
 
-import chunk_probes as probes  # noqa: E402
-import em_case  # noqa: E402
-from engine_helpers import by_value  # noqa: E402
-
 from mixle_parallel.executors.estimation.engines.ray import RayRunner  # noqa: E402
 from mixle_parallel.executors.estimation.chunks import WorkerLostError, WorkerTask, WorkerTimeoutError  # noqa: E402
+
+from tests.estimation.engines import chunk_probes as probes  # noqa: E402
+from tests.estimation.engines import em_case  # noqa: E402
+from tests.estimation.engines.engine_helpers import REPO_ROOT, by_value  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+def ray_session(ray_session):
+    """The session's local Ray (tests/conftest.py), the chunk probes pickled by value."""
     by_value(probes)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    return ray_session
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct-channel", "ray-rpc"])
@@ -162,15 +157,14 @@ def test_owned_ray_starts_and_shuts_down():
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
     code = (
-        "import json, ray, em_case\n"
+        "import json, ray\n"
+        "from tests.estimation.engines import em_case\n"
         "sig = em_case.run('ray', 2, init_kwargs={'num_cpus': 2, 'include_dashboard': False})\n"
         "print(json.dumps({'sig': sig, 'up': ray.is_initialized()}))\n"
     )
-    here = Path(__file__).resolve().parent
-    proc = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["up"] is False
