@@ -38,8 +38,13 @@ def train(context):  # type: ignore[no-untyped-def]
     with FullyShardedDataParallel.summon_full_params(model._forward_module):
         params = {n.replace("_fsdp_wrapped_module.", ""): p.detach().cpu().tolist()
                   for n, p in model._forward_module.named_parameters()}
-    return {"rank": context.rank, "coordinate": context.coordinate.as_dict(), "strategy": type(fabric.strategy).__name__,
-            "process_group_rank": dist.get_rank(), "params": params}
+    return {
+        "rank": context.rank,
+        "coordinate": context.coordinate.as_dict(),
+        "strategy": type(fabric.strategy).__name__,
+        "process_group_rank": dist.get_rank(),
+        "params": params,
+    }
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ def causal_cp_scenario() -> dict:
 
     from mixle_parallel.contracts import ParallelPlan
     from mixle_parallel.executors import get_training_backend
-
     from tests.torch._models import global_batches, make_model
 
     rank = dist.get_rank()

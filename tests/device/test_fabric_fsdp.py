@@ -22,8 +22,10 @@ pytest.importorskip("lightning")
 
 pytestmark = [
     pytest.mark.device,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                       reason="needs 2 CUDA devices: Lightning's FSDP strategy is GPU-only and NCCL needs one GPU per rank"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+        reason="needs 2 CUDA devices: Lightning's FSDP strategy is GPU-only and NCCL needs one GPU per rank",
+    ),
 ]
 
 JOB = pathlib.Path(__file__).resolve().parent / "_fabric_fsdp_job.py"
@@ -35,8 +37,9 @@ def test_fabric_fsdp_matches_reference_on_two_gpus(tmp_path: pathlib.Path) -> No
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     # the job (and Fabric's re-run of it for rank 1) imports the example module tiny_ddp by name
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(EXAMPLES), os.environ.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, str(JOB), str(tmp_path)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(JOB), str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     from mixle_parallel.contracts import ParallelPlan
@@ -51,5 +54,6 @@ def test_fabric_fsdp_matches_reference_on_two_gpus(tmp_path: pathlib.Path) -> No
         assert record["params"].keys() == reference.keys()
         for name, value in reference.items():
             # GPU fp32 (TF32 off) vs CPU fp32 after 3 steps: rounding only
-            torch.testing.assert_close(torch.tensor(record["params"][name]), torch.tensor(value),
-                                       rtol=1e-5, atol=1e-5, msg=name)
+            torch.testing.assert_close(
+                torch.tensor(record["params"][name]), torch.tensor(value), rtol=1e-5, atol=1e-5, msg=name
+            )

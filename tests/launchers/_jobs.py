@@ -51,7 +51,9 @@ def main(job: str, *args: str) -> None:
     elif job == "fabric_rank0_fails":
         from mixle_parallel.executors import LightningFabricLauncher
 
-        LightningFabricLauncher(ParallelPlan(dp_replicate=2), accelerator="cpu").launch(fail_on_rank0_while_rank1_works, args[0])
+        LightningFabricLauncher(ParallelPlan(dp_replicate=2), accelerator="cpu").launch(
+            fail_on_rank0_while_rank1_works, args[0]
+        )
     else:
         raise SystemExit(f"unknown job {job!r}")
 

@@ -22,7 +22,7 @@ def test_fabric_ranks_are_bound_and_release_the_group(fabric_records: list[dict[
         assert record["process_group_destroyed"] is True
 
 
-def _run_job(job: str, *args: str) -> "subprocess.CompletedProcess[str]":
+def _run_job(job: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run a Fabric job script in its own session; on timeout kill the whole session (no orphan ranks)."""
     from .conftest import JOBS, TIMEOUT_S, child_env
 

@@ -18,19 +18,22 @@ HEAVY = ["torch", "lightning", "lightning_fabric", "ray"]
 
 def _loaded_after(code: str) -> list[str]:
     """Run ``code`` in a fresh interpreter; the heavy engines it left in sys.modules."""
-    probe = f"{code}\nimport sys, json\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))"
+    loaded = f"sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))"
+    probe = f"{code}\nimport sys, json\nprint(json.dumps({loaded}))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_launcher_names_are_lazy_and_light() -> None:
-    code = ("import mixle_parallel, mixle_parallel.executors as e\n"
-            "assert 'RayTrainLauncher' not in e.__all__ and 'LightningFabricLauncher' not in e.__all__\n"
-            "from mixle_parallel.contracts import ParallelPlan\n"
-            "p = ParallelPlan(dp_replicate=2)\n"
-            "e.TorchrunLauncher(p).command('x.py'); e.LightningFabricLauncher(p); e.RayTrainLauncher(p).attestations\n"
-            "e.LaunchContext, e.bind_launched_rank")
+    code = (
+        "import mixle_parallel, mixle_parallel.executors as e\n"
+        "assert 'RayTrainLauncher' not in e.__all__ and 'LightningFabricLauncher' not in e.__all__\n"
+        "from mixle_parallel.contracts import ParallelPlan\n"
+        "p = ParallelPlan(dp_replicate=2)\n"
+        "e.TorchrunLauncher(p).command('x.py'); e.LightningFabricLauncher(p); e.RayTrainLauncher(p).attestations\n"
+        "e.LaunchContext, e.bind_launched_rank"
+    )
     assert _loaded_after(code) == []
 
 
@@ -51,8 +54,16 @@ def test_fabric_rejects_every_model_axis_before_importing_lightning() -> None:
     assert _loaded_after(code) == []
 
 
-@pytest.mark.parametrize("sizes, axis", [({"tp": 2}, "tp"), ({"pp": 2}, "pp"), ({"cp": 2}, "cp"),
-                                         ({"dp_replicate": 2, "ep": 2}, "ep"), ({"tp": 2, "etp": 2}, "etp")])
+@pytest.mark.parametrize(
+    "sizes, axis",
+    [
+        ({"tp": 2}, "tp"),
+        ({"pp": 2}, "pp"),
+        ({"cp": 2}, "cp"),
+        ({"dp_replicate": 2, "ep": 2}, "ep"),
+        ({"tp": 2, "etp": 2}, "etp"),
+    ],
+)
 def test_fabric_error_names_the_axis(sizes: dict, axis: str) -> None:
     from mixle_parallel.executors import LightningFabricLauncher
 
@@ -94,11 +105,12 @@ def test_attestation_rejects_a_launch_that_does_not_fit_the_plan() -> None:
         bind_launched_rank(plan, launcher="test", rank=1, world_size=2, expected=handed)
 
 
-def test_attestation_is_checked_against_the_live_process_group(tmp_path: "os.PathLike[str]") -> None:
+def test_attestation_is_checked_against_the_live_process_group(tmp_path: os.PathLike[str]) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1,
-                            timeout=timedelta(minutes=5))
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1, timeout=timedelta(minutes=5)
+    )
     try:
         bind_launched_rank(ParallelPlan(), launcher="test", rank=0, world_size=1)
         with pytest.raises(RuntimeError, match="default group has rank 0 of 1"):
@@ -123,10 +135,31 @@ def test_torchrun_command() -> None:
 
     plan = ParallelPlan(dp_replicate=2, tp=2)
     assert TorchrunLauncher(plan, python="py").command("train.py", "--steps", 3) == [
-        "py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "train.py", "--steps", "3"]
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "train.py",
+        "--steps",
+        "3",
+    ]
     two_nodes = TorchrunLauncher(plan, nnodes=2, rdzv_endpoint="head:29400", python="py").command("train.py")
-    assert two_nodes == ["py", "-m", "torch.distributed.run", "--nnodes", "2", "--rdzv-backend", "c10d",
-                         "--rdzv-endpoint", "head:29400", "--nproc-per-node", "2", "train.py"]
+    assert two_nodes == [
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "head:29400",
+        "--nproc-per-node",
+        "2",
+        "train.py",
+    ]
     with pytest.raises(ValueError, match="rdzv_endpoint"):
         TorchrunLauncher(plan, nnodes=2)
     with pytest.raises(ValueError, match="dividing"):

@@ -19,7 +19,6 @@ def test_ray_workers_are_bound_to_plan_coordinates(ray_records: list[dict[str, A
 def test_ray_worker_failure_is_raised_on_the_driver(local_ray: Any) -> None:
     from mixle_parallel.contracts import ParallelPlan
     from mixle_parallel.executors import RayTrainLauncher
-
     from tests.launchers._jobs import fail_on_rank1
 
     with pytest.raises(Exception, match="boom on rank 1"):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from mixle_parallel.verification.harness.mesh import MeshError, run_world as spawn_world
+from mixle_parallel.verification.harness.mesh import MeshError
+from mixle_parallel.verification.harness.mesh import run_world as spawn_world
 
 PRELOAD = ["torch", "torch.distributed", "megatron.core.parallel_state"]
 """Children fork from a server that imported these once, so each world starts in seconds."""

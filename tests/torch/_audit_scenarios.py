@@ -16,7 +16,6 @@ import torch.distributed as dist
 from mixle_parallel.contracts import ParallelPlan, to_dict
 from mixle_parallel.executors import get_training_backend
 from mixle_parallel.verification import BitFlip, FaultInjector, Ledger, SDCDetectedError, digest
-
 from tests.torch._models import global_batches, make_model
 
 DDP, FSDP = ParallelPlan(dp_replicate=2), ParallelPlan(dp_shard=2)
@@ -46,7 +45,7 @@ def drive(s: Any, batches: list, calls: int = 1) -> dict[str, Any]:
     """Feed this rank's share of ``batches``; record receipts (plain JSON), the raised error, final parameters."""
     me, receipts, raised = dist.get_rank(), [], None
     try:
-        for i, per_rank in enumerate(batches):
+        for i, per_rank in enumerate(batches):  # noqa: B007 - i names the batch that raised, below
             receipts.append(to_dict(s.train_batch(*per_rank[me]))["data"])
     except SDCDetectedError as exc:
         raised = {"at_batch": i, "message": str(exc),

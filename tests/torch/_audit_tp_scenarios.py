@@ -10,7 +10,6 @@ from typing import Any
 
 from mixle_parallel.contracts import ParallelPlan
 from mixle_parallel.verification import BitFlip, FaultInjector
-
 from tests.torch._audit_scenarios import drive, session
 from tests.torch._models import TP_PLAN, global_batches
 

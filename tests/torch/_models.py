@@ -102,4 +102,8 @@ def reference_run(kind: str, batches: list, *, lr: float = 0.1, momentum: float 
         norms.append(float(norm))
         opt.step()
         losses.append(float(loss))
-    return {"losses": losses, "norms": norms, "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()}}
+    return {
+        "losses": losses,
+        "norms": norms,
+        "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
+    }

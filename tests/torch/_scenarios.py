@@ -9,16 +9,16 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from mixle_parallel.contracts import ParallelPlan, to_dict
+from mixle_parallel.executors import get_training_backend
+from mixle_parallel.executors.torch.backend import lm_token_loss
+from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
+from tests.torch._models import TP_PLAN, global_batches, make_model
 
 
 def plain(contract: Any) -> dict:
     """A contract as plain JSON data (the envelope removed)."""
     return to_dict(contract)["data"]
-from mixle_parallel.executors import get_training_backend
-from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
-from mixle_parallel.executors.torch.backend import lm_token_loss
 
-from tests.torch._models import TP_PLAN, global_batches, make_model
 
 STEPS = 3
 
@@ -53,7 +53,7 @@ def train(plan: ParallelPlan, batches: list, *, kind: str = "mlp", calls: int = 
             x, y = call[me]
             receipts.append(session.train_batch(x, y))
     result = {"receipts": [plain(r) for r in receipts], "params": full_params(session),
-              "layouts": [plain(l) for l in session.parameter_layouts], "state": plain(session.state())}
+              "layouts": [plain(layout) for layout in session.parameter_layouts], "state": plain(session.state())}
     session.close()
     return result
 
@@ -148,7 +148,7 @@ def misc_cases() -> dict:
         s.close()
     tied = backend.prepare(make_model(tied=True), plan=ParallelPlan(dp_shard=2), optimizer="SGD", lr=0.1,
                         admission="unverified")  # test mesh, no certificate
-    out["tied_layouts"] = [plain(l) for l in tied.parameter_layouts]
+    out["tied_layouts"] = [plain(layout) for layout in tied.parameter_layouts]
     tied.close()
     plan = ParallelPlan(dp_shard=2, gradient_accumulation_steps=3)
     s = backend.prepare(make_model(), plan=plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from mixle_parallel.verification.harness.mesh import MeshError, run_world as spawn_world
+from mixle_parallel.verification.harness.mesh import MeshError
+from mixle_parallel.verification.harness.mesh import run_world as spawn_world
 
 WORLD_TIMEOUT_S = 1200.0
 """A whole scenario world (start, rendezvous, every case) on a loaded 2-core machine."""

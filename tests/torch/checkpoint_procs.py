@@ -122,6 +122,7 @@ def _scenario_world4(root: Path, rank: int, world: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+
     from mixle_parallel.executors.torch.checkpoint import load_checkpoint
 
     result: dict[str, Any] = {}
@@ -197,8 +198,9 @@ def _scenario_resharded(root: Path, rank: int, world: int) -> dict[str, Any]:
     """Load the world-4 checkpoint at this world size: refused without permission, then resumed."""
     import torch
     import torch.distributed as dist
-    from mixle_parallel.executors.torch.checkpoint_manifest import derive_seed
+
     from mixle_parallel.executors.torch.checkpoint import load_checkpoint
+    from mixle_parallel.executors.torch.checkpoint_manifest import derive_seed
 
     result: dict[str, Any] = {}
     model, optimizer, scheduler = _build(world, seed=99, rank=rank)
@@ -231,6 +233,7 @@ def _scenario_resharded(root: Path, rank: int, world: int) -> dict[str, Any]:
 def _session(world: int, seed: int):
     import torch
     from _models import TinyLM  # tests/torch/_models.py, beside this script
+
     from mixle_parallel.contracts import ParallelPlan
     from mixle_parallel.executors import get_training_backend
 

@@ -14,7 +14,6 @@ from mixle_parallel.contracts import NotAdmittedError, ParallelPlan
 from mixle_parallel.executors import get_training_backend
 from mixle_parallel.verification import verify
 from mixle_parallel.verification.admission import save_certificate
-
 from tests.torch._models import make_model
 
 SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"

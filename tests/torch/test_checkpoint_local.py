@@ -11,11 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is the optional [torch] extra")
 
+from mixle_parallel.executors.torch.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from mixle_parallel.executors.torch.checkpoint_manifest import (  # noqa: E402
     CheckpointError,
     CorruptCheckpointError,
 )
-from mixle_parallel.executors.torch.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 
 def _build(seed: int = 0, dampening: float = 0.0):

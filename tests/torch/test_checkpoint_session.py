@@ -48,9 +48,10 @@ def test_session_resharded_resume_matches_uninterrupted_run(session4, root, worl
 
 def test_session_refuses_to_save_mid_accumulation_and_restores_its_clock(tmp_path):
     import torch
-    from tests.torch._models import SEQ, VOCAB, TinyLM
+
     from mixle_parallel.contracts import ParallelPlan
     from mixle_parallel.executors import get_training_backend
+    from tests.torch._models import SEQ, VOCAB, TinyLM
 
     def prepare(seed):
         torch.manual_seed(seed)

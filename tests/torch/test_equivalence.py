@@ -45,7 +45,7 @@ def assert_matches(result: dict, ref: dict, loss_tol: dict = LOSS_TOL, param_tol
         assert math.isclose(got["loss"], want, **loss_tol), (got["loss"], want)
     assert set(result["params"]) >= set(ref["params"])
     for name, want in ref["params"].items():
-        torch.testing.assert_close(result["params"][name], want, **param_tol, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(result["params"][name], want, **param_tol, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("scenario", ["ddp_uneven", "fsdp_uneven"])
@@ -137,7 +137,8 @@ def test_nonfinite_skip_keeps_state_and_continues(world2: list[dict]) -> None:
         rec = rank["nonfinite"]["skip"]
         assert rec["receipt"]["skipped"] is True and rec["receipt"]["extra"]["reason"] == "nonfinite"
         assert rec["unchanged"] and rec["momentum_unchanged"] and rec["grads_cleared"]
-        assert rec["state_after"] == {"step": 1, "pending_accumulation": 0, "optimizer_receipt": rec["state_after"]["optimizer_receipt"]}
+        optimizer_receipt = rec["state_after"]["optimizer_receipt"]
+        assert rec["state_after"] == {"step": 1, "pending_accumulation": 0, "optimizer_receipt": optimizer_receipt}
         assert rec["next"]["step"] == 2 and not rec["next"]["skipped"]
         assert math.isclose(rec["next"]["loss"], ref["losses"][1], **LOSS_TOL)
         for name, want in ref["params"].items():
@@ -176,7 +177,7 @@ def test_reduce_sums_over_data_parallel_domain(world2: list[dict]) -> None:
 
 
 def test_tied_parameters_share_one_group(world2: list[dict]) -> None:
-    layouts = {l["logical_id"]: l for l in world2[0]["misc"]["tied_layouts"]}
+    layouts = {layout["logical_id"]: layout for layout in world2[0]["misc"]["tied_layouts"]}
     assert layouts["embed.weight"]["shared_group"] == "embed.weight"
     assert layouts["head.weight"]["shared_group"] == "embed.weight"
     assert layouts["blocks.0.up.weight"]["shared_group"] is None
@@ -185,8 +186,9 @@ def test_tied_parameters_share_one_group(world2: list[dict]) -> None:
 
 def test_discard_and_finish_accumulation(world2: list[dict]) -> None:
     acc = global_batches(4, [3, 5], seed=3)
-    ref = reference_run("mlp", [[(torch.cat([acc[1][r][0], acc[2][r][0]]), torch.cat([acc[1][r][1], acc[2][r][1]]))
-                                 for r in range(2)]])
+    ref = reference_run(
+        "mlp", [[(torch.cat([acc[1][r][0], acc[2][r][0]]), torch.cat([acc[1][r][1], acc[2][r][1]])) for r in range(2)]]
+    )
     init = reference_run("mlp", [])["params"]
     for rank in world2:
         misc = rank["misc"]
@@ -200,9 +202,15 @@ def test_discard_and_finish_accumulation(world2: list[dict]) -> None:
         assert misc["finish_none"] is None
 
 
-@pytest.mark.parametrize("scenario,sizes", [
-    ("fsdp4", [2, 3, 4, 5]), ("hsdp", [2, 3, 4, 5]), ("fsdp_tp", [3, 5]), ("ddp_tp", [3, 5]),
-])
+@pytest.mark.parametrize(
+    "scenario,sizes",
+    [
+        ("fsdp4", [2, 3, 4, 5]),
+        ("hsdp", [2, 3, 4, 5]),
+        ("fsdp_tp", [3, 5]),
+        ("ddp_tp", [3, 5]),
+    ],
+)
 def test_world4_compositions_match_reference(world4: list[dict], scenario: str, sizes: list[int]) -> None:
     ref = reference_run("mlp", global_batches(3, sizes))
     for rank in world4:
@@ -210,9 +218,10 @@ def test_world4_compositions_match_reference(world4: list[dict], scenario: str, 
 
 
 def test_layouts_come_from_real_placements(world4: list[dict]) -> None:
-    fsdp_tp = {l["logical_id"]: dict(map(tuple, l["placements"])) for l in world4[0]["fsdp_tp"]["layouts"]}
+    fsdp_tp = {layout["logical_id"]: dict(map(tuple, layout["placements"]))
+               for layout in world4[0]["fsdp_tp"]["layouts"]}
     assert fsdp_tp["blocks.0.up.weight"] == {"dp_shard": "Shard(0)", "tp": "Shard(0)"}
     assert fsdp_tp["blocks.0.down.weight"] == {"dp_shard": "Shard(0)", "tp": "Shard(1)"}
     assert fsdp_tp["embed.weight"]["dp_shard"] == "Shard(0)"
-    hsdp = {l["logical_id"]: dict(map(tuple, l["placements"])) for l in world4[0]["hsdp"]["layouts"]}
+    hsdp = {layout["logical_id"]: dict(map(tuple, layout["placements"])) for layout in world4[0]["hsdp"]["layouts"]}
     assert hsdp["head.weight"] == {"dp_replicate": "Replicate()", "dp_shard": "Shard(0)"}

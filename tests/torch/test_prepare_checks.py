@@ -11,7 +11,6 @@ import torch
 
 from mixle_parallel.contracts import CapabilityError, ParallelPlan
 from mixle_parallel.executors import get_training_backend
-
 from tests.torch._models import TP_PLAN, global_batches, make_model, reference_run
 
 

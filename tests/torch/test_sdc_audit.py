@@ -12,7 +12,6 @@ import pytest
 from mixle_parallel.contracts import ParallelPlan, SDCAuditRecord, from_dict
 from mixle_parallel.verification import verify, verify_ledger
 from mixle_parallel.verification.admission import save_certificate
-
 from tests.torch._audit_scenarios import BOTH_STEPS
 from tests.torch._world import run_world
 
@@ -63,7 +62,9 @@ def test_clean_audited_steps_never_flag_and_change_no_bit(audit_world: dict) -> 
             assert run["params"] == plain["params"] and run["step"] == plain["step"]
             assert [r["loss"] for r in commits] == [r["loss"] for r in plain["receipts"] if not r["skipped"]]
             # audit traffic is not the step's: the counted bytes equal the un-audited run's
-            assert [r["collective_bytes"] for r in run["receipts"]] == [r["collective_bytes"] for r in plain["receipts"]]
+            assert [r["collective_bytes"] for r in run["receipts"]] == [
+                r["collective_bytes"] for r in plain["receipts"]
+            ]
             audited += len(commits)
     assert audited == 2 * 300  # 300 clean audited steps, seen (and replayed) by each of the two ranks
 
@@ -85,16 +86,26 @@ def test_every_flip_detected_attributed_and_kept_out(audit_world: dict, name: st
     for rank in audit_world["ranks"]:
         run, clean = rank["flips"][f"{name}_skip"], rank["flips"][f"{name}_skip_clean"]
         skipped = [r for r in run["receipts"] if r["skipped"]]
-        assert [(r["step"], r["extra"]["reason"]) for r in skipped] == [(2, "sdc_audit"), (5, "sdc_audit"),
-                                                                         (7, "sdc_audit")]
+        assert [(r["step"], r["extra"]["reason"]) for r in skipped] == [
+            (2, "sdc_audit"),
+            (5, "sdc_audit"),
+            (7, "sdc_audit"),
+        ]
         # each flip: the same-rank replay and the peer's replay both blame the flipped rank
         assert bad(run) == {
-            (2, "same_rank", 1, 1, "local_gradient", True), (2, "peer", 1, 1, "local_gradient", True),
-            (5, "same_rank", 0, 0, "local_gradient", True), (5, "peer", 0, 0, "local_gradient", True),
-            (7, "same_rank", 1, 1, "local_gradient", True), (7, "peer", 1, 1, "local_gradient", True)}
+            (2, "same_rank", 1, 1, "local_gradient", True),
+            (2, "peer", 1, 1, "local_gradient", True),
+            (5, "same_rank", 0, 0, "local_gradient", True),
+            (5, "peer", 0, 0, "local_gradient", True),
+            (7, "same_rank", 1, 1, "local_gradient", True),
+            (7, "peer", 1, 1, "local_gradient", True),
+        }
         units = {r.unit for r in records(run) if not r.matched and r.replay == "same_rank"}
-        assert units == {"local_gradient[blocks.0.up.weight]", "local_gradient[head.weight]",
-                         "local_gradient[embed.weight]"}
+        assert units == {
+            "local_gradient[blocks.0.up.weight]",
+            "local_gradient[head.weight]",
+            "local_gradient[embed.weight]",
+        }
         assert all(r.action == "skip_step" for r in records(run) if not r.matched)
         # kept out of optimizer.step: bitwise the clean run that never saw those batches
         assert run["params"] == clean["params"] and run["step"] == clean["step"] == 7
@@ -143,7 +154,8 @@ def test_certified_run_receipts_and_ledger(audit_world: dict) -> None:
     for rank in audit_world["ranks"]:
         run = rank["certified"]
         assert {(r["extra"]["admission"], r["extra"]["certificate"]) for r in run["receipts"]} == {
-            ("certified", cert.certificate_id)}
+            ("certified", cert.certificate_id)
+        }
         assert [r["skipped"] for r in run["receipts"]] == [False, True, False, False]
     report = verify_ledger(audit_world["ledger"])
     assert report.ok, report.summary()

@@ -35,7 +35,8 @@ def train(rank: int, world_size: int, policy: str, flip: BitFlip | None, steps: 
         local = _grads(params, batch)
         injected = bool(injector.apply_all("gradient", local, rank=rank, step=step))
         try:
-            verdict = auditor.audit(step=step, rank=rank, observed=local, recompute=lambda: _grads(params, batch),
+            verdict = auditor.audit(step=step, rank=rank, observed=local,
+                                    recompute=lambda batch=batch: _grads(params, batch),
                                     inputs=(batch, params), injected=injected, defer_policy=True)
             verdict = auditor.agree(verdict)
             peer = auditor.audit_peer(step=step, rank=rank, group_ranks=list(range(world_size)), batch=batch,

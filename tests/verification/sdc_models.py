@@ -32,11 +32,12 @@ def gmm_data(n: int = 800, seed: int = 0) -> np.ndarray:
     return np.concatenate([rng.normal(-2.0, 0.7, n // 2), rng.normal(1.5, 1.0, n - n // 2)])
 
 
-def gmm_chunk_stats(data: np.ndarray, num_chunks: int, chunk: int, model: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def gmm_chunk_stats(
+    data: np.ndarray, num_chunks: int, chunk: int, model: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """E-step sufficient statistics of one chunk (fresh arrays every call)."""
     x = np.array_split(data, num_chunks)[chunk][:, None]
-    logp = (-0.5 * (x - model["mu"]) ** 2 / model["var"] - 0.5 * np.log(2 * np.pi * model["var"])
-            + np.log(model["w"]))
+    logp = -0.5 * (x - model["mu"]) ** 2 / model["var"] - 0.5 * np.log(2 * np.pi * model["var"]) + np.log(model["w"])
     resp = np.exp(logp - logp.max(axis=1, keepdims=True))
     resp /= resp.sum(axis=1, keepdims=True)
     return {"n": resp.sum(0), "sx": (resp * x).sum(0), "sxx": (resp * x * x).sum(0)}

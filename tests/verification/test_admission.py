@@ -14,9 +14,8 @@ from mixle_parallel.verification.admission import (
     save_certificate,
     verifying,
 )
-from mixle_parallel.verification.keys import load_key
 from mixle_parallel.verification.harness.tolerance import compare, default_tolerance, tolerance_policy
-
+from mixle_parallel.verification.keys import load_key
 from tests.verification.vhelpers import StubExecutor, make_evidence
 
 KEY = b"cert-test-key"
@@ -112,10 +111,13 @@ def test_unverified_local_and_verifying_modes(plan, monkeypatch, tmp_path):
     one_argument = require_admission(StubExecutor(), plan, "fp32", admission=cert, world_size=4, accelerator=False)
     assert one_argument.certified
     path = save_certificate(cert, tmp_path / "one.json")
-    assert require_admission(StubExecutor(), plan, "fp32", admission=str(path), world_size=4, accelerator=False).certified
+    assert require_admission(
+        StubExecutor(), plan, "fp32", admission=str(path), world_size=4, accelerator=False
+    ).certified
     with pytest.raises(ValueError, match="pass the certificate once"):
-        require_admission(StubExecutor(), plan, "fp32", admission=cert, certificate=cert, world_size=4,
-                          accelerator=False)
+        require_admission(
+            StubExecutor(), plan, "fp32", admission=cert, certificate=cert, world_size=4, accelerator=False
+        )
     with pytest.raises(ValueError, match="admission='maybe'"):
         require_admission(StubExecutor(), plan, "fp32", admission="maybe", world_size=4, accelerator=False)
     monkeypatch.setenv("MIXLE_PARALLEL_CERTIFICATE", str(save_certificate(cert, tmp_path / "cert.json")))

@@ -11,7 +11,6 @@ from mixle_parallel.verification.admission import CertificationError
 from mixle_parallel.verification.harness.collectives import axes_of_group, collective_kind
 from mixle_parallel.verification.harness.run import verify
 from mixle_parallel.verification.harness.worker import resolve_executor
-
 from tests.verification.toy_executors import PerWorkerEMExecutor, ToyDDPExecutor, ToyEMExecutor, WrongGroupDDPExecutor
 
 

@@ -9,7 +9,6 @@ import pytest
 
 from mixle_parallel.verification.ledger.chain import Ledger, LedgerError, read_ledger, truncate_torn_tail
 from mixle_parallel.verification.ledger.verify import main_audit, verify_ledger
-
 from tests.verification.vhelpers import make_audit, make_receipt
 
 KEY = b"ledger-test-key"

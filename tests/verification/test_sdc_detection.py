@@ -14,7 +14,6 @@ from scipy.stats import binomtest
 from mixle_parallel.verification.sdc.em import EMAuditor, audited_fold
 from mixle_parallel.verification.sdc.inject import BitFlip, FaultInjector
 from mixle_parallel.verification.sdc.training import AuditSchedule, SDCDetectedError, TrainingAuditor
-
 from tests.verification import sdc_models as m
 
 WORLD = 4
@@ -151,7 +150,7 @@ def test_em_faulty_auditor_is_the_one_quarantined():
     data = m.gmm_data()
     calls = {"n": 0}
 
-    def compute(worker, chunk, model=dict(m.GMM_INIT)):
+    def compute(worker, chunk, model=dict(m.GMM_INIT)):  # noqa: B006 - one private copy of the start, on purpose
         stats = m.gmm_chunk_stats(data, CHUNKS, chunk, model)
         if worker == 1 and chunk == 0:  # worker 1 only ever recomputes chunk 0 as chunk 0's auditor
             calls["n"] += 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 from mixle_parallel.contracts import SDCAuditRecord, from_dict
 from mixle_parallel.verification.harness.mesh import run_on_gloo_mesh
 from mixle_parallel.verification.sdc.inject import BitFlip
-
 from tests.verification import sdc_gloo_job
 
 

@@ -55,7 +55,7 @@ class ToyDDPExecutor:
         return plan.data_parallel_group_ranks()
 
     def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
-                   world_size: int) -> "_ToyTrial":
+                   world_size: int) -> _ToyTrial:
         return _ToyTrial(self, workload, plan, precision, seed, rank)
 
 
@@ -132,7 +132,7 @@ class ToyEMExecutor:
                                   ("dp_replicate",), StateLayout.REPLICATED, False),)
 
     def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
-                   world_size: int) -> "_EMTrial":
+                   world_size: int) -> _EMTrial:
         return _EMTrial(self, workload, plan, seed)
 
     def combine(self, parts: list[dict[str, np.ndarray]], owners: list[int]) -> dict[str, np.ndarray]:
@@ -169,7 +169,8 @@ class _EMTrial:
         stats = self.executor.combine(parts, owners)
         self.combines = 1 if self.workers > 1 else 0
         mu = stats["sx"] / stats["n"]
-        self.model = {"weights": stats["n"] / stats["n"].sum(), "means": mu, "variances": stats["sxx"] / stats["n"] - mu * mu}
+        variances = stats["sxx"] / stats["n"] - mu * mu
+        self.model = {"weights": stats["n"] / stats["n"].sum(), "means": mu, "variances": variances}
         return {"stats:data": {f"stats/{k}": v for k, v in stats.items()}}
 
     def observed_collectives(self) -> tuple[ObservedCollective, ...]:

@@ -9,7 +9,6 @@ import numpy as np
 from mixle_parallel.contracts.estimation import canonical_statistic_bytes
 from mixle_parallel.executors.estimation import encoded_data, fit
 from mixle_parallel.verification import BitFlip
-
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 
 

@@ -8,7 +8,6 @@ from scipy.stats import binomtest
 
 from mixle_parallel.executors.estimation import encoded_data, fit
 from mixle_parallel.verification import BitFlip, FaultInjector, Ledger, read_ledger, verify_ledger
-
 from tests.estimation.audit.audit_cases import clean_fit, flip_trial, same_bits, start_model
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 

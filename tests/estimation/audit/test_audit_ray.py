@@ -7,7 +7,6 @@ import pytest
 
 from mixle_parallel.executors.estimation import encoded_data, fit
 from mixle_parallel.verification import FaultInjector
-
 from tests.estimation.audit.audit_cases import clean_fit, flip_trial, same_bits, start_model
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 

@@ -11,7 +11,6 @@ from mixle_parallel.contracts import NotAdmittedError
 from mixle_parallel.executors.estimation import EncodedDataControlConflictError, encoded_data, fit, optimize
 from mixle_parallel.verification import Ledger, load_certificate, read_ledger, verify_ledger, verifying
 from mixle_parallel.verification.admission import CERTIFICATE_ENV
-
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 
 
@@ -44,7 +43,9 @@ def test_certificate_from_certify_admits_mp_with_two_and_three_workers(rows, mp_
     assert entries[0].kind == "run_start" and entries[0].payload["certificate_document"] is not None
     assert {e.certificate for e in entries} == {cert.certificate_id}
     receipts = [e for e in entries if e.kind == "receipt"]
-    assert len(receipts) == 3 and all(e.payload["receipt"]["data"]["extra"]["admission"] == "certified" for e in receipts)
+    assert len(receipts) == 3 and all(
+        e.payload["receipt"]["data"]["extra"]["admission"] == "certified" for e in receipts
+    )
 
 
 def test_a_certificate_for_another_backend_is_refused_naming_the_mismatch(rows, mp_certificate):
@@ -54,19 +55,32 @@ def test_a_certificate_for_another_backend_is_refused_naming_the_mismatch(rows, 
 
 def test_unverified_runs_and_says_so_everywhere(rows, tmp_path):
     ledger = Ledger(tmp_path / "unverified.jsonl")
-    result = fit(rows, estimator(), max_its=2, delta=None, seed=1, chunk_size=ROWS_PER_CHUNK, backend="mp",
-                 num_workers=2, admission="unverified", ledger=ledger)
+    result = fit(
+        rows,
+        estimator(),
+        max_its=2,
+        delta=None,
+        seed=1,
+        chunk_size=ROWS_PER_CHUNK,
+        backend="mp",
+        num_workers=2,
+        admission="unverified",
+        ledger=ledger,
+    )
     assert (result.admission, result.certificate) == ("unverified", "unverified")
     entries = read_ledger(ledger.path).entries
     assert all(e.certificate == "unverified" for e in entries)
-    assert all(e.payload["receipt"]["data"]["extra"]["admission"] == "unverified" for e in entries if e.kind == "receipt")
+    assert all(
+        e.payload["receipt"]["data"]["extra"]["admission"] == "unverified" for e in entries if e.kind == "receipt"
+    )
     assert verify_ledger(ledger.path).ok
 
 
 def test_one_process_needs_no_certificate_and_ignores_the_mesh_certificate_env(rows, monkeypatch, tmp_path):
     monkeypatch.setenv(CERTIFICATE_ENV, str(tmp_path / "not-there.json"))
-    threads = fit(rows, estimator(), max_its=2, delta=None, seed=1, chunk_size=ROWS_PER_CHUNK, backend="local",
-                  num_workers=3)  # threads in this process: world size 1
+    threads = fit(
+        rows, estimator(), max_its=2, delta=None, seed=1, chunk_size=ROWS_PER_CHUNK, backend="local", num_workers=3
+    )  # threads in this process: world size 1
     assert threads.admission == "local"
     one = fit(rows, estimator(), max_its=2, delta=None, seed=1, chunk_size=ROWS_PER_CHUNK, backend="mp", num_workers=1)
     assert one.admission == "local" and one.history == threads.history

@@ -34,20 +34,20 @@ class FaultyAccumulator:
     def initialize(self, enc: Any, weights: Any, rng: Any) -> None:
         self.inner.initialize(enc, weights, rng)
 
-    def combine(self, stats: Any) -> "FaultyAccumulator":
+    def combine(self, stats: Any) -> FaultyAccumulator:
         self.inner.combine(stats)
         return self
 
     def value(self) -> Any:
         return self.inner.value()
 
-    def from_value(self, stats: Any) -> "FaultyAccumulator":
+    def from_value(self, stats: Any) -> FaultyAccumulator:
         self.inner.from_value(stats)
         return self
 
 
 class FaultyFactory:
-    def __init__(self, est: "FaultyEstimator") -> None:
+    def __init__(self, est: FaultyEstimator) -> None:
         self.est = est
 
     def make(self) -> FaultyAccumulator:

@@ -22,19 +22,19 @@ from mixle_parallel.executors.estimation import (
     MixtureEstimator,
     encoded_data,
 )
-from mixle_parallel.executors.estimation.engines.support import block_assignment
 from mixle_parallel.executors.estimation.chunks import (
     ChunkResult,
     GroupFold,
     GroupStats,
     apply_chunk_fn,
     chunk_bounds,
-    chunk_result,
     chunk_estep,
+    chunk_result,
     combine_groups,
     encode_chunks,
     fold_pass,
 )
+from mixle_parallel.executors.estimation.engines.support import block_assignment
 
 
 def _bits(total: GroupStats) -> bytes:

@@ -13,7 +13,6 @@ from mixle_parallel.executors.estimation import (
     encoded_data,
     fit,
 )
-
 from tests.estimation.core.faulty_models import FaultyEstimator
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy.special import logsumexp
 from scipy import stats
+from scipy.special import logsumexp
 
 from mixle_parallel.executors.estimation import (
     ChunkedEncodedData,

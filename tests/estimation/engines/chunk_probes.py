@@ -57,17 +57,17 @@ def worker_pid(chunk: Any, payload: Any) -> int:
 
 
 class _SabotageFactory:
-    def __init__(self, owner: "SabotageEstimator") -> None:
+    def __init__(self, owner: SabotageEstimator) -> None:
         self.owner = owner
 
-    def make(self) -> "_SabotageAccumulator":
+    def make(self) -> _SabotageAccumulator:
         return _SabotageAccumulator(self.owner, self.owner.inner.accumulator_factory().make())
 
 
 class _SabotageAccumulator:
     """Delegates to the wrapped accumulator; once armed, its E-step kills or stalls its worker."""
 
-    def __init__(self, owner: "SabotageEstimator", inner: Any) -> None:
+    def __init__(self, owner: SabotageEstimator, inner: Any) -> None:
         self.owner, self.inner = owner, inner
 
     def initialize(self, enc: Any, weights: Any, rng: Any) -> None:
@@ -83,14 +83,14 @@ class _SabotageAccumulator:
                 time.sleep(0.05)
         return self.inner.update(enc, weights, model)
 
-    def combine(self, stats: Any) -> "_SabotageAccumulator":
+    def combine(self, stats: Any) -> _SabotageAccumulator:
         self.inner.combine(stats)
         return self
 
     def value(self) -> Any:
         return self.inner.value()
 
-    def from_value(self, stats: Any) -> "_SabotageAccumulator":
+    def from_value(self, stats: Any) -> _SabotageAccumulator:
         self.inner.from_value(stats)
         return self
 

@@ -11,13 +11,12 @@ import pytest
 pytest.importorskip("distributed")
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
-from mixle_parallel.executors.estimation.engines.dask import DaskRunner  # noqa: E402
 from mixle_parallel.executors.estimation.chunks import (  # noqa: E402
     WorkerTask,
     WorkerTimeoutError,
     WorkerUnavailableError,
 )
-
+from mixle_parallel.executors.estimation.engines.dask import DaskRunner  # noqa: E402
 from tests.estimation.engines import chunk_probes as probes  # noqa: E402
 from tests.estimation.engines import em_case  # noqa: E402
 from tests.estimation.engines.engine_helpers import by_value  # noqa: E402
@@ -80,7 +79,10 @@ def test_results_in_chunk_order_and_chunks_pinned(client, direct):
         assert len(set(pids[:3])) == 1 and len(set(pids[3:])) == 1 and pids[0] != pids[3]
         assert set(pids) == set(_worker_pids(client).values()) == set(runner.worker_pids().values())
         assert runner.map_chunks(probes.probe, {"scale": 2.0}) == probes.expected(chunks, 2.0)
-        assert runner.map_chunks(probes.probe, {}, chunk_ids=[5, 1]) == [probes.expected(chunks)[1], probes.expected(chunks)[5]]
+        assert runner.map_chunks(probes.probe, {}, chunk_ids=[5, 1]) == [
+            probes.expected(chunks)[1],
+            probes.expected(chunks)[5],
+        ]
         with pytest.raises(IndexError, match="out of range"):
             runner.map_chunks(probes.probe, {}, chunk_ids=[7])
         with pytest.raises(ValueError, match="bad on purpose"):
@@ -113,12 +115,14 @@ def test_worker_killed_mid_pass_is_recomputed_on_survivors(client, tmp_path):
 
 def _actor_keys(client) -> list[str]:
     """Keys of the actors the scheduler holds (the runner's chunk holders)."""
-    return client.run_on_scheduler(lambda dask_scheduler: sorted(k for k, ts in dask_scheduler.tasks.items() if ts.actor))
+    return client.run_on_scheduler(
+        lambda dask_scheduler: sorted(k for k, ts in dask_scheduler.tasks.items() if ts.actor)
+    )
 
 
 def _kill_and_wait(client, pid: int) -> str:
     """SIGKILL the worker process ``pid``; return its address once the scheduler has dropped it."""
-    victim, = [address for address, p in _worker_pids(client).items() if p == pid]
+    (victim,) = [address for address, p in _worker_pids(client).items() if p == pid]
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 60
     while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
@@ -155,8 +159,9 @@ def test_placed_runs_borrow_chunks_held_elsewhere_and_refuse_a_dead_worker(clien
         pids = runner.worker_pids()
         assert runner.worker_ids() == [0, 1] and runner.chunk_owners() == [0, 0, 0, 1, 1, 1]
         # chunk 4 lives on worker 1: worker 0 computes it from the driver's copy, in the order asked
-        out = runner.run_on_workers({0: WorkerTask(probes.probe, {"scale": 2.0}, (4, 0)),
-                                     1: WorkerTask(probes.worker_pid, None, (0, 5))})
+        out = runner.run_on_workers(
+            {0: WorkerTask(probes.probe, {"scale": 2.0}, (4, 0)), 1: WorkerTask(probes.worker_pid, None, (0, 5))}
+        )
         assert out[0] == [probes.expected(chunks, 2.0)[4], probes.expected(chunks, 2.0)[0]]
         assert out[1] == [pids[1], pids[1]]
         assert runner.compute_on(0, probes.worker_pid, None, [5]) == [pids[0]]
@@ -205,7 +210,7 @@ def test_worker_killed_between_passes(client):
         runner.scatter(chunks)
         assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
         pid = runner.map_chunks(probes.worker_pid, None, chunk_ids=[0])[0]
-        victim, = [address for address, p in _worker_pids(client).items() if p == pid]
+        (victim,) = [address for address, p in _worker_pids(client).items() if p == pid]
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
@@ -236,7 +241,7 @@ def test_owned_local_cluster_starts_and_closes():
     try:
         assert runner.num_workers == 1
         # Resources.from_dask: one slot per worker thread, the worker's memory limit split between them.
-        (address, worker), = runner.client.scheduler_info(n_workers=-1)["workers"].items()
+        ((address, worker),) = runner.client.scheduler_info(n_workers=-1)["workers"].items()
         res = Resources.from_dask(runner.client)
         assert [d.name for d in res] == [f"dask:{address}/0", f"dask:{address}/1"]
         assert [d.memory_bytes for d in res] == [worker["memory_limit"] // 2] * 2
@@ -244,10 +249,15 @@ def test_owned_local_cluster_starts_and_closes():
         runner.scatter(chunks)
         assert runner.map_chunks(probes.probe, {}) == probes.expected(chunks)
         # dask_config_for_em's quiet housekeeping reached the worker process, its nanny and the scheduler
-        periods = runner.client.run(lambda dask_worker: {k: v.callback_time for k, v in dask_worker.periodic_callbacks.items()})
+        periods = runner.client.run(
+            lambda dask_worker: {k: v.callback_time for k, v in dask_worker.periodic_callbacks.items()}
+        )
         assert {k: periods[address][k] for k in ("tick", "memory_monitor", "monitor")} == {
-            "tick": 1000, "memory_monitor": 1000, "monitor": 5000}
-        nanny, = cluster.workers.values()
+            "tick": 1000,
+            "memory_monitor": 1000,
+            "monitor": 5000,
+        }
+        (nanny,) = cluster.workers.values()
         assert nanny.periodic_callbacks["memory_monitor"].callback_time == 1000
         assert runner.client.run_on_scheduler(lambda dask_scheduler: "stealing" in dask_scheduler.extensions) is False
     finally:

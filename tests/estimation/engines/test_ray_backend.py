@@ -9,9 +9,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-from mixle_parallel.executors.estimation.engines.ray import RayRunner  # noqa: E402
 from mixle_parallel.executors.estimation.chunks import WorkerLostError, WorkerTask, WorkerTimeoutError  # noqa: E402
-
+from mixle_parallel.executors.estimation.engines.ray import RayRunner  # noqa: E402
 from tests.estimation.engines import chunk_probes as probes  # noqa: E402
 from tests.estimation.engines import em_case  # noqa: E402
 from tests.estimation.engines.engine_helpers import REPO_ROOT, by_value  # noqa: E402
@@ -45,7 +44,10 @@ def test_results_in_chunk_order_and_chunks_resident(ray_session, direct):
         assert len(set(pids[:3])) == 1 and len(set(pids[3:])) == 1 and pids[0] != pids[3]
         assert sorted(set(pids)) == sorted(runner.worker_pids())
         assert runner.map_chunks(probes.probe, {"scale": 2.0}) == probes.expected(chunks, 2.0)
-        assert runner.map_chunks(probes.probe, {}, chunk_ids=[6, 0]) == [probes.expected(chunks)[0], probes.expected(chunks)[6]]
+        assert runner.map_chunks(probes.probe, {}, chunk_ids=[6, 0]) == [
+            probes.expected(chunks)[0],
+            probes.expected(chunks)[6],
+        ]
         with pytest.raises(ValueError, match="bad on purpose"):
             runner.map_chunks(probes.probe, {"fail_chunk": 2})
     finally:

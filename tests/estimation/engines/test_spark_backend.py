@@ -9,7 +9,6 @@ pytest.importorskip("pyspark")
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
 from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError  # noqa: E402
 from mixle_parallel.executors.estimation.engines.spark import SparkRunner  # noqa: E402
-
 from tests.estimation.engines import chunk_probes as probes  # noqa: E402
 from tests.estimation.engines.engine_helpers import by_value  # noqa: E402
 
@@ -32,7 +31,10 @@ def test_partitions_hold_contiguous_chunks_results_in_order(spark_context):
         layout = runner._rdd.glom().map(lambda part: [cid for cid, _ in part]).collect()
         assert layout == [[0, 1, 2], [3, 4, 5, 6]]
         assert runner.map_chunks(probes.probe, {"scale": 2.0}) == probes.expected(chunks, 2.0)
-        assert runner.map_chunks(probes.probe, {}, chunk_ids=[4, 1]) == [probes.expected(chunks)[1], probes.expected(chunks)[4]]
+        assert runner.map_chunks(probes.probe, {}, chunk_ids=[4, 1]) == [
+            probes.expected(chunks)[1],
+            probes.expected(chunks)[4],
+        ]
         with pytest.raises(Exception, match="bad on purpose"):
             runner.map_chunks(probes.probe, {"fail_chunk": 5})
     finally:

@@ -10,15 +10,16 @@ import sys
 import numpy as np
 import pytest
 
-from mixle_parallel.executors.estimation.engines.support import keep_freed_memory
-from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
 from mixle_parallel.executors.estimation.chunks import EncodedChunk
-
+from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
+from mixle_parallel.executors.estimation.engines.support import keep_freed_memory
 from tests.estimation.engines import chunk_probes as probes
 from tests.estimation.engines.engine_helpers import REPO_ROOT
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="glibc's malloc thresholds and SCHED_BATCH are what is tuned, and both are Linux's")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"),
+    reason="glibc's malloc thresholds and SCHED_BATCH are what is tuned, and both are Linux's",
+)
 
 _FRESH = """
 from tests.estimation.engines import chunk_probes
@@ -31,8 +32,9 @@ print(chunk_probes.page_faults_per_pass(None, {{}}))
 
 def _fresh_process_faults(tuned: bool) -> float:
     code = _FRESH.format(tuned=tuned)  # run from the repository root, where tests.estimation imports
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 

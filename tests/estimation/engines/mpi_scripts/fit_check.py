@@ -13,7 +13,6 @@ from pathlib import Path
 from mpi4py import MPI
 
 from mixle_parallel.executors.estimation import fit
-
 from tests.estimation.engines import em_case
 
 

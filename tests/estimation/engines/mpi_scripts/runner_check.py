@@ -14,7 +14,6 @@ from mpi4py import MPI
 
 from mixle_parallel.contracts.resources import Resources
 from mixle_parallel.executors.estimation.engines.mpi import MPIChunkError, MPIRunner
-
 from tests.estimation.engines import chunk_probes as probes
 
 
