@@ -232,10 +232,10 @@ def _scenario_resharded(root: Path, rank: int, world: int) -> dict[str, Any]:
 # ---- the same through the torch_native session (TinyLM, default token cross-entropy) ---------
 def _session(world: int, seed: int):
     import torch
-    from _models import TinyLM  # tests/torch/_models.py, beside this script
 
     from mixle_parallel.contracts import ParallelPlan
     from mixle_parallel.executors import get_training_backend
+    from tests.torch._models import TinyLM
 
     torch.manual_seed(seed)
     backend = get_training_backend("torch_native")
@@ -247,7 +247,8 @@ def _session(world: int, seed: int):
 
 def _tokens(step: int, rank: int, world: int):
     import torch
-    from _models import SEQ, VOCAB
+
+    from tests.torch._models import SEQ, VOCAB
 
     gen = torch.Generator().manual_seed(2000 + step)
     tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ + 1), generator=gen)

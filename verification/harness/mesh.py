@@ -209,7 +209,7 @@ def run_world(
     with tempfile.TemporaryDirectory(prefix="mixle-world-") as folder:
         store = None if torchrun_env else os.path.join(folder, "store")
         child_env[STORE_DIR_ENV] = folder
-        procs = [context.Process(target=_rank_main, daemon=True, args=(
+        procs = [context.Process(target=_rank_main, daemon=False, args=(
             r, world_size, store, fn, args, results, _rank_env(child_env, r, world_size, port), group_timeout_s))
             for r in range(world_size)]
         for proc in procs:
