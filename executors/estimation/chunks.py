@@ -150,7 +150,7 @@ class EncodedChunk(NamedTuple):
     data: Any
 
     @property
-    def count(self) -> int:
+    def count(self) -> int:  # type: ignore[override]  # deliberately shadows tuple.count (rows, not a method)
         """Rows in the chunk."""
         return self.stop - self.start
 
@@ -158,7 +158,7 @@ class EncodedChunk(NamedTuple):
 class ChunkResult(NamedTuple):
     """What the E-step of one chunk yields: rows, log-likelihood of the model used, statistics."""
 
-    count: float
+    count: float  # type: ignore[assignment]  # a NamedTuple field may shadow tuple.count; mypy reads it as an override
     log_likelihood: float
     stats: Any
 

@@ -29,7 +29,7 @@ class GroupStats(NamedTuple):
     """E-step results of a run of chunks folded in chunk order: rows, log-likelihood, statistics;
     ``last`` is the group's last chunk's own result when it was asked for (an audited chunk)."""
 
-    count: float
+    count: float  # type: ignore[assignment]  # a NamedTuple field may shadow tuple.count; mypy reads it as an override
     log_likelihood: float
     stats: Any
     last: Any = None

@@ -133,7 +133,8 @@ class ChunkedEncodedData:
         """One pass's E-step entries for :func:`fold_pass`: groups folded on the workers where the runner
         can, per chunk otherwise; the ``raw`` chunks' own results come back too (see ``chunk_result``)."""
         fold = GroupFold(chunk_estep, self.num_chunks, frozenset(int(c) for c in raw))
-        return self._map(fold, (estimator, model), estimator, model)
+        # GroupFold is callable through its __call__, which mypy does not see on a NamedTuple
+        return self._map(fold, (estimator, model), estimator, model)  # type: ignore[arg-type]  # NamedTuple __call__
 
     def chunk_digests(self, estimator: Any, model: Any) -> list[str]:
         """``sha256:`` digest of each chunk's statistics, in chunk order."""

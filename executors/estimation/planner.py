@@ -144,15 +144,17 @@ def model_sharding_plan(
             "one copy of the model fits on every device: replicate it, split the data",
         )
     # Split components in proportion to memory, at least min_components_per_shard each.
-    usable = [
-        d for d in resources.devices if d.memory_bytes and d.memory_bytes >= per_component * min_components_per_shard
+    usable = [  # (device, its memory)
+        (d, d.memory_bytes)
+        for d in resources.devices
+        if d.memory_bytes and d.memory_bytes >= per_component * min_components_per_shard
     ]
-    capacity = sum(d.memory_bytes // max(per_component, 1) for d in usable)
+    capacity = sum(memory // max(per_component, 1) for _, memory in usable)
     shards_list, start = [], 0
-    for d in usable:
+    for d, memory in usable:
         if start >= k:
             break
-        take = max(min_components_per_shard, int(d.memory_bytes // max(per_component, 1)))
+        take = max(min_components_per_shard, int(memory // max(per_component, 1)))
         stop = min(k, start + take)
         shards_list.append(ComponentShard(d.name, start, stop, (stop - start) * per_component))
         start = stop

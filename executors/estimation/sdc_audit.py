@@ -219,7 +219,11 @@ class EMAudit:
             if flips:
                 tasks[w] = WorkerTask(chunk_estep_struck, (estimator, model, flips), tuple(ids))
             else:
-                tasks[w] = WorkerTask(fold if fold is not None else chunk_estep, (estimator, model), tuple(ids))
+                tasks[w] = WorkerTask(  # GroupFold is callable through its __call__, unseen by mypy on a NamedTuple
+                    fold if fold is not None else chunk_estep,  # type: ignore[arg-type]  # NamedTuple __call__
+                    (estimator, model),
+                    tuple(ids),
+                )
         out = self.runner.run_on_workers(tasks)
         return {(w, c): value for w, task in tasks.items() for c, value in zip(task.chunk_ids, out[w])}
 

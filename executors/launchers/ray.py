@@ -87,13 +87,14 @@ class RayTrainLauncher:
                 torch_config=TorchConfig(timeout_s=self.process_group_timeout_s),
                 scaling_config=ScalingConfig(num_workers=self.plan.world_size, use_gpu=self.use_gpu,
                                              resources_per_worker=self.resources_per_worker),
-                run_config=RunConfig(storage_path=self.storage_path or scratch.name,  # type: ignore[union-attr]
+                run_config=RunConfig(storage_path=self.storage_path if scratch is None else scratch.name,
                                      name=self.name),
             )
             trainer.fit()
-            results = ray.get(box.get.remote())
+            # ray types an actor method's .remote only under @ray.method, and .remote() as handle | class
+            results = ray.get(box.get.remote())  # type: ignore[attr-defined]  # undecorated actor method
         finally:
-            ray.kill(box)
+            ray.kill(box)  # type: ignore[arg-type]  # ray: ActorClass.remote() returns ActorHandle | type
             if scratch is not None:
                 scratch.cleanup()
         missing = sorted(set(range(self.plan.world_size)) - set(results))

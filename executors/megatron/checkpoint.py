@@ -22,10 +22,10 @@ def _module_sharded_state_dict(module: torch.nn.Module, prefix: str) -> dict[str
     """Megatron modules describe their shards; plain modules recurse, their own tensors replicated."""
     from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-    if hasattr(module, "sharded_state_dict"):
-        return dict(module.sharded_state_dict(prefix=prefix))
+    if hasattr(module, "sharded_state_dict"):  # hasattr does not narrow: Module.__getattr__ is Tensor | Module
+        return dict(module.sharded_state_dict(prefix=prefix))  # type: ignore[operator]  # torch stubs: Tensor | Module
     out: dict[str, Any] = {}
-    own = {name: p for name, p in module.named_parameters(recurse=False)}
+    own: dict[str, torch.Tensor] = {name: p for name, p in module.named_parameters(recurse=False)}
     own.update({name: b for name, b in module.named_buffers(recurse=False) if b is not None})
     if own:
         out.update(make_sharded_tensors_for_checkpoint(own, prefix))

@@ -81,6 +81,7 @@ class PipelineStage(torch.nn.Module):
     def forward(self, inputs: torch.Tensor | None) -> torch.Tensor:
         """Run this stage's layers on the batch (first stage) or the received activation."""
         if self.pre_process:
+            assert inputs is not None  # MegatronSession refuses a first stage without inputs
             hidden = inputs
         else:
             if self._received is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,9 @@ from mixle_parallel.executors.torch.sdc_audit import AUDIT_REPLAYS, audit_suppor
 from mixle_parallel.executors.torch.session import TorchDistributedSession
 from mixle_parallel.verification.admission import AdmissionDecision, require_admission
 from mixle_parallel.verification.sdc.schedule import AUDIT_POLICIES, DEFAULT_AUDIT_RATE
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 EXECUTOR_VERSION = "1.0.0"
 
@@ -65,6 +68,12 @@ def lm_token_loss(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     return loss_sum, (labels != -100).sum()
 
 
+def _with_lr(cls: Callable[..., torch.optim.Optimizer], params: list[torch.nn.Parameter], lr: float
+             ) -> torch.optim.Optimizer:
+    """``cls(params, lr=lr)``: a concrete torch.optim class takes ``lr`` (the base ``Optimizer`` does not)."""
+    return cls(params, lr=lr)
+
+
 def build_optimizer(
     optimizer: Any, params: list[torch.nn.Parameter], lr: float
 ) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
@@ -81,9 +90,9 @@ def build_optimizer(
                 f"unknown optimizer {optimizer!r}; name a torch.optim class (any case), one of: "
                 f"{', '.join(sorted(c.__name__ for c in classes.values()))}"
             )
-        opt = cls(params, lr=lr)
+        opt = _with_lr(cls, params, lr)
     elif isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
-        opt = optimizer(params, lr=lr)
+        opt = _with_lr(optimizer, params, lr)
     elif callable(optimizer):
         opt = optimizer(params)
         if not isinstance(opt, torch.optim.Optimizer):
@@ -112,6 +121,14 @@ def _check_prepare_inputs(module: Any, plan: Any, precision: str, max_grad_norm:
         raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
     if nonfinite not in ("raise", "skip"):
         raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
+
+
+def _active_mesh(mesh: DeviceMesh | None, *axes: ParallelAxis) -> DeviceMesh:
+    """``axis_mesh(mesh, *axes)`` where the plan makes one of ``axes`` active (size > 1): the mesh then has
+    that dimension (``ParallelPlan.mesh`` names every active axis), so the sub-mesh exists."""
+    sub = axis_mesh(mesh, *axes)
+    assert sub is not None, f"no active mesh dimension among {[a.value for a in axes]}"
+    return sub
 
 
 def _update(node_id: str, payload: PayloadKind, collective: CollectiveKind, axes: tuple[ParallelAxis, ...],
@@ -228,14 +245,14 @@ class TorchDistributedBackend:
         mesh = build_mesh(plan, dev, unit_shard_dim=sync == "hsdp" and plan.dp_shard == 1 and plan.cp == 1)
         module = module.to(dev)
         if styles:
-            apply_tp(module, axis_mesh(mesh, A.TP), styles)
+            apply_tp(module, _active_mesh(mesh, A.TP), styles)
         cp_mesh = axis_mesh(mesh, A.CP) if plan.cp > 1 else None
         if sync == "ddp":
-            module = apply_ddp(module, axis_mesh(mesh, A.DP_REPLICATE), dev)
+            module = apply_ddp(module, _active_mesh(mesh, A.DP_REPLICATE), dev)
         elif sync == "fsdp":
-            apply_fsdp(module, axis_mesh(mesh, A.DP_SHARD, A.CP))
+            apply_fsdp(module, _active_mesh(mesh, A.DP_SHARD, A.CP))
         elif sync == "hsdp":
-            apply_fsdp(module, axis_mesh(mesh, A.DP_REPLICATE, A.DP_SHARD))
+            apply_fsdp(module, _active_mesh(mesh, A.DP_REPLICATE, A.DP_SHARD))
         # DDP keeps its built-in all-reduce; the audit or a fault injector arms local-gradient hooks
         # only on the steps that need them
         tap = install_taps(module, plan, sync, gradient_access=audit_options is not None or fault_injector is not None)

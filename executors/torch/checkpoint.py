@@ -46,7 +46,7 @@ import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -282,6 +282,7 @@ class CheckpointHandle:
         """Block until every rank's write is complete and the pointer names this generation."""
         if self._waited:
             return self.path
+        assert self._future is not None  # a handle without a future starts out waited
         error: BaseException | None = None
         try:
             self._future.result()
@@ -362,7 +363,8 @@ def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
         with _single_process_quiet(group):
             response = dcp.async_save(tensors, storage_writer=writer, process_group=group,
                                       no_dist=group is None)
-        future = getattr(response, "upload_completion", response)
+        # a Future, or (newer torch) an AsyncSaveResponse whose upload_completion is the write's Future
+        future = cast(Future, getattr(response, "upload_completion", response))
         handle = CheckpointHandle(gen_dir, future=future, pg=group, rank=rank, world=world, finalize=finalize)
         _IN_FLIGHT.append(handle)
         return handle

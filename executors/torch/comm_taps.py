@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor, Shard
 
 MODES = ("pass", "capture", "replay")
 
@@ -211,9 +214,10 @@ def _pre_fsdp_shape(param: nn.Parameter) -> tuple[int, ...]:
     mesh = getattr(param, "device_mesh", None)
     if mesh is None:
         return tuple(shape)
-    for index, (name, placement) in enumerate(zip(mesh.mesh_dim_names or (), param.placements)):
+    placements = cast("DTensor", param).placements  # a parameter with a device mesh is a DTensor
+    for index, (name, placement) in enumerate(zip(mesh.mesh_dim_names or (), placements)):
         if name == "tp" and placement.is_shard():
-            shape[placement.dim] //= mesh.size(index)
+            shape[cast("Shard", placement).dim] //= mesh.size(index)  # is_shard() does not narrow the type
     return tuple(shape)
 
 
@@ -300,13 +304,16 @@ def install_fsdp_taps(root: nn.Module, tap: CommTap, *, hsdp: bool) -> None:
     from torch.distributed.fsdp import FSDPModule
 
     for path, module in root.named_modules():
-        if not isinstance(module, FSDPModule):
+        fsdp = module  # narrowed to FSDPModule below; ``module`` stays the nn.Module it also is
+        if not isinstance(fsdp, FSDPModule):
             continue
         prefix = f"{path}." if path else ""
-        module.set_custom_all_gather(TapAllGather(tap))
-        module.set_custom_reduce_scatter(TapReduceScatter(tap, managed_parameters(module, prefix), path))
+        # FSDP2 types the comms as its AllGather / ReduceScatter ABCs; the taps implement them by duck typing
+        fsdp.set_custom_all_gather(TapAllGather(tap))  # type: ignore[arg-type]  # duck-typed AllGather
+        reduce_scatter = TapReduceScatter(tap, managed_parameters(module, prefix), path)
+        fsdp.set_custom_reduce_scatter(reduce_scatter)  # type: ignore[arg-type]  # duck-typed ReduceScatter
         if hsdp:
-            module.set_all_reduce_hook(lambda out: tap.add("all_reduce", _nbytes(out)))
+            fsdp.set_all_reduce_hook(lambda out: tap.add("all_reduce", _nbytes(out)))
 
 
 def install_taps(module: nn.Module, plan: Any, sync: str, *, gradient_access: bool = True) -> CommTap:

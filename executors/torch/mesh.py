@@ -81,12 +81,12 @@ def build_mesh(plan: ParallelPlan, device: torch.device, *, unit_shard_dim: bool
     """
     if plan.world_size == 1:
         return None
-    names, shape = list(plan.mesh.names), list(plan.mesh.shape)
-    if unit_shard_dim and "dp_shard" not in names:
-        at = names.index("dp_replicate") + 1
-        names.insert(at, "dp_shard")
-        shape.insert(at, 1)
-    names, shape = tuple(names), tuple(shape)
+    dim_names, dim_sizes = list(plan.mesh.names), list(plan.mesh.shape)
+    if unit_shard_dim and "dp_shard" not in dim_names:
+        at = dim_names.index("dp_replicate") + 1
+        dim_names.insert(at, "dp_shard")
+        dim_sizes.insert(at, 1)
+    names, shape = tuple(dim_names), tuple(dim_sizes)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     rank = dist.get_rank()
     attested = attest_worker_coordinate(plan, actual_world_size=dist.get_world_size(), rank=rank).coordinate
@@ -116,6 +116,7 @@ def axis_mesh(mesh: DeviceMesh | None, *axes: ParallelAxis) -> DeviceMesh | None
 
 def axis_size(mesh: DeviceMesh | None, axis: ParallelAxis) -> int:
     """Size of one mesh dimension (1 when the axis is not active)."""
-    if mesh is None or axis.value not in (mesh.mesh_dim_names or ()):
+    dim_names = () if mesh is None else (mesh.mesh_dim_names or ())
+    if mesh is None or axis.value not in dim_names:
         return 1
-    return int(mesh.size(mesh.mesh_dim_names.index(axis.value)))
+    return int(mesh.size(dim_names.index(axis.value)))

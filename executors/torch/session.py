@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,10 @@ from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
 from mixle_parallel.executors.torch.comm_taps import CommTap
 from mixle_parallel.executors.torch.grads import local_grads, scale_grads, weighted_square_sum
 from mixle_parallel.executors.torch.sdc_audit import SessionAudit, trainable
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
 
 LossFn = Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]
 
@@ -84,7 +88,7 @@ class TorchDistributedSession:
         self._tap = tap if tap is not None else CommTap(counting=False, rank=0)
         self._meter = self._tap if self._tap.counting else CollectiveMeter()
         self._dispatch_meter = not self._tap.counting
-        self._params_named = None
+        self._params_named: list[tuple[str, nn.Parameter]] | None = None
         self.ledger = ledger
         self._sync_enabled: bool | None = None
         self._step = 0
@@ -268,7 +272,8 @@ class TorchDistributedSession:
         """One forward/backward of a micro-batch (no clock, no counters): what a step and an audit replay run."""
         self._tap.syncing = sync
         with self._sync_context(sync), self._cp_context(x, y) as (x, y):
-            if self.sync == "ddp" and self._tap.counting and self.module.will_sync_module_buffers():
+            if (self.sync == "ddp" and self._tap.counting  # the module is then the DistributedDataParallel wrapper
+                    and cast("DistributedDataParallel", self.module).will_sync_module_buffers()):
                 self._tap.add("broadcast", sum(b.numel() * b.element_size() for b in self.module.buffers()))
             with self._autocast():
                 loss_sum, count = self.loss_fn(self.module, x, y)
@@ -299,10 +304,11 @@ class TorchDistributedSession:
         self._micro_step(x, y, sync=True, weight=0.0)
 
     def _sync_context(self, sync: bool) -> Any:
+        # the module is the DistributedDataParallel wrapper under "ddp", an FSDPModule under "fsdp"/"hsdp"
         if self.sync == "ddp":
-            return contextlib.nullcontext() if sync else self.module.no_sync()
+            return contextlib.nullcontext() if sync else cast("DistributedDataParallel", self.module).no_sync()
         if self.sync in ("fsdp", "hsdp") and self._sync_enabled is not sync:
-            self.module.set_requires_gradient_sync(sync)
+            cast("FSDPModule", self.module).set_requires_gradient_sync(sync)
             self._sync_enabled = sync
         return contextlib.nullcontext()
 
@@ -372,8 +378,9 @@ class TorchDistributedSession:
         if nonfinite or not (math.isfinite(norm) and math.isfinite(loss)):
             return self._reject("nonfinite", examples_i, tokens_i, loss, norm)
         coef = 1.0 / tokens
-        clipped = self.max_grad_norm is not None and norm > self.max_grad_norm
-        if clipped:
+        clipped = False
+        if self.max_grad_norm is not None and norm > self.max_grad_norm:
+            clipped = True
             coef *= self.max_grad_norm / (norm + 1e-6)
         scale_grads(self._params, coef)
         self.optimizer.step()

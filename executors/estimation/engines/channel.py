@@ -183,7 +183,8 @@ def wait_channels(channels: dict[Any, ChannelClient], timeout: float | None) -> 
     by_conn = {ch.conn: key for key, ch in channels.items() if ch.waiting}
     if not by_conn:
         return []
-    return [by_conn[c] for c in connection.wait(list(by_conn), timeout=timeout)]
+    ready: list[Any] = connection.wait(list(by_conn), timeout=timeout)  # some of the connections it was given
+    return [by_conn[c] for c in ready]
 
 
 def collect_replies(channels: dict[Any, ChannelClient], remaining: Callable[[], float | None]

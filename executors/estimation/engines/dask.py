@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mixle_parallel.executors.estimation.chunks import (
@@ -354,7 +354,7 @@ class DaskRunner(DirectPasses):
                 "check the workers' memory limits and logs"
             )
 
-    def _pass_timeout(self, hung: dict[str, Sequence[int]]) -> WorkerTimeoutError:
+    def _pass_timeout(self, hung: Mapping[str, Sequence[int]]) -> WorkerTimeoutError:
         """The error of a pass whose workers (address -> chunk ids owed) did not answer in time."""
         return WorkerTimeoutError(
             f"dask worker(s) {sorted(hung)} did not return chunk(s) {sorted(i for ids in hung.values() for i in ids)} "

@@ -11,9 +11,10 @@ are re-placed through dask. It is a mixin: it uses the runner's actors, placemen
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError
 from mixle_parallel.executors.estimation.engines.channel import ChannelClient, wait_channels
 from mixle_parallel.executors.estimation.engines.support import Deadline, ordered_results
 
@@ -46,6 +47,14 @@ class DirectPasses:
     _actors: dict[str, Any]
     _where: list[str]
     name: str
+    # the runner's actor calls, liveness and recovery (DaskRunner's methods)
+    _invoke: Callable[..., Any]  # (address, method, *args): the actor call started, None when it is gone
+    _await: Callable[[str, Any, Deadline, str], Any]
+    _alive: Callable[[str], bool]
+    _forget: Callable[[str], None]
+    _replace: Callable[[list[int], Deadline], None]
+    _check_losses: Callable[[int, Sequence[int]], None]
+    _pass_timeout: Callable[[Mapping[str, Sequence[int]]], WorkerTimeoutError]
 
     def _channel_for(self, address: str) -> ChannelClient | None:
         """The pass socket of the holder on ``address``, opened on first use; None when the cluster's

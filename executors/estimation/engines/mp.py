@@ -64,7 +64,7 @@ class _ShmArray:
         return (_ShmArray, (self.offset, self.shape, self.dtype))
 
 
-def _plan(value: Any, arrays: list[np.ndarray], cursor: list[int]) -> Any:
+def _plan(value: Any, arrays: list[tuple[int, np.ndarray]], cursor: list[int]) -> Any:
     """Replace every numeric array in ``value`` by a placeholder and record where it goes."""
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
         cursor[0] = -(-cursor[0] // _ALIGN) * _ALIGN
@@ -105,6 +105,7 @@ def _worker_main(conn: Any, shm_name: str, layout: bytes) -> None:
     yield_on_wakeup()
     shm = SharedMemory(name=shm_name)
     try:
+        assert shm.buf is not None  # an attached block is open until close()
         chunks = [EncodedChunk(c, a, b, _rebuild(d, shm.buf)) for c, a, b, d in pickle.loads(layout)]
         conn.send_bytes(pickle.dumps(("ready", os.getpid())))
         while True:
@@ -123,7 +124,7 @@ def _worker_main(conn: Any, shm_name: str, layout: bytes) -> None:
             else:
                 conn.send_bytes(pickle.dumps(("ok", out), protocol=pickle.HIGHEST_PROTOCOL))
     finally:
-        chunks = None  # noqa: F841 - drop the views before closing the block
+        chunks = []  # noqa: F841 - drop the views before closing the block
         try:
             shm.close()
         except BufferError:  # pragma: no cover - a view escaped; the OS frees it at exit
@@ -198,7 +199,7 @@ class MPChunkRunner:
             try:
                 for i in range(self.num_workers):
                     parent, child = self._ctx.Pipe(duplex=True)
-                    proc = self._ctx.Process(
+                    proc = self._ctx.Process(  # type: ignore[attr-defined]  # get_context(str) -> BaseContext
                         target=_worker_main, args=(child, self._shm.name, layout),
                         name=f"mixle-em-mp-{i}", daemon=True,
                     )
@@ -347,8 +348,8 @@ class MPChunkRunner:
             if not ready:
                 hung = sorted(busy.values(), key=lambda w: w.index)
                 detail = ", ".join(f"worker {w.index} (pid {w.process.pid}, chunks {w.pending})" for w in hung)
-                for w in hung:
-                    self._drop(w)
+                for stuck in hung:
+                    self._drop(stuck)
                 raise WorkerTimeoutError(
                     f"mp backend: no answer within {self.timeout} s from {detail}; the worker(s) were "
                     "terminated. If the work is just slow, pass a larger timeout= to encoded_data/optimize"

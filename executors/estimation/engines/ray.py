@@ -389,8 +389,8 @@ class RayRunner:
                     rest = []
             sent[w] = rest
             if rest:
-                borrowed = {i: [self._refs[i]] for i in rest if self._owner[i] != w}
-                refs[self._actors[w].run_any.remote(task.fn, pack_payload(task.payload), rest, borrowed)] = w
+                borrowed_refs = {i: [self._refs[i]] for i in rest if self._owner[i] != w}
+                refs[self._actors[w].run_any.remote(task.fn, pack_payload(task.payload), rest, borrowed_refs)] = w
         out: dict[int, list[Any]] = {w: [] for w in checked}
         dead: list[int] = []
         values: dict[int, dict[int, Any]] = {w: {} for w in checked}

@@ -216,6 +216,7 @@ class CompositeEncoder:
 
     def encode(self, rows: Any) -> tuple[Any, ...]:
         """Rows of ``len(encoders)`` fields -> a tuple of per-field encodings."""
+        columns: list[Any]  # per field: an array column, or a tuple of the field's values
         if isinstance(rows, np.ndarray) and rows.ndim == 2:
             columns = [rows[:, i] for i in range(rows.shape[1])]
         else:

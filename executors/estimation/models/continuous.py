@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -37,6 +38,8 @@ class ScalarEncoder:
 # ---- Gaussian -----------------------------------------------------------------------------------
 class GaussianDistribution:
     """N(mu, sigma2) on the real line."""
+
+    stacked_log_density: ClassVar[Callable[[Any, np.ndarray], np.ndarray]]  # set below the stacked kernels
 
     def __init__(self, mu: float, sigma2: float) -> None:
         mu, sigma2 = float(mu), float(sigma2)
@@ -72,6 +75,8 @@ class GaussianDistribution:
 
 class GaussianAccumulator:
     """Statistics (sum w, sum w x, sum w x^2)."""
+
+    stacked_update: ClassVar[Callable[[Any, np.ndarray, np.ndarray], None]]  # set below the stacked kernels
 
     def __init__(self) -> None:
         self.sw = 0.0

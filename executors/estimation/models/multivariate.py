@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -39,6 +40,8 @@ def _wsums(x: np.ndarray, w: np.ndarray | None) -> tuple[float, np.ndarray, np.n
 class DiagonalGaussianDistribution:
     """Independent Gaussian coordinates: mean ``mu[d]``, variances ``var[d]``."""
 
+    stacked_log_density: ClassVar[Callable[[Any, np.ndarray], np.ndarray]]  # set below the stacked kernels
+
     def __init__(self, mu: Any, var: Any) -> None:
         self.mu = np.array(mu, dtype=np.float64).reshape(-1)
         self.var = np.array(var, dtype=np.float64).reshape(-1)
@@ -74,6 +77,8 @@ class DiagonalGaussianDistribution:
 
 class DiagonalGaussianAccumulator:
     """Statistics (sum w, sum w x [d], sum w x^2 [d])."""
+
+    stacked_update: ClassVar[Callable[[Any, np.ndarray, np.ndarray], None]]  # set below the stacked kernels
 
     def __init__(self, dim: int) -> None:
         self.sw = 0.0
