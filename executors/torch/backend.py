@@ -68,18 +68,12 @@ def lm_token_loss(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     return loss_sum, (labels != -100).sum()
 
 
-def _with_lr(cls: Callable[..., torch.optim.Optimizer], params: list[torch.nn.Parameter], lr: float
-             ) -> torch.optim.Optimizer:
-    """``cls(params, lr=lr)``: a concrete torch.optim class takes ``lr`` (the base ``Optimizer`` does not)."""
-    return cls(params, lr=lr)
-
-
 def build_optimizer(
     optimizer: Any, params: list[torch.nn.Parameter], lr: float
 ) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
     """An optimizer over the transformed parameters from a torch.optim class, its name, or a callable(params)."""
     if isinstance(optimizer, str):
-        classes = {
+        classes: dict[str, Any] = {  # concrete torch.optim classes, which all take lr=
             name.lower(): cls
             for name, cls in vars(torch.optim).items()
             if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer
@@ -90,9 +84,10 @@ def build_optimizer(
                 f"unknown optimizer {optimizer!r}; name a torch.optim class (any case), one of: "
                 f"{', '.join(sorted(c.__name__ for c in classes.values()))}"
             )
-        opt = _with_lr(cls, params, lr)
+        opt = cls(params, lr=lr)
     elif isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
-        opt = _with_lr(optimizer, params, lr)
+        concrete: Any = optimizer  # a subclass; the base Optimizer's signature has no lr=
+        opt = concrete(params, lr=lr)
     elif callable(optimizer):
         opt = optimizer(params)
         if not isinstance(opt, torch.optim.Optimizer):

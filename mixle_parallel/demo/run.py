@@ -29,7 +29,7 @@ EM_WORKERS = 2
 TRAIN_TIMEOUT_S = 900.0
 """The training phase as a whole (start, rendezvous, every step) on a loaded 2-core machine."""
 OUTPUTS = ("certificate-torch_native.json", "certificate-em_mp.json", "ledger.jsonl", "receipts.jsonl",
-           "summary.json", ".store")
+           "summary.json")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -48,8 +48,7 @@ def _body(rank: int, world: int) -> dict:
 def test_distributed_optimizer_matches_reference_on_two_gpus():
     from mixle_parallel.verification.harness.mesh import run_world
 
-    ranks = run_world(_body, 2, timeout=600.0, torchrun_env=True,
-                      env={"MIXLE_PARALLEL_MESH_BACKEND": "cpu:gloo,cuda:nccl"})
+    ranks = run_world(_body, 2, timeout=600.0, torchrun_env=True, backend="cpu:gloo,cuda:nccl")
     for out in ranks:
         assert max(out["errors"].values()) <= 1e-5, out
         assert abs(out["loss"] - out["ref"]) <= 1e-5, out

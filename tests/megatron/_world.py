@@ -16,6 +16,6 @@ def run_world(world: int, body: Callable[..., Any], *args: Any, timeout: float =
     """Run ``body(rank, world, *args)`` in ``world`` gloo processes with torchrun's variables; per-rank results."""
     try:
         return spawn_world(body, world, *args, timeout=timeout, start_method="forkserver", preload=PRELOAD,
-                           torchrun_env=True, group_timeout_s=240.0, env={"MIXLE_PARALLEL_MESH_BACKEND": "gloo"})
+                           torchrun_env=True, group_timeout_s=240.0, backend="gloo")
     except MeshError as err:
         raise AssertionError(str(err)) from None

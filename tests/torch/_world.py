@@ -20,6 +20,6 @@ def run_world(world_size: int, module: str, function: str, backend: str = "gloo"
     """Run ``module.function()`` on ``world_size`` ranks (FileStore rendezvous); return each rank's result."""
     try:
         return spawn_world(_call_scenario, world_size, module, function, timeout=WORLD_TIMEOUT_S,
-                           env={"MIXLE_PARALLEL_MESH_BACKEND": backend}, group_timeout_s=300.0)
+                           backend=backend, group_timeout_s=300.0)
     except MeshError as err:
         raise AssertionError(f"a rank failed: {err}") from None

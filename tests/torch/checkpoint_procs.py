@@ -35,7 +35,7 @@ def launch_world(scenario: str, world: int, root: Path, out: Path, *, timeout: f
     out.mkdir(parents=True, exist_ok=True)
     try:
         results = run_world(_scenario_rank, world, scenario, str(root), timeout=timeout, torchrun_env=True,
-                            group_timeout_s=300.0, env={"MIXLE_PARALLEL_MESH_BACKEND": "gloo"})
+                            group_timeout_s=300.0, backend="gloo")
     except MeshError as err:
         raise AssertionError(f"{scenario} world {world}: {err}") from None
     for rank, text in enumerate(results):

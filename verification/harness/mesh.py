@@ -185,6 +185,7 @@ def run_world(
     preload: Sequence[str] = (),
     torchrun_env: bool = False,
     group_timeout_s: float | None = None,
+    backend: str | None = None,
     on_message: Callable[[int, Any], None] | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on a fresh ``world_size``-rank process group; results by rank.
@@ -193,7 +194,8 @@ def run_world(
     unless given); ``verifying`` marks the ranks as the verification harness's; ``preload`` names modules
     a ``forkserver`` imports once for all ranks (fast starts); ``torchrun_env`` sets RANK, WORLD_SIZE,
     LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT and joins through ``env://``;
-    ``group_timeout_s`` is the process group's collective timeout (torch's default when None).
+    ``group_timeout_s`` is the process group's collective timeout (torch's default when None);
+    ``backend`` forces the process-group backend (default: ``process_group_backend`` in each rank).
     """
     _check_arguments(world_size, start_method, timeout)
     context: Any = multiprocessing.get_context(start_method)  # a SpawnContext or ForkServerContext
@@ -203,6 +205,8 @@ def run_world(
         context.set_forkserver_preload(list(preload))
     results = context.Queue()
     child_env = {"OMP_NUM_THREADS": "1", **(env or {})}
+    if backend is not None:
+        child_env[BACKEND_ENV] = backend
     if verifying:
         child_env[VERIFYING_ENV] = "1"
     port = _free_port() if torchrun_env else None
