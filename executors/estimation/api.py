@@ -105,6 +105,7 @@ def encoded_data(
       rank=<worker>, step=<iteration>, index, bit)`` to prove the audit (tests, drills).
     """
     if is_encoded_data_handle(data):
+        # the first statement: locals() holds exactly the parameters, in their order
         controls = {k: v for k, v in locals().items() if k not in ("data", "backend_options")}
         _refuse_controls(data, controls, backend_options)
         return data
