@@ -14,8 +14,7 @@ from mixle_parallel.executors.estimation.api import encoded_data, is_encoded_dat
 from mixle_parallel.executors.estimation.chunks import seed_from
 from mixle_parallel.executors.estimation.initialization import initial_model, resolve_init
 from mixle_parallel.executors.estimation.mixle_interop import (
-    MixleEstimator,
-    is_mixle_estimator,
+    as_estimator,
     unwrap_mixle,
     wrap_mixle_model,
 )
@@ -59,24 +58,6 @@ class FitResult(NamedTuple):
     log-likelihood; the last model before it is kept) or 'not_finite' (a step's log-likelihood was not finite)."""
     init: str = ""
     """The start used: 'kmeans++', 'dirichlet', 'random' or 'prev_estimate'."""
-
-
-def as_estimator(estimator: Any) -> Any:
-    """Our estimator as is; a mixle estimator or a distribution prototype wrapped/converted."""
-    if estimator is None:
-        raise ValueError("optimize needs an estimator (e.g. MixtureEstimator([GaussianEstimator()] * 3))")
-    if hasattr(estimator, "accumulator_factory") and hasattr(estimator, "estimate"):
-        if hasattr(estimator, "encoder") or hasattr(estimator, "make_accumulator"):
-            return estimator
-        if is_mixle_estimator(estimator):
-            return MixleEstimator(estimator)
-        return estimator
-    if hasattr(estimator, "estimator") and hasattr(estimator, "log_density"):
-        return estimator.estimator()
-    raise TypeError(
-        f"{type(estimator).__name__} is not an estimator: it needs accumulator_factory() and "
-        "estimate(nobs, stats) (see docs/estimation.md)"
-    )
 
 
 def _progress_bar(progress: Any, total: int, work: int) -> Any:
