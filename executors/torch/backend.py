@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from mixle_parallel.contracts import (
@@ -23,6 +22,7 @@ from mixle_parallel.contracts import (
 from mixle_parallel.executors.torch.comm_taps import install_taps
 from mixle_parallel.executors.torch.dp_mode import DataParallelMode
 from mixle_parallel.executors.torch.layouts import describe_parameter_layouts
+from mixle_parallel.executors.torch.losses import lm_token_loss
 from mixle_parallel.executors.torch.mesh import (
     axis_mesh,
     build_mesh,
@@ -60,20 +60,15 @@ CAPABILITIES = BackendCapabilities(
 )
 
 
-def lm_token_loss(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Default loss: token-level cross-entropy *sum* of ``module(inputs)`` logits, and the counted tokens
-    (targets equal to -100 are ignored)."""
-    logits = module(inputs)
-    flat = logits.reshape(-1, logits.shape[-1]).float()
-    labels = targets.reshape(-1)
-    loss_sum = F.cross_entropy(flat, labels, reduction="sum", ignore_index=-100)
-    return loss_sum, (labels != -100).sum()
-
-
 def build_optimizer(
     optimizer: Any, params: list[torch.nn.Parameter], lr: float
 ) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
-    """An optimizer over the transformed parameters from a torch.optim class, its name, or a callable(params)."""
+    """An optimizer over the transformed parameters from a torch.optim class, its name, or a callable(params).
+
+    None and 'auto' (mixle's default, which plans an optimizer for the model) mean AdamW here.
+    """
+    if optimizer is None or (isinstance(optimizer, str) and optimizer.strip().lower() == "auto"):
+        optimizer = "AdamW"
     if isinstance(optimizer, str):
         classes: dict[str, Any] = {  # concrete torch.optim classes, which all take lr=
             name.lower(): cls
