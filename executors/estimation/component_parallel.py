@@ -30,7 +30,8 @@ from mixle_parallel.executors.estimation.models.combinators import (
 )
 
 __all__ = [
-    "ComponentParallelEncodedData", "ComponentParallelEstimator", "ModelParallelAccumulator",
+    "ComponentParallelAccumulator", "ComponentParallelAccumulatorFactory", "ComponentParallelEncodedData",
+    "ComponentParallelEstimator", "ModelParallelAccumulator",
     "ModelParallelAccumulatorFactory", "ModelParallelEncodedData", "ModelParallelEstimator",
     "component_parallel_fold", "component_thread_pool", "model_parallel_backend", "model_parallel_fold",
 ]
@@ -142,6 +143,9 @@ class ModelParallelAccumulator:
         return self
 
 
+ComponentParallelAccumulator = ModelParallelAccumulator
+
+
 class ModelParallelAccumulatorFactory:
     """Makes component-parallel accumulators around the inner estimator's."""
 
@@ -179,6 +183,7 @@ class ModelParallelEstimator:
 
 
 ComponentParallelEstimator = ModelParallelEstimator
+ComponentParallelAccumulatorFactory = ModelParallelAccumulatorFactory
 
 
 class ModelParallelEncodedData(ChunkedEncodedData):

@@ -49,8 +49,10 @@ def test_spark(reference, spark_context):
 @pytest.mark.mpi
 def test_mpi(reference):
     pytest.importorskip("mpi4py")
+    ours = em_case.reference()
     for row in run_mpi("mixle_fit_check.py", 2):
         assert (row["digest"], tuple(row["history"])) == reference, f"rank {row['rank']} differs"
+        assert row["handle"] == "MPIEncodedData" and (row["ours"][0], tuple(row["ours"][1])) == ours
 
 
 def test_model_parallel_estimator_of_a_mixle_mixture(reference):

@@ -12,6 +12,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 from mixle_parallel.executors.estimation import fit
+from mixle_parallel.mpi import MPIEncodedData
 from tests.estimation.engines import em_case
 
 
@@ -22,7 +23,14 @@ def main() -> None:
     result = fit(em_case.data(), em_case.mixle_estimator(), backend="mpi", comm=comm, admission="unverified",
                  **em_case.FIT_KWARGS)
     digest, history = em_case.mixle_signature(result)
-    out = {"rank": rank, "size": comm.Get_size(), "digest": digest, "history": list(history)}
+    # mixle's constructor shape: MPIEncodedData(data, estimator, ..., comm=...), fitted with our estimator
+    fit_kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
+    with MPIEncodedData(em_case.data(), em_case.estimator(), comm=comm, chunk_size=250,
+                        admission="unverified") as handle:
+        ours = em_case.signature(fit(handle, em_case.estimator(), **fit_kwargs))
+        kind = type(handle).__name__
+    out = {"rank": rank, "size": comm.Get_size(), "digest": digest, "history": list(history),
+           "handle": kind, "ours": [ours[0], list(ours[1])]}
     Path(os.environ["MPI_TEST_OUT"], f"rank{rank}.json").write_text(json.dumps(out))
 
 
