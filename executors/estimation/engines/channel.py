@@ -6,7 +6,12 @@ engines' RPC stacks spend about 1.5 ms on each (measured here, 2 workers: a ray 
 1.6 ms to start and 1.2 ms to bring its result back, a dask actor call 1.5 and 1.4; ``mp``'s pipe
 0.5 and 0.45), against a half-pass of 9 ms at 200k rows x 8-D. So each holder also serves pass
 requests on a socket of its own: ``multiprocessing.connection``, authenticated (HMAC challenge)
-with a random per-runner key that travels through the engine's own RPC. The holder's process,
+with a key derived per holder. The key itself never travels: the driver sends an ephemeral X25519
+public key through the engine's RPC, each holder answers with its own ephemeral public key, and
+both sides derive the holder's channel key (HKDF-SHA256 of the shared secret and both public
+keys), so an eavesdropper on a plain-TCP engine link learns nothing it can authenticate with, and
+each holder's key differs. Both ends give the handshake :data:`HANDSHAKE_TIMEOUT_S`: a client
+that connects and stays silent is dropped and the holder keeps waiting for the driver. The holder's process,
 chunks and lifetime are still the engine's; a lost socket is read as a lost worker, and the
 runner's usual recovery (through the engine) takes over.
 
@@ -25,19 +30,100 @@ import collections
 import os
 import pickle
 import socket
+import struct
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
-from multiprocessing import connection
+from multiprocessing import AuthenticationError, connection
 from typing import Any
 
+from mixle_parallel.contracts.errors import MissingExtraError
 from mixle_parallel.executors.estimation.combine_order import apply_chunk_fn
 from mixle_parallel.executors.estimation.engines.support import yield_on_wakeup
 
-__all__ = ["ChannelClient", "ChannelServer", "answer", "collect_replies", "new_channel_key", "wait_channels"]
+__all__ = [
+    "HANDSHAKE_TIMEOUT_S", "ChannelAuthenticationError", "ChannelClient", "ChannelOffer", "ChannelServer", "answer", "collect_replies",
+    "derive_channel_key", "holder_key", "new_channel_key", "wait_channels",
+]
 
 _ACCEPT_TIMEOUT_S = 60.0
 """How long a holder waits for the driver to connect after opening its socket."""
+
+HANDSHAKE_TIMEOUT_S = 10.0
+"""Seconds either end of a pass channel waits for the other's part of the HMAC handshake."""
+
+_KEY_INFO = b"mixle-parallel em pass channel v1"
+
+
+class ChannelAuthenticationError(OSError, AuthenticationError):
+    """The other end of a pass channel failed the HMAC handshake (a wrong key); an ``OSError``, so a
+    runner falls back to the engine's RPC as for any socket failure."""
+
+
+def _x25519() -> Any:
+    try:
+        from cryptography.hazmat.primitives.asymmetric import x25519
+    except ImportError as exc:  # pragma: no cover - cryptography ships with the dask and ray extras
+        raise MissingExtraError("cryptography", "dask") from exc
+    return x25519
+
+
+def derive_channel_key(private: Any, peer_public: bytes, driver_public: bytes, holder_public: bytes) -> bytes:
+    """The 32-byte channel key of one holder: HKDF-SHA256 over the X25519 secret and both public keys."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    shared = private.exchange(_x25519().X25519PublicKey.from_public_bytes(peer_public))
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=driver_public + holder_public, info=_KEY_INFO).derive(shared)
+
+
+def _raw_public(private: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    raw = serialization.Encoding.Raw
+    return bytes(private.public_key().public_bytes(raw, serialization.PublicFormat.Raw))
+
+
+class ChannelOffer:
+    """The driver's half of the key agreement: an ephemeral X25519 key pair; ``public`` goes to the holders."""
+
+    def __init__(self) -> None:
+        self._private = _x25519().X25519PrivateKey.generate()
+        self.public = _raw_public(self._private)
+
+    def key_for(self, holder_public: bytes) -> bytes:
+        """The channel key of the holder that answered with ``holder_public``."""
+        return derive_channel_key(self._private, holder_public, self.public, holder_public)
+
+
+def holder_key(driver_public: bytes) -> tuple[bytes, bytes]:
+    """The holder's half: ``(channel key, holder public key)`` for the driver's ``driver_public``."""
+    private = _x25519().X25519PrivateKey.generate()
+    public = _raw_public(private)
+    return derive_channel_key(private, driver_public, driver_public, public), public
+
+
+def _recv_timeout(conn: Any, seconds: float) -> None:
+    """Bound (``seconds`` > 0) or unbound (0) every blocking read of ``conn``'s socket (SO_RCVTIMEO)."""
+    whole = int(seconds)
+    value = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    with socket.fromfd(conn.fileno(), socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+
+
+def _handshake(conn: Any, authkey: bytes, *, server: bool, timeout: float) -> None:
+    """multiprocessing's mutual HMAC challenge, each read bounded by ``timeout`` s; raises on failure."""
+    _recv_timeout(conn, timeout)
+    try:
+        if server:
+            connection.deliver_challenge(conn, authkey)
+            connection.answer_challenge(conn, authkey)
+        else:
+            connection.answer_challenge(conn, authkey)
+            connection.deliver_challenge(conn, authkey)
+    finally:
+        _recv_timeout(conn, 0.0)
 
 
 def _no_delay(conn: Any) -> None:
@@ -51,7 +137,7 @@ def _no_delay(conn: Any) -> None:
 
 
 def new_channel_key() -> bytes:
-    """A fresh random key for one runner's channels (32 bytes)."""
+    """A fresh random 32-byte key (tests and callers that agree a key out of band)."""
     return os.urandom(32)
 
 
@@ -66,20 +152,36 @@ class ChannelServer:
         self._batch = batch_schedule
 
     def open(self, host: str, authkey: bytes) -> tuple[str, int]:
-        """Listen on ``host`` (an ephemeral port) and serve the first client that authenticates;
-        returns the address to connect to."""
-        listener = connection.Listener((host, 0), authkey=authkey)
-        threading.Thread(target=self._serve, args=(listener,), name="mixle-em-channel", daemon=True).start()
+        """Listen on ``host`` (an ephemeral port) and serve the first client that authenticates with
+        ``authkey`` within :data:`HANDSHAKE_TIMEOUT_S`; returns the address to connect to."""
+        listener = connection.Listener((host, 0))
+        threading.Thread(target=self._serve, args=(listener, authkey), name="mixle-em-channel", daemon=True).start()
         return listener.address
 
-    def _serve(self, listener: Any) -> None:
+    def _accept(self, listener: Any, authkey: bytes) -> Any:
+        """The first connection that passes the handshake before the accept deadline, else None."""
+        deadline = time.monotonic() + _ACCEPT_TIMEOUT_S
+        raw = listener._listener._socket
+        while (left := deadline - time.monotonic()) > 0:
+            raw.settimeout(left)  # never wait forever for a driver that failed
+            try:
+                conn = listener.accept()
+            except OSError:
+                return None
+            try:
+                _handshake(conn, authkey, server=True, timeout=min(HANDSHAKE_TIMEOUT_S, max(left, 0.1)))
+                return conn
+            except (OSError, EOFError, AuthenticationError):
+                conn.close()  # silent, slow or unauthenticated: drop it, keep waiting for the driver
+        return None
+
+    def _serve(self, listener: Any, authkey: bytes) -> None:
         try:
-            listener._listener._socket.settimeout(_ACCEPT_TIMEOUT_S)  # never wait forever for a driver that failed
-            conn = listener.accept()
-        except Exception:  # noqa: BLE001 - no driver came, or it failed to authenticate: stop serving
-            return
+            conn = self._accept(listener, authkey)
         finally:
             listener.close()
+        if conn is None:
+            return
         _no_delay(conn)
         if self._batch:
             yield_on_wakeup()  # this thread computes: do not preempt the driver when woken (see engines.support)
@@ -136,8 +238,20 @@ def _dump_reply(reply: tuple[str, Any]) -> bytes:
 class ChannelClient:
     """Driver side: one holder's socket; replies come back in request order."""
 
-    def __init__(self, address: Any, authkey: bytes) -> None:
-        self.conn = connection.Client(tuple(address) if isinstance(address, list) else address, authkey=authkey)
+    def __init__(self, address: Any, authkey: bytes, handshake_timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+        self.conn = connection.Client(tuple(address) if isinstance(address, list) else address)
+        try:
+            _handshake(self.conn, authkey, server=False, timeout=handshake_timeout)
+        except AuthenticationError as exc:
+            self.conn.close()
+            raise ChannelAuthenticationError(f"pass channel handshake with {address} failed: {exc}") from exc
+        except EOFError as exc:
+            self.conn.close()
+            raise OSError(f"pass channel to {address} closed during the handshake") from exc
+        except OSError as exc:
+            self.conn.close()
+            raise OSError(f"pass channel handshake with {address} got no answer within {handshake_timeout} s "
+                          f"({exc!r})") from exc
         _no_delay(self.conn)
         self.waiting: collections.deque[list[int]] = collections.deque()
         """Chunk ids of the requests sent and not yet answered, oldest first."""

@@ -38,7 +38,7 @@ from mixle_parallel.executors.estimation.chunks import (
     WorkerUnavailableError,
     check_tasks,
 )
-from mixle_parallel.executors.estimation.engines.channel import ChannelClient, collect_replies, new_channel_key
+from mixle_parallel.executors.estimation.engines.channel import ChannelClient, ChannelOffer, collect_replies
 from mixle_parallel.executors.estimation.engines.dask_channel import ACTOR_START_S, POLL_S, DirectPasses, channel_host
 from mixle_parallel.executors.estimation.engines.dask_holder import (
     DaskChunkHolder,
@@ -100,7 +100,7 @@ class DaskRunner(DirectPasses):
         distributed = require_engine("distributed", "dask")
         self.direct_channel = bool(direct_channel)
         self._channels: dict[str, ChannelClient] = {}  # worker address -> its holder's pass socket
-        self._channel_key = new_channel_key()
+        self._channel_offer: ChannelOffer | None = None
         self.timeout = check_timeout(timeout)
         self.max_recoveries = int(max_recoveries)
         self._cluster = None

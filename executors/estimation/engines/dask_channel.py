@@ -4,7 +4,7 @@
 that opens a holder's pass socket (``engines.channel``) on first use and runs a data pass over the
 sockets, treating a closed socket (or a worker the scheduler dropped) as a lost worker whose chunks
 are re-placed through dask. It is a mixin: it uses the runner's actors, placement and recovery
-(``_channels``, ``_channel_key``, ``direct_channel``, ``_actors``, ``_where``, ``_invoke``,
+(``_channels``, ``_channel_offer``, ``direct_channel``, ``_actors``, ``_where``, ``_invoke``,
 ``_await``, ``_alive``, ``_forget``, ``_replace``, ``_check_losses``, ``_pass_timeout``).
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError
-from mixle_parallel.executors.estimation.engines.channel import ChannelClient, wait_channels
+from mixle_parallel.executors.estimation.engines.channel import ChannelClient, ChannelOffer, wait_channels
 from mixle_parallel.executors.estimation.engines.support import Deadline, ordered_results
 
 __all__ = ["ACTOR_START_S", "POLL_S", "DirectPasses", "channel_host"]
@@ -42,7 +42,7 @@ class DirectPasses:
     """Data passes over the chunk holders' own sockets (mixed into ``DaskRunner``)."""
 
     _channels: dict[str, ChannelClient]
-    _channel_key: bytes
+    _channel_offer: ChannelOffer | None
     direct_channel: bool
     _actors: dict[str, Any]
     _where: list[str]
@@ -65,9 +65,12 @@ class DirectPasses:
         host = channel_host(address)
         if host is None:
             return None
+        if self._channel_offer is None:
+            self._channel_offer = ChannelOffer()  # one ephemeral key pair per runner; a key per holder
+        offer = self._channel_offer
         reply = self._await(
             address,
-            self._invoke(address, "open_channel", self._channel_key, host),
+            self._invoke(address, "open_channel", offer.public, host),
             Deadline(ACTOR_START_S),
             "open its pass channel",
         )
@@ -76,7 +79,8 @@ class DirectPasses:
         try:
             if isinstance(reply, str):
                 raise OSError(reply)
-            self._channels[address] = ChannelClient(reply, self._channel_key)
+            where, holder_public = reply
+            self._channels[address] = ChannelClient(where, offer.key_for(holder_public))
         except OSError as exc:
             _log.warning("dask: no pass channel to %s (%s); data passes go through dask's RPC", address, exc)
             self.direct_channel = False

@@ -12,7 +12,7 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
-from mixle_parallel.executors.estimation.engines.channel import ChannelServer, answer
+from mixle_parallel.executors.estimation.engines.channel import ChannelServer, answer, holder_key
 from mixle_parallel.executors.estimation.engines.support import prepare_worker, yield_on_wakeup
 
 __all__ = ["DaskChunkHolder", "dask_config_for_em", "pack_for_holder", "work_for_holder"]
@@ -67,14 +67,16 @@ class DaskChunkHolder:
 
         return os.getpid()
 
-    def open_channel(self, authkey: bytes, host: str) -> tuple[str, int] | str:
-        """Serve data passes over the resident chunks on a socket at ``host``: its address, or why not
-        (the runner then keeps passes on dask's RPC)."""
+    def open_channel(self, driver_public: bytes, host: str) -> tuple[tuple[str, int], bytes] | str:
+        """Serve data passes over the resident chunks on a socket at ``host``, keyed by agreement with
+        the driver's ``driver_public`` (see ``engines.channel``): ``(address, holder public key)``, or
+        why not (the runner then keeps passes on dask's RPC)."""
         server = ChannelServer(lambda i: self.chunks[i], "a dask worker's chunk holder",
                                batch_schedule=self._batch_threads is not None)
         try:
-            return server.open(host, authkey)
-        except OSError as exc:
+            key, public = holder_key(driver_public)
+            return server.open(host, key), public
+        except (OSError, ValueError) as exc:
             return f"{type(exc).__name__}: {exc}"
 
     def load(self, chunks: dict[int, bytes], replace: bool = False) -> int:

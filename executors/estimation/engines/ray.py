@@ -33,9 +33,10 @@ from mixle_parallel.executors.estimation.chunks import (
 )
 from mixle_parallel.executors.estimation.engines.channel import (
     ChannelClient,
+    ChannelOffer,
     ChannelServer,
     collect_replies,
-    new_channel_key,
+    holder_key,
     wait_channels,
 )
 from mixle_parallel.executors.estimation.engines.support import (
@@ -102,11 +103,15 @@ class RayChunkWorker:
 
         return os.getpid()
 
-    def open_channel(self, authkey: bytes) -> tuple[str, int]:
-        """Serve data passes over the resident chunks on a socket of this actor's node; its address."""
+    def open_channel(self, driver_public: bytes, loopback: bool) -> tuple[tuple[str, int], bytes]:
+        """Serve data passes over the resident chunks on a socket keyed by agreement with the driver's
+        ``driver_public`` (see ``engines.channel``), on loopback for a one-node cluster, else on this
+        actor's node address; ``(address, holder public key)``."""
         import ray
 
-        return ChannelServer(lambda i: self.chunks[i], "a ray actor").open(ray.util.get_node_ip_address(), authkey)
+        key, public = holder_key(driver_public)
+        host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
+        return ChannelServer(lambda i: self.chunks[i], "a ray actor").open(host, key), public
 
     def load(self, chunk_ids: list[int], refs: list[Any]) -> int:
         """Resolve chunk objects from the store once and keep them; returns how many it holds."""
@@ -209,11 +214,14 @@ class RayRunner:
         import ray
 
         self._close_channels()
-        key = new_channel_key()
         live = [w for w, ok in enumerate(self._alive) if ok]
         try:
-            addresses = self._wait([self._actors[w].open_channel.remote(key) for w in live], "opening pass channels")
-            self._channels = {w: ChannelClient(a, key) for w, a in zip(live, addresses)}
+            offer = ChannelOffer()  # the key itself never crosses Ray's RPC: one is agreed per actor
+            loopback = one_node_cluster(ray)
+            replies = self._wait([self._actors[w].open_channel.remote(offer.public, loopback) for w in live],
+                                 "opening pass channels")
+            self._channels = {w: ChannelClient(where, offer.key_for(public))
+                              for w, (where, public) in zip(live, replies)}
         except (OSError, ray.exceptions.RayError, WorkerTimeoutError) as exc:
             _log.warning("ray: no direct pass channel (%r); data passes go through Ray's RPC", exc)
             self._close_channels()
@@ -483,6 +491,16 @@ def ray_encoded_data(
     except BaseException:
         runner.close()
         raise
+
+
+def one_node_cluster(ray: Any) -> bool:
+    """Whether every alive Ray node is this driver's node (pass channels then bind loopback only)."""
+    try:
+        alive = [n for n in ray.nodes() if n.get("Alive", n.get("alive", False))]
+        here = ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - unknown topology: use the node address, as for a multi-node cluster
+        return False
+    return len(alive) == 1 and alive[0].get("NodeManagerAddress") == here
 
 
 ENCODED_DATA_OPTIONS = frozenset({"num_workers", "address", "timeout", "start_timeout", "init_kwargs",

@@ -146,3 +146,65 @@ def test_channels_are_opened_only_where_the_engine_talks_plain_tcp(monkeypatch):
     assert ray_uses_tls()
     monkeypatch.setenv("RAY_USE_TLS", "0")
     assert not ray_uses_tls()
+
+
+def test_a_silent_client_neither_blocks_the_holder_nor_the_driver(chunks, monkeypatch):
+    from mixle_parallel.executors.estimation.engines import channel
+
+    monkeypatch.setattr(channel, "HANDSHAKE_TIMEOUT_S", 0.5)
+    address, key = _open(chunks)
+    squatter = socket.create_connection(tuple(address))  # connects first and never says a word
+    try:
+        t0 = time.monotonic()
+        client = ChannelClient(address, key, handshake_timeout=5.0)  # served once the squatter is dropped
+        assert time.monotonic() - t0 < 4.0
+        client.send(_task({"scale": 1.0}), [1])
+        assert client.receive() == ([1], [2.0])
+        client.close()
+    finally:
+        squatter.close()
+
+    silent = socket.create_server(("127.0.0.1", 0))  # a "holder" that accepts and never answers
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(OSError, match="got no answer within 0.3 s"):
+            ChannelClient(silent.getsockname(), key, handshake_timeout=0.3)
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        silent.close()
+
+
+def test_the_channel_key_is_agreed_per_holder_and_never_sent():
+    from mixle_parallel.executors.estimation.engines.channel import ChannelOffer, holder_key
+
+    offer = ChannelOffer()
+    key_a, public_a = holder_key(offer.public)
+    key_b, public_b = holder_key(offer.public)
+    assert offer.key_for(public_a) == key_a and offer.key_for(public_b) == key_b
+    assert key_a != key_b and len(key_a) == 32
+    on_the_wire = offer.public + public_a + public_b  # all that crosses the engine's RPC
+    assert key_a not in on_the_wire and key_b not in on_the_wire
+    address = ChannelServer({0: 4.0}.__getitem__, "a test holder").open("127.0.0.1", key_a)
+    client = ChannelClient(address, offer.key_for(public_a))
+    client.send(_task({"scale": 0.5}), [0])
+    assert client.receive() == ([0], [2.0])
+    client.close()
+
+
+def test_ray_pass_channels_bind_loopback_only_on_a_one_node_cluster():
+    from mixle_parallel.executors.estimation.engines.ray import one_node_cluster
+
+    class FakeRay:
+        def __init__(self, nodes):
+            self._nodes = nodes
+            self.util = type("util", (), {"get_node_ip_address": staticmethod(lambda: "10.0.0.5")})
+
+        def nodes(self):
+            return self._nodes
+
+    here = {"Alive": True, "NodeManagerAddress": "10.0.0.5"}
+    other = {"Alive": True, "NodeManagerAddress": "10.0.0.6"}
+    assert one_node_cluster(FakeRay([here]))
+    assert one_node_cluster(FakeRay([here, {"Alive": False, "NodeManagerAddress": "10.0.0.6"}]))
+    assert not one_node_cluster(FakeRay([here, other]))
+    assert not one_node_cluster(FakeRay([other]))
