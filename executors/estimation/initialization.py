@@ -20,6 +20,7 @@ from mixle_parallel.executors.estimation.chunks import (
     ordered_sum,
     seed_from,
 )
+from mixle_parallel.executors.estimation.models.combinators import _stacked_kernel
 
 __all__ = [
     "INIT_STRATEGIES",
@@ -104,12 +105,19 @@ def chunk_feature_sample(chunk: EncodedChunk, payload: tuple[int, float, float])
 
 
 def _sq_distances(x: np.ndarray, centers: np.ndarray) -> np.ndarray:
-    """(n, k) squared distances, summed in numpy's own loops (no BLAS: the same bits anywhere)."""
-    out = np.empty((x.shape[0], centers.shape[0]))
-    for j in range(centers.shape[0]):
-        diff = x - centers[j]
-        out[:, j] = np.einsum("ij,ij->i", diff, diff)
-    return out
+    """(n, k) squared distances ``|x|^2 - 2 x.c + |c|^2`` (clipped at 0), by numpy's own einsum loops
+    (no BLAS: the same bits in any process and thread count)."""
+    cross = np.einsum("ij,kj->ik", x, centers)
+    out = np.einsum("ij,ij->i", x, x)[:, None] - 2.0 * cross + np.einsum("ij,ij->i", centers, centers)[None, :]
+    return np.maximum(out, 0.0, out=out)
+
+
+def _nearest(x: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """Index of the nearest center of every row (``argmin |c|^2 - 2 x.c``)."""
+    score = np.einsum("ij,kj->ik", x, centers)
+    score *= -2.0
+    score += np.einsum("ij,ij->i", centers, centers)[None, :]
+    return np.argmin(score, axis=1)
 
 
 def kmeans_centers(x: np.ndarray, k: int, rng: np.random.Generator,
@@ -122,19 +130,24 @@ def kmeans_centers(x: np.ndarray, k: int, rng: np.random.Generator,
     centers = np.empty((k, x.shape[1]))
     centers[0] = x[int(rng.integers(n))]
     closest = _sq_distances(x, centers[:1])[:, 0]
+    trials = 2 + int(np.log(k))  # greedy k-means++ (as scikit-learn): the best of a few D^2 draws
     for c in range(1, k):
         total = float(np.sum(closest))
-        pick = int(rng.integers(n)) if not total > 0.0 else int(
-            np.searchsorted(np.cumsum(closest), rng.random() * total, side="right").clip(0, n - 1))
-        centers[c] = x[pick]
-        closest = np.minimum(closest, _sq_distances(x, centers[c:c + 1])[:, 0])
-    labels = np.argmin(_sq_distances(x, centers), axis=1)
+        if not total > 0.0:
+            picks = rng.integers(n, size=trials)
+        else:
+            picks = np.searchsorted(np.cumsum(closest), rng.random(trials) * total, side="right").clip(0, n - 1)
+        candidates = np.minimum(closest[None, :], _sq_distances(x, x[picks]).T)
+        best = int(np.argmin(np.sum(candidates, axis=1)))
+        centers[c] = x[picks[best]]
+        closest = candidates[best]
+    labels = _nearest(x, centers)
     for _ in range(max_iterations):
         for c in range(k):
             members = labels == c
             if np.any(members):
                 centers[c] = np.sum(x[members], axis=0) / float(np.count_nonzero(members))
-        new = np.argmin(_sq_distances(x, centers), axis=1)
+        new = _nearest(x, centers)
         if np.array_equal(new, labels):
             break
         labels = new
@@ -151,14 +164,18 @@ def chunk_labelled_start(chunk: EncodedChunk, payload: tuple[Any, int, float, st
         features = numeric_features(chunk.data)
         if features is None:
             raise ValueError(f"chunk {chunk.chunk_id} holds no scalar or vector float rows for a k-means++ start")
-        labels = np.argmin(_sq_distances(features, centers), axis=1)
+        labels = _nearest(features, centers)
         resp = (labels[None, :] == np.arange(k)[:, None]).astype(np.float64)
     else:
         resp = rng.dirichlet(np.ones(k), size=chunk.count).T if chunk.count else np.zeros((k, 0))
-    for j, component in enumerate(acc.accumulators):
-        wj = weights * resp[j]
-        acc.counts[j] += float(np.sum(wj))
-        component.initialize(chunk.data, wj, rng)
+    resp *= weights[None, :]
+    acc.counts += np.sum(resp, axis=1)
+    stacked = _stacked_kernel(acc.accumulators, "stacked_update")
+    if stacked is not None:  # every component in one pass (the kernels' initialize is a weighted update)
+        stacked(acc.accumulators, chunk.data, resp)
+    else:
+        for j, component in enumerate(acc.accumulators):
+            component.initialize(chunk.data, resp[j], rng)
     return float(np.sum(weights)), acc.value()
 
 

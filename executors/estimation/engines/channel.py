@@ -43,8 +43,8 @@ from mixle_parallel.executors.estimation.combine_order import apply_chunk_fn
 from mixle_parallel.executors.estimation.engines.support import yield_on_wakeup
 
 __all__ = [
-    "HANDSHAKE_TIMEOUT_S", "ChannelAuthenticationError", "ChannelClient", "ChannelOffer", "ChannelServer", "answer", "collect_replies",
-    "derive_channel_key", "holder_key", "new_channel_key", "wait_channels",
+    "HANDSHAKE_TIMEOUT_S", "ChannelAuthenticationError", "ChannelClient", "ChannelOffer", "ChannelServer", "answer",
+    "collect_replies", "derive_channel_key", "holder_key", "new_channel_key", "wait_channels",
 ]
 
 _ACCEPT_TIMEOUT_S = 60.0

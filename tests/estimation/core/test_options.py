@@ -27,11 +27,12 @@ EST = GaussianEstimator()
     ("placement", object()), ("engine", "torch-gpu"), ("engine", "torch"), ("batch_size", 7), ("shuffle", True),
 ])
 def test_each_option_that_was_dropped_now_raises_naming_it(option, value):
+    before = set(multiprocessing.active_children())  # a session's dask cluster may hold some
     with pytest.raises(ValueError, match=f"option {option}= is not honoured by backend 'local'; no backend honours it"):
         encoded_data(X, estimator=EST, **{option: value})
     with pytest.raises(ValueError, match=f"option {option}="):  # and through optimize, on a process backend too
         fit(X, MixtureEstimator([EST] * 2), backend="mp", num_workers=2, **{option: value})
-    assert not multiprocessing.active_children()  # refused before any worker started
+    assert set(multiprocessing.active_children()) <= before  # refused before any worker started
 
 
 def test_precision_is_honoured_as_fp64_and_anything_else_is_refused():
@@ -110,8 +111,9 @@ def test_too_many_workers_are_capped_with_a_warning():
 ])
 def test_bad_rows_are_refused_before_any_worker_starts(rows, message):
     est = MixtureEstimator([EST] * 2)
+    before = set(multiprocessing.active_children())
     with pytest.raises(ValueError, match=message):
         fit(rows, est, backend="mp", num_workers=2, admission="unverified")
-    assert not multiprocessing.active_children()
+    assert set(multiprocessing.active_children()) <= before
     with pytest.raises(ValueError, match=message):
         encoded_data(rows, estimator=est)
