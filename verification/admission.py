@@ -78,6 +78,7 @@ class AdmissionDecision:
     precision: str = ""
     notes: tuple[str, ...] = ()
     signer: str | None = None
+    envelope: CertificateEnvelope | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def certified(self) -> bool:
@@ -135,7 +136,8 @@ def _split(certificate: Any, admission: Any) -> tuple[Any, str | None]:
     """Executors' one-argument form: ``admission=`` may carry the certificate or its path."""
     if admission is None or (isinstance(admission, str) and admission in ("required", "unverified", "auto")):
         return certificate, None if admission in (None, "auto", "required") else admission
-    if isinstance(admission, (CertificateEnvelope, AdmissionCertificate, os.PathLike, str)):
+    path_like = isinstance(admission, str) and (admission.endswith(".json") or os.path.sep in admission)
+    if isinstance(admission, (CertificateEnvelope, AdmissionCertificate, os.PathLike)) or path_like:
         if certificate is not None:
             raise ValueError("pass the certificate once: as certificate= or as admission=, not both")
         return admission, None
@@ -182,11 +184,13 @@ def require_admission(
     where = f"this is a real device mesh (world size {world_size}, {device}/{comm})"
     if certificate is not None:
         try:
-            found, keyid = open_envelope(_as_envelope(certificate), keys)
+            envelope = _as_envelope(certificate)
+            found, keyid = open_envelope(envelope, keys)
             certificate_id = check_admission(found, executor, plan, precision, context)
         except NotAdmittedError as exc:
             raise NotAdmittedError((*exc.reasons, where)) from None
-        return AdmissionDecision("certified", certificate_id, signer=keyid, **common)
+        return AdmissionDecision("certified", certificate_id, signer=keyid, envelope=envelope,
+                                 **common)
     return _automatic(executor, plan, precision, context, keys, auto_certify, certify_command, where, common)
 
 
@@ -197,8 +201,8 @@ def _automatic(executor: AdmissibleExecutor, plan: ParallelPlan, precision: str,
     store = CertificateStore(keys.home)
     hit = store.find(executor, plan, precision, context)
     if hit is not None:
-        _, found, keyid = hit
-        return AdmissionDecision("certified", found.certificate_id, signer=keyid,
+        stored, found, keyid = hit
+        return AdmissionDecision("certified", found.certificate_id, signer=keyid, envelope=stored,
                                  notes=(f"certificate from the local store {store.folder}",), **common)
     if auto_certify is None:
         command = certify_command or (f"mixle-parallel certify --backend {common['executor']} "
@@ -217,7 +221,7 @@ def _automatic(executor: AdmissibleExecutor, plan: ParallelPlan, precision: str,
         reasons = exc.reasons if isinstance(exc, NotAdmittedError) else (str(exc),)
         raise NotAdmittedError(("automatic certification did not admit the run", *reasons, where)) from None
     store.add(envelope)
-    return AdmissionDecision("certified", certificate_id, signer=keyid,
+    return AdmissionDecision("certified", certificate_id, signer=keyid, envelope=envelope,
                              notes=("certified on the spot and stored for next time",), **common)
 
 

@@ -44,7 +44,7 @@ from mixle_parallel.verification.keys import TrustStore, TrustStoreError
 
 __all__ = [
     "PREDICATE_TYPE", "STATEMENT_TYPE", "current_library_versions", "executor_source_digest", "load_certificate",
-    "open_envelope", "reissue_hint", "save_certificate", "sign_certificate", "statement",
+    "open_envelope", "read_unverified", "reissue_hint", "save_certificate", "sign_certificate", "statement",
 ]
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -186,6 +186,15 @@ def open_envelope(envelope: CertificateEnvelope, store: TrustStore | None = None
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise _refuse("certificate", f"the signed payload is not a valid certificate statement: {exc}") from None
     return certificate, keyid
+
+
+def read_unverified(envelope: CertificateEnvelope) -> AdmissionCertificate:
+    """The certificate inside ``envelope`` WITHOUT checking its signature (for linking and display only)."""
+    try:
+        document = json.loads(base64.b64decode(envelope.payload, validate=True).decode("utf-8"))
+        return from_dict(document["predicate"], AdmissionCertificate)
+    except (binascii.Error, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise _refuse("certificate", f"the envelope's payload is not a certificate statement: {exc}") from None
 
 
 def save_certificate(envelope: CertificateEnvelope, path: str | os.PathLike[str]) -> Path:

@@ -120,8 +120,8 @@ def _certify_command(name: str, workers: int) -> str:
 
 def admit_encoded_data(
     name: str, *, admission: Any, workers: int, world_size: int
-) -> tuple[AdmissionDecision, str | None]:
-    """The gate: an ``AdmissionDecision`` (and the id of the certificate used), or ``NotAdmittedError``.
+) -> tuple[AdmissionDecision, Any]:
+    """The gate: an ``AdmissionDecision`` (and the signed certificate used), or ``NotAdmittedError``.
 
     With no ``admission=`` a fitting certificate comes from the local store, or EM is certified on
     the spot (once; about a second for ``mp``) and stored for next time.
@@ -153,4 +153,4 @@ def admit_encoded_data(
     except NotAdmittedError as exc:
         hint = f"or certify with `{_certify_command(name, workers)}` and pass admission='cert.json'"
         raise NotAdmittedError(tuple(exc.reasons) + (hint,)) from None
-    return decision, decision.certificate_id if decision.certified else None
+    return decision, decision.envelope if decision.certified else None

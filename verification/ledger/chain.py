@@ -31,12 +31,14 @@ import attrs
 
 from mixle_parallel.contracts import (
     AdmissionCertificate,
+    CertificateEnvelope,
     ParallelPlan,
     SDCAuditRecord,
     StepReceipt,
     to_dict,
 )
 from mixle_parallel.contracts.frozen_mapping import FrozenDict, to_frozen_dict
+from mixle_parallel.verification.attestation import read_unverified
 
 GENESIS = "sha256:" + "0" * 64
 """The ``prev`` of a ledger's first entry."""
@@ -222,14 +224,16 @@ class Ledger:
         self,
         *,
         plan: ParallelPlan,
-        certificate: AdmissionCertificate | str | None,
+        certificate: CertificateEnvelope | AdmissionCertificate | str | None,
         executor: str = "",
         versions: Mapping[str, str] | None = None,
         host: str | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> LedgerEntry:
         """Open a run: plan, certificate id (or 'unverified'), versions, host."""
-        if isinstance(certificate, AdmissionCertificate):
+        if isinstance(certificate, CertificateEnvelope):
+            link, document = read_unverified(certificate).certificate_id, to_dict(certificate)
+        elif isinstance(certificate, AdmissionCertificate):
             link, document = certificate.certificate_id, to_dict(certificate)
         elif certificate is None or certificate == UNVERIFIED:
             link, document = UNVERIFIED, None
@@ -237,7 +241,7 @@ class Ledger:
             link, document = certificate, None
         else:
             raise ValueError(
-                f"certificate must be an AdmissionCertificate, its id or 'unverified', got {certificate!r}"
+                f"certificate must be a signed CertificateEnvelope, its id or 'unverified', got {certificate!r}"
             )
         payload = {
             "plan": to_dict(plan),

@@ -15,7 +15,16 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import AdmissionCertificate, ContractError, SDCAuditRecord, StepReceipt, from_dict
+from mixle_parallel.contracts import (
+    AdmissionCertificate,
+    CertificateEnvelope,
+    ContractError,
+    NotAdmittedError,
+    SDCAuditRecord,
+    StepReceipt,
+    from_dict,
+)
+from mixle_parallel.verification.attestation import read_unverified
 from mixle_parallel.verification.keys import KEY_ENV, load_key
 from mixle_parallel.verification.ledger.chain import (
     ENTRY_KINDS,
@@ -174,11 +183,13 @@ def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None,
                 fault(f"run_start certificate {entry.certificate!r} is neither a certificate id nor 'unverified'")
             if document is not None:
                 try:
-                    cert = from_dict(document.to_dict(), AdmissionCertificate)
+                    raw = document.to_dict()
+                    cert = (read_unverified(from_dict(raw, CertificateEnvelope))
+                            if raw.get("kind") == "CertificateEnvelope" else from_dict(raw, AdmissionCertificate))
                     if cert.certificate_id != entry.certificate:
                         fault(f"the embedded certificate's id {cert.certificate_id} differs from the run's link")
-                except ContractError as exc:
-                    fault(f"embedded certificate is not an AdmissionCertificate document: {exc}")
+                except (ContractError, NotAdmittedError, AttributeError) as exc:
+                    fault(f"embedded certificate is not a certificate document: {exc}")
             continue
         if run is None:
             fault(f"{entry.kind} entry before any run_start")
