@@ -12,8 +12,9 @@ recorded tolerance and that tolerance within the policy, and the issue time. Eac
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import attrs
 
@@ -87,8 +88,8 @@ def _versions(inst: object, attribute: attrs.Attribute, value: FrozenDict) -> No
             raise ValueError(f"AdmissionCertificate.library_versions[{name!r}] must be a non-empty version string")
 
 
-def _evidence(values: object) -> tuple[NumericsEvidence, ...]:
-    out = tuple(values)  # type: ignore[call-overload]  # attrs converters take any iterable
+def _evidence(values: Iterable[Any]) -> tuple[NumericsEvidence, ...]:
+    out = tuple(values)
     for record in out:
         if not isinstance(record, NumericsEvidence):
             raise TypeError(f"AdmissionCertificate.evidence holds {type(record).__name__}, expected NumericsEvidence")
@@ -180,8 +181,8 @@ def _payload_type(inst: object, attribute: attrs.Attribute, value: str) -> None:
         raise ValueError(f"CertificateEnvelope.payload_type={value!r}; expected {IN_TOTO_PAYLOAD_TYPE!r}")
 
 
-def _signatures(values: object) -> tuple[EnvelopeSignature, ...]:
-    out = tuple(values)  # type: ignore[call-overload]  # attrs converters take any iterable
+def _signatures(values: Iterable[Any]) -> tuple[EnvelopeSignature, ...]:
+    out = tuple(values)
     if not out:
         raise ValueError("CertificateEnvelope.signatures is empty; an unsigned certificate is not admitted")
     for sig in out:

@@ -1,6 +1,6 @@
 """Verification: evidence machinery that works on executor objects typed by the contracts' protocols.
 
-``admission`` (the gate), ``certify``, ``attestation`` (DSSE envelopes), ``cert_store``,
+``admission`` (the gate), ``certification``, ``attestation`` (DSSE envelopes), ``cert_store``,
 ``capability`` (the harness's), ``keys`` (the trust store), ``strategies`` (hypothesis strategies for
 every contract) and ``cli`` sit here; ``harness/``, ``sdc/``, ``ledger/`` and ``conformance/`` are
 one part each. Nothing here imports torch at import time; the harness, the workloads and the torch
@@ -12,7 +12,7 @@ from mixle_parallel.verification import (
     attestation,
     capability,
     cert_store,
-    certify,
+    certification,
     cli,
     conformance,
     harness,

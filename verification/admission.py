@@ -46,7 +46,7 @@ from mixle_parallel.verification.attestation import (
 )
 from mixle_parallel.verification.capability import active_harness_capability
 from mixle_parallel.verification.cert_store import CertificateStore
-from mixle_parallel.verification.certify import CertificationError, certify
+from mixle_parallel.verification.certification import CertificationError, certify
 from mixle_parallel.verification.harness.tolerance import default_tolerance
 from mixle_parallel.verification.keys import TrustStore
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from mixle_parallel.contracts import to_dict
 from mixle_parallel.verification.attestation import open_envelope, save_certificate
-from mixle_parallel.verification.certify import CertificationError
+from mixle_parallel.verification.certification import CertificationError
 from mixle_parallel.verification.conformance.suite import parse_plan
 from mixle_parallel.verification.harness.run import verify
 from mixle_parallel.verification.harness.worker import resolve_executor

@@ -146,7 +146,7 @@ class TrustStore:
             private = load_pem_private_key(path.read_bytes(), password=None)
         except (ValueError, TypeError) as exc:
             raise TrustStoreError(f"signing key {path} is not a PEM private key: {exc}") from None
-        return CryptoSigner(private)  # type: ignore[arg-type]  # an Ed25519 key, checked by securesystemslib
+        return CryptoSigner(private)
 
     def ensure_signer(self) -> CryptoSigner:
         """The signing key, made (``init``) on first use."""

@@ -265,7 +265,8 @@ class TorchDistributedBackend:
         )
         if ledger is not None:
             audit_extra = {k: v for k, v in (audit_options or {}).items() if k != "enabled"}
-            ledger.run_start(plan=plan, certificate=decision.ledger_link, executor=self.name, extra={
+            link = decision.envelope or decision.ledger_link
+            ledger.run_start(plan=plan, certificate=link, executor=self.name, extra={
                 "precision": precision, "admission": decision.mode,
                 "rank": dist.get_rank() if dist.is_initialized() else 0, "audit": audit_extra})
         return session

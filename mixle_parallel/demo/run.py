@@ -62,17 +62,19 @@ def _evidence_table(title: str, report: Any) -> Table:
 
 def _certify(console: Console, label: str, target: Any, plan: ParallelPlan, precision: str, workload: Any,
              seed: int, path: Path) -> Any:
-    from mixle_parallel.verification import save_certificate, verify
+    from mixle_parallel.verification import open_envelope, save_certificate, verify
 
     with console.status(f"certifying {label} on {plan.describe()} at {precision} (real processes vs reference)"):
         report = verify(target, plan, precision=precision, workload=workload, trials=1, seed=seed)
     console.print(_evidence_table(f"evidence: {label}", report))
     if not report.passed:
         raise RuntimeError(f"{label} failed verification: {'; '.join(report.failures)}")
-    certificate = report.certify(target)
-    save_certificate(certificate, path)
-    console.print(f"[green]certified[/green] {label}: {certificate.certificate_id[:23]}... -> {path}")
-    return certificate
+    envelope = report.certify(target)
+    save_certificate(envelope, path)
+    certificate, keyid = open_envelope(envelope)
+    console.print(f"[green]certified[/green] {label}: {certificate.certificate_id[:23]}..., signed by key "
+                  f"{keyid[:16]}... -> {path}")
+    return envelope
 
 
 def _train(console: Console, out: Path, steps: int, seed: int) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from mixle_parallel.contracts import (
     ParallelPlan,
     Tolerance,
 )
-from mixle_parallel.verification.certify import CertificationError, certify
+from mixle_parallel.verification.certification import CertificationError, certify
 from mixle_parallel.verification.harness.collectives import realized_kinds, summarize
 from mixle_parallel.verification.harness.mesh import DEFAULT_TIMEOUT_S, mesh_kind, run_on_gloo_mesh
 from mixle_parallel.verification.harness.tolerance import compare, default_tolerance
@@ -70,7 +70,7 @@ class VerificationReport:
         return frozenset(f.split("check '", 1)[1].split("'", 1)[0] for f in self.failures if "check '" in f)
 
     def certify(self, executor: Any, **kwargs: Any) -> Any:
-        """A signed certificate envelope from this report (see ``certify.certify``), device and backend included."""
+        """A signed certificate envelope from this report, recording device kind and comm backend (``certify``)."""
         if self.failures:
             raise CertificationError("verification failed: " + "; ".join(self.failures))
         target = resolve_executor(executor)
