@@ -44,7 +44,8 @@ from mixle_parallel.verification.keys import TrustStore, TrustStoreError
 
 __all__ = [
     "PREDICATE_TYPE", "STATEMENT_TYPE", "current_library_versions", "executor_source_digest", "load_certificate",
-    "open_envelope", "read_unverified", "reissue_hint", "save_certificate", "sign_certificate", "statement",
+    "open_envelope", "open_statement", "read_unverified", "reissue_hint", "save_certificate", "sign_certificate",
+    "sign_statement", "statement",
 ]
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -124,8 +125,13 @@ def statement(certificate: AdmissionCertificate) -> dict[str, Any]:
 
 
 def sign_certificate(certificate: AdmissionCertificate, signer: Signer) -> CertificateEnvelope:
-    """A DSSE envelope around the canonical Statement, signed by ``signer``."""
-    envelope = Envelope(rfc8785.dumps(statement(certificate)), IN_TOTO_PAYLOAD_TYPE, {})
+    """A DSSE envelope around the canonical Statement of ``certificate``, signed by ``signer``."""
+    return sign_statement(statement(certificate), signer)
+
+
+def sign_statement(document: dict[str, Any], signer: Signer) -> CertificateEnvelope:
+    """A DSSE envelope around any in-toto Statement (RFC 8785 canonical JSON), signed by ``signer``."""
+    envelope = Envelope(rfc8785.dumps(document), IN_TOTO_PAYLOAD_TYPE, {})
     envelope.sign(signer)
     document = envelope.to_dict()
     return CertificateEnvelope(
@@ -165,8 +171,9 @@ def _verify_signature(envelope: CertificateEnvelope, payload: bytes, store: Trus
     raise _refuse("signature", "; ".join(reasons))
 
 
-def open_envelope(envelope: CertificateEnvelope, store: TrustStore | None = None) -> tuple[AdmissionCertificate, str]:
-    """The certificate inside ``envelope`` and the trusted key id that signed it; ``NotAdmittedError`` otherwise."""
+def open_statement(envelope: CertificateEnvelope, store: TrustStore | None = None, *,
+                   predicate_type: str = PREDICATE_TYPE) -> tuple[dict[str, Any], str]:
+    """The verified Statement inside ``envelope`` and the trusted key id that signed it; ``NotAdmittedError``."""
     if not isinstance(envelope, CertificateEnvelope):
         raise _refuse("certificate", f"expected a signed CertificateEnvelope, got {type(envelope).__name__}; "
                       + reissue_hint())
@@ -177,8 +184,18 @@ def open_envelope(envelope: CertificateEnvelope, store: TrustStore | None = None
     keyid = _verify_signature(envelope, payload, store or TrustStore())
     try:
         document = json.loads(payload.decode("utf-8"))
-        if document.get("_type") != STATEMENT_TYPE or document.get("predicateType") != PREDICATE_TYPE:
-            raise ValueError("not an in-toto Statement with the admission predicate")
+        if (not isinstance(document, dict) or document.get("_type") != STATEMENT_TYPE
+                or document.get("predicateType") != predicate_type):
+            raise ValueError(f"not an in-toto Statement with predicate type {predicate_type}")
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise _refuse("certificate", f"the signed payload is not a valid statement: {exc}") from None
+    return document, keyid
+
+
+def open_envelope(envelope: CertificateEnvelope, store: TrustStore | None = None) -> tuple[AdmissionCertificate, str]:
+    """The certificate inside ``envelope`` and the trusted key id that signed it; ``NotAdmittedError`` otherwise."""
+    document, keyid = open_statement(envelope, store)
+    try:
         certificate = from_dict(document["predicate"], AdmissionCertificate)
         subject = document["subject"]
         if subject != statement(certificate)["subject"]:
