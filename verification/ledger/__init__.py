@@ -10,6 +10,6 @@ from mixle_parallel.verification.ledger.seal import LEDGER_HEAD_TYPE, head_path,
 from mixle_parallel.verification.ledger.verify import LedgerFault, LedgerReport, main_audit, verify_ledger
 
 __all__ = [
-    "LEDGER_HEAD_TYPE", "Ledger", "LedgerEntry", "head_path", "read_head", "LedgerError", "LedgerFault", "LedgerReport", "main_audit", "read_ledger",
-    "truncate_torn_tail", "verify_ledger",
+    "LEDGER_HEAD_TYPE", "Ledger", "LedgerEntry", "LedgerError", "LedgerFault", "LedgerReport", "head_path",
+    "main_audit", "read_head", "read_ledger", "truncate_torn_tail", "verify_ledger",
 ]
