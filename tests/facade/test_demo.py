@@ -28,8 +28,11 @@ def test_demo_runs_certified_audited_and_its_ledger_verifies(tmp_path: Path) -> 
     assert len(receipts) == 6 and all(r.extra["certificate"] == torch_cert.certificate_id for r in receipts)
     report = verify_ledger(out / "ledger.jsonl")
     assert report.ok, report.faults
+    assert report.signed_head.startswith(f"signed head: {report.entries} entries") and torch_key[:16] in \
+        report.signed_head
     assert report.runs == 2 and report.audits >= 2  # training and EM each audit at least one unit
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["signed_head"] == report.signed_head
     assert summary["training"]["findings"] == 0 and summary["em"]["findings"] == 0
     assert summary["training"]["last_loss"] < summary["training"]["first_loss"]
 
