@@ -26,7 +26,6 @@ EVIDENCE = c.NumericsEvidence(
 
 EXAMPLES: dict[type, Any] = {
     c.ParallelPlan: PLAN,
-    c.MeshShape: PLAN.mesh,
     c.MeshCoordinate: PLAN.coordinate(3),
     c.WorkerTopologyAttestation: c.attest_worker_coordinate(PLAN, actual_world_size=4, rank=3),
     c.BackendCapabilities: CAPS,
