@@ -26,7 +26,7 @@ from mixle_parallel.contracts.evidence import NumericsEvidence, Tolerance
 from mixle_parallel.contracts.frozen_mapping import FrozenDict, to_frozen_dict
 from mixle_parallel.contracts.plan import ParallelPlan
 from mixle_parallel.contracts.protocols import AdmissibleExecutor
-from mixle_parallel.contracts.serialization import content_digest, register_contract
+from mixle_parallel.contracts.serialization import SCHEMA_METADATA, content_digest, register_contract
 
 __all__ = [
     "ADMISSION_CHECKS", "DEFAULT_MAX_AGE", "IN_TOTO_PAYLOAD_TYPE", "AdmissionCertificate", "AdmissionContext",
@@ -50,6 +50,7 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _B64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _REQUIRED_LIBRARIES = ("python", "numpy")
+_DIGEST_SCHEMA = {SCHEMA_METADATA: {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}}
 
 
 def _failed(check: str, message: str) -> str:
@@ -109,7 +110,7 @@ class AdmissionCertificate:
 
     executor: str = attrs.field(validator=non_empty_str)
     executor_version: str = attrs.field(validator=non_empty_str)
-    source_digest: str = attrs.field(validator=_digest)
+    source_digest: str = attrs.field(validator=_digest, metadata=_DIGEST_SCHEMA)
     capabilities: BackendCapabilities = attrs.field(validator=attrs.validators.instance_of(BackendCapabilities))
     axis_family: frozenset[ParallelAxis] = attrs.field(converter=enum_frozenset(ParallelAxis))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
     measured_plan: ParallelPlan = attrs.field(validator=attrs.validators.instance_of(ParallelPlan))
@@ -118,7 +119,8 @@ class AdmissionCertificate:
     comm_backend: str = attrs.field(validator=non_empty_str)
     library_versions: FrozenDict = attrs.field(converter=to_frozen_dict, validator=_versions)
     evidence: tuple[NumericsEvidence, ...] = attrs.field(converter=_evidence)
-    evidence_digests: frozenset[str] = attrs.field(validator=_digests)
+    evidence_digests: frozenset[str] = attrs.field(
+        validator=_digests, metadata={SCHEMA_METADATA: {"minItems": 1, "items": _DIGEST_SCHEMA[SCHEMA_METADATA]}})
     tolerance: Tolerance = attrs.field(validator=attrs.validators.instance_of(Tolerance))
     issued_at: str = attrs.field(validator=_iso_time)
 
@@ -172,7 +174,7 @@ def _b64(inst: object, attribute: attrs.Attribute, value: str) -> None:
 class EnvelopeSignature:
     """One DSSE signature: the signing key's id and the base64 signature over the PAE of the payload."""
 
-    keyid: str = attrs.field(validator=_keyid)
+    keyid: str = attrs.field(validator=_keyid, metadata={SCHEMA_METADATA: {"pattern": "^[0-9a-f]{64}$"}})
     sig: str = attrs.field(validator=_b64)
 
 
