@@ -109,9 +109,10 @@ def encoded_data(
 
     Verification (see docs/verification.md):
 
-    * ``admission``: on a real device mesh (more than one worker process) the run needs an
-      ``AdmissionCertificate`` for ``em_<backend>`` (the certificate, or the path of its document)
-      that ``check_admission`` accepts, else ``NotAdmittedError`` is raised before any worker
+    * ``admission``: on a real device mesh (more than one worker process) the run needs a signed
+      certificate for ``em_<backend>`` that passes the gate: with ``admission=None`` one from the
+      local store, or (mp, dask, ray, spark) one made on the spot once and stored; or the signed
+      certificate / its path passed here. Else ``NotAdmittedError`` is raised before any worker
       starts; ``admission="unverified"`` runs anyway and says so in the handle and every ledger entry.
     * ``audit`` / ``audit_rate`` / ``audit_policy`` / ``audit_seed``: the SDC audit of E-steps
       (default on with two workers or more, rate 0.05 and at least one chunk per fit; policy
