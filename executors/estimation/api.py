@@ -136,6 +136,9 @@ def encoded_data(
         )
     if isinstance(sub_chunks, bool) or not isinstance(sub_chunks, int) or sub_chunks < 1:
         raise ValueError(f"sub_chunks must be an int >= 1, got {sub_chunks!r}")
+    if root_only and sub_chunks > 1 and num_chunks is None and chunk_size is None:
+        raise ValueError("with root_only=True, sub_chunks needs num_chunks= or chunk_size= (only the root "
+                         "knows the rows, and every rank must cut the same chunks)")
     estimator, model, encoder = adapt_mixle_objects(estimator, model, encoder)
     check_rows(data, estimator=estimator, model=model, encoder=encoder)
     num_chunks, chunk_size = sub_chunked(_rows_or_none(data), num_chunks, chunk_size, sub_chunks)
