@@ -110,7 +110,7 @@ def _chunk_stats(chunk: np.ndarray, model: dict[str, np.ndarray]) -> dict[str, n
             + np.log(model["weights"]))
     resp = np.exp(logp - logp.max(axis=1, keepdims=True))
     resp /= resp.sum(axis=1, keepdims=True)
-    return {"n": resp.sum(0), "sx": (resp * x).sum(0), "sxx": (resp * x * x).sum(0)}
+    return {"weight_sums": resp.sum(0), "sum_x": (resp * x).sum(0), "sum_xx": (resp * x * x).sum(0)}
 
 
 class ToyEMExecutor:
@@ -168,10 +168,12 @@ class _EMTrial:
         parts = list(self.pool.map(lambda c: _chunk_stats(c, self.model), self.chunks))
         stats = self.executor.combine(parts, owners)
         self.combines = 1 if self.workers > 1 else 0
-        mu = stats["sx"] / stats["n"]
-        variances = stats["sxx"] / stats["n"] - mu * mu
-        self.model = {"weights": stats["n"] / stats["n"].sum(), "means": mu, "variances": variances}
-        return {"stats:data": {f"stats/{k}": v for k, v in stats.items()}}
+        n = stats["weight_sums"]
+        mu = stats["sum_x"] / n
+        variances = stats["sum_xx"] / n - mu * mu
+        self.model = {"weights": n / n.sum(), "means": mu, "variances": variances}
+        return {"stats:data": {**{f"stats/{k}": v for k, v in stats.items()},
+                               **{f"param/{k}": v for k, v in self.model.items()}}}
 
     def observed_collectives(self) -> tuple[ObservedCollective, ...]:
         return (ObservedCollective("custom", ("dp_replicate",), self.combines),) if self.combines else ()
