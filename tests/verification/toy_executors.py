@@ -33,6 +33,12 @@ class ToyDDPExecutor:
 
     verification_launch = "gloo"
     name = "toy_ddp"
+    wrap_ddp = True
+    """False: no DDP wrapper (the zoo's members average by hand, or not at all)."""
+    manual_average: str | None = None
+    """'all_gather': average gradients by gathering every rank's and taking the mean."""
+    grad_scale = 1.0
+    """Extra factor on the committed gradients (1.0: none)."""
 
     @property
     def capabilities(self) -> BackendCapabilities:
@@ -85,7 +91,9 @@ class _ToyTrial:
             group = dist.new_group(list(ranks))
             if rank in ranks:
                 mine = group
-        self.ddp = torch.nn.parallel.DistributedDataParallel(self.module, process_group=mine)
+        self.group, self.executor = mine, executor
+        self.ddp = (torch.nn.parallel.DistributedDataParallel(self.module, process_group=mine)
+                    if executor.wrap_ddp else self.module)
         self.optimizer = workload.make_optimizer(self.module.parameters())
 
     def step(self, step: int) -> dict[str, dict[str, Any]]:
@@ -94,10 +102,23 @@ class _ToyTrial:
             inputs = inputs.to(self.dtype)
         self.optimizer.zero_grad(set_to_none=True)
         self.workload.loss(self.ddp(inputs), targets).backward()
+        self._average_by_hand()
         grads = {f"grad/{n}": p.grad.detach().clone() for n, p in self.module.named_parameters()}
         self.optimizer.step()
         params = {f"param/{n}": p.detach().clone() for n, p in self.module.named_parameters()}
         return {self.grad_node: grads, "optimizer:local": params}
+
+    def _average_by_hand(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        for p in self.module.parameters():
+            if self.executor.manual_average == "all_gather":
+                parts = [torch.empty_like(p.grad) for _ in range(dist.get_world_size(self.group))]
+                dist.all_gather(parts, p.grad.contiguous(), group=self.group)
+                p.grad.copy_(torch.stack(parts).mean(0))
+            if self.executor.grad_scale != 1.0:
+                p.grad.mul_(self.executor.grad_scale)
 
     def close(self) -> None:
         del self.ddp
