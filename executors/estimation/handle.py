@@ -149,7 +149,7 @@ class ChunkedEncodedData:
         is one ledger receipt when the handle has a ledger.
         """
         iteration = self.iteration
-        moved_before = getattr(self.runner, "bytes_moved", None)
+        moved_before = self._bytes_moved()
         if self._audit is not None:
             self._ensure_scattered(estimator, model)
             entries, outcomes = self._audit.estep_results(
@@ -166,11 +166,16 @@ class ChunkedEncodedData:
         self.last_receipt = em_receipt(
             iteration, nobs, ll, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
             quarantined=sorted(self.quarantined),
-            bytes_moved=None if moved_before is None else self.runner.bytes_moved - moved_before,
+            bytes_moved=None if moved_before is None else int(self._bytes_moved() or 0) - moved_before,
         )
         if self.ledger is not None:
             self.ledger.receipt(self.last_receipt)
         return out
+
+    def _bytes_moved(self) -> int | None:
+        """The runner's count of bytes through its workers' connections so far (None: it does not count)."""
+        moved = getattr(self.runner, "bytes_moved", None)
+        return None if moved is None else int(moved)
 
     # -- verification -----------------------------------------------------------------------------
     @property
