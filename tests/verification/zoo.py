@@ -118,6 +118,10 @@ def _runner_backend(runner_class: type) -> Any:
         return handle_from_runner(runner_class(num_workers or 1), data, **params)
 
     factory.__name__ = f"{runner_class.__name__}_backend"
+    # what encoded_data asks a third-party factory before any worker starts (threads: a world of one)
+    factory.encoded_data_options = frozenset({"num_workers"})  # type: ignore[attr-defined]
+    factory.planned_workers = lambda options: options.num_workers or 1  # type: ignore[attr-defined]
+    factory.worker_processes = False  # type: ignore[attr-defined]
     return factory
 
 
