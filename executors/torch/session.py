@@ -282,8 +282,6 @@ class TorchDistributedSession:
             with self._autocast():
                 loss_sum, count = self.loss_fn(self.module, x, y)
             (loss_sum * (self._grad_scale * weight)).backward()
-        if sync and self._tap.ddp_sync_bytes is not None:
-            self._tap.add("all_reduce", self._tap.ddp_sync_bytes)  # DDP's built-in bucket all-reduces just ran
         return loss_sum, count
 
     def trainable(self) -> list[nn.Parameter]:
