@@ -2,21 +2,23 @@
 
 ``admission`` (certificates and the gate), ``keys``, ``strategies`` (hypothesis strategies for
 every contract) and ``cli`` sit here; ``harness/``, ``sdc/``, ``ledger/`` and ``conformance/`` are
-one part each. Nothing here imports torch at import time; the harness, the workloads and the torch
+one part each; ``health/`` holds the training-health monitor (FLOPs, MFU, anomalies).
+Nothing here imports torch at import time; the harness, the workloads and the torch
 helpers of the SDC audit import it when they run. The public names are those of the parts' ``__all__``.
 """
 
-from mixle_parallel.verification import admission, cli, conformance, harness, keys, ledger, sdc
+from mixle_parallel.verification import admission, cli, conformance, harness, health, keys, ledger, sdc
 from mixle_parallel.verification.admission import *  # noqa: F403 - re-exported through __all__
 from mixle_parallel.verification.cli import *  # noqa: F403
 from mixle_parallel.verification.conformance import *  # noqa: F403
 from mixle_parallel.verification.harness import *  # noqa: F403
+from mixle_parallel.verification.health import *  # noqa: F403
 from mixle_parallel.verification.keys import *  # noqa: F403
 from mixle_parallel.verification.ledger import *  # noqa: F403
 from mixle_parallel.verification.sdc import *  # noqa: F403
 from mixle_parallel.verification.sdc.digest import digest
 
 __all__ = sorted({
-    *admission.__all__, *cli.__all__, *conformance.__all__, *harness.__all__, *keys.__all__, *ledger.__all__,
-    *sdc.__all__, "digest",
+    *admission.__all__, *cli.__all__, *conformance.__all__, *harness.__all__, *health.__all__, *keys.__all__,
+    *ledger.__all__, *sdc.__all__, "digest",
 })
