@@ -71,6 +71,8 @@ class ChunkedEncodedData:
         self.iteration = 0
         """E-steps done so far (the step number of the next ledger receipt and audit)."""
         self.last_audits: tuple[Any, ...] = ()
+        self.last_receipt: Any = None
+        """The StepReceipt of the last E-step (also written to the ledger when there is one)."""
         self._audit: Any = None
         self._fit_first = True
         self._failure: str | None = None
@@ -153,6 +155,7 @@ class ChunkedEncodedData:
         """
         estimator, model, _ = adapt_mixle_objects(estimator, model, None)
         iteration = self.iteration
+        moved_before = self._bytes_moved()
         if self._audit is not None:
             self._ensure_scattered(estimator, model)
             entries, outcomes = self._audit.estep_results(
@@ -166,19 +169,19 @@ class ChunkedEncodedData:
         out = EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
         self.iteration = iteration + 1
         self.last_audits = tuple(outcomes)
+        self.last_receipt = em_receipt(
+            iteration, nobs, ll, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
+            quarantined=sorted(self.quarantined),
+            bytes_moved=None if moved_before is None else int(self._bytes_moved() or 0) - moved_before,
+        )
         if self.ledger is not None:
-            self.ledger.receipt(
-                em_receipt(
-                    iteration,
-                    nobs,
-                    ll,
-                    workers=self.num_workers,
-                    admission=self.admission,
-                    outcomes=outcomes,
-                    quarantined=sorted(self.quarantined),
-                )
-            )
+            self.ledger.receipt(self.last_receipt)
         return out
+
+    def _bytes_moved(self) -> int | None:
+        """The runner's count of bytes through its workers' connections so far (None: it does not count)."""
+        moved = getattr(self.runner, "bytes_moved", None)
+        return None if moved is None else int(moved)
 
     # -- verification -----------------------------------------------------------------------------
     @property
