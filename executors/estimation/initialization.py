@@ -55,9 +55,13 @@ def numeric_features(enc: Any) -> np.ndarray | None:
 
 
 def _mixture_of(estimator: Any) -> Any:
-    """One of our mixture estimators itself, or the mixture inside a component-parallel wrapper."""
+    """One of our mixture estimators itself, or the one inside a wrapper's ``inner``.
+
+    A wrapper holding one of our mixtures as ``inner`` (``ModelParallelEstimator``, the fault-injection
+    estimators of the tests) is taken to keep its inner's statistics, so it gets the same start.
+    """
     inner = getattr(estimator, "inner", None)
-    return inner if type(estimator).__name__ == "ModelParallelEstimator" and inner is not None else estimator
+    return inner if type(inner).__name__ == "MixtureEstimator" and hasattr(inner, "make_accumulator") else estimator
 
 
 def _mixture_parts(estimator: Any) -> tuple[Any, ...] | None:
