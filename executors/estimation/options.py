@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from mixle_parallel.executors.estimation.chunks import chunk_bounds
+
 __all__ = [
     "EM_PRECISIONS",
     "HANDLE_OPTIONS",
@@ -23,6 +25,7 @@ __all__ = [
     "check_backend_options",
     "declare_backend_options",
     "honouring_backends",
+    "sub_chunked",
 ]
 
 HANDLE_OPTIONS = frozenset({"estimator", "model", "encoder", "num_chunks", "sub_chunks", "chunk_size", "precision"})
@@ -142,6 +145,4 @@ def sub_chunked(num_rows: int | None, num_chunks: int | None, chunk_size: int | 
         return None, max(1, math.ceil(chunk_size / sub_chunks))
     if num_rows is None:
         return None, None
-    from mixle_parallel.executors.estimation.chunks import chunk_bounds
-
     return len(chunk_bounds(num_rows)) * sub_chunks, None
