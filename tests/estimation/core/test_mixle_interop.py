@@ -42,3 +42,16 @@ def test_chunked_fit_on_our_backends_equals_mixles(gmm_1d, start_and_reference, 
                     num_workers=workers, chunk_size=1000, admission="unverified")  # a test mesh
     # Only the summation order of chunk statistics differs from mixle's single pass.
     np.testing.assert_allclose(_params(ours), _params(ref), rtol=1e-10)
+
+
+def test_encoded_data_takes_a_mixle_estimator_and_mixles_optimize_runs_on_the_handle(gmm_1d):
+    from mixle_parallel.executors.estimation import encoded_data, fit
+
+    leaf = mixle_stats.GaussianEstimator()
+    with encoded_data(gmm_1d, estimator=leaf, num_chunks=3) as h:  # was AttributeError: ... 'encoder'
+        ours = fit(h, leaf, max_its=2, seed=0).model
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs = mixle_optimize(None, leaf, max_its=2, enc_data=h, rng=np.random.RandomState(0))
+    assert type(ours) is type(theirs)  # mixle distributions come back
+    assert abs(ours.mu - float(np.mean(gmm_1d))) < 1e-9 and abs(theirs.mu - ours.mu) < 1e-9
