@@ -142,10 +142,7 @@ def check_verifiable(ctx: ConformanceContext) -> None:
 def check_harness_admits(ctx: ConformanceContext) -> None:
     """On a small real mesh the harness's evidence passes every check and certifies the backend."""
     backend, plan, precision = ctx.executor(), ctx.chosen_plan(), ctx.chosen_precision()
-    workload = ctx.workload
-    if workload is None:
-        workload = "mlp" if getattr(backend, "verification_launch", "gloo") == "gloo" else "gaussian_mixture"
-    report = verify(ctx.spec, plan, precision=precision, workload=workload)
+    report = verify(ctx.spec, plan, precision=precision, workload=ctx.workload)
     ctx.report = report
     if not report.passed:
         raise ConformanceFailure("verification failed:\n" + report.summary())
