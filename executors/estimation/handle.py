@@ -30,6 +30,7 @@ from mixle_parallel.executors.estimation.chunks import (
     resolve_encoder,
     seed_from,
 )
+from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from mixle_parallel.executors.estimation.sdc_audit import DEFAULT_AUDIT_RATE, EMAudit, em_receipt
 from mixle_parallel.verification.ledger.chain import Ledger
 
@@ -152,6 +153,7 @@ class ChunkedEncodedData:
         Audited (see ``executors.estimation.sdc_audit``) when the handle has an SDC audit; each pass
         is one ledger receipt when the handle has a ledger.
         """
+        estimator, model, _ = adapt_mixle_objects(estimator, model, None)
         iteration = self.iteration
         moved_before = self._bytes_moved()
         if self._audit is not None:
@@ -279,11 +281,13 @@ class ChunkedEncodedData:
         )
 
     def pysp_seq_estimate(self, estimator: Any, prev_estimate: Any) -> Any:
-        """One E/M update from ``prev_estimate`` (the new model)."""
-        return self.estep(estimator, prev_estimate).model
+        """One E/M update from ``prev_estimate`` (the new model); mixle objects in, a mixle distribution out."""
+        estimator, prev_estimate, _ = adapt_mixle_objects(estimator, prev_estimate, None)
+        return unwrap_mixle(self.estep(estimator, prev_estimate).model)
 
     def pysp_seq_log_density_sum(self, estimate: Any) -> tuple[float, float]:
-        """Rows and total log-likelihood of ``estimate`` over the data."""
+        """Rows and total log-likelihood of ``estimate`` (ours or a mixle distribution) over the data."""
+        estimate = wrap_mixle_model(estimate)
         results = self._map(chunk_log_density, estimate, None, estimate)
         return ordered_sum([r[0] for r in results]), ordered_sum([r[1] for r in results])
 
@@ -291,6 +295,7 @@ class ChunkedEncodedData:
         """A random start: rows kept with probability ``p``; draws depend on (seed, chunk id) only."""
         if not (isinstance(p, (int, float)) and 0.0 < float(p) <= 1.0):
             raise ValueError(f"init_p must be in (0, 1], got {p!r}")
+        estimator, _, _ = adapt_mixle_objects(estimator, None, None)
         seed = seed_from(rng)
         results = self._map(chunk_initialize, (estimator, seed, float(p)), estimator)
         nobs = ordered_sum([r[0] for r in results])
@@ -299,7 +304,18 @@ class ChunkedEncodedData:
             results = self._map(chunk_initialize, (estimator, seed, 1.0), estimator)
             nobs = ordered_sum([r[0] for r in results])
         stats = combine_in_chunk_order(estimator, [r[1] for r in results])
-        return estimator.estimate(nobs, stats)
+        return unwrap_mixle(estimator.estimate(nobs, stats))
+
+    def pysp_stream_accumulate(self, estimator: Any, model: Any) -> tuple[float, Any]:
+        """Rows and the combined statistics under ``model`` (mixle's streaming-EM fold), no M-step."""
+        estimator, model, _ = adapt_mixle_objects(estimator, model, None)
+        total = fold_pass(estimator, self.estep_entries(estimator, model))
+        return total.count, total.stats
+
+    @property
+    def num_records(self) -> int:
+        """Rows of the data (mixle's name for ``num_rows``)."""
+        return self.num_rows
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:

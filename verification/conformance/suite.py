@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,12 +25,13 @@ from mixle_parallel.contracts import (
     DistributedUpdate,
     ParallelPlan,
     VerifiableExecutor,
-    check_admission,
     from_json,
     to_json,
 )
+from mixle_parallel.verification.admission import require_admission
 from mixle_parallel.verification.harness.run import verify
 from mixle_parallel.verification.harness.worker import resolve_executor
+from mixle_parallel.verification.keys import TrustStore
 
 
 class ConformanceFailure(AssertionError):
@@ -207,12 +209,15 @@ def check_harness_admits(ctx: ConformanceContext) -> str:
     ctx.report = report
     if not report.passed:
         raise ConformanceFailure("verification failed:\n" + report.summary())
-    cert = report.certify(backend, key=None, library_versions={})
-    check_admission(cert, backend, plan, precision)
+    with tempfile.TemporaryDirectory(prefix="mixle-conformance-keys-") as home:
+        keys = TrustStore(home)  # a throw-away key: conformance must not touch the user's trust store
+        envelope = report.certify(backend, trust_store=keys, store=False)
+        require_admission(backend, plan, precision, certificate=envelope, world_size=max(2, plan.world_size),
+                          trust_store=keys)
     worst = max(report.evidence, key=lambda e: e.maximum_relative_error)
     return (f"{plan.describe()} at {precision}, workload {report.workload}: {len(report.evidence)} updates within "
             f"bounds (worst {worst.node_id}: abs {worst.maximum_absolute_error:.2g}, rel "
-            f"{worst.maximum_relative_error:.2g}), deterministic, collectives as declared")
+            f"{worst.maximum_relative_error:.2g}), deterministic, collectives as declared; certified")
 
 
 CHECKS: tuple[Callable[[ConformanceContext], Any], ...] = (

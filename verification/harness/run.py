@@ -14,7 +14,7 @@ each declared ``DistributedUpdate`` on three checks, each named in failures:
   undeclared was (counts from PyTorch's flight recorder).
 
 The result holds ``NumericsEvidence`` per update and evidence-bearing ``DistributedUpdate``s;
-``report.certify(executor)`` turns a passing report into an ``AdmissionCertificate``.
+``report.certify(executor)`` turns a passing report into a signed certificate (``CertificateEnvelope``).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from mixle_parallel.contracts import (
     ParallelPlan,
     Tolerance,
 )
-from mixle_parallel.verification.admission import CertificationError, certify
+from mixle_parallel.verification.certification import CertificationError, certify
 from mixle_parallel.verification.harness.collectives import realized_kinds, summarize
-from mixle_parallel.verification.harness.mesh import DEFAULT_TIMEOUT_S, run_on_gloo_mesh
+from mixle_parallel.verification.harness.mesh import DEFAULT_TIMEOUT_S, mesh_kind, run_on_gloo_mesh
 from mixle_parallel.verification.harness.tolerance import EM_STATISTICS_TOLERANCE as _BITWISE
 from mixle_parallel.verification.harness.tolerance import MIXED_SCALED, compare, default_tolerance
 from mixle_parallel.verification.harness.worker import gloo_rank_main, resolve_executor, run_trials
@@ -72,12 +72,15 @@ class VerificationReport:
         """Names of the checks that failed (numerics, determinism, collectives, observables)."""
         return frozenset(f.split("check '", 1)[1].split("'", 1)[0] for f in self.failures if "check '" in f)
 
-    def certify(self, executor: Any, *, key: bytes | None = None, **kwargs: Any) -> Any:
-        """An AdmissionCertificate from this report (see ``admission.certify``)."""
+    def certify(self, executor: Any, **kwargs: Any) -> Any:
+        """A signed certificate envelope from this report, recording device kind and comm backend (``certify``)."""
         if self.failures:
             raise CertificationError("verification failed: " + "; ".join(self.failures))
-        return certify(self.evidence, executor=resolve_executor(executor), plan=self.plan,
-                       precision=self.precision, key=key, **kwargs)
+        target = resolve_executor(executor)
+        device_kind, comm_backend = mesh_kind(target, self.plan.world_size)
+        kwargs.setdefault("device_kind", device_kind)
+        kwargs.setdefault("comm_backend", comm_backend)
+        return certify(self.evidence, executor=target, plan=self.plan, precision=self.precision, **kwargs)
 
     def summary(self) -> str:
         """A plain-text table: one row per update, then the failures."""
