@@ -32,7 +32,8 @@ def _parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--plan", required=True, help="plan, e.g. 'dp_shard=2,tp=2'")
     parser.add_argument("--precision", default=None,
                         help="fp32, fp64, bf16, ... (default: fp32, or the backend's only precision)")
-    parser.add_argument("--workload", default="mlp", help="mlp (default), tiny_lm or gaussian_mixture")
+    parser.add_argument("--workload", default=None,
+                        help="mlp, tiny_lm, attention or gaussian_mixture (default: chosen for the backend and plan)")
     parser.add_argument("--trials", type=int, default=1, help="seeds to run (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     return parser

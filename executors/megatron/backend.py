@@ -115,6 +115,7 @@ class MegatronBackend:
         admission: str | None = None,
         moe_config: dict[str, Any] | None = None,
         seed: int = 0,
+        sgd_momentum: float = 0.9,
         health: Any = None,
     ) -> MegatronSession:
         """Build megatron's parallel state, this rank's stage, DDP and optimizer; return the session.
@@ -154,7 +155,8 @@ class MegatronBackend:
             config = self._config(plan, activation_shape, device, moe_config)
             stage = self._build_stage(module, plan, config, coordinate.pp, activation_shape,
                                       stage_boundaries, device, seed)
-            model, megatron_optimizer = self._wrap(stage, config, optimizer, lr, weight_decay, max_grad_norm)
+            model, megatron_optimizer = self._wrap(stage, config, optimizer, lr, weight_decay, max_grad_norm,
+                                                   sgd_momentum)
         return MegatronSession(
             model=model, stage=stage, optimizer=megatron_optimizer, plan=plan,
             capabilities=self.capabilities, loss_fn=loss_fn, device=device, precision=precision,
@@ -254,6 +256,7 @@ class MegatronBackend:
         lr: float,
         weight_decay: float,
         max_grad_norm: float | None,
+        sgd_momentum: float = 0.9,
     ) -> tuple[Any, Any]:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -270,6 +273,7 @@ class MegatronBackend:
                 lr=lr,
                 min_lr=lr,
                 weight_decay=weight_decay,
+                sgd_momentum=float(sgd_momentum),
                 clip_grad=float(max_grad_norm or 0.0),
                 use_distributed_optimizer=sharded,
                 bf16=False,

@@ -20,7 +20,7 @@ pytest_plugins = ["pytester"]
 def test_cli_passes_the_correct_toy(capsys):
     assert main_conformance(["--backend", f"{TOYS}:ToyDDPExecutor"]) == 0
     out = capsys.readouterr().out
-    assert "6/6 checks passed" in out and "PASS  check_harness_admits" in out
+    assert "7/7 checks passed" in out and "PASS  check_harness_admits" in out
 
 
 def test_cli_rejects_the_wrong_group_toy_naming_the_check(capsys):
@@ -62,10 +62,10 @@ def test_pytest_plugin_runs_the_suite(pytester):
     pytester._monkeypatch.setenv("PYTHONPATH", env_path)
     good = pytester.runpytest_subprocess(*_plugin_args(), "--mixle-backend", f"{TOYS}:ToyEMExecutor",
                                          "--mixle-plan", "dp_replicate=2", "--mixle-precision", "fp64", "-q")
-    good.assert_outcomes(passed=6)
+    good.assert_outcomes(passed=7)
     bad = pytester.runpytest_subprocess(*_plugin_args(), "--mixle-backend", f"{TOYS}:PerWorkerEMExecutor",
                                         "--mixle-plan", "dp_replicate=3", "--mixle-precision", "fp64", "-q")
-    bad.assert_outcomes(passed=5, failed=1)
+    bad.assert_outcomes(passed=6, failed=1)
     bad.stdout.fnmatch_lines(["*test_harness_admits*", "*check 'determinism' failed*differs in bits from 1 worker*"])
     assert sys.executable
 
@@ -90,3 +90,55 @@ def test_verify_and_certify_commands(tmp_path, capsys):
     assert main_certify([*bad, "--out", str(tmp_path / "bad.json")]) == 1
     assert not (tmp_path / "bad.json").exists()
     assert main_verify(["--backend", spec, "--plan", "nope"]) == 2
+
+
+class _PrepareToy:
+    """A toy DDP executor whose prepare() refuses (or not) the way its ``mode`` says."""
+
+    def __init__(self, mode: str) -> None:
+        from tests.verification.toy_executors import ToyDDPExecutor
+
+        self._toy, self.mode = ToyDDPExecutor(), mode
+        self.capabilities, self.version = self._toy.capabilities, self._toy.version
+
+    def describe_updates(self, plan):
+        return self._toy.describe_updates(plan)
+
+    def prepare(self, module, *, plan, loss_fn, precision="fp32"):
+        import torch.distributed as dist
+
+        if self.mode == "group_first":  # joins a (one-rank) world before checking the plan
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        if self.mode == "accepts":
+            return object()
+        self.capabilities.validate(plan, precision)
+
+
+@pytest.mark.parametrize("mode, passed, words", [
+    ("refuses", True, "refused pp, cp, tp=2 with CapabilityError"),
+    ("accepts", False, "accepted a plan on unclaimed axis pp"),
+    ("group_first", False, "created a process group before refusing"),
+])
+def test_prepare_must_refuse_unclaimed_axes_before_any_process_group(mode, passed, words):
+    result = {r.name: r for r in run_conformance(_PrepareToy(mode), skip_harness=True)}[
+        "check_prepare_refuses_unclaimed_axes"]
+    assert result.passed is passed and words in result.detail, result.detail
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+
+
+def test_torch_native_prepare_refuses_pp_and_a_junit_report_is_written(tmp_path, capsys):
+    report = tmp_path / "conformance.xml"
+    code = main_conformance(["--backend", "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative",
+                             "--skip-harness", "--junit-xml", str(report)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "refused pp=2 with CapabilityError, no process group created" in out
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(report).getroot().find("testsuite")
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert suite.get("tests") == "6" and suite.get("failures") == "0"
+    measured = cases["check_declared_updates"].find("properties/property").get("value")
+    assert measured.startswith("dp_shard=2") and "grad:dp_shard" in measured

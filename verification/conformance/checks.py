@@ -11,13 +11,13 @@ from mixle_parallel.verification.conformance import suite as conformance
 
 @pytest.mark.parametrize("check", [c for c in conformance.CHECKS if c is not conformance.check_harness_admits],
                          ids=lambda c: c.__name__)
-def test_contract(mixle_conformance: Any, check: Any) -> None:
-    """A contract check that needs no processes."""
-    check(mixle_conformance)
+def test_contract(mixle_conformance: Any, check: Any, record_property: Any) -> None:
+    """A contract check that needs no processes; what it measured goes into the JUnit report."""
+    record_property("measured", str(check(mixle_conformance) or ""))
 
 
-def test_harness_admits(mixle_conformance: Any, request: pytest.FixtureRequest) -> None:
+def test_harness_admits(mixle_conformance: Any, request: pytest.FixtureRequest, record_property: Any) -> None:
     """The verification harness admits the backend on a small real mesh."""
     if request.config.getoption("mixle_skip_harness"):
         pytest.skip("--mixle-skip-harness given")
-    conformance.check_harness_admits(mixle_conformance)
+    record_property("measured", conformance.check_harness_admits(mixle_conformance))

@@ -74,7 +74,7 @@ class ConformanceContext:
         return next((p for p in ("fp32", "fp64") if p in claimed), sorted(claimed)[0])
 
 
-def check_identity(ctx: ConformanceContext) -> None:
+def check_identity(ctx: ConformanceContext) -> str:
     """The backend has BackendCapabilities and a non-empty version string."""
     backend = ctx.executor()
     caps = getattr(backend, "capabilities", None)
@@ -83,17 +83,19 @@ def check_identity(ctx: ConformanceContext) -> None:
     version = getattr(backend, "version", None)
     if not isinstance(version, str) or not version.strip():
         raise ConformanceFailure(f"version must be a non-empty str, got {version!r}")
+    return f"{caps.name} {version}"
 
 
-def check_capabilities_round_trip(ctx: ConformanceContext) -> None:
+def check_capabilities_round_trip(ctx: ConformanceContext) -> str:
     """The capability declaration survives the one converter's JSON round trip unchanged."""
     caps = ctx.executor().capabilities
     again = from_json(to_json(caps), BackendCapabilities)
     if again != caps:
         raise ConformanceFailure(f"capabilities changed in a JSON round trip: {caps!r} -> {again!r}")
+    return f"axes {sorted(a.value for a in caps.axes)}, precisions {sorted(caps.precisions)}: unchanged"
 
 
-def check_rejects_unclaimed_axes(ctx: ConformanceContext) -> None:
+def check_rejects_unclaimed_axes(ctx: ConformanceContext) -> str:
     """validate() refuses, before anything runs, every physical axis the backend does not claim."""
     caps = ctx.executor().capabilities
     for axis in PHYSICAL_AXES:
@@ -104,9 +106,11 @@ def check_rejects_unclaimed_axes(ctx: ConformanceContext) -> None:
         except CapabilityError:
             continue
         raise ConformanceFailure(f"capabilities accept a plan with {axis.value}=2 although the axis is not claimed")
+    refused = [a.value for a in PHYSICAL_AXES if a not in caps.axes]
+    return f"validate() refused {', '.join(refused) or 'nothing (all claimed)'}"
 
 
-def check_declared_updates(ctx: ConformanceContext) -> None:
+def check_declared_updates(ctx: ConformanceContext) -> str:
     """describe_updates(plan) returns DistributedUpdates with unique ids over the plan's active axes."""
     backend, plan = ctx.executor(), ctx.chosen_plan()
     updates = tuple(backend.describe_updates(plan))
@@ -128,9 +132,65 @@ def check_declared_updates(ctx: ConformanceContext) -> None:
         if update.has_evidence:
             raise ConformanceFailure(f"update {update.node_id!r} claims evidence before any was measured")
     backend.describe_updates(ParallelPlan())  # a single-process plan is always describable
+    return f"{plan.describe()}: {', '.join(ids)}"
 
 
-def check_verifiable(ctx: ConformanceContext) -> None:
+_PREPARE_STAND_INS: dict[str, Any] = {
+    "loss_fn": lambda output, target: output.sum(),
+    "activation_shape": (2,),
+}
+"""Stand-ins for prepare() arguments some backends require (the call must be refused before using them)."""
+
+
+def _prepare_kwargs(prepare: Any, precision: str) -> dict[str, Any]:
+    """Keyword arguments for a refusal probe of ``prepare``: its required keywords from the stand-ins."""
+    import inspect
+
+    kwargs: dict[str, Any] = {}
+    for name, param in inspect.signature(prepare).parameters.items():
+        if name == "precision":
+            kwargs[name] = precision
+        elif name in _PREPARE_STAND_INS and param.default is inspect.Parameter.empty:
+            kwargs[name] = _PREPARE_STAND_INS[name]
+    return kwargs
+
+
+def check_prepare_refuses_unclaimed_axes(ctx: ConformanceContext) -> str:
+    """prepare() with a plan on an axis the backend does not claim raises CapabilityError before any process group."""
+    backend = ctx.executor()
+    prepare = getattr(backend, "prepare", None)
+    unclaimed = [a for a in PHYSICAL_AXES if a not in backend.capabilities.axes]
+    if prepare is None:
+        return "no prepare(): the backend starts its own workers (checked through validate() only)"
+    if not unclaimed:
+        return "every physical axis is claimed: nothing to refuse"
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise ConformanceFailure("a process group already exists in this process; run conformance in a fresh one")
+    for axis in unclaimed:
+        plan = ParallelPlan(**{axis.value: 2})
+        try:
+            prepare(torch.nn.Sequential(torch.nn.Linear(2, 2)), plan=plan,
+                    **_prepare_kwargs(prepare, ctx.chosen_precision()))
+        except CapabilityError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - any other failure is the wrong refusal
+            raise ConformanceFailure(f"prepare({plan.describe()}) raised {type(exc).__name__}: {exc}; it must raise "
+                                     "CapabilityError (capabilities.validate) before anything else") from exc
+        else:
+            raise ConformanceFailure(f"prepare({plan.describe()}) accepted a plan on unclaimed axis {axis.value}")
+        finally:
+            created = dist.is_initialized()
+            if created:
+                dist.destroy_process_group()
+        if created:
+            raise ConformanceFailure(f"prepare({plan.describe()}) created a process group before refusing")
+    return f"refused {', '.join(a.value for a in unclaimed)}=2 with CapabilityError, no process group created"
+
+
+def check_verifiable(ctx: ConformanceContext) -> str:
     """The backend implements the harness protocol (contracts.VerifiableExecutor: open_trial)."""
     backend = ctx.executor()
     if not isinstance(backend, VerifiableExecutor):
@@ -139,15 +199,13 @@ def check_verifiable(ctx: ConformanceContext) -> None:
     launch = getattr(backend, "verification_launch", "gloo")
     if launch not in ("gloo", "self"):
         raise ConformanceFailure(f"verification_launch={launch!r}; expected 'gloo' or 'self'")
+    return f"open_trial present, verification_launch={launch}"
 
 
-def check_harness_admits(ctx: ConformanceContext) -> None:
+def check_harness_admits(ctx: ConformanceContext) -> str:
     """On a small real mesh the harness's evidence passes every check and certifies the backend."""
     backend, plan, precision = ctx.executor(), ctx.chosen_plan(), ctx.chosen_precision()
-    workload = ctx.workload
-    if workload is None:
-        workload = "mlp" if getattr(backend, "verification_launch", "gloo") == "gloo" else "gaussian_mixture"
-    report = verify(ctx.spec, plan, precision=precision, workload=workload)
+    report = verify(ctx.spec, plan, precision=precision, workload=ctx.workload)
     ctx.report = report
     if not report.passed:
         raise ConformanceFailure("verification failed:\n" + report.summary())
@@ -156,11 +214,15 @@ def check_harness_admits(ctx: ConformanceContext) -> None:
         envelope = report.certify(backend, trust_store=keys, store=False)
         require_admission(backend, plan, precision, certificate=envelope, world_size=max(2, plan.world_size),
                           trust_store=keys)
+    worst = max(report.evidence, key=lambda e: e.maximum_relative_error)
+    return (f"{plan.describe()} at {precision}, workload {report.workload}: {len(report.evidence)} updates within "
+            f"bounds (worst {worst.node_id}: abs {worst.maximum_absolute_error:.2g}, rel "
+            f"{worst.maximum_relative_error:.2g}), deterministic, collectives as declared; certified")
 
 
-CHECKS: tuple[Callable[[ConformanceContext], None], ...] = (
-    check_identity, check_capabilities_round_trip, check_rejects_unclaimed_axes, check_declared_updates,
-    check_verifiable, check_harness_admits,
+CHECKS: tuple[Callable[[ConformanceContext], Any], ...] = (
+    check_identity, check_capabilities_round_trip, check_rejects_unclaimed_axes, check_prepare_refuses_unclaimed_axes,
+    check_declared_updates, check_verifiable, check_harness_admits,
 )
 """Every conformance check, cheapest first (the harness check starts processes)."""
 
@@ -186,8 +248,8 @@ def run_conformance(spec: Any, *, plan: ParallelPlan | None = None, precision: s
             continue
         started, before = time.perf_counter(), ctx.report
         try:
-            check(ctx)
-            passed, detail = True, ""
+            measured = check(ctx)
+            passed, detail = True, str(measured or "")
         except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
             passed, detail = False, f"{type(exc).__name__}: {exc}"
         report = ctx.report if ctx.report is not before else None
@@ -216,6 +278,7 @@ def main_conformance(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--precision", default=None, help="precision for the harness check (default fp32)")
     parser.add_argument("--workload", default=None, help="mlp, tiny_lm or gaussian_mixture")
     parser.add_argument("--skip-harness", action="store_true", help="only the contract checks (no processes)")
+    parser.add_argument("--junit-xml", default=None, help="also write the results as a JUnit XML report here")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         plan = parse_plan(args.plan)
@@ -225,9 +288,16 @@ def main_conformance(argv: Sequence[str] | None = None) -> int:
     results = run_conformance(args.backend, plan=plan, precision=args.precision, workload=args.workload,
                               skip_harness=args.skip_harness)
     for result in results:
-        print(f"{'PASS' if result.passed else 'FAIL'}  {result.name:<32} {result.seconds:6.1f}s")
-        if not result.passed:
-            print("      " + result.detail.replace("\n", "\n      "))
+        first, _, rest = result.detail.partition("\n")
+        print(f"{'PASS' if result.passed else 'FAIL'}  {result.name:<38} {result.seconds:6.1f}s  {first}")
+        if rest:
+            print("      " + rest.replace("\n", "\n      "))
+    if args.junit_xml:
+        from pathlib import Path
+
+        from mixle_parallel.verification.conformance.junit import junit_xml
+
+        Path(args.junit_xml).write_text(junit_xml(results, backend=args.backend), encoding="utf-8")
     failed = [r.name for r in results if not r.passed]
     failed_note = f"; failed: {', '.join(failed)}" if failed else ""
     print(f"{len(results) - len(failed)}/{len(results)} checks passed{failed_note}")

@@ -163,3 +163,51 @@ def summarize(plan: ParallelPlan, entries: Iterable[tuple[str, tuple[int, ...]]]
             counts[(kind, axes)] += 1
     observed = tuple(ObservedCollective(kind, axes, n) for (kind, axes), n in sorted(counts.items()))
     return observed, tuple(f"{text} x{n}" for text, n in sorted(strays.items()))
+
+
+class PointToPointTrace:
+    """Records each ``torch.distributed`` send/recv (isend/irecv too) with its group's global ranks.
+
+    gloo's flight recorder logs collectives but not point-to-point ops (checked on torch 2.13: a
+    megatron pp=2 step records only its all-reduces), and ProcessGroup.send/recv do not pass the
+    dispatcher, so while active this wraps the four functions at the ``torch.distributed`` API
+    (the module and ``distributed_c10d``, so ``P2POp``'s own check still accepts them).
+    """
+
+    NAMES = ("send", "recv", "isend", "irecv")
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, tuple[int, ...]]] = []
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def _wrap(self, name: str, original: Any) -> Any:
+        import torch.distributed as dist
+
+        def counted(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            group = kwargs.get("group", args[1] if len(args) > 1 else None)
+            ranks = tuple(sorted(dist.get_process_group_ranks(group or dist.group.WORLD)))
+            self.entries.append((f"api:{name}", ranks))
+            return original(tensor, *args, **kwargs)
+
+        return counted
+
+    def __enter__(self) -> PointToPointTrace:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        for name in self.NAMES:
+            wrapped = self._wrap(name, getattr(c10d, name))
+            for module in (dist, c10d):
+                self._saved.append((module, name, getattr(module, name)))
+                setattr(module, name, wrapped)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for module, name, original in reversed(self._saved):
+            setattr(module, name, original)
+        self._saved.clear()
+
+
+def point_to_point_trace() -> PointToPointTrace:
+    """A fresh ``PointToPointTrace`` (use as a context manager around one step)."""
+    return PointToPointTrace()

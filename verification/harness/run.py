@@ -39,7 +39,7 @@ from mixle_parallel.verification.certification import CertificationError, certif
 from mixle_parallel.verification.harness.collectives import realized_kinds, summarize
 from mixle_parallel.verification.harness.mesh import DEFAULT_TIMEOUT_S, mesh_kind, run_on_gloo_mesh
 from mixle_parallel.verification.harness.tolerance import EM_STATISTICS_TOLERANCE as _BITWISE
-from mixle_parallel.verification.harness.tolerance import compare, default_tolerance
+from mixle_parallel.verification.harness.tolerance import MIXED_SCALED, compare, default_tolerance
 from mixle_parallel.verification.harness.worker import gloo_rank_main, resolve_executor, run_trials
 from mixle_parallel.verification.harness.workloads import resolve_workload
 from mixle_parallel.verification.sdc.digest import digest
@@ -104,6 +104,14 @@ def _reference(workload: Any, precision: str, seeds: list[int]) -> dict[int, lis
     return {seed: workload.reference(seed, precision) for seed in seeds}
 
 
+def default_workload(plan: ParallelPlan, launch: str) -> str:
+    """The built-in workload for a plan: EM's mixture for self-launching executors, the bidirectional
+    attention LM when the plan has context parallelism, else the MLP."""
+    if launch == "self":
+        return "gaussian_mixture"
+    return "attention" if plan.cp > 1 else "mlp"
+
+
 def _worker_invariance(local: Any, work: Any, plan: ParallelPlan, precision: str, seeds: list[int],
                        by_rank: list[list[dict[str, Any]]]) -> dict[str, str]:
     """Per update, where the run on ``plan`` differs in bits from the same executor on one worker."""
@@ -159,7 +167,7 @@ def verify(
     plan: ParallelPlan,
     *,
     precision: str = "fp32",
-    workload: Any = "mlp",
+    workload: Any = None,
     trials: int = 1,
     seed: int = 0,
     tolerance: Tolerance | None = None,
@@ -175,14 +183,14 @@ def verify(
     updates = tuple(local.describe_updates(plan))
     if not updates:
         raise ValueError(f"{local.capabilities.name} declares no updates for {plan.describe()}; nothing to verify")
-    work = resolve_workload(workload)
+    launch = getattr(local, "verification_launch", "gloo")
+    work = resolve_workload(workload if workload is not None else default_workload(plan, launch))
     if not callable(getattr(work, "reference", None)):
         raise ValueError(f"workload {getattr(work, 'name', work)!r} has no reference(seed, precision): the harness "
                          "compares every executor with an independent single-process reference, never with itself")
     family = _family(work)
     tol = tolerance or default_tolerance(precision, family=family)
     seeds = [seed + t for t in range(trials)]
-    launch = getattr(local, "verification_launch", "gloo")
     if launch == "gloo":
         by_rank = run_on_gloo_mesh(gloo_rank_main, plan.world_size, executor, work, plan, precision, seeds, repeats,
                                    timeout=timeout)
@@ -337,7 +345,7 @@ def _judge(
                         )
                         return None
                     try:
-                        result = compare(value, expected, tol)
+                        result = compare(value, expected, tol, scaled=precision in MIXED_SCALED)
                     except ValueError as exc:
                         failures.append(f"{where}: check 'observables' failed: {key!r} on rank {rank}: {exc}")
                         return None

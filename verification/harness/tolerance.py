@@ -40,6 +40,15 @@ _PROJECT_CHOICES: dict[str, tuple[float, float, str]] = {
                          "so torch.testing's float16 bound (1e-3 / 1e-5) applies"),
 }
 
+MIXED_SCALED = frozenset({"bf16", "fp16"})
+"""Precisions run as fp32 master weights + autocast, judged with ``compare(..., scaled=True)``."""
+
+MIXED_SCALED_NOTE = (
+    "; mixed precision (fp32 master weights, autocast forward): the absolute term is at least "
+    "rtol x the tensor's max |expected| (a low-precision rounding of a sum is relative to its summands)"
+)
+"""What the source of a mixed-precision tolerance adds: the per-tensor scale of the absolute term."""
+
 EM_STATISTICS_TOLERANCE = Tolerance.exact(
     "EM sufficient statistics are combined in chunk order independent of the worker count, "
     "so every backend and worker count must give the same bits"
@@ -55,7 +64,10 @@ def default_tolerance(precision: str, *, family: str = "training") -> Tolerance:
         raise ValueError(f"family={family!r}; expected 'training' or 'em'")
     if precision in _TORCH_TESTING_DEFAULTS:
         rtol, atol, dtype = _TORCH_TESTING_DEFAULTS[precision]
-        return Tolerance(atol=atol, rtol=rtol, source=TORCH_TESTING_SOURCE.format(dtype=dtype))
+        source = TORCH_TESTING_SOURCE.format(dtype=dtype)
+        if precision in MIXED_SCALED:
+            source += MIXED_SCALED_NOTE
+        return Tolerance(atol=atol, rtol=rtol, source=source)
     if precision in _PROJECT_CHOICES:
         rtol, atol, source = _PROJECT_CHOICES[precision]
         return Tolerance(atol=atol, rtol=rtol, source=source)
@@ -99,8 +111,13 @@ def _as_numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def compare(actual: Any, expected: Any, tolerance: Tolerance) -> Comparison:
-    """Compare two arrays (numpy or torch) under ``tolerance``, torch.testing's rule elementwise."""
+def compare(actual: Any, expected: Any, tolerance: Tolerance, *, scaled: bool = False) -> Comparison:
+    """Compare two arrays (numpy or torch) under ``tolerance``, torch.testing's rule elementwise.
+
+    ``scaled`` (mixed precision): the absolute term is at least ``rtol * max|expected|`` of the
+    tensor, because a bf16/fp16 rounding of a sum is relative to its summands, not to the sum, so
+    an element that cancels to near zero carries the error of the terms it cancelled.
+    """
     a, e = _as_numpy(actual), _as_numpy(expected)
     if a.shape != e.shape:
         raise ValueError(f"shape {a.shape} differs from the reference's {e.shape}; return full, unsharded values")
@@ -116,7 +133,9 @@ def compare(actual: Any, expected: Any, tolerance: Tolerance) -> Comparison:
     if tolerance.bitwise:
         within = bitwise
     else:
-        within = bool(np.all(diff <= tolerance.atol + tolerance.rtol * np.abs(np.where(finite, e64, 0.0))))
+        magnitude = np.abs(np.where(finite, e64, 0.0))
+        atol = max(tolerance.atol, tolerance.rtol * float(magnitude.max())) if scaled else tolerance.atol
+        within = bool(np.all(diff <= atol + tolerance.rtol * magnitude))
     return Comparison(max_abs, max_rel, within, int(a.size), bitwise)
 
 

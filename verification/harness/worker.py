@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 from collections.abc import Mapping, Sequence
@@ -11,7 +12,7 @@ import numpy as np
 
 from mixle_parallel.contracts import ParallelPlan
 from mixle_parallel.verification.capability import claim_harness_capability, harness_admitted
-from mixle_parallel.verification.harness.collectives import FlightRecorderTrace
+from mixle_parallel.verification.harness.collectives import FlightRecorderTrace, point_to_point_trace
 from mixle_parallel.verification.harness.mesh import fresh_process_group
 
 _HARNESS = claim_harness_capability("mixle_parallel.verification.harness")
@@ -81,9 +82,11 @@ def run_trials(executor: Any, workload: Any, plan: ParallelPlan, *, precision: s
                 try:
                     for step in range(workload.steps):
                         mark = tracer.mark() if tracer else None
-                        raw = trial.step(step)
+                        p2p = point_to_point_trace() if tracer is not None and plan.pp > 1 else None
+                        with p2p if p2p is not None else contextlib.nullcontext():
+                            raw = trial.step(step)
                         if tracer is not None and mark is not None:
-                            collectives: Any = tracer.since(mark)
+                            collectives: Any = tracer.since(mark) + (p2p.entries if p2p is not None else [])
                         else:
                             reported = getattr(trial, "observed_collectives", None)
                             collectives = tuple(reported()) if reported else None

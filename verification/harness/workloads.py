@@ -10,6 +10,7 @@ Users can pass their own workload implementing ``contracts.TrainingWorkload`` (a
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -21,6 +22,10 @@ from mixle_parallel.verification.harness.worker import to_numpy
 
 TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """Precision name -> torch dtype name used by the workloads."""
+
+
+MIXED_PRECISIONS = frozenset({"bf16", "fp16"})
+"""Precisions run as fp32 master weights with the forward under autocast (reference and executors alike)."""
 
 
 def torch_dtype(precision: str) -> Any:
@@ -75,19 +80,30 @@ class _TrainingWorkload:
         raise NotImplementedError
 
     def reference(self, seed: int, precision: str = "fp32") -> list[dict[str, np.ndarray]]:
-        """Single-process run on the global batches: per step loss, output, grads, params after the step."""
+        """Single-process run on the global batches: per step loss, output, grads, params after the step.
+
+        fp64/fp32 run the module in that dtype; bf16/fp16 use the mixed-precision policy the
+        executors use: fp32 master weights and gradients, the forward under ``torch.autocast``.
+        """
+        import contextlib
+
         import torch
 
         torch.use_deterministic_algorithms(True, warn_only=True)
-        module = self.build_module(seed).to(torch_dtype(precision))
+        mixed = precision in MIXED_PRECISIONS
+        module = self.build_module(seed).to(torch.float32 if mixed else torch_dtype(precision))
         optimizer = self.make_optimizer(module.parameters())
         out: list[dict[str, np.ndarray]] = []
         for step in range(self.steps):
             inputs, targets = self.global_batch(step, seed)
-            inputs = inputs.to(torch_dtype(precision)) if inputs.is_floating_point() else inputs
+            if inputs.is_floating_point():
+                inputs = inputs.to(torch.float32 if mixed else torch_dtype(precision))
             optimizer.zero_grad(set_to_none=True)
-            output = module(inputs)
-            loss = self.loss(output, targets)
+            autocast = (torch.autocast(device_type="cpu", dtype=torch_dtype(precision)) if mixed
+                        else contextlib.nullcontext())
+            with autocast:
+                output = module(inputs)
+                loss = self.loss(output, targets)
             loss.backward()
             record = {"loss": to_numpy(loss), "output": to_numpy(output)}
             record.update({f"grad/{n}": to_numpy(p.grad) for n, p in module.named_parameters()})
@@ -138,7 +154,7 @@ class MLPWorkload(_TrainingWorkload):
 
 @attrs.frozen
 class TinyLMWorkload(_TrainingWorkload):
-    """A one-block causal transformer language model on a seeded synthetic token corpus."""
+    """A one-block transformer language model (causal unless ``causal=False``) on a seeded synthetic token corpus."""
 
     name: str = "tiny_lm"
     vocab: int = 32
@@ -149,13 +165,14 @@ class TinyLMWorkload(_TrainingWorkload):
     batch: int = 8
     steps: int = 2
     lr: float = 0.1
+    causal: bool = True
 
     def build_module(self, seed: int) -> Any:
         """Embedding, ``layers`` pre-norm blocks (attention q/k/v/o, MLP up/down), LM head."""
         import torch
 
         torch.manual_seed(seed)
-        return _tiny_lm_class()(self.vocab, self.d_model, self.heads, self.layers, self.seq_len)
+        return _tiny_lm_class()(self.vocab, self.d_model, self.heads, self.layers, self.seq_len, self.causal)
 
     def tp_plan(self) -> dict[str, str]:
         """Tensor-parallel styles by module path (torchtitan's: q/k/v and w1 column-wise, wo and w2 row-wise)."""
@@ -191,15 +208,16 @@ def _tiny_lm_class() -> type:
     from torch import nn
 
     class Attention(nn.Module):
-        def __init__(self, d_model: int, heads: int) -> None:
+        def __init__(self, d_model: int, heads: int, causal: bool) -> None:
             super().__init__()
             self.head_dim = d_model // heads  # local head count follows from it under tensor parallelism
+            self.causal = causal
             self.wq, self.wk, self.wv, self.wo = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             b, t, _ = x.shape
             q, k, v = (w(x).view(b, t, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
             return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
     class FeedForward(nn.Module):
@@ -211,10 +229,10 @@ def _tiny_lm_class() -> type:
             return self.w2(nn.functional.gelu(self.w1(x)))
 
     class Block(nn.Module):
-        def __init__(self, d_model: int, heads: int) -> None:
+        def __init__(self, d_model: int, heads: int, causal: bool) -> None:
             super().__init__()
             self.attention_norm, self.ffn_norm = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-            self.attention, self.feed_forward = Attention(d_model, heads), FeedForward(d_model)
+            self.attention, self.feed_forward = Attention(d_model, heads, causal), FeedForward(d_model)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             x = x + self.attention(self.attention_norm(x))
@@ -223,15 +241,19 @@ def _tiny_lm_class() -> type:
     class TinyTransformerLM(nn.Module):
         """Token embedding + learned positions, pre-norm blocks, final norm, LM head."""
 
-        def __init__(self, vocab: int, d_model: int, heads: int, layers: int, seq_len: int) -> None:
+        def __init__(self, vocab: int, d_model: int, heads: int, layers: int, seq_len: int, causal: bool) -> None:
             super().__init__()
             self.tok_embeddings = nn.Embedding(vocab, d_model)
-            self.pos_embeddings = nn.Parameter(torch.randn(seq_len, d_model) * 0.02)
-            self.layers = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
+            # learned absolute positions index the whole sequence; under context parallelism a rank
+            # holds only a slice of it, so the bidirectional (CP) variant has none
+            self.pos_embeddings = nn.Parameter(torch.randn(seq_len, d_model) * 0.02) if causal else None
+            self.layers = nn.ModuleList(Block(d_model, heads, causal) for _ in range(layers))
             self.norm, self.output = nn.LayerNorm(d_model), nn.Linear(d_model, vocab, bias=False)
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-            x = self.tok_embeddings(tokens) + self.pos_embeddings[: tokens.shape[1]]
+            x = self.tok_embeddings(tokens)
+            if self.pos_embeddings is not None:
+                x = x + self.pos_embeddings[: tokens.shape[1]]
             for layer in self.layers:
                 x = layer(x)
             return self.output(self.norm(x))
@@ -278,7 +300,16 @@ class GaussianMixtureWorkload:
                                           self.steps)
 
 
-BUILTIN_WORKLOADS = {"mlp": MLPWorkload, "tiny_lm": TinyLMWorkload, "gaussian_mixture": GaussianMixtureWorkload}
+def attention_workload() -> TinyLMWorkload:
+    """The context-parallel workload: the tiny LM with non-causal (bidirectional) attention, which
+    ring attention runs on CPU; causal context parallelism stays a device check."""
+    return TinyLMWorkload(name="attention", causal=False)
+
+
+BUILTIN_WORKLOADS: dict[str, Callable[[], Any]] = {
+    "mlp": MLPWorkload, "tiny_lm": TinyLMWorkload, "attention": attention_workload,
+    "gaussian_mixture": GaussianMixtureWorkload,
+}
 """Workload names accepted by ``verify(workload=...)``."""
 
 
