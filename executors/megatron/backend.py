@@ -32,6 +32,7 @@ from mixle_parallel.executors.megatron.parallel_state import (
 from mixle_parallel.executors.megatron.session import LossFn, MegatronSession
 from mixle_parallel.executors.megatron.stages import PipelineStage, stage_bounds, transport_shape
 from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
+from mixle_parallel.executors.torch.health import SessionHealth, resolve_health
 from mixle_parallel.verification.admission import AdmissionDecision, require_admission
 
 BACKEND_NAME = "megatron"
@@ -114,14 +115,17 @@ class MegatronBackend:
         admission: str | None = None,
         moe_config: dict[str, Any] | None = None,
         seed: int = 0,
+        health: Any = None,
     ) -> MegatronSession:
         """Build megatron's parallel state, this rank's stage, DDP and optimizer; return the session.
 
         ``activation_shape`` is one example's activation shape at a stage boundary
         (``(hidden,)`` or ``(seq, hidden)``). A world larger than one rank needs a
         ``certificate`` that admits this backend and plan, or ``admission="unverified"``.
+        ``health`` is torch_native's (``HealthOptions``; MFU needs its ``flop_config`` here).
         """
         self.validate(plan, precision)
+        health_options = resolve_health(health)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={optimizer!r} is not one of {OPTIMIZERS}")
         if not dist.is_initialized():
@@ -156,6 +160,8 @@ class MegatronBackend:
             capabilities=self.capabilities, loss_fn=loss_fn, device=device, precision=precision,
             optimizer_name=f"megatron-{optimizer}", admission=admitted, attestation=attestation,
             coordinate=coordinate, collective_meter=CollectiveMeter,
+            health=None if health_options is None else SessionHealth(
+                health_options, module=None, device=device, rank=rank, world_size=world),
         )
 
     # ---- steps of prepare ------------------------------------------------------------

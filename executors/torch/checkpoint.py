@@ -312,18 +312,21 @@ def _drain_in_flight() -> None:
 def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: Any = None,
                     session_state: dict[str, Any], loader_state: Any = None,
                     typed_scheduler_state: Any = None, extra: Any = None, asynchronous: bool = False,
-                    process_group: Any = None) -> CheckpointHandle:
+                    process_group: Any = None,
+                    state_dicts: tuple[dict[str, Any], dict[str, Any]] | None = None) -> CheckpointHandle:
     """Save a new generation under ``path`` and publish it; collective over ``process_group``.
 
     Every rank of the group calls it. Returns a handle; a synchronous save is complete (and
     published) on return, an asynchronous one once ``handle.wait()`` returns on every rank.
+    ``state_dicts`` (model, optimizer), already taken with ``get_state_dict``, replace
+    ``model``/``optimizer``.
     """
     pg, rank, world = _group(process_group)
     _drain_in_flight()
     root = Path(path)
     error: BaseException | None = None
     try:
-        msd, osd = _state_dicts(model, optimizer)
+        msd, osd = state_dicts if state_dicts is not None else _state_dicts(model, optimizer)
         model_json, model_tensors = _split(msd, "model")
         optim_json, optim_tensors = _split(osd, "optimizer")
         tensors = {**model_tensors, **optim_tensors}

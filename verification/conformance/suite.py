@@ -167,12 +167,13 @@ CHECKS: tuple[Callable[[ConformanceContext], None], ...] = (
 
 @attrs.frozen
 class CheckResult:
-    """One check's outcome."""
+    """One check's outcome; ``report`` is the harness's VerificationReport for the check that ran it."""
 
     name: str
     passed: bool
     detail: str
     seconds: float
+    report: Any = None
 
 
 def run_conformance(spec: Any, *, plan: ParallelPlan | None = None, precision: str | None = None,
@@ -183,13 +184,14 @@ def run_conformance(spec: Any, *, plan: ParallelPlan | None = None, precision: s
     for check in CHECKS:
         if skip_harness and check is check_harness_admits:
             continue
-        started = time.perf_counter()
+        started, before = time.perf_counter(), ctx.report
         try:
             check(ctx)
-            results.append(CheckResult(check.__name__, True, "", time.perf_counter() - started))
+            passed, detail = True, ""
         except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
-            results.append(CheckResult(check.__name__, False, f"{type(exc).__name__}: {exc}",
-                                       time.perf_counter() - started))
+            passed, detail = False, f"{type(exc).__name__}: {exc}"
+        report = ctx.report if ctx.report is not before else None
+        results.append(CheckResult(check.__name__, passed, detail, time.perf_counter() - started, report))
     return tuple(results)
 
 
