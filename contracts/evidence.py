@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import attrs
@@ -20,7 +21,7 @@ from mixle_parallel.contracts._checks import (
 )
 from mixle_parallel.contracts.enums import KNOWN_PRECISIONS, CollectiveKind, ParallelAxis, PayloadKind
 from mixle_parallel.contracts.plan import ParallelPlan
-from mixle_parallel.contracts.serialization import content_digest, register_contract
+from mixle_parallel.contracts.serialization import SCHEMA_METADATA, content_digest, register_contract
 
 
 @register_contract
@@ -101,6 +102,15 @@ class NumericsEvidence:
         return content_digest(self)
 
 
+_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
+_SHA256_SCHEMA = {SCHEMA_METADATA: {"pattern": "^sha256:[0-9a-f]{64}$"}}
+
+
+def _sha256(inst: object, attribute: attrs.Attribute, value: str) -> None:
+    if not isinstance(value, str) or not _SHA256.fullmatch(value):
+        raise ValueError(f"{type(inst).__name__}.{attribute.name}={value!r:.80}; expected 'sha256:<64 lowercase hex>'")
+
+
 AUDIT_FAMILIES = frozenset({"training", "em"})
 AUDIT_REPLAYS = frozenset({"same_rank", "peer", "witness"})
 AUDIT_ACTIONS = frozenset({"none", "warn", "raise", "skip_step", "quarantine"})
@@ -124,8 +134,8 @@ class SDCAuditRecord:
     rank: int = attrs.field(validator=non_negative_int)
     unit: str = attrs.field(validator=non_empty_str)
     replay: str = attrs.field(validator=_member(AUDIT_REPLAYS))
-    expected_digest: str = attrs.field(validator=non_empty_str)
-    observed_digest: str = attrs.field(validator=non_empty_str)
+    expected_digest: str = attrs.field(validator=_sha256, metadata=_SHA256_SCHEMA)
+    observed_digest: str = attrs.field(validator=_sha256, metadata=_SHA256_SCHEMA)
     matched: bool = attrs.field(validator=exact_bool)
     action: str = attrs.field(default="none", validator=_member(AUDIT_ACTIONS))
     auditor_rank: int | None = attrs.field(default=None, validator=optional_non_negative_int)

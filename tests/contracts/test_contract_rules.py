@@ -151,6 +151,9 @@ BAD: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("match with culprit", lambda: audit(attributed_rank=1), ValueError, "no action"),
     ("mismatch without action", lambda: audit(matched=False, observed_digest=OTHER), ValueError, "needs the action"),
     ("unknown family", lambda: audit(family="inference"), ValueError, "family"),
+    ("upper-case audit digest", lambda: audit(expected_digest="sha256:" + "AB" * 32), ValueError, "lowercase"),
+    ("short audit digest", lambda: audit(observed_digest="sha256:aa", matched=False, action="warn"), ValueError,
+     "64 lowercase hex"),
     ("unknown replay", lambda: audit(replay="oracle"), ValueError, "replay"),
     # AdmissionCertificate
     ("no evidence", lambda: make_certificate(evidence_digests=frozenset()), ValueError, "needs evidence"),

@@ -15,7 +15,8 @@ def make_receipt(step: int, *, skipped: bool = False, extra: dict | None = None)
 def make_audit(step: int, rank: int = 0) -> SDCAuditRecord:
     """A clean audit record."""
     return SDCAuditRecord(family="training", step=step, rank=rank, unit=f"step:{step}", replay="same_rank",
-                          expected_digest="sha256:aa", observed_digest="sha256:aa", matched=True)
+                          expected_digest="sha256:" + "aa" * 32,
+                          observed_digest="sha256:" + "aa" * 32, matched=True)
 
 
 
