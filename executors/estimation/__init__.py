@@ -15,7 +15,9 @@ from mixle_parallel.executors.estimation import (
     component_parallel,
     handle,
     models,
+    options,
     planner,
+    reference_handles,
     verifiable,
 )
 from mixle_parallel.executors.estimation import (
@@ -30,20 +32,30 @@ from mixle_parallel.executors.estimation.component_parallel import *  # noqa: F4
 # Engine runners (mpi, spark, dask, ray) import their engine only when a runner is constructed,
 # so importing them here keeps this package light.
 from mixle_parallel.executors.estimation.engines.dask import DaskRunner
-from mixle_parallel.executors.estimation.engines.mpi import MPIChunkError, MPIEncodedData, MPIRunner
+from mixle_parallel.executors.estimation.engines.mpi import MPIChunkError, MPIEncodedData, MPIRunner, mpi_out
 from mixle_parallel.executors.estimation.engines.ray import RayRunner
 from mixle_parallel.executors.estimation.engines.spark import SparkRunner
 from mixle_parallel.executors.estimation.handle import *  # noqa: F403
+from mixle_parallel.executors.estimation.initialization import INIT_STRATEGIES
 from mixle_parallel.executors.estimation.models import *  # noqa: F403
 from mixle_parallel.executors.estimation.optimize import *  # noqa: F403
+from mixle_parallel.executors.estimation.options import EncodedDataOptions, declare_backend_options
 from mixle_parallel.executors.estimation.planner import *  # noqa: F403
+from mixle_parallel.executors.estimation.reference_handles import (
+    DaskEncodedData,
+    LocalEncodedData,
+    MPEncodedData,
+    SparkEncodedData,
+)
 
 builtin_backends.register_builtin_encoded_data_backends()
 verifiable.register_em_verification_targets()
 
-_ENGINE_RUNNERS = ["DaskRunner", "MPIChunkError", "MPIEncodedData", "MPIRunner", "RayRunner", "SparkRunner"]
+_ENGINE_RUNNERS = ["DaskRunner", "MPIChunkError", "MPIEncodedData", "MPIRunner", "RayRunner", "SparkRunner", "mpi_out"]
+_MORE = ["INIT_STRATEGIES", "EncodedDataOptions", "declare_backend_options", "DaskEncodedData", "LocalEncodedData",
+         "MPEncodedData", "SparkEncodedData"]
 
 __all__ = sorted({
     *api.__all__, *builtin_backends.__all__, *chunks.__all__, *combine_order.__all__, *component_parallel.__all__,
-    *handle.__all__, *models.__all__, *_optimize_module.__all__, *planner.__all__, *_ENGINE_RUNNERS,
+    *handle.__all__, *models.__all__, *_optimize_module.__all__, *planner.__all__, *_ENGINE_RUNNERS, *_MORE,
 })

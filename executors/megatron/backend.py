@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from mixle_parallel.contracts import (
-    AdmissionCertificate,
     BackendCapabilities,
     DistributedUpdate,
     ParallelAxis,
@@ -69,6 +68,9 @@ class MegatronBackend:
     does not claim it.
     """
 
+    certified_libraries = ("megatron-core",)
+    """Distributions beyond python/numpy/torch whose versions a certificate binds."""
+
     def __init__(self, *, sharded_data_parallel: bool = False) -> None:
         self.sharded_data_parallel = bool(sharded_data_parallel)
         self._capabilities = _capabilities(self.sharded_data_parallel)
@@ -109,7 +111,7 @@ class MegatronBackend:
         stage_boundaries: Sequence[int] | None = None,
         precision: str = "fp32",
         device: torch.device | str | None = None,
-        certificate: AdmissionCertificate | None = None,
+        certificate: Any = None,
         admission: str | None = None,
         moe_config: dict[str, Any] | None = None,
         seed: int = 0,
@@ -163,7 +165,7 @@ class MegatronBackend:
         )
 
     # ---- steps of prepare ------------------------------------------------------------
-    def _admit(self, plan: ParallelPlan, precision: str, certificate: AdmissionCertificate | None,
+    def _admit(self, plan: ParallelPlan, precision: str, certificate: Any,
                admission: str | None, device: torch.device) -> AdmissionDecision:
         """The same gate as torch_native: ``verification.require_admission``.
 
@@ -176,8 +178,8 @@ class MegatronBackend:
             certificate=certificate,
             admission=admission,
             world_size=plan.world_size,
-            accelerator=device.type != "cpu",
-            library_versions={"megatron-core": megatron_version()},
+            device_kind=device.type,
+            comm_backend="nccl" if device.type == "cuda" else "gloo",
         )
 
     def _config(

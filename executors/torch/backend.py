@@ -222,10 +222,11 @@ class TorchDistributedBackend:
     ) -> TorchDistributedSession:
         """Materialize the mesh, apply TP, CP, FSDP2/HSDP or DDP, build the optimizer, return a session.
 
-        Admission: on a real device mesh (world size > 1 or an accelerator) the run needs a
-        ``certificate`` (or its path; also accepted as ``admission=``, or ``MIXLE_PARALLEL_CERTIFICATE``)
-        that ``check_admission`` accepts, else ``NotAdmittedError`` is raised before any process group,
-        mesh or transform exists; ``admission="unverified"`` runs anyway and every receipt says so.
+        Admission: on a real device mesh (world size > 1 or an accelerator) the run needs a signed
+        certificate (passed as ``certificate``/``admission=``, named by ``MIXLE_PARALLEL_CERTIFICATE``,
+        or found in the local store) that passes every gate check, else ``NotAdmittedError`` (naming
+        the ``mixle-parallel certify`` command) is raised before any process group, mesh or transform
+        exists; ``admission="unverified"`` runs anyway and every receipt says so.
 
         SDC audit (``audit``: None = on where supported, True = required, False = off): at
         ``audit_rate`` (plus the first step) a step's local gradient is recomputed by a peer of its
@@ -283,7 +284,8 @@ class TorchDistributedBackend:
             certificate=certificate,
             admission=admission,
             world_size=plan.world_size,
-            accelerator=device.type != "cpu",
+            device_kind=device.type,
+            comm_backend="nccl" if device.type == "cuda" else "gloo",
         )
 
 
@@ -304,7 +306,7 @@ def _ledger_run_start(ledger: Any, executor: str, plan: ParallelPlan, precision:
     if ledger is None:
         return
     audit_extra = {k: v for k, v in (audit or {}).items() if k != "enabled"}
-    ledger.run_start(plan=plan, certificate=decision.ledger_link, executor=executor, extra={
+    ledger.run_start(plan=plan, certificate=decision.envelope or decision.ledger_link, executor=executor, extra={
         "precision": precision, "admission": decision.mode,
         "rank": dist.get_rank() if dist.is_initialized() else 0, "audit": audit_extra})
 

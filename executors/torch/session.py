@@ -227,18 +227,21 @@ class TorchDistributedSession:
                                    extra={"event": "save", "asynchronous": bool(asynchronous)})
         return handle
 
-    def load_checkpoint(self, path: str, *, allow_world_size_change: bool = False) -> dict[str, Any]:
+    def load_checkpoint(self, path: str, *, allow_world_size_change: bool = False, trust: str = "signed",
+                        allow_rollback: bool = False) -> dict[str, Any]:
         """Restore model, optimizer, scheduler, RNG and the step clock from the generation ``path`` publishes.
 
         Collective. A checkpoint saved at another world size is refused unless
         ``allow_world_size_change=True`` (then DCP reshards and rank-local state is re-derived by
-        the rule in docs/checkpoints.md). Returns loader_state, typed_scheduler_state, extra,
+        the rule in docs/checkpoints.md). The manifest must be signed by a trusted key (``trust=
+        "unsigned"`` skips that) and ``LATEST`` must not be rolled back (``allow_rollback=True``).
+        Returns loader_state, typed_scheduler_state, extra,
         saved_world_size and the rest of ``executors.torch.checkpoint.load_checkpoint``'s dict.
         """
         self._check_open()
         loaded = load_checkpoint(
             path, model=self.module, optimizer=self.optimizer, scheduler=self.scheduler,
-            allow_world_size_change=allow_world_size_change,
+            allow_world_size_change=allow_world_size_change, trust=trust, allow_rollback=allow_rollback,
         )
         self.restore_state(from_dict(
             {"kind": "TorchSessionState", "version": SCHEMA_VERSION, "data": loaded["session_state"]},
@@ -300,8 +303,6 @@ class TorchDistributedSession:
                 with self._autocast():
                     loss_sum, count = self.loss_fn(self.module, x, y)
             (loss_sum * (self._grad_scale * weight)).backward()
-        if sync and self._tap.ddp_sync_bytes is not None:
-            self._tap.add("all_reduce", self._tap.ddp_sync_bytes)  # DDP's built-in bucket all-reduces just ran
         return loss_sum, count
 
     def trainable(self) -> list[nn.Parameter]:
