@@ -13,6 +13,7 @@ from mixle_parallel.executors.estimation import (
     chunks,
     combine_order,
     component_parallel,
+    em_observability,
     handle,
     models,
     planner,
@@ -26,6 +27,7 @@ from mixle_parallel.executors.estimation.builtin_backends import *  # noqa: F403
 from mixle_parallel.executors.estimation.chunks import *  # noqa: F403
 from mixle_parallel.executors.estimation.combine_order import *  # noqa: F403
 from mixle_parallel.executors.estimation.component_parallel import *  # noqa: F403
+from mixle_parallel.executors.estimation.em_observability import *  # noqa: F403
 
 # Engine runners (mpi, spark, dask, ray) import their engine only when a runner is constructed,
 # so importing them here keeps this package light.
@@ -45,5 +47,6 @@ _ENGINE_RUNNERS = ["DaskRunner", "MPIChunkError", "MPIEncodedData", "MPIRunner",
 
 __all__ = sorted({
     *api.__all__, *builtin_backends.__all__, *chunks.__all__, *combine_order.__all__, *component_parallel.__all__,
+    *em_observability.__all__,
     *handle.__all__, *models.__all__, *_optimize_module.__all__, *planner.__all__, *_ENGINE_RUNNERS,
 })

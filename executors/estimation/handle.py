@@ -30,10 +30,16 @@ from mixle_parallel.executors.estimation.chunks import (
     resolve_encoder,
     seed_from,
 )
+from mixle_parallel.executors.estimation.em_observability import FitReport, RankRecord, fit_report, round_summary
+from mixle_parallel.executors.estimation.metering import MeteredRunner
 from mixle_parallel.executors.estimation.sdc_audit import DEFAULT_AUDIT_RATE, EMAudit, em_receipt
 from mixle_parallel.verification.ledger.chain import Ledger
 
-__all__ = ["ChunkedEncodedData", "handle_from_runner"]
+__all__ = ["STRAGGLER_MIN_EXCESS_S", "ChunkedEncodedData", "handle_from_runner"]
+
+STRAGGLER_MIN_EXCESS_S = 0.05
+"""A worker is named a straggler in the receipts only when it is this many seconds slower than the
+others' median (besides the ratio and robust-z rule), so scheduling jitter on tiny passes is not news."""
 
 
 class ChunkedEncodedData:
@@ -54,6 +60,9 @@ class ChunkedEncodedData:
         owns_runner: bool = True,
     ) -> None:
         self.runner = runner
+        self._metered = MeteredRunner(runner)  # every pass measured per worker (em_observability)
+        self.rank_records: list[RankRecord] = []
+        """One ``RankRecord`` per worker and E-step (round = iteration), emitted by the workers themselves."""
         self._data = data
         self.num_rows = count_rows(data) if num_rows is None else int(num_rows)
         self.bounds = chunk_bounds(self.num_rows, num_chunks, chunk_size)
@@ -116,7 +125,7 @@ class ChunkedEncodedData:
         if self._audit is not None and self._audit.excluded:  # keep quarantined / lost workers idle
             results = self._audit.placed_map(fn, payload, self.num_chunks)
         else:
-            results = self.runner.map_chunks(fn, payload)
+            results = self._metered.map_chunks(fn, payload)
         if len(results) != self.num_chunks:
             raise RuntimeError(
                 f"backend {self.backend!r} returned {len(results)} chunk results for {self.num_chunks} "
@@ -147,13 +156,18 @@ class ChunkedEncodedData:
         is one ledger receipt when the handle has a ledger.
         """
         iteration = self.iteration
-        if self._audit is not None:
-            self._ensure_scattered(estimator, model)
-            entries, outcomes = self._audit.estep_results(
-                self, estimator, model, iteration, first_of_fit=self._fit_first
-            )
-        else:
-            entries, outcomes = self.estep_entries(estimator, model), ()
+        self._metered.begin(iteration, "estep")
+        try:
+            if self._audit is not None:
+                self._ensure_scattered(estimator, model)
+                entries, outcomes = self._audit.estep_results(
+                    self, estimator, model, iteration, first_of_fit=self._fit_first
+                )
+            else:
+                entries, outcomes = self.estep_entries(estimator, model), ()
+        finally:
+            records = self._metered.end()
+            self.rank_records.extend(records)
         self._fit_first = False
         total = fold_pass(estimator, entries)
         nobs, ll, stats = total.count, total.log_likelihood, total.stats
@@ -170,9 +184,22 @@ class ChunkedEncodedData:
                     admission=self.admission,
                     outcomes=outcomes,
                     quarantined=sorted(self.quarantined),
+                    observability=round_summary(records, min_excess_seconds=STRAGGLER_MIN_EXCESS_S),
                 )
             )
         return out
+
+    # -- observability ----------------------------------------------------------------------------
+    @property
+    def last_rank_records(self) -> tuple[RankRecord, ...]:
+        """The ``RankRecord``s of the last E-step."""
+        return tuple(r for r in self.rank_records if r.round == self.iteration - 1)
+
+    def fit_report(self, *, threshold_ratio: float = 1.5, z_threshold: float = 3.0,
+                   min_excess_seconds: float = STRAGGLER_MIN_EXCESS_S) -> FitReport:
+        """Stragglers, data skew and totals over every E-step of this handle (``em_observability``)."""
+        return fit_report(self.rank_records, threshold_ratio=threshold_ratio, z_threshold=z_threshold,
+                          min_excess_seconds=min_excess_seconds)
 
     # -- verification -----------------------------------------------------------------------------
     @property
@@ -238,7 +265,7 @@ class ChunkedEncodedData:
         if on:
             rate = DEFAULT_AUDIT_RATE if audit_rate is None else float(audit_rate)
             self._audit = EMAudit(
-                self.runner,
+                self._metered,
                 rate=rate,
                 policy=audit_policy,
                 seed=audit_seed,
@@ -309,6 +336,7 @@ class ChunkedEncodedData:
                             "audit_records": len(self.audit_records),
                             "audit_mismatches": sum(1 for r in self.audit_records if not r.matched),
                             "quarantined": sorted(self.quarantined),
+                            "fit_report": self.fit_report().as_dict() if self.rank_records else None,
                         },
                     )
             finally:
