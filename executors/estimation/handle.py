@@ -169,7 +169,7 @@ class ChunkedEncodedData:
             records = self._metered.end()
             self.rank_records.extend(records)
         self._fit_first = False
-        total = fold_pass(estimator, entries)
+        total = self._fold_entries(estimator, entries)
         nobs, ll, stats = total.count, total.log_likelihood, total.stats
         out = EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
         self.iteration = iteration + 1
@@ -188,6 +188,10 @@ class ChunkedEncodedData:
                 )
             )
         return out
+
+    def _fold_entries(self, estimator: Any, entries: list[Any]) -> Any:
+        """A pass's total from its entries (``fold_pass``); a subclass may guard it (``finite_guarded_fold``)."""
+        return fold_pass(estimator, entries)
 
     # -- observability ----------------------------------------------------------------------------
     @property

@@ -45,6 +45,7 @@ class WorkMeta(NamedTuple):
     data_bytes: int
     result_bytes: int
     first_chunk: int
+    chunk_ids: tuple[int, ...] = ()
 
 
 class Metered(NamedTuple):
@@ -94,7 +95,7 @@ class MeteredFn(NamedTuple):
             worker=f"{_HOST}:{os.getpid()}:{threading.get_ident()}", pid=os.getpid(), seconds=seconds,
             cpu_seconds=cpu, rows=sum(int(c.stop - c.start) for c in chunks), chunks=len(ids),
             data_bytes=sum(_nbytes(c.data) for c in chunks), result_bytes=_pickled_size(values),
-            first_chunk=min(ids) if ids else -1,
+            first_chunk=min(ids) if ids else -1, chunk_ids=tuple(ids),
         )
         return [Metered(v, meta if i == 0 else None) for i, v in enumerate(values)]
 
@@ -122,6 +123,8 @@ class MeteredRunner:
         self._kind = ""
         self._wall = 0.0
         self._payload_bytes = 0
+        self.chunk_workers: dict[int, list[int]] = {}
+        """For the current (or last) pass: chunk id -> the workers that computed it, in the order seen."""
 
     # -- the runner interface -------------------------------------------------------------------
     @property
@@ -178,6 +181,7 @@ class MeteredRunner:
     def begin(self, round: int, kind: str = "estep") -> None:
         """Start collecting one pass (every call until ``end`` counts towards it)."""
         self._pass, self._round, self._kind, self._wall, self._payload_bytes = {}, int(round), kind, 0.0, 0
+        self.chunk_workers = {}
 
     def end(self) -> list[RankRecord]:
         """The pass's records, one per worker that did work, ordered by rank."""
@@ -212,6 +216,8 @@ class MeteredRunner:
             t.data += meta.data_bytes
             t.result += meta.result_bytes
             t.requests += 1
+            for c in meta.chunk_ids:
+                self.chunk_workers.setdefault(c, []).append(rank)
 
     def _rank_of(self, worker: int | None, meta: WorkMeta) -> int:
         """The worker index: given by the call, or the runner's index of the pid, or first-seen order."""
