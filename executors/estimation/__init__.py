@@ -10,6 +10,7 @@ built-in models in ``models/``. The public names are those of the modules' ``__a
 from mixle_parallel.executors.estimation import (
     api,
     audited_mp,
+    balance,
     builtin_backends,
     chunks,
     combine_order,
@@ -17,6 +18,7 @@ from mixle_parallel.executors.estimation import (
     em_observability,
     finite_guard,
     handle,
+    model_decomposition,
     models,
     planner,
     verifiable,
@@ -26,6 +28,7 @@ from mixle_parallel.executors.estimation import (
 )
 from mixle_parallel.executors.estimation.api import *  # noqa: F403 - re-exported through __all__
 from mixle_parallel.executors.estimation.audited_mp import *  # noqa: F403
+from mixle_parallel.executors.estimation.balance import *  # noqa: F403
 from mixle_parallel.executors.estimation.builtin_backends import *  # noqa: F403
 from mixle_parallel.executors.estimation.chunks import *  # noqa: F403
 from mixle_parallel.executors.estimation.combine_order import *  # noqa: F403
@@ -40,6 +43,7 @@ from mixle_parallel.executors.estimation.engines.ray import RayRunner
 from mixle_parallel.executors.estimation.engines.spark import SparkRunner
 from mixle_parallel.executors.estimation.finite_guard import *  # noqa: F403
 from mixle_parallel.executors.estimation.handle import *  # noqa: F403
+from mixle_parallel.executors.estimation.model_decomposition import *  # noqa: F403
 from mixle_parallel.executors.estimation.models import *  # noqa: F403
 from mixle_parallel.executors.estimation.optimize import *  # noqa: F403
 from mixle_parallel.executors.estimation.planner import *  # noqa: F403
@@ -51,6 +55,7 @@ _ENGINE_RUNNERS = ["DaskRunner", "MPIChunkError", "MPIEncodedData", "MPIRunner",
 
 __all__ = sorted({
     *api.__all__, *builtin_backends.__all__, *chunks.__all__, *combine_order.__all__, *component_parallel.__all__,
-    *em_observability.__all__, *audited_mp.__all__, *finite_guard.__all__,
+    *em_observability.__all__, *audited_mp.__all__, *finite_guard.__all__, *balance.__all__,
+    *model_decomposition.__all__,
     *handle.__all__, *models.__all__, *_optimize_module.__all__, *planner.__all__, *_ENGINE_RUNNERS,
 })

@@ -32,6 +32,7 @@ from mixle_parallel.executors.estimation.chunks import (
 )
 from mixle_parallel.executors.estimation.em_observability import FitReport, RankRecord, fit_report, round_summary
 from mixle_parallel.executors.estimation.metering import MeteredRunner
+from mixle_parallel.executors.estimation.placing import check_placement
 from mixle_parallel.executors.estimation.sdc_audit import DEFAULT_AUDIT_RATE, EMAudit, em_receipt
 from mixle_parallel.verification.ledger.chain import Ledger
 
@@ -58,6 +59,7 @@ class ChunkedEncodedData:
         num_rows: int | None = None,
         controls: dict[str, Any] | None = None,
         owns_runner: bool = True,
+        placement: Any = None,
     ) -> None:
         self.runner = runner
         self._metered = MeteredRunner(runner)  # every pass measured per worker (em_observability)
@@ -65,7 +67,11 @@ class ChunkedEncodedData:
         """One ``RankRecord`` per worker and E-step (round = iteration), emitted by the workers themselves."""
         self._data = data
         self.num_rows = count_rows(data) if num_rows is None else int(num_rows)
+        if placement is not None and num_chunks is None and chunk_size is None:
+            num_chunks = getattr(placement, "num_chunks", None)  # the plan's chunks, unless chunking is given
         self.bounds = chunk_bounds(self.num_rows, num_chunks, chunk_size)
+        self.placement = check_placement(placement, self.num_rows, self.bounds, runner)
+        """The planner's ``Placement`` the chunks follow (rows to workers by its shards), or None."""
         self.controls = dict(controls or {})
         self._owns_runner = owns_runner
         self._scattered = False
@@ -117,6 +123,9 @@ class ChunkedEncodedData:
             raise ValueError("this handle has no data to encode; pass the rows to encoded_data()")
         chunks = encode_chunks(self._data, self._encoder, self.bounds)
         self.runner.scatter(chunks)
+        if self.placement is not None:
+            blocks = [range(s.first_chunk, s.last_chunk) for s in self.placement.shards]
+            self.runner.assign_chunks(blocks)  # type: ignore[attr-defined]  # checked by check_placement
         self._scattered = True
         self._data = None  # the runner holds the encoded chunks now
 
@@ -371,6 +380,7 @@ def handle_from_runner(
     chunk_size: int | None = None,
     num_rows: int | None = None,
     controls: dict[str, Any] | None = None,
+    placement: Any = None,
     **_: Any,
 ) -> ChunkedEncodedData:
     """Wrap a runner as an encoded-data handle (encoding happens now if an encoder is known)."""
@@ -384,4 +394,5 @@ def handle_from_runner(
         chunk_size=chunk_size,
         num_rows=num_rows,
         controls=controls,
+        placement=placement,
     )
