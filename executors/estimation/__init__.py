@@ -41,6 +41,12 @@ from mixle_parallel.executors.estimation.engines.dask import DaskRunner
 from mixle_parallel.executors.estimation.engines.mpi import MPIChunkError, MPIEncodedData, MPIRunner
 from mixle_parallel.executors.estimation.engines.ray import RayRunner
 from mixle_parallel.executors.estimation.engines.spark import SparkRunner
+from mixle_parallel.executors.estimation.engines.torchrun import (
+    TorchRunChunkError,
+    TorchRunEncodedData,
+    TorchRunRunner,
+    torchrun_out,
+)
 from mixle_parallel.executors.estimation.finite_guard import *  # noqa: F403
 from mixle_parallel.executors.estimation.handle import *  # noqa: F403
 from mixle_parallel.executors.estimation.model_decomposition import *  # noqa: F403
@@ -51,7 +57,10 @@ from mixle_parallel.executors.estimation.planner import *  # noqa: F403
 builtin_backends.register_builtin_encoded_data_backends()
 verifiable.register_em_verification_targets()
 
-_ENGINE_RUNNERS = ["DaskRunner", "MPIChunkError", "MPIEncodedData", "MPIRunner", "RayRunner", "SparkRunner"]
+_ENGINE_RUNNERS = [
+    "DaskRunner", "MPIChunkError", "MPIEncodedData", "MPIRunner", "RayRunner", "SparkRunner", "TorchRunChunkError",
+    "TorchRunEncodedData", "TorchRunRunner", "torchrun_out",
+]
 
 __all__ = sorted({
     *api.__all__, *builtin_backends.__all__, *chunks.__all__, *combine_order.__all__, *component_parallel.__all__,

@@ -76,6 +76,10 @@ def planned_world(name: str, *, num_workers: int | None, resources: Any = None, 
         if comm is None:
                 comm = require_engine("mpi4py.MPI", "mpi").COMM_WORLD
         n = int(comm.Get_size())
+    elif name == "torchrun":  # the job's ranks: the initialized group's size, else torchrun's WORLD_SIZE
+        dist = sys.modules.get("torch.distributed")
+        initialized = dist is not None and dist.is_available() and dist.is_initialized()
+        n = int(dist.get_world_size()) if dist is not None and initialized else int(os.environ.get("WORLD_SIZE") or 1)
     elif name == "dask" and n is None:
         n = len(client.scheduler_info(n_workers=-1)["workers"]) if client is not None else local_cpu_count()
     elif name == "ray" and n is None:
