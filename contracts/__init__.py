@@ -12,7 +12,13 @@ from mixle_parallel.contracts.enums import (
     PayloadKind,
     StateLayout,
 )
-from mixle_parallel.contracts.errors import CapabilityError, ContractError, MissingExtraError, NotAdmittedError
+from mixle_parallel.contracts.errors import (
+    CapabilityError,
+    ContractError,
+    MissingExtraError,
+    NotAdmittedError,
+    UnknownBackendError,
+)
 from mixle_parallel.contracts.estimation import (
     Accumulator,
     AccumulatorFactory,
@@ -35,7 +41,12 @@ from mixle_parallel.contracts.plan import (
     WorkerTopologyAttestation,
     attest_worker_coordinate,
 )
-from mixle_parallel.contracts.protocols import AdmissibleExecutor, TrainingBackend
+from mixle_parallel.contracts.protocols import (
+    AdmissibleExecutor,
+    DistributedTrainingBackend,
+    DistributedTrainingSession,
+    TrainingBackend,
+)
 from mixle_parallel.contracts.receipts import StepReceipt, TorchSessionState
 from mixle_parallel.contracts.resources import DeviceSpec, Resources
 from mixle_parallel.contracts.serialization import (
@@ -69,6 +80,7 @@ __all__ = [
     "CapabilityError", "CollectiveKind", "ContractError", "DERIVED_AXES", "DeviceSpec",
     "DistributedUpdate", "FrozenDict", "KNOWN_PRECISIONS", "MeshCoordinate", "MeshShape",
     "MissingExtraError", "NotAdmittedError", "NumericsEvidence", "ObservedCollective", "PHYSICAL_AXES",
+    "UnknownBackendError", "DistributedTrainingBackend", "DistributedTrainingSession",
     "ParallelAxis", "ParallelPlan", "ParameterLayout", "PayloadKind", "Resources", "SCHEMA_VERSION",
     "SDCAuditRecord", "StateLayout", "StepReceipt", "Tolerance", "TorchSessionState", "TrainingBackend",
     "WorkerTopologyAttestation", "admission_problems", "attest_worker_coordinate", "canonical_json",

@@ -11,8 +11,20 @@ class ContractError(ValueError):
         super().__init__(f"{path}: {message}" if path else message)
 
 
-class CapabilityError(ValueError):
-    """A plan or precision asks a backend for something it does not execute."""
+class CapabilityError(ValueError, NotImplementedError):
+    """A plan or precision asks a backend for something it does not execute.
+
+    A ``ValueError`` (the plan is invalid for this backend) and a ``NotImplementedError`` (what
+    mixle 0.8.2 raises for an axis a backend does not execute), so either ``except`` catches it.
+    """
+
+
+class UnknownBackendError(KeyError, ValueError):
+    """A backend name that is not registered: a ``KeyError`` (a registry lookup) and a ``ValueError``
+    (what mixle 0.8.2 raises), with the registered names in the message."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class NotAdmittedError(RuntimeError):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -28,10 +28,11 @@ def as_axis(axis: ParallelAxis | str) -> ParallelAxis:
         raise ValueError(f"unknown parallel axis {axis!r}; allowed: {allowed}") from None
 
 
-@register_contract
-@attrs.frozen
-class MeshShape:
-    """DeviceMesh dimension names and sizes of the active physical axes, slowest first."""
+class MeshShape(NamedTuple):
+    """DeviceMesh dimension names and sizes of the active physical axes, slowest first.
+
+    A NamedTuple, so it unpacks and compares equal to mixle 0.8.2's plain ``(names, shape)`` tuple.
+    """
 
     names: tuple[str, ...]
     shape: tuple[int, ...]
@@ -52,6 +53,10 @@ class MeshCoordinate:
 
     def __getitem__(self, axis: ParallelAxis | str) -> int:
         return int(getattr(self, as_axis(axis).value))
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        """``(axis, index)`` pairs over every axis, so ``dict(coordinate)`` maps axis name -> index."""
+        return iter(self.as_dict().items())
 
     def as_dict(self) -> dict[str, int]:
         """Axis name -> index, every axis."""
@@ -231,6 +236,18 @@ class ParallelPlan:
         """One line: the active axes and sizes, e.g. ``dp_shard=2 x tp=2 (world 4)``."""
         axes = " x ".join(f"{a.value}={self.size(a)}" for a in self.active_axes) or "single process"
         return f"{axes} (world {self.world_size})"
+
+    @property
+    def axis_sizes(self) -> dict[ParallelAxis, int]:
+        """Every axis and its size (mixle 0.8.2's name)."""
+        return {a: self.size(a) for a in ALL_AXES}
+
+    def as_dict(self) -> dict[str, int]:
+        """Axis sizes, microbatches, accumulation steps, world size and data-parallel size (mixle's shape);
+        JSON documents go through ``to_dict`` instead."""
+        return {**{a.value: n for a, n in self.axis_sizes.items()}, "microbatches": self.microbatches,
+                "gradient_accumulation_steps": self.gradient_accumulation_steps,
+                "world_size": self.world_size, "data_parallel_size": self.data_parallel_size}
 
     @classmethod
     def from_mapping(cls, sizes: Mapping[str, Any]) -> ParallelPlan:

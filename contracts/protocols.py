@@ -27,3 +27,29 @@ class TrainingBackend(AdmissibleExecutor, Protocol):
     def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]: ...
 
     def prepare(self, module: Any, *, plan: ParallelPlan, **kwargs: Any) -> Any: ...
+
+
+@runtime_checkable
+class DistributedTrainingSession(Protocol):
+    """mixle 0.8.2's session shape: a materialized model, optimizer, mesh and resumable step clock."""
+
+    plan: ParallelPlan
+    capabilities: BackendCapabilities
+
+    def train_batch(self, inputs: Any, targets: Any) -> Any: ...
+
+    def finish_accumulation(self) -> Any: ...
+
+    def discard_accumulation(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class DistributedTrainingBackend(Protocol):
+    """mixle 0.8.2's backend shape (capabilities + prepare); ours also declare updates (``TrainingBackend``)."""
+
+    @property
+    def capabilities(self) -> BackendCapabilities: ...
+
+    def prepare(self, module: Any, *, plan: ParallelPlan, **kwargs: Any) -> Any: ...

@@ -53,6 +53,21 @@ class StepReceipt:
                     "the global count includes this rank's"
                 )
 
+    @property
+    def global_examples(self) -> int:
+        """Examples over the data-parallel domain: the observed all-reduced count when the session took one,
+        else ``local_examples * data_parallel_size`` (mixle's estimate for equal local batches)."""
+        if self.global_examples_observed is not None:
+            return self.global_examples_observed
+        return self.local_examples * self.data_parallel_size
+
+    @property
+    def global_tokens(self) -> int:
+        """Counted tokens over the data-parallel domain: observed when available, else local times dp size."""
+        if self.global_tokens_observed is not None:
+            return self.global_tokens_observed
+        return self.local_tokens * self.data_parallel_size
+
 
 @register_contract
 @attrs.frozen

@@ -202,7 +202,10 @@ class Resources:
 
     @classmethod
     def from_torchrun(cls, memory_bytes: int | None = None, precision: str | None = None) -> Resources:
-        """One slot per global rank of a torchrun/torchelastic job, from its environment."""
+        """One slot per global rank of a torchrun/torchelastic job, from its environment; outside torchrun
+        (no ``WORLD_SIZE``) the one local slot of this process, as mixle 0.8.2 gives."""
+        if "WORLD_SIZE" not in os.environ:
+            return cls((DeviceSpec("rank:0", "cpu", 0, memory_bytes, 1.0, precision, "node0"),))
         try:
             world = int(os.environ["WORLD_SIZE"])
             local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))

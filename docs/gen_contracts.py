@@ -22,7 +22,6 @@ DIGEST = "sha256:" + "3f" * 32
 
 EXAMPLES: dict[type, Any] = {
     c.ParallelPlan: PLAN,
-    c.MeshShape: PLAN.mesh,
     c.MeshCoordinate: PLAN.coordinate(3),
     c.WorkerTopologyAttestation: c.attest_worker_coordinate(PLAN, actual_world_size=4, rank=3),
     c.BackendCapabilities: CAPS,

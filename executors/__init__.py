@@ -24,6 +24,8 @@ LAZY_EXECUTORS = {
     "WorldSizeChangeError": "mixle_parallel.executors.torch.checkpoint_manifest",
     "MegatronBackend": "mixle_parallel.executors.megatron.backend",
     "MegatronSession": "mixle_parallel.executors.megatron.session",
+    "MegatronBridgeBackend": "mixle_parallel.executors.megatron.bridge",
+    "MegatronBridgeSession": "mixle_parallel.executors.megatron.bridge",
     "cpu_compat": "mixle_parallel.executors.megatron.cpu_compat",
     "VerifiableTorchNative": "mixle_parallel.executors.torch.verifiable",
     "VerifiableEncodedData": "mixle_parallel.executors.estimation.verifiable",
@@ -32,6 +34,7 @@ LAZY_EXECUTORS = {
     "bind_launched_rank": "mixle_parallel.executors.launchers.base",
     "TorchrunLauncher": "mixle_parallel.executors.launchers.torchrun",
     "LightningFabricLauncher": "mixle_parallel.executors.launchers.fabric",
+    "TopologyBoundFabric": "mixle_parallel.executors.launchers.fabric",
     "RayTrainLauncher": "mixle_parallel.executors.launchers.ray",
 }
 

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from mixle_parallel.contracts.errors import UnknownBackendError
+
 __all__ = [
     "available_encoded_data_backends",
     "available_training_backends",
@@ -65,7 +67,7 @@ def get_training_backend(name: str) -> Any:
     key = normalize_backend_name(name)
     with _lock:
         if key not in _training_backends:
-            raise KeyError(
+            raise UnknownBackendError(
                 f"unknown training backend {name!r}; available: {', '.join(available_training_backends()) or '(none)'}"
             )
         if _training_is_factory[key]:
@@ -117,7 +119,7 @@ def get_encoded_data_backend(name: str) -> Callable[..., Any]:
         try:
             return _encoded_data_backends[key]
         except KeyError:
-            raise KeyError(
+            raise UnknownBackendError(
                 f"unknown encoded-data backend {name!r}; available: "
                 f"{', '.join(available_encoded_data_backends()) or '(none)'}"
             ) from None
@@ -189,6 +191,13 @@ def _megatron_factory() -> Any:
     return create_megatron_backend()
 
 
+def _megatron_bridge_factory() -> Any:
+    """The Megatron Bridge adapter (imports megatron.bridge only when a method needs it)."""
+    from mixle_parallel.executors.megatron.bridge import MegatronBridgeBackend
+
+    return MegatronBridgeBackend()
+
+
 def _torch_native_factory() -> Any:
     """Import the torch_native backend (torch) on first use."""
     from mixle_parallel.executors.torch.backend import TorchDistributedBackend
@@ -197,5 +206,6 @@ def _torch_native_factory() -> Any:
 
 
 register_training_backend("megatron", _megatron_factory)
+register_training_backend("megatron_bridge", _megatron_bridge_factory)
 register_training_backend("torch_native", _torch_native_factory)
 register_verification_target("torch_native", "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative")

@@ -339,7 +339,6 @@ STRATEGIES: dict[type, Any] = {
     ComponentShard: component_shards,
     ModelShardingPlan: model_sharding_plans,
     ParallelPlan: parallel_plans,
-    MeshShape: mesh_shapes,
     MeshCoordinate: mesh_coordinates,
     WorkerTopologyAttestation: worker_attestations,
     BackendCapabilities: backend_capabilities,

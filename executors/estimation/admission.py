@@ -18,12 +18,9 @@ starts. Without a certificate for a no-mesh run the environment's ``MIXLE_PARALL
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from mixle_parallel.contracts import AdmissionCertificate, NotAdmittedError, ParallelPlan
-from mixle_parallel.contracts.resources import local_cpu_count
-from mixle_parallel.executors.estimation.engines.support import require_engine
 from mixle_parallel.executors.estimation.identity import EM_PRECISION, EMExecutorIdentity
 from mixle_parallel.executors.registry import normalize_backend_name
 from mixle_parallel.verification.admission import (
@@ -35,8 +32,6 @@ from mixle_parallel.verification.admission import (
 
 __all__ = ["EM_PRECISION", "admit_encoded_data", "canonical_backend", "planned_world"]
 
-_THREADED = {"local", "model_parallel"}
-
 
 def canonical_backend(backend: str, builtins: dict[str, tuple[str, tuple[str, ...]]]) -> str:
     """The built-in name behind an alias (``processes`` -> ``mp``), else the normalized name."""
@@ -47,61 +42,17 @@ def canonical_backend(backend: str, builtins: dict[str, tuple[str, tuple[str, ..
     return key
 
 
-def _count(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None  # the backend itself rejects it with its own message
-    return value
+def planned_world(factory: Any, options: Any) -> tuple[int, int]:
+    """``(workers, world size)`` the backend will run with, known before any worker starts.
 
-
-def planned_world(name: str, *, num_workers: int | None, resources: Any = None, client: Any = None,
-                  comm: Any = None, chunk_workers: int | None = None, parallel_chunks: bool = False,
-                  factory: Any = None, options: dict[str, Any] | None = None) -> tuple[int, int]:
-    """``(workers, world size)`` the backend will run with, known before any worker starts."""
-    options = options or {}
-    n = _count(num_workers)
-    if name in _THREADED:
-        if n is None:
-            n = _count(chunk_workers) or (len(resources) if resources is not None else None)
-        if n is None:
-            n = local_cpu_count() if parallel_chunks and name == "local" else 1
-        return max(1, n), 1
-    engine = {"dask": ("distributed", "dask"), "ray": ("ray", "ray"), "spark": ("pyspark", "spark")}.get(name)
-    if engine is not None:  # a missing engine is reported first (importing it starts no worker)
-        require_engine(*engine)
-    if name == "mp":
-        n = n if n is not None else (len(resources) if resources is not None else local_cpu_count())
-    elif name == "mpi":
-        if comm is None:
-                comm = require_engine("mpi4py.MPI", "mpi").COMM_WORLD
-        n = int(comm.Get_size())
-    elif name == "torchrun":  # the job's ranks: the initialized group's size, else torchrun's WORLD_SIZE
-        dist = sys.modules.get("torch.distributed")
-        initialized = dist is not None and dist.is_available() and dist.is_initialized()
-        n = int(dist.get_world_size()) if dist is not None and initialized else int(os.environ.get("WORLD_SIZE") or 1)
-    elif name == "dask" and n is None:
-        n = len(client.scheduler_info(n_workers=-1)["workers"]) if client is not None else local_cpu_count()
-    elif name == "ray" and n is None:
-        ray = sys.modules.get("ray")
-        n = (
-            int(ray.cluster_resources().get("CPU", 1))
-            if ray is not None and ray.is_initialized()
-            else local_cpu_count()
-        )
-    elif name == "spark" and n is None:
-        sc = options.get("spark_context") or client
-        if sc is not None and hasattr(sc, "sparkContext"):
-            sc = sc.sparkContext
-        if sc is None:
-            pyspark = sys.modules.get("pyspark")
-            sc = pyspark.SparkContext._active_spark_context if pyspark is not None else None
-        n = int(sc.defaultParallelism) if sc is not None else local_cpu_count()
-    elif n is None:
-        planned = getattr(factory, "planned_workers", None)  # third-party factories may say
-        n = int(planned(num_workers=num_workers, client=client, comm=comm, **options)) if planned else 1
-    n = max(1, int(n))
-    return n, n
+    Each backend answers its own ``planned_workers(options)`` (built-ins: their engine module's);
+    its ``worker_processes`` says whether those workers are processes (a world of that many) or
+    threads in this process (a world of one). A factory that says nothing plans one worker.
+    """
+    planned = getattr(factory, "planned_workers", None)
+    workers = max(1, int(planned(options))) if planned is not None else 1
+    processes = bool(getattr(factory, "worker_processes", True))
+    return workers, workers if processes else 1
 
 
 def _as_certificate(admission: Any) -> tuple[AdmissionCertificate | None, str | None]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from typing import Any
 
 from mixle_parallel.contracts.estimation import EncodedDataHandle
@@ -10,9 +12,17 @@ from mixle_parallel.executors.estimation.builtin_backends import (
     BUILTIN_ENCODED_DATA_BACKENDS,
     register_builtin_encoded_data_backends,
 )
+from mixle_parallel.executors.estimation.data_checks import check_rows
+from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects
+from mixle_parallel.executors.estimation.options import (
+    EncodedDataOptions,
+    check_backend_options,
+    sub_chunked,
+)
+from mixle_parallel.executors.estimation.options import backend_options as backend_options_of
 from mixle_parallel.executors.registry import available_encoded_data_backends, get_encoded_data_backend
 
-__all__ = ["EncodedDataControlConflictError", "encoded_data", "is_encoded_data_handle"]
+__all__ = ["EncodedDataControlConflictError", "EncodedDataOptions", "encoded_data", "is_encoded_data_handle"]
 
 
 class EncodedDataControlConflictError(ValueError):
@@ -82,13 +92,20 @@ def encoded_data(
     audit_seed: int = 0,
     ledger: Any = None,
     fault_injector: Any = None,
+    options: EncodedDataOptions | None = None,
     **backend_options: Any,
 ) -> Any:
     """Create an encoded-data handle on ``backend`` (default ``local``), or reuse a handle unchanged.
 
     Passing an existing handle with any control set raises ``EncodedDataControlConflictError``: a
     handle's data is already placed, so controls cannot apply; omit them to reuse it.
-    ``backend_options`` go to the backend factory (e.g. ``timeout=`` for ``mp``).
+    The options (these keywords, or ``options=`` an :class:`EncodedDataOptions`; ``backend_options``
+    are engine keywords such as ``timeout=`` for ``mp``) are checked against what the backend
+    declares it honours: one it does not raises ``ValueError`` naming it and the backends that do,
+    before any worker starts. ``sub_chunks`` cuts every chunk into that many (``sub_chunks=8``
+    alone gives 8 chunks on small data). mixle 0.8.2 estimators, distributions and encoders are
+    adapted (``seq_*`` protocol). Rows are checked first: empty data, NaN/inf (first bad row and
+    column), complex, object or string values raise ``ValueError``.
 
     Verification (see docs/verification.md):
 
@@ -118,28 +135,71 @@ def encoded_data(
         )
     if isinstance(sub_chunks, bool) or not isinstance(sub_chunks, int) or sub_chunks < 1:
         raise ValueError(f"sub_chunks must be an int >= 1, got {sub_chunks!r}")
-    if num_chunks is not None and sub_chunks > 1:
-        num_chunks = num_chunks * sub_chunks
+    estimator, model, encoder = adapt_mixle_objects(estimator, model, encoder)
+    check_rows(data, estimator=estimator, model=model, encoder=encoder)
+    num_chunks, chunk_size = sub_chunked(_rows_or_none(data), num_chunks, chunk_size, sub_chunks)
+    given = EncodedDataOptions(
+        estimator=estimator, model=model, encoder=encoder, placement=placement, resources=resources, engine=engine,
+        precision=precision, num_chunks=num_chunks, sub_chunks=sub_chunks, num_workers=num_workers, client=client,
+        comm=comm, root=root, root_only=root_only, parallel_chunks=parallel_chunks, chunk_workers=chunk_workers,
+        batch_size=batch_size, shuffle=shuffle, seed=seed, chunk_size=chunk_size, extra=dict(backend_options))
+    opts = _merge_options(given, options)
     register_builtin_encoded_data_backends()
     try:
         factory = get_encoded_data_backend(backend)
     except KeyError as exc:
         raise ValueError(str(exc.args[0])) from None
     name = canonical_backend(backend, BUILTIN_ENCODED_DATA_BACKENDS)
-    workers, world = planned_world(
-        name, num_workers=num_workers, resources=resources, client=client, comm=comm, chunk_workers=chunk_workers,
-        parallel_chunks=parallel_chunks, factory=factory, options=backend_options)
+    check_backend_options(name, opts, backend_options_of(name, factory), _declared_options())
+    workers, world = planned_world(factory, opts)
+    opts = _cap_workers(name, opts, workers)
     decision, certificate = admit_encoded_data(name, admission=admission, workers=workers, world_size=world)
-    handle = factory(
-        data, estimator=estimator, model=model, encoder=encoder, placement=placement,
-        resources=resources, engine=engine, precision=precision, num_chunks=num_chunks,
-        sub_chunks=sub_chunks, num_workers=num_workers, client=client, comm=comm, root=root,
-        root_only=root_only, parallel_chunks=parallel_chunks, chunk_workers=chunk_workers,
-        batch_size=batch_size, shuffle=shuffle, seed=seed, chunk_size=chunk_size, **backend_options,
-    )
+    kwargs = opts.as_kwargs()
+    kwargs["sub_chunks"] = 1  # already applied to num_chunks / chunk_size
+    handle = factory(data, **kwargs)
     verification = {"audit": audit, "audit_rate": audit_rate, "audit_policy": audit_policy, "audit_seed": audit_seed,
                     "ledger": ledger, "fault_injector": fault_injector}
     return _attach_verification(handle, backend, decision, certificate, verification)
+
+
+def _rows_or_none(data: Any) -> int | None:
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def _merge_options(given: EncodedDataOptions, options: EncodedDataOptions | None) -> EncodedDataOptions:
+    """The keyword options and an ``options=`` object together; one option set in both is refused."""
+    if options is None:
+        return given
+    if not isinstance(options, EncodedDataOptions):
+        raise TypeError(f"options= must be an EncodedDataOptions, got {type(options).__name__}")
+    mine, theirs = given.set_options(), options.set_options()
+    both = sorted(set(mine) & set(theirs))
+    if both:
+        raise ValueError(f"option(s) {', '.join(both)} given both as keywords and in options=; give each once")
+    merged = {**options.as_kwargs(), **{k: v for k, v in mine.items() if k not in given.extra}}
+    extra = {**options.extra, **given.extra}
+    return EncodedDataOptions(**{k: v for k, v in merged.items() if k not in extra}, extra=extra)
+
+
+def _declared_options() -> dict[str, frozenset[str] | None]:
+    """Every registered built-in backend's declared options (for 'backends honouring it')."""
+    out: dict[str, frozenset[str] | None] = {}
+    for name in BUILTIN_ENCODED_DATA_BACKENDS:
+        out[name] = backend_options_of(name, get_encoded_data_backend(name))
+    return out
+
+
+def _cap_workers(name: str, opts: EncodedDataOptions, planned: int) -> EncodedDataOptions:
+    """``num_workers`` above what the backend can use becomes the planned count, with a warning."""
+    asked = opts.num_workers
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked > planned:
+        warnings.warn(f"backend {name!r} cannot use num_workers={asked} here; running {planned} worker(s)",
+                      UserWarning, stacklevel=3)
+        return dataclasses.replace(opts, num_workers=planned)
+    return opts
 
 
 def _attach_verification(handle: Any, backend: str, decision: Any, certificate: Any,

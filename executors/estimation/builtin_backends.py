@@ -26,23 +26,47 @@ BUILTIN_ENCODED_DATA_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 _PACKAGE = "mixle_parallel.executors.estimation"
-_LAZY_FACTORIES: dict[str, Any] = {}
+_LAZY_FACTORIES: dict[str, _LazyFactory] = {}
 
 
-def _lazy_factory(name: str, target: str) -> Any:
-    """A factory that imports its backend module on first use (keeps imports light)."""
-    if name in _LAZY_FACTORIES:
-        return _LAZY_FACTORIES[name]
-    module_name, attr = target.split(":")
+class _LazyFactory:
+    """A backend factory that imports its engine module on first use (keeps imports light).
 
-    def factory(data: Any, **params: Any) -> Any:
-        module = importlib.import_module(module_name, _PACKAGE)
-        return getattr(module, attr)(data, **params)
+    The module declares ``ENCODED_DATA_OPTIONS`` (options it honours), ``WORKER_PROCESSES`` (whether
+    its workers are processes) and ``planned_workers(options)``; importing it starts no worker.
+    """
 
-    factory.__name__ = factory.__qualname__ = f"{name}_backend_lazy"
-    factory.__doc__ = f"Lazy factory of the {name!r} encoded-data backend ({target})."
-    _LAZY_FACTORIES[name] = factory
-    return factory
+    def __init__(self, name: str, target: str) -> None:
+        self.name, self.target = name, target
+        self.__name__ = self.__qualname__ = f"{name}_backend_lazy"
+        self.__doc__ = f"Lazy factory of the {name!r} encoded-data backend ({target})."
+
+    def _module(self) -> Any:
+        return importlib.import_module(self.target.split(":")[0], _PACKAGE)
+
+    def __call__(self, data: Any, **params: Any) -> Any:
+        return getattr(self._module(), self.target.split(":")[1])(data, **params)
+
+    @property
+    def encoded_data_options(self) -> frozenset[str]:
+        """The options the backend honours (its engine module's ``ENCODED_DATA_OPTIONS``)."""
+        return frozenset(self._module().ENCODED_DATA_OPTIONS)
+
+    @property
+    def worker_processes(self) -> bool:
+        """Whether the backend's workers are processes (a world of that many) or threads here."""
+        return bool(self._module().WORKER_PROCESSES)
+
+    def planned_workers(self, options: Any) -> int:
+        """Workers the backend will run with these options, known before any starts."""
+        return int(self._module().planned_workers(options))
+
+
+def _lazy_factory(name: str, target: str) -> _LazyFactory:
+    """The one lazy factory of a built-in backend."""
+    if name not in _LAZY_FACTORIES:
+        _LAZY_FACTORIES[name] = _LazyFactory(name, target)
+    return _LAZY_FACTORIES[name]
 
 
 def register_builtin_encoded_data_backends() -> None:

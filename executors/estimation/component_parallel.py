@@ -222,3 +222,18 @@ ComponentParallelEncodedData = ModelParallelEncodedData
 def model_parallel_backend(data: Any, **params: Any) -> ModelParallelEncodedData:
     """Factory of the ``model_parallel`` encoded-data backend."""
     return ModelParallelEncodedData(data, **params)
+
+
+ENCODED_DATA_OPTIONS = frozenset({"num_workers"})
+"""The ``encoded_data`` options the model_parallel backend honours besides the handle's own."""
+
+WORKER_PROCESSES = False
+"""Component threads inside this process: a world of one process."""
+
+
+def planned_workers(options: Any) -> int:
+    """Component threads: ``num_workers``, else one per local CPU."""
+    n = options.num_workers
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"model_parallel num_workers must be an int >= 1, got {n!r}")
+    return _default_workers() if n is None else n

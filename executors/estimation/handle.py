@@ -142,6 +142,10 @@ class ChunkedEncodedData:
             )
         return results
 
+    def map_chunks(self, fn: Callable[[Any, Any], Any], payload: Any, estimator: Any = None) -> list[Any]:
+        """``fn(chunk, payload)`` on every resident chunk (encoded for ``estimator`` first), in chunk order."""
+        return self._map(fn, payload, estimator)
+
     # -- EM ---------------------------------------------------------------------------------------
     def chunk_statistics(self, estimator: Any, model: Any) -> list[ChunkResult]:
         """Per-chunk E-step results in chunk order (for audits: compare with ``statistic_digest``)."""

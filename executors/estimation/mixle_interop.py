@@ -13,7 +13,7 @@ import numpy as np
 
 __all__ = [
     "MixleAccumulator", "MixleAccumulatorFactory", "MixleEncoder", "MixleEstimator", "MixleModel",
-    "is_mixle_estimator", "unwrap_mixle", "wrap_mixle_model",
+    "adapt_mixle_objects", "as_estimator", "is_mixle_estimator", "unwrap_mixle", "wrap_mixle_model",
 ]
 
 
@@ -139,3 +139,33 @@ def wrap_mixle_model(model: Any) -> Any:
 def unwrap_mixle(model: Any) -> Any:
     """The mixle distribution inside a MixleModel (anything else unchanged)."""
     return model.dist if isinstance(model, MixleModel) else model
+
+
+def as_estimator(estimator: Any) -> Any:
+    """Our estimator as is; a mixle estimator wrapped; a distribution prototype turned into its estimator."""
+    if estimator is None:
+        raise ValueError("optimize needs an estimator (e.g. MixtureEstimator([GaussianEstimator()] * 3))")
+    if hasattr(estimator, "accumulator_factory") and hasattr(estimator, "estimate"):
+        if hasattr(estimator, "encoder") or hasattr(estimator, "make_accumulator"):
+            return estimator
+        if is_mixle_estimator(estimator):
+            return MixleEstimator(estimator)
+        return estimator
+    if hasattr(estimator, "estimator") and hasattr(estimator, "log_density"):
+        return estimator.estimator()
+    if hasattr(estimator, "estimator") and hasattr(estimator, "seq_log_density"):
+        return as_estimator(estimator.estimator())  # a mixle distribution prototype
+    raise TypeError(
+        f"{type(estimator).__name__} is not an estimator: it needs accumulator_factory() and "
+        "estimate(nobs, stats) (see docs/estimation.md)"
+    )
+
+
+def adapt_mixle_objects(estimator: Any, model: Any, encoder: Any) -> tuple[Any, Any, Any]:
+    """mixle 0.8.2 estimator, distribution and encoder (``seq_*`` protocol) seen through ours; others unchanged."""
+    if estimator is not None and not hasattr(estimator, "encoder") and is_mixle_estimator(estimator):
+        estimator = MixleEstimator(estimator)
+    model = wrap_mixle_model(model)
+    if encoder is not None and not hasattr(encoder, "encode") and hasattr(encoder, "seq_encode"):
+        encoder = MixleEncoder(encoder)
+    return estimator, model, encoder

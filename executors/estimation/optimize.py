@@ -8,10 +8,13 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from mixle_parallel.executors.estimation.api import encoded_data, is_encoded_data_handle
+from mixle_parallel.executors.estimation.chunks import seed_from
+from mixle_parallel.executors.estimation.initialization import initial_model, resolve_init
 from mixle_parallel.executors.estimation.mixle_interop import (
-    MixleEstimator,
-    is_mixle_estimator,
+    as_estimator,
     unwrap_mixle,
     wrap_mixle_model,
 )
@@ -50,24 +53,11 @@ class FitResult(NamedTuple):
     """The admitting certificate's id, or 'unverified'."""
     quarantined: tuple[int, ...] = ()
     """Workers the audit quarantined during the fit."""
-
-
-def as_estimator(estimator: Any) -> Any:
-    """Our estimator as is; a mixle estimator or a distribution prototype wrapped/converted."""
-    if estimator is None:
-        raise ValueError("optimize needs an estimator (e.g. MixtureEstimator([GaussianEstimator()] * 3))")
-    if hasattr(estimator, "accumulator_factory") and hasattr(estimator, "estimate"):
-        if hasattr(estimator, "encoder") or hasattr(estimator, "make_accumulator"):
-            return estimator
-        if is_mixle_estimator(estimator):
-            return MixleEstimator(estimator)
-        return estimator
-    if hasattr(estimator, "estimator") and hasattr(estimator, "log_density"):
-        return estimator.estimator()
-    raise TypeError(
-        f"{type(estimator).__name__} is not an estimator: it needs accumulator_factory() and "
-        "estimate(nobs, stats) (see docs/estimation.md)"
-    )
+    stop_reason: str = ""
+    """Why the fit stopped: 'converged' (gain below delta), 'max_its', 'decreased' (a step lowered the
+    log-likelihood; the last model before it is kept) or 'not_finite' (a step's log-likelihood was not finite)."""
+    init: str = ""
+    """The start used: 'kmeans++', 'dirichlet', 'random' or 'prev_estimate'."""
 
 
 def _progress_bar(progress: Any, total: int, work: int) -> Any:
@@ -90,6 +80,70 @@ def _one_pass(handle: Any, estimator: Any, model: Any) -> tuple[float, Any]:
     return ll, handle.pysp_seq_estimate(estimator, model)
 
 
+class _Run(NamedTuple):
+    """One EM run from one start: the model kept, its trajectory and why it stopped."""
+
+    model: Any
+    history: tuple[float, ...]
+    reason: str
+    audits: tuple[Any, ...]
+
+
+def _decrease_floor(delta: float | None, ll: float) -> float:
+    """A fall larger than this ends the fit as 'decreased' (float noise below it does not)."""
+    return float(delta) if delta is not None else 1e-12 * max(1.0, abs(ll))
+
+
+def _em_loop(handle: Any, estimator: Any, model: Any, max_its: int, delta: float | None,
+             on_step: Callable[[EMStep], Any] | None, bar: Any) -> _Run:
+    """EM passes from ``model`` until the gain is below ``delta``, a step falls, or ``max_its``."""
+    history: list[float] = []
+    audits: list[Any] = []
+    reason = "max_its"
+    previous = model
+    for it in range(max_its):
+        t0 = time.perf_counter()
+        ll, new_model = _one_pass(handle, estimator, model)
+        gain = math.inf if not history else ll - history[-1]
+        found = tuple(getattr(handle, "last_audit_records", ()))
+        audits.extend(found)
+        if on_step is not None:
+            on_step(EMStep(it, ll, gain, model, time.perf_counter() - t0, found))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loglik=f"{ll:.6g}")
+        if history and not math.isfinite(ll) and math.isfinite(history[-1]):
+            return _Run(previous, tuple(history), "not_finite", tuple(audits))
+        if history and gain < -_decrease_floor(delta, ll):
+            return _Run(previous, tuple(history), "decreased", tuple(audits))
+        history.append(ll)
+        if delta is not None and len(history) > 1 and abs(gain) < delta:
+            return _Run(model, tuple(history), "converged", tuple(audits))
+        previous, model = model, new_model
+    # max_its passes: the model of the last M-step, as mixle returns it (its log-likelihood is unscored)
+    return _Run(model, tuple(history), reason, tuple(audits))
+
+
+def _restart_seed(seed: Any, restart: int) -> Any:
+    """The seed of restart ``restart`` (the caller's own seed for the first)."""
+    if restart == 0:
+        return seed
+    return int(np.random.SeedSequence([seed_from(seed), restart]).generate_state(1)[0])
+
+
+def _check_fit_args(max_its: Any, delta: Any, n_init: Any, seed: Any, rng: Any) -> None:
+    if isinstance(max_its, bool) or not isinstance(max_its, int) or max_its < 0:
+        raise ValueError(f"max_its must be an int >= 0, got {max_its!r}")
+    if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float))
+                              or not math.isfinite(delta) or not delta > 0.0):
+        raise ValueError(f"delta must be a finite number > 0 (the smallest log-likelihood gain that keeps EM "
+                         f"going) or None for a fixed max_its, got {delta!r}")
+    if isinstance(n_init, bool) or not isinstance(n_init, int) or n_init < 1:
+        raise ValueError(f"n_init must be an int >= 1 (starts tried, the best log-likelihood kept), got {n_init!r}")
+    if seed is not None and rng is not None:
+        raise ValueError("pass seed= or rng=, not both")
+
+
 def fit(
     data: Any,
     estimator: Any,
@@ -102,23 +156,21 @@ def fit(
     *,
     prev_estimate: Any = None,
     init_estimator: Any = None,
+    init: str | None = None,
+    n_init: int = 1,
     on_step: Callable[[EMStep], Any] | None = None,
     progress: bool | str = "auto",
     rng: Any = None,
     **encoded_data_options: Any,
 ) -> FitResult:
-    """Fit ``estimator`` to ``data`` by EM and report the trajectory (see :func:`optimize`)."""
-    if isinstance(max_its, bool) or not isinstance(max_its, int) or max_its < 0:
-        raise ValueError(f"max_its must be an int >= 0, got {max_its!r}")
-    if delta is not None and not delta >= 0.0:
-        raise ValueError(f"delta must be >= 0 or None, got {delta!r}")
-    if seed is not None and rng is not None:
-        raise ValueError("pass seed= or rng=, not both")
+    """Fit ``estimator`` to ``data`` by EM and report the trajectory and why it stopped (see :func:`optimize`)."""
+    _check_fit_args(max_its, delta, n_init, seed, rng)
     estimator = as_estimator(estimator)
     is_mixle = type(estimator).__name__ == "MixleEstimator"
     if is_mixle:
         prev_estimate = wrap_mixle_model(prev_estimate)
     init_est = estimator if init_estimator is None else as_estimator(init_estimator)
+    chosen = "prev_estimate" if prev_estimate is not None else resolve_init(init_est, init)
     own = not is_encoded_data_handle(data)
     handle = (
         encoded_data(data, estimator=estimator, model=prev_estimate, backend=backend,
@@ -126,40 +178,30 @@ def fit(
         if own else encoded_data(data, **encoded_data_options)
     )
     bar = None
-    audits: list[Any] = []
     try:
         if hasattr(handle, "begin_fit"):
             handle.begin_fit()
-        model = prev_estimate
-        if model is None:
-            model = handle.pysp_seq_initialize(init_est, seed if rng is None else rng, init_p)
         rows = getattr(handle, "num_rows", 0) or 0
-        bar = _progress_bar(progress, max_its, rows * max_its)
-        history: list[float] = []
-        converged = False
-        for it in range(max_its):
-            t0 = time.perf_counter()
-            ll, new_model = _one_pass(handle, estimator, model)
-            improvement = math.inf if not history else ll - history[-1]
-            history.append(ll)
-            found = tuple(getattr(handle, "last_audit_records", ()))
-            audits.extend(found)
-            if on_step is not None:
-                on_step(EMStep(it, ll, improvement, model, time.perf_counter() - t0, found))
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loglik=f"{ll:.6g}")
-            if delta is not None and len(history) > 1 and abs(improvement) < delta:
-                converged = True
-                break
-            model = new_model
-        last = history[-1] if history else math.nan
-        if is_mixle:
-            model = unwrap_mixle(model)
+        starts = 1 if prev_estimate is not None else n_init
+        bar = _progress_bar(progress, max_its * starts, rows * max_its * starts)
+        best: _Run | None = None
+        audits: list[Any] = []
+        for r in range(starts):
+            start = prev_estimate
+            if start is None:
+                start, chosen = initial_model(handle, init_est, init=chosen if chosen != "auto" else None,
+                                              seed=_restart_seed(seed if rng is None else rng, r), p=init_p)
+            run = _em_loop(handle, estimator, start, max_its, delta, on_step, bar)
+            audits.extend(run.audits)
+            if best is None or (run.history and (not best.history or run.history[-1] > best.history[-1])):
+                best = run
+        assert best is not None
+        model = unwrap_mixle(best.model) if is_mixle else best.model
         decision = getattr(handle, "admission", None)
-        return FitResult(model, last, len(history), converged, tuple(history), tuple(audits),
+        return FitResult(model, best.history[-1] if best.history else math.nan, len(best.history),
+                         best.reason == "converged", best.history, tuple(audits),
                          getattr(decision, "mode", None), getattr(decision, "ledger_link", None),
-                         tuple(sorted(getattr(handle, "quarantined", ()))))
+                         tuple(sorted(getattr(handle, "quarantined", ()))), best.reason, chosen)
     except BaseException as exc:
         if own and hasattr(handle, "record_failure"):
             handle.record_failure(exc)
@@ -186,9 +228,14 @@ def optimize(
 
     Each iteration is one pass over the data: the E-step yields the statistics for the next model
     and the log-likelihood of the model it scored. The loop stops after ``max_its`` passes or when
-    the log-likelihood changes by less than ``delta`` (``None``: run all ``max_its``). The start
-    is ``prev_estimate=`` or a random initialization keeping rows with probability ``init_p``,
-    drawn from ``seed`` per chunk (the same on every backend and worker count). ``data`` may be
+    the log-likelihood changes by less than ``delta`` (an absolute gain of the total, as in mixle;
+    ``None``: run all ``max_its``); a step that lowers it by more ends the fit on the model before
+    it. The start is ``prev_estimate=`` or ``init=``: ``"kmeans++"`` (the default for our mixtures:
+    k-means++ and Lloyd on a seeded sample, each row to its nearest center, one M-step, as
+    scikit-learn's ``GaussianMixture``), ``"dirichlet"`` or ``"random"``, on the rows kept with
+    probability ``init_p``; ``n_init=`` starts are tried and the best final log-likelihood kept.
+    Every draw depends on ``seed`` and the chunk id only (the same bits on every backend and worker
+    count); :func:`fit` says why the fit stopped (``stop_reason``). ``data`` may be
     raw rows or a handle from :func:`encoded_data`; other keywords (``on_step``, ``progress``,
     ``prev_estimate``, ``init_estimator``, ``num_chunks``, ``chunk_size``, ``timeout``...) are
     passed on, among them the verification controls of :func:`encoded_data`: ``admission=`` (a

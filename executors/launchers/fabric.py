@@ -18,7 +18,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mixle_parallel.contracts import BackendCapabilities, CapabilityError, MissingExtraError, ParallelAxis, ParallelPlan
+from mixle_parallel.contracts import (
+    BackendCapabilities,
+    CapabilityError,
+    MissingExtraError,
+    ParallelAxis,
+    ParallelPlan,
+    WorkerTopologyAttestation,
+)
 from mixle_parallel.executors.launchers.base import LaunchContext, bind_launched_rank, release_process_group
 
 LAUNCHER = "lightning_fabric"
@@ -52,26 +59,24 @@ class LightningFabricLauncher:
 
     def __init__(
         self,
-        plan: ParallelPlan,
+        plan: ParallelPlan | None = None,
         *,
         accelerator: str = "cpu",
         num_nodes: int = 1,
         child_timeout_s: float = 600.0,
         **fabric_kwargs: Any,
     ) -> None:
+        self.child_timeout_s = child_timeout_s
+        self.plan: ParallelPlan | None = None
+        if plan is None:  # mixle's form: LightningFabricLauncher().create(plan=...)
+            if fabric_kwargs or num_nodes != 1 or accelerator != "cpu":
+                raise TypeError("pass a plan with launch options, or call create(plan=..., ...) on a bare launcher")
+            return
         if not isinstance(plan, ParallelPlan):
             raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
         # the gate runs here, before anything imports lightning
         self.strategy = fabric_strategy(plan)
-        if (
-            isinstance(num_nodes, bool)
-            or not isinstance(num_nodes, int)
-            or num_nodes < 1
-            or plan.world_size % num_nodes
-        ):
-            raise ValueError(
-                f"num_nodes={num_nodes!r} must be a positive int dividing the plan's world size {plan.world_size}"
-            )
+        _check_num_nodes(plan, num_nodes)
         if self.strategy == "fsdp" and accelerator == "cpu":
             raise ValueError(
                 f"plan {plan.describe()} shards parameters, and Fabric runs FSDP only on GPUs; pass "
@@ -82,13 +87,56 @@ class LightningFabricLauncher:
             if key in fabric_kwargs:
                 raise ValueError(f"{key} is derived from the plan; do not pass {key}={fabric_kwargs[key]!r}")
         self.plan, self.accelerator, self.num_nodes = plan, accelerator, num_nodes
-        self.child_timeout_s = child_timeout_s
         self.fabric_kwargs = fabric_kwargs
+
+    def create(
+        self,
+        *,
+        plan: ParallelPlan,
+        accelerator: str = "auto",
+        devices: int | str = "auto",
+        num_nodes: int = 1,
+        precision: str = "32-true",
+        strategy: Any = None,
+        **kwargs: Any,
+    ) -> TopologyBoundFabric:
+        """mixle's form: a Fabric for ``plan`` (gated to DDP/FSDP first) whose ``launch`` binds each rank.
+
+        ``devices`` is per node ('auto': the plan's world size on one node); ``strategy`` defaults to
+        the plan's ('ddp' or 'fsdp'). The returned object forwards every other attribute to Fabric.
+        """
+        if not isinstance(plan, ParallelPlan):
+            raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
+        derived = fabric_strategy(plan)
+        _check_num_nodes(plan, num_nodes)
+        if devices == "auto":
+            if num_nodes != 1:
+                raise ValueError("a multi-node launch needs an explicit per-node device count (devices=...)")
+            devices = plan.world_size
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices * num_nodes != plan.world_size:
+            raise ValueError(
+                f"devices={devices!r} x num_nodes={num_nodes} must equal plan.world_size={plan.world_size}"
+            )
+        try:
+            from lightning.fabric import Fabric
+        except ImportError as err:
+            raise MissingExtraError("lightning", "lightning") from err
+        if strategy is None:
+            strategy = derived if plan.world_size > 1 else "auto"
+        fabric = Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes,
+                        precision=precision,  # type: ignore[arg-type]  # Fabric checks the name itself
+                        strategy=strategy, **kwargs)
+        return TopologyBoundFabric(fabric, plan, child_timeout_s=self.child_timeout_s)
 
     @property
     def devices(self) -> int:
         """Processes Fabric starts on each node."""
-        return self.plan.world_size // self.num_nodes
+        return self._plan().world_size // self.num_nodes
+
+    def _plan(self) -> ParallelPlan:
+        if self.plan is None:
+            raise TypeError("this launcher was built without a plan; use create(plan=...) or pass the plan")
+        return self.plan
 
     def fabric(self) -> Any:
         """A ``lightning.fabric.Fabric`` for the plan (imports lightning)."""
@@ -96,7 +144,7 @@ class LightningFabricLauncher:
             from lightning.fabric import Fabric
         except ImportError as err:
             raise MissingExtraError("lightning", "lightning") from err
-        strategy = self.strategy if self.plan.world_size > 1 else "auto"
+        strategy = self.strategy if self._plan().world_size > 1 else "auto"
         return Fabric(
             accelerator=self.accelerator,
             devices=self.devices,
@@ -114,37 +162,90 @@ class LightningFabricLauncher:
         """
         if not callable(fn):
             raise TypeError(f"fn must be callable as fn(context, ...), got {fn!r}")
-        fabric = self.fabric()
+        return _launch_and_reap(self.fabric(), self.child_timeout_s, _run_rank, self._plan(), fn, args, kwargs)
+
+
+def _check_num_nodes(plan: ParallelPlan, num_nodes: Any) -> None:
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1 or plan.world_size % num_nodes:
+        raise ValueError(
+            f"num_nodes={num_nodes!r} must be a positive int dividing the plan's world size {plan.world_size}"
+        )
+
+
+def _children(fabric: Any) -> list[Any]:
+    """The rank processes Fabric's script launcher started from this process (none on other ranks)."""
+    return list(getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or ())
+
+
+def _launch_and_reap(fabric: Any, timeout_s: float, entry: Callable[..., Any], *args: Any) -> Any:
+    """``fabric.launch(entry, *args)``; the launching rank then waits for the ranks it started (killed if it
+    raised), and raises if one of them failed."""
+    try:
+        result = fabric.launch(entry, *args)
+    except BaseException:
+        for proc in _children(fabric):  # do not leave the started ranks running on
+            proc.kill()
+            proc.wait()
+        raise
+    _wait_for_children(fabric, timeout_s)
+    return result
+
+
+def _wait_for_children(fabric: Any, timeout_s: float) -> None:
+    """On the launching rank, wait for the ranks Fabric started as subprocesses; raise if one failed."""
+    failed = []
+    for proc in _children(fabric):
         try:
-            result = fabric.launch(_run_rank, self.plan, fn, args, kwargs)
-        except BaseException:
-            for proc in self._children(fabric):  # do not leave the started ranks running on
-                proc.kill()
-                proc.wait()
-            raise
-        self._wait_for_children(fabric)
-        return result
+            code = proc.wait(timeout=timeout_s)
+        except Exception:  # subprocess.TimeoutExpired: the rank hangs
+            proc.kill()
+            code = "killed after timeout"
+        if code != 0:
+            failed.append(f"pid {proc.pid}: {code}")
+    if failed:
+        raise RuntimeError(
+            f"{LAUNCHER}: ranks started by Fabric failed ({'; '.join(failed)}); see their output above"
+        )
 
-    @staticmethod
-    def _children(fabric: Any) -> list[Any]:
-        """The rank processes Fabric's script launcher started from this process (none on other ranks)."""
-        return list(getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or ())
 
-    def _wait_for_children(self, fabric: Any) -> None:
-        """On the launching rank, wait for the ranks Fabric started as subprocesses; raise if one failed."""
-        failed = []
-        for proc in self._children(fabric):
-            try:
-                code = proc.wait(timeout=self.child_timeout_s)
-            except Exception:  # subprocess.TimeoutExpired: the rank hangs
-                proc.kill()
-                code = "killed after timeout"
-            if code != 0:
-                failed.append(f"pid {proc.pid}: {code}")
-        if failed:
-            raise RuntimeError(
-                f"{LAUNCHER}: ranks started by Fabric failed ({'; '.join(failed)}); see their output above"
-            )
+class TopologyBoundFabric:
+    """A ``lightning.fabric.Fabric`` (what ``LightningFabricLauncher.create`` returns) whose ``launch``
+    attests each rank against the plan before the function runs; every other attribute is Fabric's."""
+
+    def __init__(self, fabric: Any, plan: ParallelPlan, *, child_timeout_s: float = 600.0) -> None:
+        self._fabric, self._plan, self._timeout_s = fabric, plan, child_timeout_s
+        self.topology_attestation: WorkerTopologyAttestation | None = None
+
+    def launch(self, function: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        """Fabric's ``launch``: with a function, run ``function(self, *args, **kwargs)`` on every rank once
+        its rank is attested (the process group is released after it); without one, start and attest."""
+        if function is None:
+            result = self._fabric.launch()
+            self._bind(self._fabric)
+            return result
+        return _launch_and_reap(self._fabric, self._timeout_s, self._run, function, args, kwargs)
+
+    def _run(self, fabric: Any, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        try:
+            self._bind(fabric)
+            return function(self, *args, **kwargs)
+        finally:
+            release_process_group()
+
+    def _bind(self, fabric: Any) -> None:
+        context = bind_launched_rank(self._plan, launcher=LAUNCHER, rank=int(fabric.global_rank),
+                                     world_size=int(fabric.world_size), local_rank=int(fabric.local_rank),
+                                     handle=self)
+        self.topology_attestation = context.attestation
+
+    def attest_topology(self) -> WorkerTopologyAttestation:
+        """This rank's attestation; raises until ``launch`` has bound it."""
+        if self.topology_attestation is None:
+            raise RuntimeError("Fabric topology is not attested yet; call launch() on every rank first")
+        return self.topology_attestation
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fabric, name)
 
 
 def _run_rank(fabric: Any, plan: ParallelPlan, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:

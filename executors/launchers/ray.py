@@ -21,6 +21,8 @@ from mixle_parallel.contracts import MissingExtraError, ParallelPlan, WorkerTopo
 from mixle_parallel.executors.launchers.base import bind_launched_rank, describe_attestations
 
 LAUNCHER = "ray_train"
+# the keys RayTrainLauncher.launch adds to a worker's config (mixle 0.8.2's names)
+RESERVED_CONFIG_KEYS = ("mixle_parallel_plan", "mixle_worker_topology_attestation", "_mixle_parallel_launch")
 
 
 class _ResultBox:
@@ -41,7 +43,7 @@ class RayTrainLauncher:
 
     def __init__(
         self,
-        plan: ParallelPlan,
+        plan: ParallelPlan | None = None,
         *,
         use_gpu: bool = False,
         resources_per_worker: dict[str, float] | None = None,
@@ -49,7 +51,7 @@ class RayTrainLauncher:
         name: str | None = None,
         process_group_timeout_s: int = 600,
     ) -> None:
-        if not isinstance(plan, ParallelPlan):
+        if plan is not None and not isinstance(plan, ParallelPlan):
             raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
         if not isinstance(use_gpu, bool):
             raise TypeError(f"use_gpu must be a bool, got {use_gpu!r}")
@@ -61,7 +63,60 @@ class RayTrainLauncher:
     @property
     def attestations(self) -> tuple[WorkerTopologyAttestation, ...]:
         """The attestation handed to each worker, in rank order."""
-        return describe_attestations(self.plan)
+        return describe_attestations(self._plan())
+
+    def _plan(self) -> ParallelPlan:
+        if self.plan is None:
+            raise TypeError("this launcher was built without a plan; pass plan= to launch() or to the launcher")
+        return self.plan
+
+    def launch(
+        self,
+        train_loop_per_worker: Callable[[dict[str, Any]], Any],
+        *,
+        plan: ParallelPlan | None = None,
+        train_loop_config: dict[str, Any] | None = None,
+        use_gpu: bool | None = None,
+        resources_per_worker: dict[str, float] | None = None,
+        run_config: Any = None,
+    ) -> Any:
+        """mixle's form: ``TorchTrainer(...).fit()`` with ``train_loop_per_worker(config)`` on every plan rank.
+
+        Each worker is attested before the loop runs; its ``config`` gains the plan
+        (``mixle_parallel_plan``, axis sizes) and its attestation (``mixle_worker_topology_attestation``:
+        rank, world_size, coordinate). ``use_gpu``/``resources_per_worker`` default to the launcher's.
+        Returns Ray's ``Result``.
+        """
+        plan = plan if plan is not None else self._plan()
+        if not isinstance(plan, ParallelPlan):
+            raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
+        if not callable(train_loop_per_worker):
+            raise TypeError(f"train_loop_per_worker must be callable as fn(config), got {train_loop_per_worker!r}")
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise TypeError(f"train_loop_config must be a dict or None, got {type(train_loop_config).__name__}")
+        reserved = sorted(set(train_loop_config or {}) & set(RESERVED_CONFIG_KEYS))
+        if reserved:
+            raise ValueError(f"train_loop_config uses the reserved keys {reserved}; rename them")
+        gpu = self.use_gpu if use_gpu is None else use_gpu
+        if not isinstance(gpu, bool):
+            raise TypeError(f"use_gpu must be a bool, got {gpu!r}")
+        try:
+            from ray.train import RunConfig, ScalingConfig
+            from ray.train.torch import TorchConfig, TorchTrainer
+        except ImportError as err:
+            raise MissingExtraError("ray[train]", "ray") from err
+        config = {**(train_loop_config or {}), "mixle_parallel_plan": plan.as_dict(),
+                  "_mixle_parallel_launch": {"plan": plan, "loop": train_loop_per_worker}}
+        trainer = TorchTrainer(
+            _ray_config_worker,
+            train_loop_config=config,
+            torch_config=TorchConfig(timeout_s=self.process_group_timeout_s),
+            scaling_config=ScalingConfig(num_workers=plan.world_size, use_gpu=gpu,
+                                         resources_per_worker=resources_per_worker or self.resources_per_worker),
+            run_config=run_config if run_config is not None else RunConfig(storage_path=self.storage_path,
+                                                                            name=self.name),
+        )
+        return trainer.fit()
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``fn(context, *args, **kwargs)`` on every worker; return the results in rank order.
@@ -71,6 +126,7 @@ class RayTrainLauncher:
         """
         if not callable(fn):
             raise TypeError(f"fn must be callable as fn(context, ...), got {fn!r}")
+        plan = self._plan()
         try:
             import ray
             from ray.train import RunConfig, ScalingConfig
@@ -82,10 +138,10 @@ class RayTrainLauncher:
         try:
             trainer = TorchTrainer(
                 _ray_worker,
-                train_loop_config={"plan": self.plan, "attestations": self.attestations, "fn": fn,
+                train_loop_config={"plan": plan, "attestations": self.attestations, "fn": fn,
                                    "args": args, "kwargs": kwargs, "box": box},
                 torch_config=TorchConfig(timeout_s=self.process_group_timeout_s),
-                scaling_config=ScalingConfig(num_workers=self.plan.world_size, use_gpu=self.use_gpu,
+                scaling_config=ScalingConfig(num_workers=plan.world_size, use_gpu=self.use_gpu,
                                              resources_per_worker=self.resources_per_worker),
                 run_config=RunConfig(storage_path=self.storage_path if scratch is None else scratch.name,
                                      name=self.name),
@@ -97,10 +153,10 @@ class RayTrainLauncher:
             ray.kill(box)  # type: ignore[arg-type]  # ray: ActorClass.remote() returns ActorHandle | type
             if scratch is not None:
                 scratch.cleanup()
-        missing = sorted(set(range(self.plan.world_size)) - set(results))
+        missing = sorted(set(range(plan.world_size)) - set(results))
         if missing:
             raise RuntimeError(f"{LAUNCHER}: ranks {missing} finished without returning a result")
-        return [results[r] for r in range(self.plan.world_size)]
+        return [results[r] for r in range(plan.world_size)]
 
 
 def _ray_worker(config: dict[str, Any]) -> None:
@@ -121,3 +177,19 @@ def _ray_worker(config: dict[str, Any]) -> None:
     )
     result = config["fn"](context, *config["args"], **config["kwargs"])
     ray.get(config["box"].put.remote(rank, result))
+
+
+def _ray_config_worker(config: dict[str, Any]) -> Any:
+    """``launch``'s per-worker loop: attest this worker, then ``train_loop_per_worker(config)`` with the plan
+    and the attestation added to ``config`` as mixle does."""
+    import ray.train
+
+    ctx = ray.train.get_context()
+    launch = config["_mixle_parallel_launch"]
+    context = bind_launched_rank(launch["plan"], launcher=LAUNCHER, rank=ctx.get_world_rank(),
+                                 world_size=ctx.get_world_size(), local_rank=ctx.get_local_rank(), handle=ctx)
+    att = context.attestation
+    worker_config = {k: v for k, v in config.items() if k != "_mixle_parallel_launch"}
+    worker_config["mixle_worker_topology_attestation"] = {
+        "rank": att.rank, "world_size": att.world_size, "coordinate": dict(att.coordinate)}
+    return launch["loop"](worker_config)

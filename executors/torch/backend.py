@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from mixle_parallel.contracts import (
@@ -20,7 +20,9 @@ from mixle_parallel.contracts import (
     StateLayout,
 )
 from mixle_parallel.executors.torch.comm_taps import install_taps
+from mixle_parallel.executors.torch.dp_mode import DataParallelMode
 from mixle_parallel.executors.torch.layouts import describe_parameter_layouts
+from mixle_parallel.executors.torch.losses import lm_token_loss
 from mixle_parallel.executors.torch.mesh import (
     axis_mesh,
     build_mesh,
@@ -28,7 +30,7 @@ from mixle_parallel.executors.torch.mesh import (
     require_torch,
     resolve_device,
 )
-from mixle_parallel.executors.torch.parallelize import apply_ddp, apply_fsdp, apply_tp, data_sync_axes, resolve_tp_plan
+from mixle_parallel.executors.torch.parallelize import parallelize, resolve_tp_plan
 from mixle_parallel.executors.torch.sdc_audit import AUDIT_REPLAYS, audit_supported
 from mixle_parallel.executors.torch.session import TorchDistributedSession
 from mixle_parallel.verification.admission import AdmissionDecision, require_admission
@@ -58,20 +60,15 @@ CAPABILITIES = BackendCapabilities(
 )
 
 
-def lm_token_loss(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Default loss: token-level cross-entropy *sum* of ``module(inputs)`` logits, and the counted tokens
-    (targets equal to -100 are ignored)."""
-    logits = module(inputs)
-    flat = logits.reshape(-1, logits.shape[-1]).float()
-    labels = targets.reshape(-1)
-    loss_sum = F.cross_entropy(flat, labels, reduction="sum", ignore_index=-100)
-    return loss_sum, (labels != -100).sum()
-
-
 def build_optimizer(
     optimizer: Any, params: list[torch.nn.Parameter], lr: float
 ) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
-    """An optimizer over the transformed parameters from a torch.optim class, its name, or a callable(params)."""
+    """An optimizer over the transformed parameters from a torch.optim class, its name, or a callable(params).
+
+    None and 'auto' (mixle's default, which plans an optimizer for the model) mean AdamW here.
+    """
+    if optimizer is None or (isinstance(optimizer, str) and optimizer.strip().lower() == "auto"):
+        optimizer = "AdamW"
     if isinstance(optimizer, str):
         classes: dict[str, Any] = {  # concrete torch.optim classes, which all take lr=
             name.lower(): cls
@@ -103,6 +100,16 @@ def build_optimizer(
     return opt, {"name": type(opt).__name__, "hyperparameters": hyper}
 
 
+@attrs.frozen
+class _PrepareSpec:
+    """What the plan check decided, before admission and before any process group exists."""
+
+    mode: DataParallelMode
+    tp_styles: dict[str, Any]
+    device: torch.device
+    audit: dict[str, Any] | None
+
+
 def _check_prepare_inputs(module: Any, plan: Any, precision: str, max_grad_norm: float | None,
                           nonfinite: str) -> None:
     """``prepare``'s argument checks, before anything is built or any process group exists."""
@@ -118,12 +125,12 @@ def _check_prepare_inputs(module: Any, plan: Any, precision: str, max_grad_norm:
         raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
 
 
-def _active_mesh(mesh: DeviceMesh | None, *axes: ParallelAxis) -> DeviceMesh:
-    """``axis_mesh(mesh, *axes)`` where the plan makes one of ``axes`` active (size > 1): the mesh then has
-    that dimension (``ParallelPlan.mesh`` names every active axis), so the sub-mesh exists."""
-    sub = axis_mesh(mesh, *axes)
-    assert sub is not None, f"no active mesh dimension among {[a.value for a in axes]}"
-    return sub
+def _materialize_mesh(plan: ParallelPlan, spec: _PrepareSpec, seed: int | None) -> tuple[DeviceMesh | None, bool]:
+    """Seed, the process group (created from the torchrun environment when none exists) and the DeviceMesh."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    owns_pg = ensure_process_group(plan, spec.device)
+    return build_mesh(plan, spec.device, unit_shard_dim=spec.mode.unit_shard_dim(plan)), owns_pg
 
 
 def _update(node_id: str, payload: PayloadKind, collective: CollectiveKind, axes: tuple[ParallelAxis, ...],
@@ -153,14 +160,14 @@ class TorchDistributedBackend:
         CAPABILITIES.validate(plan)
         P, C, L = PayloadKind, CollectiveKind, StateLayout
         updates: list[DistributedUpdate] = []
-        sync = data_sync_axes(plan)
+        mode = DataParallelMode.for_plan(plan)
         shard_axes = tuple(a for a in (A.DP_SHARD, A.CP) if plan.size(a) > 1)
         shard_names = ",".join(a.value for a in shard_axes)
-        if sync == "ddp" or (sync == "hsdp" and not shard_axes):
+        if mode.uses_ddp or (mode.uses_fsdp and not shard_axes):
             updates.append(_update("grad:dp_replicate", P.GRADIENT, C.ALL_REDUCE, (A.DP_REPLICATE,), L.REPLICATED,
                                    "DDP bucket all-reduce (HSDP with a shard group of one under TP); skipped on "
                                    "non-commit micro-steps"))
-        elif sync in ("fsdp", "hsdp"):
+        elif mode.uses_fsdp:
             updates.append(_update(f"param:{shard_names}", P.PARAMETER, C.ALL_GATHER, shard_axes, L.SHARDED,
                                    "FSDP2 all-gathers parameters before forward and backward"))
             updates.append(_update(f"grad:{shard_names}", P.GRADIENT, C.REDUCE_SCATTER, shard_axes, L.SHARDED,
@@ -228,45 +235,28 @@ class TorchDistributedBackend:
         parameters (at the start of a step). ``ledger`` (a ``verification.Ledger``) receives run_start,
         every receipt, audit records, checkpoint events and run_end.
         """
-        _check_prepare_inputs(module, plan, precision, max_grad_norm, nonfinite)
-        sync = data_sync_axes(plan)
-        audit_options = _audit_options(plan, sync, audit, audit_rate, audit_policy, audit_bound, seed, audit_replay)
-        styles = resolve_tp_plan(module, tp_plan, plan.tp)  # model checks before any collective
-        dev = resolve_device(device)
-        decision = self._admission_gate(plan, precision, admission, certificate, dev)
-        if seed is not None:
-            torch.manual_seed(seed)
-        owns_pg = ensure_process_group(plan, dev)
-        mesh = build_mesh(plan, dev, unit_shard_dim=sync == "hsdp" and plan.dp_shard == 1 and plan.cp == 1)
-        module = module.to(dev)
-        if styles:
-            apply_tp(module, _active_mesh(mesh, A.TP), styles)
-        cp_mesh = axis_mesh(mesh, A.CP) if plan.cp > 1 else None
-        if sync == "ddp":
-            module = apply_ddp(module, _active_mesh(mesh, A.DP_REPLICATE), dev)
-        elif sync == "fsdp":
-            apply_fsdp(module, _active_mesh(mesh, A.DP_SHARD, A.CP))
-        elif sync == "hsdp":
-            apply_fsdp(module, _active_mesh(mesh, A.DP_REPLICATE, A.DP_SHARD))
+        spec = _plan_check(module, plan, precision=precision, max_grad_norm=max_grad_norm, nonfinite=nonfinite,
+                           tp_plan=tp_plan, device=device, audit=(audit, audit_rate, audit_policy, audit_bound,
+                                                                  seed, audit_replay))
+        decision = self._admission_gate(plan, precision, admission, certificate, spec.device)
+        mesh, owns_pg = _materialize_mesh(plan, spec, seed)
+        module = parallelize(module, mode=spec.mode, mesh=mesh, tp_styles=spec.tp_styles, device=spec.device)
         # DDP keeps its built-in all-reduce; the audit or a fault injector arms local-gradient hooks
         # only on the steps that need them
-        tap = install_taps(module, plan, sync, gradient_access=audit_options is not None or fault_injector is not None)
-        layouts = describe_parameter_layouts(module, plan)
-        params = [p for p in module.parameters() if p.requires_grad]
-        opt, receipt = build_optimizer(optimizer, params, lr)
-        sched = scheduler(opt) if scheduler is not None else None
+        tap = install_taps(module, plan, spec.mode,
+                           gradient_access=spec.audit is not None or fault_injector is not None)
+        opt, receipt = build_optimizer(optimizer, [p for p in module.parameters() if p.requires_grad], lr)
         session = TorchDistributedSession(
-            module, plan=plan, capabilities=CAPABILITIES, mesh=mesh, device=dev, optimizer=opt,
-            optimizer_receipt=receipt, parameter_layouts=layouts, precision=precision, max_grad_norm=max_grad_norm,
-            scheduler=sched, loss_fn=loss_fn or lm_token_loss, sync=sync, cp_mesh=cp_mesh, nonfinite=nonfinite,
+            module, plan=plan, capabilities=CAPABILITIES, mesh=mesh, device=spec.device, optimizer=opt,
+            optimizer_receipt=receipt, parameter_layouts=describe_parameter_layouts(module, plan),
+            precision=precision, max_grad_norm=max_grad_norm,
+            scheduler=scheduler(opt) if scheduler is not None else None, loss_fn=loss_fn or lm_token_loss,
+            dp_mode=spec.mode,
+            cp_mesh=axis_mesh(mesh, A.CP) if plan.cp > 1 else None, nonfinite=nonfinite,
             admission=decision, owns_process_group=owns_pg, tap=tap, ledger=ledger,
-            audit=None if audit_options is None else {**audit_options, "injector": fault_injector, "ledger": ledger},
+            audit=None if spec.audit is None else {**spec.audit, "injector": fault_injector, "ledger": ledger},
         )
-        if ledger is not None:
-            audit_extra = {k: v for k, v in (audit_options or {}).items() if k != "enabled"}
-            ledger.run_start(plan=plan, certificate=decision.ledger_link, executor=self.name, extra={
-                "precision": precision, "admission": decision.mode,
-                "rank": dist.get_rank() if dist.is_initialized() else 0, "audit": audit_extra})
+        _ledger_run_start(ledger, self.name, plan, precision, decision, spec.audit)
         return session
 
     def _admission_gate(
@@ -284,9 +274,31 @@ class TorchDistributedBackend:
         )
 
 
+def _plan_check(module: Any, plan: Any, *, precision: str, max_grad_norm: float | None, nonfinite: str,
+                tp_plan: dict[str, Any] | None, device: Any, audit: tuple[Any, ...]) -> _PrepareSpec:
+    """Step 1 of ``prepare``: every argument, the plan, the TP plan against the model and the audit options,
+    checked before admission and before any collective."""
+    _check_prepare_inputs(module, plan, precision, max_grad_norm, nonfinite)
+    mode = DataParallelMode.for_plan(plan)
+    audit_options = _audit_options(plan, mode, *audit)
+    styles = resolve_tp_plan(module, tp_plan, plan.tp)
+    return _PrepareSpec(mode=mode, tp_styles=styles, device=resolve_device(device), audit=audit_options)
+
+
+def _ledger_run_start(ledger: Any, executor: str, plan: ParallelPlan, precision: str, decision: AdmissionDecision,
+                      audit: dict[str, Any] | None) -> None:
+    """The ledger's run_start entry (when a ledger is given): plan, certificate link, admission mode, audit."""
+    if ledger is None:
+        return
+    audit_extra = {k: v for k, v in (audit or {}).items() if k != "enabled"}
+    ledger.run_start(plan=plan, certificate=decision.ledger_link, executor=executor, extra={
+        "precision": precision, "admission": decision.mode,
+        "rank": dist.get_rank() if dist.is_initialized() else 0, "audit": audit_extra})
+
+
 def _audit_options(
     plan: ParallelPlan,
-    sync: str,
+    mode: DataParallelMode,
     audit: bool | None,
     rate: float,
     policy: str,
@@ -310,7 +322,7 @@ def _audit_options(
         )
     if audit is False:
         return None
-    reason = audit_supported(plan, sync)
+    reason = audit_supported(plan, mode)
     if reason is not None:
         if audit:
             raise ValueError(f"audit=True but {reason}")

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mixle_parallel.executors.torch.dp_mode import DataParallelMode
 from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
 
 if TYPE_CHECKING:
@@ -316,7 +317,7 @@ def install_fsdp_taps(root: nn.Module, tap: CommTap, *, hsdp: bool) -> None:
             fsdp.set_all_reduce_hook(lambda out: tap.add("all_reduce", _nbytes(out)))
 
 
-def install_taps(module: nn.Module, plan: Any, sync: str, *, gradient_access: bool = True) -> CommTap:
+def install_taps(module: nn.Module, plan: Any, mode: DataParallelMode, *, gradient_access: bool = True) -> CommTap:
     """The session's CommTap, installed on DDP / FSDP2; it counts bytes unless TP or CP need the dispatch meter.
 
     DDP keeps its built-in C++ all-reduce (a Python comm hook costs a few percent of a small step)
@@ -326,14 +327,14 @@ def install_taps(module: nn.Module, plan: Any, sync: str, *, gradient_access: bo
     that the audit arms only for the steps it needs.
     """
     counting = plan.world_size > 1 and plan.tp == 1 and plan.cp == 1
-    if sync in ("fsdp", "hsdp") and not fsdp_taps_supported():
+    if mode.uses_fsdp and not fsdp_taps_supported():
         counting = False  # older FSDP2: the dispatch-mode meter counts; the audit is refused (see torch.sdc_audit)
     tap = CommTap(counting=counting, rank=dist.get_rank() if dist.is_initialized() else 0)
-    if sync == "ddp":
+    if mode.uses_ddp:
         tap.ddp_sync_bytes = sum(_nbytes(p) for p in module.parameters() if p.requires_grad)
         if gradient_access:
             named = [(pre_wrap_fqn(n), p) for n, p in unwrap(module).named_parameters() if p.requires_grad]
             tap.ddp_access = DDPGradientAccess(tap, named)
-    elif sync in ("fsdp", "hsdp") and fsdp_taps_supported():
-        install_fsdp_taps(module, tap, hsdp=sync == "hsdp")
+    elif mode.uses_fsdp and fsdp_taps_supported():
+        install_fsdp_taps(module, tap, hsdp=mode is DataParallelMode.HSDP)
     return tap

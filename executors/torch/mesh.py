@@ -114,6 +114,15 @@ def axis_mesh(mesh: DeviceMesh | None, *axes: ParallelAxis) -> DeviceMesh | None
     return mesh[names if len(names) > 1 else names[0]]
 
 
+def require_axis_mesh(mesh: DeviceMesh | None, *axes: ParallelAxis) -> DeviceMesh:
+    """``axis_mesh(mesh, *axes)`` where the plan makes one of ``axes`` active (size > 1): the mesh then has
+    that dimension (``ParallelPlan.mesh`` names every active axis), so the sub-mesh exists."""
+    sub = axis_mesh(mesh, *axes)
+    if sub is None:
+        raise RuntimeError(f"no active mesh dimension among {[a.value for a in axes]} in {mesh}")
+    return sub
+
+
 def axis_size(mesh: DeviceMesh | None, axis: ParallelAxis) -> int:
     """Size of one mesh dimension (1 when the axis is not active)."""
     dim_names = () if mesh is None else (mesh.mesh_dim_names or ())

@@ -20,7 +20,9 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from mixle_parallel.contracts import ParallelPlan
+from mixle_parallel.contracts import ParallelAxis
+from mixle_parallel.executors.torch.dp_mode import DataParallelMode
+from mixle_parallel.executors.torch.mesh import require_axis_mesh
 
 # tp_plan style names a user may write instead of a ParallelStyle object
 _STYLE_NAMES = ("colwise", "colwise_replicate", "rowwise", "sequence")
@@ -138,10 +140,24 @@ def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh, device: torch.device) -> D
     )
 
 
-def data_sync_axes(plan: ParallelPlan) -> str:
-    """Which gradient synchronization the plan gets: 'none', 'ddp', 'fsdp' or 'hsdp'."""
-    if plan.dp_shard > 1 or plan.cp > 1:
-        return "hsdp" if plan.dp_replicate > 1 else "fsdp"
-    if plan.dp_replicate > 1:
-        return "hsdp" if plan.tp > 1 else "ddp"
-    return "none"
+def parallelize(
+    module: nn.Module,
+    *,
+    mode: DataParallelMode,
+    mesh: DeviceMesh | None,
+    tp_styles: dict[str, ParallelStyle],
+    device: torch.device,
+) -> nn.Module:
+    """Apply the parallelisms in torchtitan's fixed order: TP, then FSDP2/HSDP or DDP; returns the module to train.
+
+    Context parallelism transforms no module (the session enters ``context_parallel`` per
+    micro-batch); DDP returns its wrapper, every other step transforms ``module`` in place.
+    """
+    module = module.to(device)
+    if tp_styles:
+        apply_tp(module, require_axis_mesh(mesh, ParallelAxis.TP), tp_styles)
+    if mode.uses_fsdp:
+        apply_fsdp(module, require_axis_mesh(mesh, *mode.mesh_axes()))
+    elif mode.uses_ddp:
+        module = apply_ddp(module, require_axis_mesh(mesh, *mode.mesh_axes()), device)
+    return module

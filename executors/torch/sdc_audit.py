@@ -38,6 +38,7 @@ from torch import nn
 
 from mixle_parallel.contracts import SDCAuditRecord, from_dict, to_dict
 from mixle_parallel.executors.torch.comm_taps import CommTap, fsdp_taps_supported
+from mixle_parallel.executors.torch.dp_mode import DataParallelMode
 from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
 from mixle_parallel.verification.sdc.digest import digest, max_abs_difference
 from mixle_parallel.verification.sdc.schedule import AUDIT_POLICIES, AuditSchedule, SDCDetectedError
@@ -74,10 +75,10 @@ class SessionAudit:
         dp_group = next(g for g in session.plan.data_parallel_group_ranks() if self.rank in g)
         self.has_peer = len(dp_group) > 1
         self.predecessor = dp_group[(dp_group.index(self.rank) - 1) % len(dp_group)]
-        self._direct = session.sync == "none"
+        self._direct = session.dp_mode is DataParallelMode.NONE
         # DDP: local gradients come from on-demand hooks; replays run under no_sync() and read p.grad
         self._access = tap.ddp_access
-        self._unsynced_replay = session.sync == "ddp"
+        self._unsynced_replay = session.dp_mode.uses_ddp
         self.records: list[SDCAuditRecord] = []
         self.audited_steps = 0
         self._window: list[tuple[Any, Any, bool, float]] | None = None
@@ -162,7 +163,7 @@ class SessionAudit:
         shared = self._allgather((bool(mine), now))
         corrupt_params = any(flag for flag, _ in shared)
         # replicated parameters (DDP) must be bitwise equal on every rank; sharded ones are identified by all shards
-        params = now if self.session.sync in ("ddp", "none") else tuple(d for _, d in shared)
+        params = now if self.session.dp_mode.replicated_parameters else tuple(d for _, d in shared)
         if not corrupt_params:
             stash = self._stash()
             try:
@@ -324,12 +325,12 @@ def _set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def audit_supported(plan: Any, sync: str) -> str | None:
+def audit_supported(plan: Any, mode: DataParallelMode) -> str | None:
     """Why the in-session audit cannot run for this plan (None when it can)."""
     if plan.cp > 1:
         return ("the in-session SDC audit does not replay context-parallel sequence shards yet "
                 "(pass audit=False, or audit those runs with verification.verify)")
-    if sync in ("fsdp", "hsdp") and not fsdp_taps_supported():
+    if mode.uses_fsdp and not fsdp_taps_supported():
         return "the FSDP2 audit needs FSDPModule.set_custom_reduce_scatter (torch >= 2.8)"
     return None
 

@@ -25,6 +25,7 @@ from mixle_parallel.contracts import (
 from mixle_parallel.executors.torch.checkpoint import load_checkpoint, save_checkpoint
 from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
 from mixle_parallel.executors.torch.comm_taps import CommTap
+from mixle_parallel.executors.torch.dp_mode import DataParallelMode
 from mixle_parallel.executors.torch.grads import local_grads, scale_grads, weighted_square_sum
 from mixle_parallel.executors.torch.sdc_audit import SessionAudit, trainable
 
@@ -58,7 +59,7 @@ class TorchDistributedSession:
         max_grad_norm: float | None,
         scheduler: Any = None,
         loss_fn: LossFn,
-        sync: str = "none",
+        dp_mode: DataParallelMode = DataParallelMode.NONE,
         cp_mesh: Any = None,
         nonfinite: str = "raise",
         admission: Any = None,
@@ -74,7 +75,7 @@ class TorchDistributedSession:
         self.optimizer_receipt = dict(optimizer_receipt)
         self.parameter_layouts = parameter_layouts
         self.precision, self.max_grad_norm, self.loss_fn = precision, max_grad_norm, loss_fn
-        self.sync, self.cp_mesh, self.nonfinite = sync, cp_mesh, nonfinite
+        self.dp_mode, self.cp_mesh, self.nonfinite = dp_mode, cp_mesh, nonfinite
         self.admission = admission
         self._admission_extra = (admission.receipt_extra() if hasattr(admission, "receipt_extra")
                                  else {"admission": admission})
@@ -167,7 +168,7 @@ class TorchDistributedSession:
             return None
         self._meter.reset()
         with self._metering():
-            if self.sync in ("fsdp", "hsdp"):
+            if self.dp_mode.uses_fsdp:
                 self._flush_unsynced()  # FSDP2 keeps unsynced grads inside; reduce them so zero_grad clears them
         if self._audit is not None:
             self._audit.abort_window()
@@ -272,7 +273,7 @@ class TorchDistributedSession:
         """One forward/backward of a micro-batch (no clock, no counters): what a step and an audit replay run."""
         self._tap.syncing = sync
         with self._sync_context(sync), self._cp_context(x, y) as (x, y):
-            if (self.sync == "ddp" and self._tap.counting  # the module is then the DistributedDataParallel wrapper
+            if (self.dp_mode.uses_ddp and self._tap.counting  # the module is then the DistributedDataParallel wrapper
                     and cast("DistributedDataParallel", self.module).will_sync_module_buffers()):
                 self._tap.add("broadcast", sum(b.numel() * b.element_size() for b in self.module.buffers()))
             with self._autocast():
@@ -304,10 +305,10 @@ class TorchDistributedSession:
         self._micro_step(x, y, sync=True, weight=0.0)
 
     def _sync_context(self, sync: bool) -> Any:
-        # the module is the DistributedDataParallel wrapper under "ddp", an FSDPModule under "fsdp"/"hsdp"
-        if self.sync == "ddp":
+        # the module is the DistributedDataParallel wrapper under DDP, an FSDPModule under FSDP/HSDP
+        if self.dp_mode.uses_ddp:
             return contextlib.nullcontext() if sync else cast("DistributedDataParallel", self.module).no_sync()
-        if self.sync in ("fsdp", "hsdp") and self._sync_enabled is not sync:
+        if self.dp_mode.uses_fsdp and self._sync_enabled is not sync:
             cast("FSDPModule", self.module).set_requires_gradient_sync(sync)
             self._sync_enabled = sync
         return contextlib.nullcontext()

@@ -65,6 +65,10 @@ def test_from_mpi_environment_hint(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_from_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    # outside torchrun: this process's one local slot, as mixle 0.8.2 gives
+    (slot,) = Resources.from_torchrun(memory_bytes=2**30).devices
+    assert (slot.kind, slot.index, slot.host, slot.memory_bytes) == ("cpu", 0, "node0", 2**30)
+    monkeypatch.setenv("WORLD_SIZE", "two")
     with pytest.raises(RuntimeError, match="torchrun"):
         Resources.from_torchrun()
     monkeypatch.setenv("WORLD_SIZE", "4")

@@ -37,6 +37,19 @@ def fail_on_rank0_while_rank1_works(context: Any, pid_dir: str) -> int:
     raise ValueError("boom on rank 0")
 
 
+def mixle_config_loop(config: dict[str, Any]) -> None:
+    """mixle's ``train_loop_per_worker(config)``: record the plan and attestation Ray's worker was handed."""
+    import json
+    import pathlib
+
+    import torch.distributed as dist
+
+    att = config["mixle_worker_topology_attestation"]
+    record = {"plan": config["mixle_parallel_plan"], "attestation": att, "mine": config["mine"],
+              "group": [dist.get_rank(), dist.get_world_size()]}
+    pathlib.Path(config["out"], f"rank{att['rank']}.json").write_text(json.dumps(record))
+
+
 def main(job: str, *args: str) -> None:
     """Run one named failing job."""
     if job == "world4":

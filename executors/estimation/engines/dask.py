@@ -30,6 +30,7 @@ import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from mixle_parallel.contracts.resources import local_cpu_count
 from mixle_parallel.executors.estimation.chunks import (
     WorkerLostError,
     WorkerTask,
@@ -55,6 +56,7 @@ from mixle_parallel.executors.estimation.engines.support import (
     require_engine,
 )
 from mixle_parallel.executors.estimation.handle import handle_from_runner
+from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
 __all__ = ["DaskChunkHolder", "DaskRunner", "channel_host", "dask_config_for_em", "dask_encoded_data"]
 
@@ -550,3 +552,23 @@ def dask_encoded_data(
     except BaseException:
         runner.close()
         raise
+
+
+ENCODED_DATA_OPTIONS = frozenset({"client", "num_workers", "timeout", "direct_channel"})
+"""The ``encoded_data`` options the dask backend honours besides the handle's own."""
+
+WORKER_PROCESSES = True
+
+
+def planned_workers(options: EncodedDataOptions) -> int:
+    """``num_workers``, else the client's workers (any client with ``scheduler_info()``), else the local CPUs."""
+    require_engine("distributed", "dask")
+    if options.num_workers is not None:
+        return int(options.num_workers)
+    if options.client is None:
+        return local_cpu_count()
+    try:
+        info = options.client.scheduler_info(n_workers=-1)
+    except TypeError:  # clients before dask 2025 take no n_workers
+        info = options.client.scheduler_info()
+    return max(1, len(info.get("workers", {})))

@@ -10,6 +10,7 @@ from mixle_parallel.contracts.resources import local_cpu_count
 from mixle_parallel.executors.estimation.chunks import WorkerTask, apply_chunk_fn, check_tasks
 from mixle_parallel.executors.estimation.engines.support import block_assignment, place_blocks
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
+from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
 __all__ = ["LocalChunkRunner", "local_backend"]
 
@@ -118,3 +119,26 @@ def local_backend(
         else:
             workers = 1
     return handle_from_runner(LocalChunkRunner(workers), data, **params)
+
+
+ENCODED_DATA_OPTIONS = frozenset({"num_workers", "chunk_workers", "parallel_chunks", "resources", "placement"})
+"""The ``encoded_data`` options the local backend honours besides the handle's own."""
+
+WORKER_PROCESSES = False
+"""Threads inside this process: a world of one process."""
+
+MAX_THREADS_PER_CPU = 4
+MIN_THREAD_CAP = 64
+"""``num_workers`` above ``max(MIN_THREAD_CAP, MAX_THREADS_PER_CPU x local CPUs)`` threads is capped:
+more only contend for the same cores (and 10**6 threads would exhaust the process)."""
+
+
+def planned_workers(options: EncodedDataOptions) -> int:
+    """Threads the local backend will run: ``num_workers`` (capped), else ``chunk_workers``/``resources``, else 1."""
+    n = options.num_workers if options.num_workers is not None else options.chunk_workers
+    if n is None:
+        n = len(options.resources) if options.resources is not None else (
+            local_cpu_count() if options.parallel_chunks else 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"local backend num_workers must be an int >= 1, got {n!r}")
+    return min(n, max(MIN_THREAD_CAP, MAX_THREADS_PER_CPU * local_cpu_count()))

@@ -39,6 +39,7 @@ from mixle_parallel.executors.estimation.engines.support import (
     yield_on_wakeup,
 )
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
+from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
 __all__ = ["BLAS_THREAD_VARIABLES", "MPChunkRunner", "WorkerTaskError", "mp_backend"]
 
@@ -449,3 +450,26 @@ def mp_backend(
     except BaseException:
         runner.close()
         raise
+
+
+ENCODED_DATA_OPTIONS = frozenset({
+    "num_workers", "resources", "timeout", "start_timeout", "start_method", "placement",
+})
+"""The ``encoded_data`` options the mp backend honours besides the handle's own."""
+
+WORKER_PROCESSES = True
+
+MAX_PROCESSES_PER_CPU = 4
+MIN_PROCESS_CAP = 32
+"""``num_workers`` above ``max(MIN_PROCESS_CAP, MAX_PROCESSES_PER_CPU x local CPUs)`` processes is capped:
+each worker is a Python interpreter holding its chunks, and more only contend for the same cores."""
+
+
+def planned_workers(options: EncodedDataOptions) -> int:
+    """Worker processes mp will start: ``num_workers`` (capped), else one per resource or local CPU."""
+    n = options.num_workers
+    if n is None:
+        n = len(options.resources) if options.resources is not None else local_cpu_count()
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"mp backend num_workers must be an int >= 1, got {n!r}")
+    return min(n, max(MIN_PROCESS_CAP, MAX_PROCESSES_PER_CPU * local_cpu_count()))

@@ -32,6 +32,7 @@ from mixle_parallel.executors.estimation.engines.support import (
     require_engine,
 )
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
+from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
 __all__ = ["MPIChunkError", "MPIEncodedData", "MPIRunner", "mpi_encoded_data"]
 
@@ -235,3 +236,15 @@ def mpi_encoded_data(
             raise ValueError(f"ranks hold different row counts {counts}; pass the same rows on every rank")
     kwargs = {k: params[k] for k in _HANDLE_KEYS if params.get(k) is not None}
     return MPIEncodedData(runner, data if (runner.is_root or not root_only) else None, num_rows=num_rows, **kwargs)
+
+
+ENCODED_DATA_OPTIONS = frozenset({"comm", "root", "root_only", "timeout"})
+"""The ``encoded_data`` options the mpi backend honours besides the handle's own (ranks: mpiexec -n)."""
+
+WORKER_PROCESSES = True
+
+
+def planned_workers(options: EncodedDataOptions) -> int:
+    """The ranks of ``comm`` (default ``COMM_WORLD``)."""
+    comm = options.comm if options.comm is not None else require_engine("mpi4py.MPI", "mpi").COMM_WORLD
+    return int(comm.Get_size())

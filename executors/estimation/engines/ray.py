@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import logging
 import pickle
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mixle_parallel.contracts.resources import local_cpu_count
 from mixle_parallel.executors.estimation.chunks import (
     WorkerLostError,
     WorkerTask,
@@ -47,6 +49,7 @@ from mixle_parallel.executors.estimation.engines.support import (
     require_engine,
 )
 from mixle_parallel.executors.estimation.handle import handle_from_runner
+from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
 __all__ = ["INLINE_PAYLOAD_BYTES", "RayChunkWorker", "RayRunner", "pack_payload", "ray_encoded_data", "ray_uses_tls"]
 
@@ -480,3 +483,21 @@ def ray_encoded_data(
     except BaseException:
         runner.close()
         raise
+
+
+ENCODED_DATA_OPTIONS = frozenset({"num_workers", "address", "timeout", "start_timeout", "init_kwargs",
+                                  "direct_channel"})
+"""The ``encoded_data`` options the ray backend honours besides the handle's own."""
+
+WORKER_PROCESSES = True
+
+
+def planned_workers(options: EncodedDataOptions) -> int:
+    """``num_workers``, else the running Ray's CPUs, else the local CPUs."""
+    require_engine("ray", "ray")
+    if options.num_workers is not None:
+        return int(options.num_workers)
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+    return local_cpu_count()

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mixle_parallel.contracts.resources import local_cpu_count
 from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError, apply_chunk_fn
 from mixle_parallel.executors.estimation.engines.support import (
     DEFAULT_TIMEOUT_S,
@@ -26,6 +27,7 @@ from mixle_parallel.executors.estimation.engines.support import (
     require_engine,
 )
 from mixle_parallel.executors.estimation.handle import handle_from_runner
+from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
 __all__ = ["LOCAL_TASK_ATTEMPTS", "SparkRunner", "spark_encoded_data"]
 
@@ -206,3 +208,23 @@ def spark_encoded_data(
     except BaseException:
         runner.close()
         raise
+
+
+ENCODED_DATA_OPTIONS = frozenset({"client", "spark_context", "num_workers", "master", "timeout"})
+"""The ``encoded_data`` options the spark backend honours besides the handle's own."""
+
+WORKER_PROCESSES = True
+
+
+def planned_workers(options: EncodedDataOptions) -> int:
+    """``num_workers``, else the context's default parallelism (task slots), else the local CPUs."""
+    require_engine("pyspark", "spark")
+    if options.num_workers is not None:
+        return int(options.num_workers)
+    sc = options.extra.get("spark_context") or options.client
+    if sc is not None and hasattr(sc, "sparkContext"):
+        sc = sc.sparkContext
+    if sc is None:
+        pyspark = sys.modules.get("pyspark")
+        sc = pyspark.SparkContext._active_spark_context if pyspark is not None else None
+    return int(sc.defaultParallelism) if sc is not None else local_cpu_count()

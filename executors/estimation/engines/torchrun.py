@@ -252,3 +252,17 @@ def torchrun_encoded_data(data: Any, *, group: Any = None, comm: Any = None, roo
     kwargs = {k: params[k] for k in keys if params.get(k) is not None}
     return TorchRunEncodedData(data, group=group if group is not None else comm, root=root, root_only=root_only,
                                backend=backend_name, timeout=timeout, **kwargs)
+
+
+ENCODED_DATA_OPTIONS = frozenset({"comm", "group", "root", "root_only", "timeout", "backend_name"})
+"""The ``encoded_data`` options the torchrun backend honours besides the handle's own (ranks: torchrun)."""
+
+WORKER_PROCESSES = True
+
+
+def planned_workers(options: Any) -> int:
+    """The job's ranks: the given group's size, the initialized default group's, else torchrun's WORLD_SIZE."""
+    group = options.extra.get("group", options.comm)
+    if group is not None:
+        return int(_dist().get_world_size(group=group))
+    return torchrun_world_size()

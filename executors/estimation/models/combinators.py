@@ -162,7 +162,9 @@ class MixtureEstimator:
     """M-step of a mixture: weights from responsibilities, each component by its estimator.
 
     ``pseudo_count`` adds that weight to every component's count before normalizing (keeps empty
-    components alive); ``fixed_weights`` holds the weights fixed.
+    components alive); ``fixed_weights`` holds the weights fixed; ``init`` is the EM start
+    (``"kmeans++"``, ``"dirichlet"`` or ``"random"``; None: k-means++ when the rows are scalar or
+    vector floats, as in mixle 0.8.2), used when ``optimize`` is not given ``init=``.
     """
 
     def __init__(
@@ -171,7 +173,11 @@ class MixtureEstimator:
         fixed_weights: Sequence[float] | None = None,
         pseudo_count: float | None = None,
         name: str | None = None,
+        init: str | None = None,
     ) -> None:
+        if init is not None and init not in ("kmeans++", "dirichlet", "random"):
+            raise ValueError(f"MixtureEstimator: init must be 'kmeans++', 'dirichlet', 'random' or None, got {init!r}")
+        self.init = init
         self.estimators = list(estimators)
         if not self.estimators:
             raise ValueError("MixtureEstimator needs at least one component estimator")

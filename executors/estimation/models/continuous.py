@@ -19,6 +19,9 @@ __all__ = [
 class ScalarEncoder:
     """Encodes scalar rows as a 1-D float64 array."""
 
+    NUMERIC_ROWS = True
+    """Rows are real numbers (``encoded_data`` checks them before any worker starts)."""
+
     def encode(self, rows: Any) -> np.ndarray:
         """``rows`` -> float64[n]."""
         x = np.asarray(rows, dtype=np.float64)

@@ -29,6 +29,9 @@ def gammaln(x: np.ndarray) -> np.ndarray:
 class PoissonEncoder:
     """Encodes non-negative integer counts as (x float64[n], log(x!) float64[n])."""
 
+    NUMERIC_ROWS = True
+    """Rows are real numbers (``encoded_data`` checks them before any worker starts)."""
+
     def encode(self, rows: Any) -> tuple[np.ndarray, np.ndarray]:
         """Counts -> (x, log x!)."""
         x = np.asarray(rows, dtype=np.float64).reshape(-1)

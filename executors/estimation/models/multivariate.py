@@ -19,6 +19,9 @@ __all__ = [
 class VectorEncoder:
     """Encodes rows of d numbers as a C-contiguous float64[n, d] array."""
 
+    NUMERIC_ROWS = True
+    """Rows are real numbers (``encoded_data`` checks them before any worker starts)."""
+
     def encode(self, rows: Any) -> np.ndarray:
         """Rows -> float64[n, d]."""
         x = np.ascontiguousarray(np.asarray(rows, dtype=np.float64))

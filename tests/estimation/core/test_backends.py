@@ -129,6 +129,10 @@ def test_a_handle_without_estep_costs_two_passes_but_fits_the_same(gmm_1d):
             self.inner.close()
 
     with encoded_data(gmm_1d, estimator=est) as h:
+        # a handle with only mixle's pysp_seq_* protocol starts from its own pysp_seq_initialize
         a = fit(TwoPass(h), est, max_its=4, delta=None, seed=2)
-        b = fit(h, est, max_its=4, delta=None, seed=2)
+        b = fit(h, est, max_its=4, delta=None, seed=2, init="random")
+        with pytest.raises(ValueError, match="map_chunks"):
+            fit(TwoPass(h), est, max_its=4, seed=2, init="kmeans++")
+    assert a.init == b.init == "random"
     assert _model_bytes(a.model) == _model_bytes(b.model) and a.history == b.history

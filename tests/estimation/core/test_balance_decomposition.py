@@ -150,3 +150,6 @@ def test_a_placement_that_does_not_match_is_refused_before_workers_start():
         encoded_data(x, estimator=est, backend="local", num_workers=2, num_chunks=5, placement=p)
     with pytest.raises(TypeError, match="takes the Placement"):
         encoded_data(x, estimator=est, placement={"shards": []})
+    # placement is an option only mp and local honour (they run chunks where the plan says)
+    with pytest.raises(ValueError, match="option placement= is not honoured by backend 'model_parallel'"):
+        encoded_data(x, estimator=est, backend="model_parallel", placement=p)

@@ -1,0 +1,81 @@
+"""MegatronBridgeBackend: the plan written into a provider; the extra named where megatron-bridge is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from typing import Any
+
+import pytest
+
+from mixle_parallel import MegatronBridgeBackend, MissingExtraError, ParallelPlan, get_training_backend
+from mixle_parallel.megatron_training import MegatronBridgeSession
+
+HAS_BRIDGE = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.bridge")
+
+
+class Provider:
+    """The attribute surface of a Bridge model provider (GPTModelProvider's parallel sizes)."""
+
+    def __init__(self) -> None:
+        self.tensor_model_parallel_size = 1
+        self.finalized = False
+        self.provided: dict[str, Any] | None = None
+
+    def finalize(self) -> Provider:
+        self.finalized = True
+        return self
+
+    def provide_distributed_model(self, **kwargs: Any) -> str:
+        self.provided = kwargs
+        return "model"
+
+
+def test_configure_provider_writes_the_plan() -> None:
+    plan = ParallelPlan(dp_shard=2, tp=2, pp=2, cp=2, ep=2, etp=2)
+    p = MegatronBridgeBackend.configure_provider(Provider(), plan)
+    assert (p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
+            p.expert_model_parallel_size, p.expert_tensor_parallel_size, p.sequence_parallel) == (2, 2, 2, 2, 2, True)
+    cfg = types.SimpleNamespace(use_distributed_optimizer=False, overlap_grad_reduce=False, overlap_param_gather=False)
+    MegatronBridgeBackend.configure_distributed_optimizer(cfg, plan)
+    assert (cfg.use_distributed_optimizer, cfg.overlap_grad_reduce, cfg.overlap_param_gather) == (True, True, True)
+    assert MegatronBridgeBackend.configure_distributed_optimizer(None, plan) is None
+
+
+def test_registered_and_exported() -> None:
+    assert isinstance(get_training_backend("megatron_bridge"), MegatronBridgeBackend)
+
+
+@pytest.mark.skipif(bool(HAS_BRIDGE), reason="megatron-bridge is installed")
+def test_prepare_without_bridge_names_the_extra() -> None:
+    with pytest.raises(MissingExtraError, match=r"mixle-parallel\[megatron-bridge\]"):
+        MegatronBridgeBackend().prepare(Provider(), plan=ParallelPlan(tp=2))
+    with pytest.raises(MissingExtraError, match="megatron-bridge"):
+        MegatronBridgeBackend().run_pretrain(types.SimpleNamespace(model=Provider()), lambda *a: None,
+                                             plan=ParallelPlan(tp=2))
+
+
+def test_prepare_drives_the_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in module for megatron.bridge (not installed here: it needs CUDA-only packages); the
+    # provider protocol it is driven through is the real one (finalize, provide_distributed_model).
+    if not HAS_BRIDGE:
+        monkeypatch.setitem(sys.modules, "megatron.bridge", types.ModuleType("megatron.bridge"))
+    provider = Provider()
+    ddp = types.SimpleNamespace(use_distributed_optimizer=False)
+    calls: list[tuple[Any, ...]] = []
+    session = MegatronBridgeBackend().prepare(
+        provider, plan=ParallelPlan(dp_shard=2, tp=2), ddp_config=ddp,
+        train_batch_fn=lambda model, opt, x, y: calls.append((model, opt, x, y)) or 1.5, optimizer="opt")
+    assert isinstance(session, MegatronBridgeSession) and session.module == "model"
+    assert provider.finalized and provider.provided == {"wrap_with_ddp": True, "ddp_config": ddp}
+    assert provider.tensor_model_parallel_size == 2 and ddp.use_distributed_optimizer is True
+    import torch
+
+    receipt = session.train_batch(torch.zeros(2, 4), torch.zeros(2, 4))
+    assert calls and calls[0][:2] == ("model", "opt")
+    assert (receipt.step, receipt.loss, receipt.local_examples, receipt.local_tokens) == (1, 1.5, 2, 8)
+    with pytest.raises(TypeError, match="no provide_distributed_model"):
+        MegatronBridgeBackend().prepare(types.SimpleNamespace(), plan=ParallelPlan(tp=2))
+    with pytest.raises(RuntimeError, match="run_pretrain"):
+        MegatronBridgeBackend().prepare(Provider(), plan=ParallelPlan(tp=2)).train_batch(None, None)
