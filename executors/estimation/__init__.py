@@ -40,7 +40,7 @@ from mixle_parallel.executors.estimation.em_observability import *  # noqa: F403
 # so importing them here keeps this package light.
 from mixle_parallel.executors.estimation.engines.dask import DaskRunner
 from mixle_parallel.executors.estimation.engines.mpi import MPIChunkError, MPIEncodedData, MPIRunner
-from mixle_parallel.executors.estimation.engines.ray import RayRunner
+from mixle_parallel.executors.estimation.engines.ray import RayEncodedData, RayRunner
 from mixle_parallel.executors.estimation.engines.spark import SparkRunner
 from mixle_parallel.executors.estimation.engines.torchrun import (
     TorchRunChunkError,
@@ -60,8 +60,8 @@ builtin_backends.register_builtin_encoded_data_backends()
 verifiable.register_em_verification_targets()
 
 _ENGINE_RUNNERS = [
-    "DaskRunner", "MPIChunkError", "MPIEncodedData", "MPIRunner", "RayRunner", "SparkRunner", "TorchRunChunkError",
-    "TorchRunEncodedData", "TorchRunRunner", "torchrun_out",
+    "DaskRunner", "MPIChunkError", "MPIEncodedData", "MPIRunner", "RayEncodedData", "RayRunner", "SparkRunner",
+    "TorchRunChunkError", "TorchRunEncodedData", "TorchRunRunner", "torchrun_out",
 ]
 
 __all__ = sorted({

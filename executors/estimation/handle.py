@@ -319,6 +319,11 @@ class ChunkedEncodedData:
         """One E/M update from ``prev_estimate`` (the new model)."""
         return self.estep(estimator, prev_estimate).model
 
+    def pysp_stream_accumulate(self, estimator: Any, model: Any) -> tuple[float, Any]:
+        """One pass's ``(nobs, statistics)`` under ``model``, without the M-step (mixle's streaming fold)."""
+        total = self._fold_entries(estimator, self.estep_entries(estimator, model))
+        return total.count, total.stats
+
     def pysp_seq_log_density_sum(self, estimate: Any) -> tuple[float, float]:
         """Rows and total log-likelihood of ``estimate`` over the data."""
         results = self._map(chunk_log_density, estimate, None, estimate)
@@ -385,10 +390,16 @@ def handle_from_runner(
     num_rows: int | None = None,
     controls: dict[str, Any] | None = None,
     placement: Any = None,
+    handle_class: type[ChunkedEncodedData] | None = None,
     **_: Any,
 ) -> ChunkedEncodedData:
-    """Wrap a runner as an encoded-data handle (encoding happens now if an encoder is known)."""
-    return ChunkedEncodedData(
+    """Wrap a runner as an encoded-data handle (encoding happens now if an encoder is known).
+
+    ``handle_class`` names a subclass to return (e.g. ``RayEncodedData``), built with this class's
+    constructor whatever its own takes."""
+    handle = ChunkedEncodedData.__new__(handle_class or ChunkedEncodedData)
+    ChunkedEncodedData.__init__(
+        handle,
         runner,
         data,
         estimator=estimator,
@@ -400,3 +411,4 @@ def handle_from_runner(
         controls=controls,
         placement=placement,
     )
+    return handle

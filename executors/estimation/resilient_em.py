@@ -22,7 +22,7 @@ from typing import Any
 
 from mixle_parallel.contracts.estimation import canonical_statistic_bytes, statistic_digest
 from mixle_parallel.executors.estimation.chunks import GroupFold, chunk_estep
-from mixle_parallel.executors.estimation.combine_order import GroupStats, combine_groups, fold_group, fold_pass
+from mixle_parallel.executors.estimation.combine_order import GroupStats, combine_groups, fold_group
 from mixle_parallel.executors.estimation.engines.resilient_mp import ResilientMPChunkRunner
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
 from mixle_parallel.executors.estimation.statistic_codec import statistic_from_bytes
@@ -174,8 +174,3 @@ class ResilientMPEncodedData(ChunkedEncodedData):
             self._save(doc)
             self.iteration = int(doc["iteration"])
         return model
-
-    def pysp_stream_accumulate(self, estimator: Any, model: Any) -> tuple[float, Any]:
-        """One pass: ``(nobs, statistics)``."""
-        total = fold_pass(estimator, self.estep_entries(estimator, model))
-        return total.count, total.stats
