@@ -22,6 +22,7 @@ from mixle_parallel.executors.estimation import (
     models,
     planner,
     resilient_em,
+    stochastic,
     verifiable,
 )
 from mixle_parallel.executors.estimation import (
@@ -55,6 +56,7 @@ from mixle_parallel.executors.estimation.models import *  # noqa: F403
 from mixle_parallel.executors.estimation.optimize import *  # noqa: F403
 from mixle_parallel.executors.estimation.planner import *  # noqa: F403
 from mixle_parallel.executors.estimation.resilient_em import *  # noqa: F403
+from mixle_parallel.executors.estimation.stochastic import *  # noqa: F403
 
 builtin_backends.register_builtin_encoded_data_backends()
 verifiable.register_em_verification_targets()
@@ -67,6 +69,6 @@ _ENGINE_RUNNERS = [
 __all__ = sorted({
     *api.__all__, *builtin_backends.__all__, *chunks.__all__, *combine_order.__all__, *component_parallel.__all__,
     *em_observability.__all__, *audited_mp.__all__, *finite_guard.__all__, *balance.__all__,
-    *model_decomposition.__all__, *resilient_em.__all__,
+    *model_decomposition.__all__, *resilient_em.__all__, *stochastic.__all__,
     *handle.__all__, *models.__all__, *_optimize_module.__all__, *planner.__all__, *_ENGINE_RUNNERS,
 })

@@ -158,6 +158,12 @@ class ChunkedEncodedData:
         # GroupFold is callable through its __call__, which mypy does not see on a NamedTuple
         return self._map(fold, (estimator, model), estimator, model)  # type: ignore[arg-type]  # NamedTuple __call__
 
+    def batch_statistics(self, estimator: Any, model: Any, chunk_ids: Sequence[int]) -> list[ChunkResult]:
+        """E-step results of the chosen chunks, in ascending chunk order (mini-batch EM; collective on SPMD)."""
+        self._ensure_scattered(estimator, model)
+        ids = sorted(int(c) for c in chunk_ids)
+        return [ChunkResult(*r) for r in self._metered.map_chunks(chunk_estep, (estimator, model), ids)]
+
     def chunk_digests(self, estimator: Any, model: Any) -> list[str]:
         """``sha256:`` digest of each chunk's statistics, in chunk order."""
         return [statistic_digest(r.stats) for r in self.chunk_statistics(estimator, model)]
