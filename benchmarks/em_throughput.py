@@ -1,7 +1,8 @@
 """EM throughput: our backends vs scikit-learn's GaussianMixture vs mixle 0.8.2, one run, same data
 and starting model. Prints a table of per-iteration times and ratios measured side by side.
 
-    python benchmarks/em_throughput.py [--iters 15] [--rounds 4] [--small] [--cases 1d,8d] [--engines mp,dask,ray]
+    python benchmarks/em_throughput.py [--iters 15] [--rounds 4] [--small] [--cases 1d,8d]
+        [--engines mp,dask,ray,torchrun]
 
 Cases: 1,000,000 x 1-D, K=8 and 200,000 x 8-D diagonal, K=8. For each: our ``local`` backend
 with one worker, scikit-learn (its own E-step + M-step per iteration), mixle's plain path
