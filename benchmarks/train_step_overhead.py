@@ -4,7 +4,7 @@ World 2 on gloo (CPU). For DDP and FSDP2, both loops train the same model on the
 steps alternate in blocks (hand, session, hand, ...) so machine load hits both alike. Prints the
 median step time of each over >= 30 measured steps after warm-up, and their ratio.
 
-    python benchmarks/train_step_overhead.py [--steps 40] [--warmup 5] [--dim 256] [--audit]
+    python benchmarks/train_step_overhead.py [--steps 40] [--warmup 5] [--dim 256] [--audit] [--no-health]
 
 The session's SDC audit is off here (``--audit`` keeps its default rate on); its cost is measured
 by benchmarks/sdc_audit_overhead.py.
@@ -77,7 +77,8 @@ def worker(rank: int, world_size: int, args: argparse.Namespace) -> list[tuple]:
         session = get_training_backend("torch_native").prepare(
             LM(args.vocab, args.dim, args.depth), plan=plan,
             optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9), admission="unverified",
-            audit=None if args.audit else False)  # the audit's own cost: benchmarks/sdc_audit_overhead.py
+            audit=None if args.audit else False,  # the audit's own cost: benchmarks/sdc_audit_overhead.py
+            health=not args.no_health)  # health receipts (and the heartbeat) are on by default
         torch.manual_seed(0)
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=(name,))
         model, opt = hand_written(kind, LM(args.vocab, args.dim, args.depth), mesh)
@@ -124,13 +125,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_step_arguments(parser, steps=40)
     parser.add_argument("--audit", action="store_true", help="keep the session's default SDC audit on")
+    parser.add_argument("--no-health", action="store_true", help="turn the session's health receipts off")
     args = parser.parse_args()
     if args.steps < 30:
         parser.error("--steps must be >= 30 so the median is meaningful")
     rows = run_world(worker, 2, args, timeout=3600.0)[0]
     print(f"world 2 (gloo, CPU), dim={args.dim} depth={args.depth} vocab={args.vocab} "
           f"batch={args.batch}x{args.seq} per rank, {args.warmup} warm-up steps, "
-          f"SDC audit {'on (default rate)' if args.audit else 'off'}")
+          f"SDC audit {'on (default rate)' if args.audit else 'off'}, health {'off' if args.no_health else 'on'}")
     print(f"{'transform':<10}{'steps':>7}{'hand ms':>10}{'session ms':>12}{'ratio':>8}")
     for kind, n, hand, sess, ratio in rows:
         print(f"{kind:<10}{n:>7}{hand:>10.2f}{sess:>12.2f}{ratio:>8.3f}")

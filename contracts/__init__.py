@@ -1,6 +1,16 @@
 """Contracts: pure data and rules (attrs/cattrs/stdlib only), shared by every executor."""
 
-from mixle_parallel.contracts.admission import AdmissionCertificate, admission_problems, check_admission
+from mixle_parallel.contracts.admission import (
+    ADMISSION_CHECKS,
+    DEFAULT_MAX_AGE,
+    IN_TOTO_PAYLOAD_TYPE,
+    AdmissionCertificate,
+    AdmissionContext,
+    CertificateEnvelope,
+    EnvelopeSignature,
+    admission_problems,
+    check_admission,
+)
 from mixle_parallel.contracts.capabilities import BackendCapabilities
 from mixle_parallel.contracts.enums import (
     ALL_AXES,
@@ -76,6 +86,8 @@ __all__ = [
     "Model", "ModelShardingPlan", "Placement", "RowShard", "StatisticFormatError",
     "canonical_statistic_bytes", "statistic_digest", "statistics_equal",
     "EstimationWorkload", "TrainingWorkload", "VERIFICATION_LAUNCHES", "VerifiableExecutor", "VerificationTrial",
+    "ADMISSION_CHECKS", "DEFAULT_MAX_AGE", "IN_TOTO_PAYLOAD_TYPE", "AdmissionContext", "CertificateEnvelope",
+    "EnvelopeSignature",
     "ALL_AXES", "AdmissibleExecutor", "AdmissionCertificate", "BackendCapabilities", "CONTRACT_TYPES",
     "CapabilityError", "CollectiveKind", "ContractError", "DERIVED_AXES", "DeviceSpec",
     "DistributedUpdate", "FrozenDict", "KNOWN_PRECISIONS", "MeshCoordinate", "MeshShape",

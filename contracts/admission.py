@@ -1,23 +1,60 @@
-"""AdmissionCertificate and the pure admission check an executor runs before touching a real mesh."""
+"""AdmissionCertificate (what a signed attestation vouches for) and the pure checks the gate runs on it.
+
+A certificate is the predicate of an in-toto Statement carried in a DSSE envelope
+(``CertificateEnvelope``) signed with Ed25519; signing and signature checks live in
+``verification.attestation`` (contracts import no crypto). ``admission_problems`` is every check
+that needs no key: identity, plan family, precision, device kind and communication backend, library
+versions, evidence digests recomputed from the embedded evidence, every recorded error within the
+recorded tolerance and that tolerance within the policy, and the issue time. Each failure starts
+``check '<name>' failed:`` so callers and tests can tell which check refused.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-from collections.abc import Mapping
-from datetime import datetime
+import re
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts._checks import enum_frozenset, non_empty_str, optional_str, str_frozenset
+from mixle_parallel.contracts._checks import enum_frozenset, non_empty_str
 from mixle_parallel.contracts.capabilities import BackendCapabilities
 from mixle_parallel.contracts.enums import ParallelAxis
 from mixle_parallel.contracts.errors import NotAdmittedError
-from mixle_parallel.contracts.evidence import Tolerance
+from mixle_parallel.contracts.evidence import NumericsEvidence, Tolerance
 from mixle_parallel.contracts.frozen_mapping import FrozenDict, to_frozen_dict
 from mixle_parallel.contracts.plan import ParallelPlan
 from mixle_parallel.contracts.protocols import AdmissibleExecutor
-from mixle_parallel.contracts.serialization import content_digest, register_contract
+from mixle_parallel.contracts.serialization import SCHEMA_METADATA, content_digest, register_contract
+
+__all__ = [
+    "ADMISSION_CHECKS", "DEFAULT_MAX_AGE", "IN_TOTO_PAYLOAD_TYPE", "AdmissionCertificate", "AdmissionContext",
+    "CertificateEnvelope", "EnvelopeSignature", "admission_problems", "check_admission",
+]
+
+IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
+"""DSSE payload type of an in-toto Statement."""
+
+DEFAULT_MAX_AGE = timedelta(days=90)
+"""A certificate older than this is refused (re-certify: libraries and machines drift)."""
+
+ADMISSION_CHECKS = (
+    "certificate", "signature", "executor", "executor_version", "source_digest", "capabilities", "plan_family",
+    "precision", "device_kind", "comm_backend", "library_versions", "evidence_digests", "evidence",
+    "tolerance_policy", "issued_at",
+)
+"""The names of the gate's checks, as they appear in ``check '<name>' failed:`` reasons."""
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_B64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+_REQUIRED_LIBRARIES = ("python", "numpy")
+_DIGEST_SCHEMA = {SCHEMA_METADATA: {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}}
+
+
+def _failed(check: str, message: str) -> str:
+    return f"check '{check}' failed: {message}"
 
 
 def _iso_time(inst: object, attribute: attrs.Attribute, value: str) -> None:
@@ -30,34 +67,62 @@ def _iso_time(inst: object, attribute: attrs.Attribute, value: str) -> None:
         raise ValueError(f"AdmissionCertificate.issued_at={value!r} needs a UTC offset, e.g. '+00:00'")
 
 
+def _digest(inst: object, attribute: attrs.Attribute, value: str) -> None:
+    if not isinstance(value, str) or not _DIGEST.fullmatch(value):
+        raise ValueError(f"{type(inst).__name__}.{attribute.name}={value!r}; expected 'sha256:<64 lowercase hex>'")
+
+
 def _digests(inst: object, attribute: attrs.Attribute, value: frozenset[str]) -> None:
     if not value:
         raise ValueError("AdmissionCertificate.evidence_digests is empty; a certificate needs evidence")
     for digest in value:
-        if not digest.startswith("sha256:") or len(digest) != 71:
-            raise ValueError(f"AdmissionCertificate.evidence_digests holds {digest!r}; expected 'sha256:<64 hex>'")
+        _digest(inst, attribute, digest)
+
+
+def _versions(inst: object, attribute: attrs.Attribute, value: FrozenDict) -> None:
+    missing = [name for name in _REQUIRED_LIBRARIES if not value.get(name)]
+    if missing:
+        raise ValueError(f"AdmissionCertificate.library_versions lacks {missing}; it must name at least "
+                         f"{list(_REQUIRED_LIBRARIES)} and every engine the executor loads")
+    for name, version in value.items():
+        if not isinstance(version, str) or not version:
+            raise ValueError(f"AdmissionCertificate.library_versions[{name!r}] must be a non-empty version string")
+
+
+def _evidence(values: Iterable[Any]) -> tuple[NumericsEvidence, ...]:
+    out = tuple(values)
+    for record in out:
+        if not isinstance(record, NumericsEvidence):
+            raise TypeError(f"AdmissionCertificate.evidence holds {type(record).__name__}, expected NumericsEvidence")
+    if not out:
+        raise ValueError("AdmissionCertificate.evidence is empty; a certificate embeds the evidence it rests on")
+    return out
 
 
 @register_contract
 @attrs.frozen
 class AdmissionCertificate:
-    """Evidence-backed permission for one executor version to run one plan family at one precision.
+    """What a signed certificate vouches for: one executor build, one plan family, precision and mesh kind.
 
-    Content-addressed (``certificate_id`` is the sha256 of the canonical JSON without the
-    signature) and optionally HMAC-signed.
+    Subject: ``executor``, ``executor_version`` and ``source_digest`` (sha256 over the executor's
+    own source files). Predicate: the rest, including the full evidence records.
     """
 
     executor: str = attrs.field(validator=non_empty_str)
     executor_version: str = attrs.field(validator=non_empty_str)
+    source_digest: str = attrs.field(validator=_digest, metadata=_DIGEST_SCHEMA)
     capabilities: BackendCapabilities = attrs.field(validator=attrs.validators.instance_of(BackendCapabilities))
     axis_family: frozenset[ParallelAxis] = attrs.field(converter=enum_frozenset(ParallelAxis))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
     measured_plan: ParallelPlan = attrs.field(validator=attrs.validators.instance_of(ParallelPlan))
     precision: str = attrs.field(validator=non_empty_str)
-    library_versions: FrozenDict = attrs.field(converter=to_frozen_dict)
-    evidence_digests: frozenset[str] = attrs.field(converter=str_frozenset, validator=_digests)
+    device_kind: str = attrs.field(validator=non_empty_str)
+    comm_backend: str = attrs.field(validator=non_empty_str)
+    library_versions: FrozenDict = attrs.field(converter=to_frozen_dict, validator=_versions)
+    evidence: tuple[NumericsEvidence, ...] = attrs.field(converter=_evidence)
+    evidence_digests: frozenset[str] = attrs.field(
+        validator=_digests, metadata={SCHEMA_METADATA: {"minItems": 1, "items": _DIGEST_SCHEMA[SCHEMA_METADATA]}})
     tolerance: Tolerance = attrs.field(validator=attrs.validators.instance_of(Tolerance))
     issued_at: str = attrs.field(validator=_iso_time)
-    signature: str | None = attrs.field(default=None, validator=optional_str)
 
     def __attrs_post_init__(self) -> None:
         if self.measured_plan.axis_family != self.axis_family:
@@ -85,22 +150,167 @@ class AdmissionCertificate:
 
     @property
     def certificate_id(self) -> str:
-        """sha256 of the canonical JSON of every field but the signature."""
-        return content_digest(attrs.evolve(self, signature=None))
+        """sha256 of the canonical JSON of the certificate (the Statement's predicate and subject)."""
+        return content_digest(self)
 
-    def signed(self, key: bytes) -> AdmissionCertificate:
-        """A copy carrying an HMAC-SHA256 of ``certificate_id`` under ``key``."""
-        return attrs.evolve(self, signature=_hmac(key, self.certificate_id))
-
-    def signature_valid(self, key: bytes) -> bool:
-        """True when the certificate is signed and the signature verifies under ``key``."""
-        return self.signature is not None and hmac.compare_digest(self.signature, _hmac(key, self.certificate_id))
+    @property
+    def issued(self) -> datetime:
+        """``issued_at`` as an aware datetime."""
+        return datetime.fromisoformat(self.issued_at)
 
 
-def _hmac(key: bytes, message: str) -> str:
-    if not isinstance(key, (bytes, bytearray)) or not key:
-        raise ValueError("an HMAC key must be non-empty bytes")
-    return "hmac-sha256:" + hmac.new(bytes(key), message.encode("utf-8"), hashlib.sha256).hexdigest()
+def _keyid(inst: object, attribute: attrs.Attribute, value: str) -> None:
+    if not isinstance(value, str) or not _HEX64.fullmatch(value):
+        raise ValueError(f"EnvelopeSignature.keyid={value!r}; expected 64 lowercase hex digits")
+
+
+def _b64(inst: object, attribute: attrs.Attribute, value: str) -> None:
+    if not isinstance(value, str) or not value.isascii() or not _B64.fullmatch(value) or len(value) % 4:
+        raise ValueError(f"{type(inst).__name__}.{attribute.name} must be standard base64 text")
+
+
+@register_contract
+@attrs.frozen
+class EnvelopeSignature:
+    """One DSSE signature: the signing key's id and the base64 signature over the PAE of the payload."""
+
+    keyid: str = attrs.field(validator=_keyid, metadata={SCHEMA_METADATA: {"pattern": "^[0-9a-f]{64}$"}})
+    sig: str = attrs.field(validator=_b64)
+
+
+def _payload_type(inst: object, attribute: attrs.Attribute, value: str) -> None:
+    if value != IN_TOTO_PAYLOAD_TYPE:
+        raise ValueError(f"CertificateEnvelope.payload_type={value!r}; expected {IN_TOTO_PAYLOAD_TYPE!r}")
+
+
+def _signatures(values: Iterable[Any]) -> tuple[EnvelopeSignature, ...]:
+    out = tuple(values)
+    if not out:
+        raise ValueError("CertificateEnvelope.signatures is empty; an unsigned certificate is not admitted")
+    for sig in out:
+        if not isinstance(sig, EnvelopeSignature):
+            raise TypeError(f"CertificateEnvelope.signatures holds {type(sig).__name__}, expected EnvelopeSignature")
+    return out
+
+
+@register_contract
+@attrs.frozen
+class CertificateEnvelope:
+    """A DSSE envelope: base64 of an in-toto Statement whose predicate is an ``AdmissionCertificate``."""
+
+    payload_type: str = attrs.field(validator=_payload_type)
+    payload: str = attrs.field(validator=_b64)
+    signatures: tuple[EnvelopeSignature, ...] = attrs.field(converter=_signatures)
+
+
+@attrs.frozen
+class AdmissionContext:
+    """What the gate compares a certificate against: the run about to start and the policy."""
+
+    device_kind: str = "cpu"
+    comm_backend: str = "gloo"
+    source_digest: str | None = None
+    library_versions: Mapping[str, str] = attrs.field(factory=dict)
+    policy: Callable[[AdmissionCertificate], Tolerance] | None = None
+    max_age: timedelta = DEFAULT_MAX_AGE
+    now: datetime | None = None
+
+
+def _identity_problems(cert: AdmissionCertificate, executor: AdmissibleExecutor, plan: ParallelPlan,
+                       precision: str, context: AdmissionContext) -> list[str]:
+    problems: list[str] = []
+    name, version = executor.capabilities.name, str(executor.version)
+    if cert.executor != name:
+        problems.append(_failed("executor", f"certificate is for executor {cert.executor!r}, not {name!r}"))
+    if cert.executor_version != version:
+        problems.append(_failed("executor_version", f"certificate is for {name} {cert.executor_version}, "
+                                                    f"running {version}"))
+    if context.source_digest is not None and cert.source_digest != context.source_digest:
+        problems.append(_failed("source_digest", "the executor's source files changed since the certificate was "
+                                f"issued ({cert.source_digest[:19]}... vs {context.source_digest[:19]}...)"))
+    if cert.capabilities != executor.capabilities:
+        problems.append(_failed("capabilities", "the executor's capabilities changed since the certificate was issued"))
+    if cert.axis_family != plan.axis_family:
+        problems.append(_failed("plan_family", f"certificate covers axes "
+                                f"{sorted(a.value for a in cert.axis_family) or ['none']}, the plan uses "
+                                f"{sorted(a.value for a in plan.axis_family) or ['none']}"))
+    if cert.precision != precision:
+        problems.append(_failed("precision", f"certificate is for {cert.precision}, the run uses {precision}"))
+    if cert.device_kind != context.device_kind:
+        problems.append(_failed("device_kind", f"certificate was measured on {cert.device_kind}, the mesh about to "
+                                               f"start runs on {context.device_kind}"))
+    if cert.comm_backend != context.comm_backend:
+        problems.append(_failed("comm_backend", f"certificate was measured over {cert.comm_backend}, the mesh about "
+                                                f"to start communicates over {context.comm_backend}"))
+    return problems
+
+
+def _looser(tolerance: Tolerance, bound: Tolerance) -> bool:
+    """True when ``tolerance`` accepts something ``bound`` would not."""
+    if tolerance.bitwise:
+        return False
+    return bound.bitwise or tolerance.atol > bound.atol or tolerance.rtol > bound.rtol
+
+
+def _evidence_problems(cert: AdmissionCertificate, context: AdmissionContext) -> list[str]:
+    problems: list[str] = []
+    recomputed = frozenset(r.evidence_id for r in cert.evidence)
+    if recomputed != cert.evidence_digests:
+        problems.append(_failed("evidence_digests", f"{len(cert.evidence_digests ^ recomputed)} digest(s) do not match "
+                                                    "the embedded evidence records"))
+    tol = cert.tolerance
+    for record in cert.evidence:
+        where = f"update {record.node_id!r}"
+        if not record.passed:
+            problems.append(_failed("evidence", f"{where}: the recorded evidence failed (within_tolerance="
+                                    f"{record.within_tolerance}, deterministic={record.deterministic}, "
+                                    f"collectives_match={record.collectives_match})"))
+        if _looser(record.tolerance, tol) or (tol.bitwise and record.maximum_absolute_error != 0.0):
+            problems.append(_failed("evidence", f"{where}: judged with atol={record.tolerance.atol} "
+                                    f"rtol={record.tolerance.rtol} (max abs error {record.maximum_absolute_error:.3g}),"
+                                    f" looser than the certificate's atol={tol.atol} rtol={tol.rtol}"
+                                    f"{' bitwise' if tol.bitwise else ''}"))
+        if record.executor != cert.executor or record.precision != cert.precision:
+            problems.append(_failed("evidence", f"{where}: measured {record.executor} at {record.precision}, "
+                                                f"not {cert.executor} at {cert.precision}"))
+        if record.plan.axis_family != cert.axis_family:
+            problems.append(_failed("evidence", f"{where}: measured plan {record.plan.describe()} is outside the "
+                                                "certified family"))
+    if context.policy is not None:
+        policy = context.policy(cert)
+        if _looser(tol, policy):
+            problems.append(_failed("tolerance_policy", f"the certificate's tolerance atol={tol.atol} rtol={tol.rtol}"
+                                    f"{' bitwise' if tol.bitwise else ''} is looser than the policy for "
+                                    f"{cert.precision} (atol={policy.atol} rtol={policy.rtol}"
+                                    f"{' bitwise' if policy.bitwise else ''})"))
+    return problems
+
+
+def _version_problems(cert: AdmissionCertificate, context: AdmissionContext) -> list[str]:
+    problems = []
+    for library, certified in sorted(cert.library_versions.items()):
+        running = context.library_versions.get(library)
+        if running is None:
+            problems.append(_failed("library_versions", f"certificate was measured with {library} {certified}, "
+                                                        f"which is not installed here"))
+        elif running != certified:
+            problems.append(_failed("library_versions", f"certificate was measured with {library} {certified}, "
+                                                        f"running {running}"))
+    for library in sorted(set(context.library_versions) - set(cert.library_versions)):
+        problems.append(_failed("library_versions", f"the run loads {library} {context.library_versions[library]}, "
+                                                    "which the certificate does not name"))
+    return problems
+
+
+def _time_problems(cert: AdmissionCertificate, context: AdmissionContext) -> list[str]:
+    now = context.now or datetime.now(UTC)
+    issued = cert.issued
+    if issued > now + timedelta(minutes=5):
+        return [_failed("issued_at", f"certificate claims to be issued at {cert.issued_at}, in the future")]
+    if now - issued > context.max_age:
+        return [_failed("issued_at", f"certificate was issued at {cert.issued_at}, more than "
+                                     f"{context.max_age.days} days ago; re-certify")]
+    return []
 
 
 def admission_problems(
@@ -108,41 +318,18 @@ def admission_problems(
     executor: AdmissibleExecutor,
     plan: ParallelPlan,
     precision: str,
-    *,
-    key: bytes | None = None,
-    library_versions: Mapping[str, str] | None = None,
+    context: AdmissionContext | None = None,
 ) -> tuple[str, ...]:
-    """Every reason ``certificate`` does not admit ``executor`` for ``plan`` at ``precision``."""
+    """Every reason ``certificate`` does not admit ``executor`` for ``plan`` at ``precision`` (signature aside)."""
     if certificate is None:
-        return (f"no admission certificate for executor {executor.capabilities.name!r} "
-                f"on plan {plan.describe()} at {precision}",)
+        return (_failed("certificate", f"no admission certificate for executor {executor.capabilities.name!r} "
+                                       f"on plan {plan.describe()} at {precision}"),)
     if not isinstance(certificate, AdmissionCertificate):
-        return (f"expected an AdmissionCertificate, got {type(certificate).__name__}",)
-    problems: list[str] = []
-    name, version = executor.capabilities.name, str(executor.version)
-    if certificate.executor != name:
-        problems.append(f"certificate is for executor {certificate.executor!r}, not {name!r}")
-    if certificate.executor_version != version:
-        problems.append(f"certificate is for {name} version {certificate.executor_version}, running {version}")
-    if certificate.capabilities != executor.capabilities:
-        problems.append("the executor's capabilities changed since the certificate was issued")
-    if certificate.axis_family != plan.axis_family:
-        problems.append(
-            f"certificate covers axes {sorted(a.value for a in certificate.axis_family) or ['none']}, "
-            f"the plan uses {sorted(a.value for a in plan.axis_family) or ['none']}"
-        )
-    if certificate.precision != precision:
-        problems.append(f"certificate is for precision {certificate.precision}, the run uses {precision}")
-    for library, running in sorted((library_versions or {}).items()):
-        certified = certificate.library_versions.get(library)
-        if certified is not None and certified != running:
-            problems.append(f"certificate was measured with {library} {certified}, running {running}")
-    if key is not None:
-        if certificate.signature is None:
-            problems.append("a signing key is configured but the certificate is unsigned")
-        elif not certificate.signature_valid(key):
-            problems.append("the certificate's signature does not verify under the configured key")
-    return tuple(problems)
+        return (_failed("certificate", f"expected an AdmissionCertificate, got {type(certificate).__name__}"),)
+    context = context or AdmissionContext()
+    return tuple(_identity_problems(certificate, executor, plan, precision, context)
+                 + _version_problems(certificate, context) + _evidence_problems(certificate, context)
+                 + _time_problems(certificate, context))
 
 
 def check_admission(
@@ -150,17 +337,11 @@ def check_admission(
     executor: AdmissibleExecutor,
     plan: ParallelPlan,
     precision: str,
-    *,
-    key: bytes | None = None,
-    library_versions: Mapping[str, str] | None = None,
+    context: AdmissionContext | None = None,
 ) -> str:
-    """Return the certificate id when it admits the run, else raise NotAdmittedError with every reason."""
-    problems = admission_problems(
-        certificate, executor, plan, precision, key=key, library_versions=library_versions
-    )
+    """Return the certificate id when every check passes, else raise NotAdmittedError with every reason."""
+    problems = admission_problems(certificate, executor, plan, precision, context)
     if problems:
         raise NotAdmittedError(problems)
     assert certificate is not None
     return certificate.certificate_id
-
-

@@ -36,9 +36,9 @@ class NotAdmittedError(RuntimeError):
         self.reasons = tuple(reasons)
         detail = "; ".join(self.reasons)
         super().__init__(
-            f"not admitted: {detail}. Certify this executor and plan family with "
-            "`mixle-parallel certify` (or verification.certify) and pass the certificate, "
-            "or pass admission='unverified' to run anyway with that recorded in every receipt."
+            f"not admitted: {detail}. A signed certificate comes from `mixle-parallel certify` (kept in the "
+            "local store, where the gate finds it, or passed as certificate=); "
+            "admission='unverified' runs anyway with that recorded in every receipt."
         )
 
 

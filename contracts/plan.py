@@ -10,11 +10,33 @@ import attrs
 
 from mixle_parallel.contracts._checks import non_negative_int, positive_int
 from mixle_parallel.contracts.enums import ALL_AXES, PHYSICAL_AXES, ParallelAxis
-from mixle_parallel.contracts.serialization import register_contract
+from mixle_parallel.contracts.serialization import SCHEMA_METADATA, register_contract
+
+MAX_AXIS_SIZE = 2**31
+"""Largest size of one axis (and of microbatches / accumulation steps): far beyond any real mesh."""
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _divisors(n: int, *, limit: int = 16) -> str:
+    """The divisors of ``n`` as text (at most ``limit`` shown): trial division up to sqrt(n), milliseconds."""
+    small, large, d = [], [], 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+        d += 1
+    found = small + large[::-1]
+    shown = ", ".join(str(x) for x in found[:limit])
+    return f"[{shown}{', ...' if len(found) > limit else ''}]"
+
+
+_SIZE_SCHEMA = {SCHEMA_METADATA: {"minimum": 1, "maximum": MAX_AXIS_SIZE}}
+
+
+def _axis_size(inst: Any, attribute: Any, value: Any) -> None:
+    positive_int(inst, attribute, value)
+    if value > MAX_AXIS_SIZE:
+        raise ValueError(f"{type(inst).__name__}.{attribute.name}={value} is above the bound {MAX_AXIS_SIZE} (2**31)")
 
 
 def as_axis(axis: ParallelAxis | str) -> ParallelAxis:
@@ -28,14 +50,34 @@ def as_axis(axis: ParallelAxis | str) -> ParallelAxis:
         raise ValueError(f"unknown parallel axis {axis!r}; allowed: {allowed}") from None
 
 
-class MeshShape(NamedTuple):
+class _MeshShapeFields(NamedTuple):
+    names: tuple[str, ...]
+    shape: tuple[int, ...]
+
+
+class MeshShape(_MeshShapeFields):
     """DeviceMesh dimension names and sizes of the active physical axes, slowest first.
 
     A NamedTuple, so it unpacks and compares equal to mixle 0.8.2's plain ``(names, shape)`` tuple.
+    Built with distinct physical axis names and one size (an int in 1..2**31) per name.
     """
 
-    names: tuple[str, ...]
-    shape: tuple[int, ...]
+    __slots__ = ()
+
+    def __new__(cls, names: Any, shape: Any) -> MeshShape:
+        names, shape = tuple(names), tuple(shape)
+        physical = {a.value for a in PHYSICAL_AXES}
+        for name in names:
+            if not isinstance(name, str) or name not in physical:
+                raise ValueError(f"MeshShape.names holds {name!r}; allowed: {sorted(physical)}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"MeshShape.names repeats an axis: {list(names)}")
+        if len(shape) != len(names):
+            raise ValueError(f"MeshShape has {len(names)} names but {len(shape)} sizes")
+        for size in shape:
+            if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_AXIS_SIZE:
+                raise ValueError(f"MeshShape.shape holds {size!r}; sizes are ints in 1..{MAX_AXIS_SIZE}")
+        return super().__new__(cls, names, shape)
 
 
 @register_contract
@@ -73,15 +115,15 @@ class ParallelPlan:
     domains (``ep`` divides the data-parallel size, ``etp`` divides ``tp``).
     """
 
-    dp_replicate: int = attrs.field(default=1, validator=positive_int)
-    dp_shard: int = attrs.field(default=1, validator=positive_int)
-    tp: int = attrs.field(default=1, validator=positive_int)
-    pp: int = attrs.field(default=1, validator=positive_int)
-    cp: int = attrs.field(default=1, validator=positive_int)
-    ep: int = attrs.field(default=1, validator=positive_int)
-    etp: int = attrs.field(default=1, validator=positive_int)
-    microbatches: int = attrs.field(default=1, validator=positive_int)
-    gradient_accumulation_steps: int = attrs.field(default=1, validator=positive_int)
+    dp_replicate: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
+    dp_shard: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
+    tp: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
+    pp: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
+    cp: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
+    ep: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
+    etp: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
+    microbatches: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
+    gradient_accumulation_steps: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
 
     def __attrs_post_init__(self) -> None:
         dp = self.dp_replicate * self.dp_shard

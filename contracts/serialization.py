@@ -29,6 +29,15 @@ T = TypeVar("T")
 SCHEMA_VERSION = 1
 """Version written in every envelope; documents of another version are refused."""
 
+MAX_DEPTH = 64
+"""Deepest nesting of arrays/objects a document may have (contracts nest a handful of levels)."""
+
+SCHEMA_METADATA = "json_schema"
+"""attrs field metadata key: JSON Schema keywords (bounds, patterns) the field's validator enforces."""
+
+MAX_INT = 2**63 - 1
+"""Largest integer magnitude a document may hold (no contract field needs more; 4,300-digit ints are refused)."""
+
 CONTRACT_TYPES: dict[str, type] = {}
 """Every contract that can travel as a JSON document, by kind name."""
 
@@ -59,6 +68,8 @@ def _type_error(expected: str, value: Any) -> TypeError:
 def _structure_int(value: Any, _: type) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _type_error("an integer", value)
+    if abs(value) > MAX_INT:
+        raise ValueError(f"integer beyond the bound 2**63-1 ({len(str(abs(value)))} digits)")
     return value
 
 
@@ -71,7 +82,15 @@ def _structure_float(value: Any, _: type) -> float:
 def _structure_str(value: Any, _: type) -> str:
     if not isinstance(value, str):
         raise _type_error("a string", value)
+    _utf8(value)
     return value
+
+
+def _utf8(value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"string holds a lone surrogate at index {exc.start} (not encodable as UTF-8)") from None
 
 
 def _structure_bool(value: Any, _: type) -> bool:
@@ -221,8 +240,37 @@ def _errors_as_text(exc: BaseException, root: str) -> tuple[str, str]:
     return str(exc), root
 
 
+def _check_tree(data: Any, path: str) -> None:
+    """Depth, integer bounds and UTF-8 of every value and key, before any hook sees them (iterative)."""
+    stack: list[tuple[Any, str, int]] = [(data, path, 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, (Mapping, list, tuple)):
+            if depth >= MAX_DEPTH:
+                raise ContractError(f"nesting deeper than {MAX_DEPTH} levels", path=where)
+            if isinstance(value, Mapping):
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        raise ContractError(f"object key {key!r} is not a string", path=where)
+                    try:
+                        _utf8(key)
+                    except ValueError as exc:
+                        raise ContractError(f"object key: {exc}", path=where) from None
+                    stack.append((item, f"{where}.{key}", depth + 1))
+            else:
+                stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            try:
+                _utf8(value)
+            except ValueError as exc:
+                raise ContractError(str(exc), path=where) from None
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise ContractError(f"integer beyond the bound 2**63-1 ({len(str(abs(value)))} digits)", path=where)
+
+
 def structure(data: Any, cls: type[T], *, path: str = "$") -> T:
     """Build a contract from its plain JSON data (no envelope); ContractError on any fault."""
+    _check_tree(data, path)
     try:
         return converter.structure(data, cls)
     except (BaseValidationError, ValueError, TypeError, KeyError) as exc:
@@ -265,11 +313,24 @@ def to_json(obj: Any, **kwargs: Any) -> str:
     return json.dumps(to_dict(obj), **kwargs)
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r} in a JSON object")
+        out[key] = value
+    return out
+
+
 def from_json(text: str | bytes, cls: type[T]) -> T:
-    """Parse a JSON document produced by ``to_json``."""
+    """Parse a JSON document produced by ``to_json`` (UTF-8, no duplicate keys, bounded nesting)."""
     try:
-        document = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8")
+        document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except UnicodeDecodeError as exc:
+        raise ContractError(f"not UTF-8 text: {exc}", path="$") from None
+    except (ValueError, RecursionError) as exc:
         raise ContractError(f"not valid JSON: {exc}", path="$") from None
     return from_dict(document, cls)
 
@@ -292,7 +353,7 @@ def _schema_of(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
     if tp is bool:
         return {"type": "boolean"}
     if tp is int:
-        return {"type": "integer"}
+        return {"type": "integer", "minimum": -MAX_INT, "maximum": MAX_INT}
     if tp is float:
         return {"type": "number"}
     if tp is str:
@@ -320,8 +381,9 @@ def _schema_of(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
             defs[tp.__name__] = {
                 "type": "object",
                 "description": (tp.__doc__ or "").strip().splitlines()[0] if tp.__doc__ else "",
-                "properties": {f.name: _schema_of(f.type, defs) for f in fields},
-                "required": [f.name for f in fields if f.default is attrs.NOTHING],
+                "properties": {f.name: {**_schema_of(f.type, defs), **f.metadata.get(SCHEMA_METADATA, {})}
+                               for f in fields},
+                "required": [f.name for f in fields if f.init],  # the converter requires every field
                 "additionalProperties": False,
             }
         return {"$ref": f"#/$defs/{tp.__name__}"}

@@ -20,6 +20,10 @@ CAPS = c.BackendCapabilities("torch_native", {"dp_replicate", "dp_shard", "tp", 
 TOL = c.Tolerance(1e-5, 1.3e-6, False, "torch.testing.assert_close defaults for float32")
 DIGEST = "sha256:" + "3f" * 32
 
+EVIDENCE = c.NumericsEvidence(
+    "grad:dp_shard", "gradient", "torch_native", PLAN, "fp32", 2, 4096, 2.4e-8, 3.1e-7, True, True, TOL,
+    (c.ObservedCollective("reduce_scatter", ("dp_shard",), 3),), True)
+
 EXAMPLES: dict[type, Any] = {
     c.ParallelPlan: PLAN,
     c.MeshCoordinate: PLAN.coordinate(3),
@@ -41,9 +45,7 @@ EXAMPLES: dict[type, Any] = {
                                          c.DeviceSpec("cuda:0", "cuda", 0, 80 * 2**30, 132.0, "bf16", "node0")]),
     c.Tolerance: TOL,
     c.ObservedCollective: c.ObservedCollective("reduce_scatter", ("dp_shard",), 3),
-    c.NumericsEvidence: c.NumericsEvidence(
-        "grad:dp_shard", "gradient", "torch_native", PLAN, "fp32", 2, 4096, 2.4e-8, 3.1e-7, True, True, TOL,
-        (c.ObservedCollective("reduce_scatter", ("dp_shard",), 3),), True),
+    c.NumericsEvidence: EVIDENCE,
     c.SDCAuditRecord: c.SDCAuditRecord("training", 40, 1, "grad:layers.0.mlp.w1.weight", "peer", DIGEST,
                                        "sha256:" + "77" * 32, False, "skip_step", auditor_rank=3,
                                        attributed_rank=1, maximum_absolute_difference=0.5, injected=True),
@@ -55,8 +57,13 @@ EXAMPLES: dict[type, Any] = {
     c.ModelShardingPlan: c.ModelShardingPlan("components", 8, 4096, (c.ComponentShard("cpu:0", 0, 8, 4096),), False,
                                              True, "the whole model fits on every device: replicate it"),
     c.AdmissionCertificate: c.AdmissionCertificate(
-        "torch_native", "0.1.0", CAPS, PLAN.axis_family, PLAN, "fp32", {"torch": "2.13.0+cpu"}, {DIGEST}, TOL,
+        "torch_native", "0.1.0", DIGEST, CAPS, PLAN.axis_family, PLAN, "fp32", "cpu", "gloo",
+        {"python": "3.11.7", "numpy": "2.1.0", "torch": "2.13.0"}, (EVIDENCE,), {EVIDENCE.evidence_id}, TOL,
         "2026-11-30T09:00:00+00:00"),
+    c.EnvelopeSignature: c.EnvelopeSignature("ab" * 32, "c2lnbmF0dXJlIGJ5dGVz"),
+    c.CertificateEnvelope: c.CertificateEnvelope(
+        c.IN_TOTO_PAYLOAD_TYPE, "eyJfdHlwZSI6ICJodHRwczovL2luLXRvdG8uaW8vU3RhdGVtZW50L3YxIn0=",
+        (c.EnvelopeSignature("ab" * 32, "c2lnbmF0dXJlIGJ5dGVz"),)),
 }
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "normalize_backend_name",
     "register_encoded_data_backend",
     "register_training_backend",
+    "register_encoded_data_verification",
     "register_verification_target",
     "unregister_encoded_data_backend",
     "unregister_training_backend",
@@ -146,6 +147,17 @@ def unregister_encoded_data_backend(name: str) -> None:
 
 
 _verification_targets: dict[str, Any] = {}
+_encoded_data_verification: list[Callable[[str], Any]] = []
+
+
+def register_encoded_data_verification(adapter: Callable[[str], Any]) -> None:
+    """Set the adapter that verifies any registered encoded-data backend by name (``adapter(name)``).
+
+    ``estimation.verifiable`` sets it, so a third party's ``register_encoded_data_backend`` name is
+    certifiable the same way as the built-in ones, with no second registration.
+    """
+    with _lock:
+        _encoded_data_verification[:] = [adapter]
 
 
 def register_verification_target(name: str, target: Any, *, override: bool = False) -> None:
@@ -174,6 +186,9 @@ def verification_target(name: str) -> Any:
     key = normalize_backend_name(name)
     with _lock:
         target = _verification_targets.get(key)
+        if target is None and key in _encoded_data_backends and _encoded_data_verification:
+            adapter = _encoded_data_verification[0]
+            return adapter(key)
     if target is None:
         known = ", ".join(sorted(_verification_targets)) or "(none)"
         raise KeyError(

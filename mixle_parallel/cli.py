@@ -15,7 +15,7 @@ from mixle_parallel import contracts as c
 from mixle_parallel import executors
 
 EXIT_BAD_INPUT = 2
-_PASS_THROUGH = ("verify", "certify", "audit", "conformance", "demo")
+_PASS_THROUGH = ("verify", "certify", "audit", "conformance", "keys", "demo")
 """Commands whose arguments are passed on as they are (argparse's REMAINDER cannot start with an option)."""
 _PLAN_FIELDS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "etp", "microbatches",
                 "gradient_accumulation_steps")
@@ -128,7 +128,8 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
 _COMMANDS = {
     "verify": ("main_verify", "measure a backend (registered name or module:attr) against the single-process "
                               "reference on a small real mesh"),
-    "certify": ("main_certify", "verify, then write an admission certificate for the plan family"),
+    "certify": ("main_certify", "verify, then sign and store an admission certificate for the plan family"),
+    "keys": ("main_keys", "the trust store: keys init | trust PUBKEY | list | revoke KEYID"),
     "audit": ("main_audit", "verify a ledger's hash chain, step order and certificate links"),
     "conformance": ("main_conformance", "run the standard contract and executor checks against a backend"),
 }

@@ -23,6 +23,25 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples" / "launchers"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_trust_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Point MIXLE_PARALLEL_HOME at a session temp dir: no test reads or writes the user's keys or certificates.
+
+    Child processes (gloo ranks, mp workers, CLI runs) inherit it. Tests that need a store of their
+    own (a second machine, a revoked key) set MIXLE_PARALLEL_HOME themselves with monkeypatch.
+    """
+    home = tmp_path_factory.mktemp("mixle-parallel-home")
+    previous = os.environ.get("MIXLE_PARALLEL_HOME")
+    os.environ["MIXLE_PARALLEL_HOME"] = str(home)
+    try:
+        yield home
+    finally:
+        if previous is None:
+            os.environ.pop("MIXLE_PARALLEL_HOME", None)
+        else:
+            os.environ["MIXLE_PARALLEL_HOME"] = previous
+
+
 @contextmanager
 def _local_dask(n_workers: int) -> Iterator[Any]:
     """A client on a fresh LocalCluster of ``n_workers`` single-threaded worker processes, closed on exit."""

@@ -1,8 +1,10 @@
-"""Command functions for the lead's CLI: ``mixle-parallel verify`` and ``mixle-parallel certify``.
+"""Command functions for the lead's CLI: ``mixle-parallel verify``, ``certify`` and ``keys``.
 
-Both take a backend as ``module:attr`` (the facade maps registered names to such specs), run the
-harness on a small real mesh and print the per-update table; ``certify`` also writes the
-certificate document (HMAC-signed when a key is configured).
+``verify`` and ``certify`` take a backend as ``module:attr`` (the facade maps registered names to
+such specs), run the harness on a small real mesh and print the per-update table; ``certify`` also
+writes the certificate (a DSSE envelope signed with this machine's Ed25519 key, made on first use)
+and keeps it in the local store where automatic admission finds it. ``keys init|trust|list|revoke``
+manages the trust store.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mixle_parallel.contracts import to_dict
-from mixle_parallel.verification.admission import CertificationError, save_certificate
+from mixle_parallel.verification.attestation import open_envelope, save_certificate
+from mixle_parallel.verification.certification import CertificationError
 from mixle_parallel.verification.conformance.suite import parse_plan
 from mixle_parallel.verification.harness.run import verify
 from mixle_parallel.verification.harness.worker import resolve_executor
-from mixle_parallel.verification.keys import KEY_ENV, load_key
+from mixle_parallel.verification.keys import TrustStore, TrustStoreError
 
-__all__ = ["main_certify", "main_verify"]
+__all__ = ["main_certify", "main_keys", "main_verify"]
 
 
 def _parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
@@ -80,25 +83,59 @@ def main_verify(argv: Sequence[str] | None = None, *, resolve: Resolver = _ident
 def main_certify(argv: Sequence[str] | None = None, *, resolve: Resolver = _identity) -> int:
     """``mixle-parallel certify``: verify, then write the certificate; exit 1 when not certifiable."""
     parser = _parser("mixle-parallel certify", main_certify.__doc__)
-    parser.add_argument("--out", required=True, help="where to write the certificate document")
-    parser.add_argument("--key-file", default=None,
-                        help=f"HMAC key file (else {KEY_ENV['cert'][0]} or {KEY_ENV['cert'][1]}; unsigned if none)")
+    parser.add_argument("--out", default=None, help="also write the certificate document here")
+    parser.add_argument("--no-store", action="store_true", help="do not keep it in the local certificate store")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        key = load_key(key_file=args.key_file, purpose="cert")
-    except (OSError, ValueError) as exc:
-        print(f"mixle-parallel certify: {exc}", file=sys.stderr)
-        return 2
     report = _run(args, "mixle-parallel certify", resolve)
     if report is None:
         return 2
     print(report.summary())
     try:
-        certificate = report.certify(args.target, key=key)
+        envelope = report.certify(args.target, store=not args.no_store)
     except CertificationError as exc:
         print(f"not certified: {exc}", file=sys.stderr)
         return 1
-    path = save_certificate(certificate, args.out)
-    print(f"certificate {certificate.certificate_id} ({'signed' if certificate.signature else 'unsigned'}) "
-          f"written to {path}")
+    except TrustStoreError as exc:
+        print(f"mixle-parallel certify: {exc}", file=sys.stderr)
+        return 2
+    certificate, keyid = open_envelope(envelope)
+    where = [] if args.no_store else [f"stored in {TrustStore().home / 'certificates'}"]
+    if args.out:
+        where.append(f"written to {save_certificate(envelope, args.out)}")
+    print(f"certificate {certificate.certificate_id} signed by key {keyid[:16]}... {'; '.join(where)}")
+    return 0
+
+
+def main_keys(argv: Sequence[str] | None = None) -> int:
+    """``mixle-parallel keys init|trust PUBKEY|list|revoke KEYID``: manage this machine's trust store."""
+    parser = argparse.ArgumentParser(prog="mixle-parallel keys", description=main_keys.__doc__)
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("init", help="make this machine's Ed25519 signing key (mode 0600) and trust it")
+    trust = sub.add_parser("trust", help="trust a public key (a PEM file, e.g. your CI's signing-key.pub)")
+    trust.add_argument("pubkey")
+    trust.add_argument("--label", default="", help="who holds the key (e.g. 'org CI')")
+    sub.add_parser("list", help="list trusted and revoked keys")
+    revoke = sub.add_parser("revoke", help="revoke a key (its id, or a prefix of 8+ hex digits)")
+    revoke.add_argument("keyid")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    store = TrustStore()
+    try:
+        if args.action == "init":
+            entry = store.init()
+            print(f"signing key {entry.keyid} made at {store.signing_key_path} (mode 0600); "
+                  f"share {store.public_key_path} with machines that should trust it")
+        elif args.action == "trust":
+            entry = store.trust(args.pubkey, label=args.label)
+            print(f"trusted key {entry.keyid} {entry.label}".rstrip())
+        elif args.action == "revoke":
+            entry = store.revoke(args.keyid)
+            print(f"revoked key {entry.keyid} at {entry.revoked_at}")
+        else:
+            for entry in store.keys():
+                state = f"revoked {entry.revoked_at}" if entry.revoked else "trusted"
+                print(f"{entry.keyid}  {state:<40}  {entry.label}".rstrip())
+            print(f"trust store: {store.home}")
+    except (TrustStoreError, OSError) as exc:
+        print(f"mixle-parallel keys: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
+import attrs
 from hypothesis import strategies as st
 
 from mixle_parallel.contracts import (
+    IN_TOTO_PAYLOAD_TYPE,
     KNOWN_PRECISIONS,
     PHYSICAL_AXES,
     AdmissionCertificate,
     BackendCapabilities,
+    CertificateEnvelope,
     CollectiveKind,
     ComponentShard,
     DeviceSpec,
     DistributedUpdate,
+    EnvelopeSignature,
     MeshCoordinate,
     MeshShape,
     ModelShardingPlan,
@@ -270,7 +275,7 @@ def sdc_audit_records(draw: Any) -> SDCAuditRecord:
 
 @st.composite
 def admission_certificates(draw: Any) -> AdmissionCertificate:
-    """Self-consistent certificates, signed or not."""
+    """Self-consistent certificates: embedded evidence of the executor, digests recomputed from it."""
     plan = draw(parallel_plans())
     caps = draw(backend_capabilities())
     precision = draw(st.sampled_from(sorted(caps.precisions)))
@@ -280,21 +285,41 @@ def admission_certificates(draw: Any) -> AdmissionCertificate:
     )
     seconds = draw(st.integers(0, 2**31))
     hours, minutes = divmod(seconds // 60, 60)
-    cert = AdmissionCertificate(
+    records = tuple(attrs.evolve(r, executor=caps.name, plan=plan, precision=precision)
+                    for r in draw(st.lists(numerics_evidence(), min_size=1, max_size=2)))
+    versions = {"python": "3.11.9", "numpy": "2.1.0", **draw(st.dictionaries(_names, _names, max_size=2))}
+    return AdmissionCertificate(
         executor=caps.name,
         executor_version=draw(_names),
+        source_digest=draw(_digests),
         capabilities=caps,
         axis_family=plan.axis_family,
         measured_plan=plan,
         precision=precision,
-        library_versions=draw(st.dictionaries(_names, _names, max_size=3)),
-        evidence_digests=draw(st.frozensets(_digests, min_size=1, max_size=3)),
+        device_kind=draw(st.sampled_from(["cpu", "cuda"])),
+        comm_backend=draw(st.sampled_from(["gloo", "nccl", "mp"])),
+        library_versions=versions,
+        evidence=records,
+        evidence_digests=frozenset(r.evidence_id for r in records),
         tolerance=draw(tolerances()),
         issued_at=f"2026-01-{1 + (hours // 24) % 28:02d}T{hours % 24:02d}:{minutes:02d}:00+00:00",
     )
-    if draw(st.booleans()):
-        cert = cert.signed(draw(st.binary(min_size=1, max_size=32)))
-    return cert
+
+
+_BASE64 = st.binary(min_size=1, max_size=96).map(lambda b: base64.b64encode(b).decode("ascii"))
+
+
+@st.composite
+def envelope_signatures(draw: Any) -> EnvelopeSignature:
+    """Well-formed DSSE signatures (not valid under any key: the gate checks that)."""
+    return EnvelopeSignature(keyid=draw(st.text("0123456789abcdef", min_size=64, max_size=64)), sig=draw(_BASE64))
+
+
+@st.composite
+def certificate_envelopes(draw: Any) -> CertificateEnvelope:
+    """Well-formed DSSE envelopes of the in-toto payload type."""
+    return CertificateEnvelope(payload_type=IN_TOTO_PAYLOAD_TYPE, payload=draw(_BASE64),
+                               signatures=tuple(draw(st.lists(envelope_signatures(), min_size=1, max_size=2))))
 
 
 @st.composite
@@ -353,6 +378,8 @@ STRATEGIES: dict[type, Any] = {
     NumericsEvidence: numerics_evidence,
     SDCAuditRecord: sdc_audit_records,
     AdmissionCertificate: admission_certificates,
+    EnvelopeSignature: envelope_signatures,
+    CertificateEnvelope: certificate_envelopes,
 }
 """Contract class -> zero-argument strategy factory; every registered contract has one."""
 

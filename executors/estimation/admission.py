@@ -12,25 +12,27 @@ MPI ranks, dask workers, Ray actors, Spark task slots); ``local`` and ``model_pa
 threads inside this one process (world size 1), like a single-process ``torch_native`` or
 ``megatron`` run, so they need no certificate. The world size is worked out *before* any worker
 starts. Without a certificate for a no-mesh run the environment's ``MIXLE_PARALLEL_CERTIFICATE``
-(meant for meshes) is not consulted; a certificate passed explicitly is always checked.
+(meant for meshes) is not consulted; a certificate passed explicitly is always checked. With no
+``admission=`` on a mesh, admission is automatic: a fitting signed certificate from the local
+store, else EM is certified on the spot (the harness on two workers) and the result stored.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from mixle_parallel.contracts import AdmissionCertificate, NotAdmittedError, ParallelPlan
+from mixle_parallel.contracts import NotAdmittedError, ParallelPlan
 from mixle_parallel.executors.estimation.identity import EM_PRECISION, EMExecutorIdentity
 from mixle_parallel.executors.registry import normalize_backend_name
-from mixle_parallel.verification.admission import (
-    AdmissionDecision,
-    is_verifying,
-    load_certificate,
-    require_admission,
-)
+from mixle_parallel.verification.admission import AdmissionDecision, require_admission
+from mixle_parallel.verification.capability import active_harness_capability
 
 __all__ = ["EM_PRECISION", "admit_encoded_data", "canonical_backend", "planned_world"]
+
+_AUTO_CERTIFIABLE = {"mp", "dask", "ray", "spark"}
+"""Backends certified on the spot when no stored certificate fits (those that need a cluster
+the user set up are certified the same way, on a local one; MPI ranks are started by mpiexec, so
+the refusal names the certify command instead)."""
 
 
 def canonical_backend(backend: str, builtins: dict[str, tuple[str, tuple[str, ...]]]) -> str:
@@ -55,27 +57,37 @@ def planned_world(factory: Any, options: Any) -> tuple[int, int]:
     return workers, workers if processes else 1
 
 
-def _as_certificate(admission: Any) -> tuple[AdmissionCertificate | None, str | None]:
-    if admission is None or admission in ("required", "unverified"):
-        return None, admission
-    if isinstance(admission, AdmissionCertificate):
-        return admission, None
-    if isinstance(admission, (str, os.PathLike)):
-        return load_certificate(admission), None
-    raise TypeError(
-        f"admission must be an AdmissionCertificate, the path of a certificate document, 'unverified' or None, "
-        f"got {type(admission).__name__}"
-    )
+def _auto_certify(name: str) -> Any:
+    """Certify EM on ``name`` on the spot: the harness on 2 workers, the gaussian-mixture workload."""
+
+    def run() -> Any:
+        from mixle_parallel.executors.registry import verification_target
+        from mixle_parallel.verification.harness.run import verify
+
+        target = verification_target(name)
+        report = verify(target, ParallelPlan(dp_replicate=2), precision=EM_PRECISION, workload="gaussian_mixture")
+        return report.certify(target)
+
+    return run
+
+
+def _certify_command(name: str, workers: int) -> str:
+    return (f"mixle-parallel certify --backend {name} --plan dp_replicate={max(2, workers)} "
+            f"--workload gaussian_mixture --out cert.json")
 
 
 def admit_encoded_data(
     name: str, *, admission: Any, workers: int, world_size: int
-) -> tuple[AdmissionDecision, AdmissionCertificate | None]:
-    """The gate: an ``AdmissionDecision`` (and the certificate used), or ``NotAdmittedError``."""
+) -> tuple[AdmissionDecision, Any]:
+    """The gate: an ``AdmissionDecision`` (and the signed certificate used), or ``NotAdmittedError``.
+
+    With no ``admission=`` a fitting certificate comes from the local store, or EM is certified on
+    the spot (once; about a second for ``mp``) and stored for next time.
+    """
     executor = EMExecutorIdentity(name)
     plan = ParallelPlan(dp_replicate=max(1, workers))
-    certificate, mode = _as_certificate(admission)
-    if certificate is None and mode != "unverified" and world_size <= 1 and not is_verifying():
+    explicit = admission is not None and admission not in ("required", "auto", "unverified")
+    if not explicit and admission != "unverified" and world_size <= 1 and active_harness_capability() is None:
         return AdmissionDecision(
             "local",
             None,
@@ -89,15 +101,14 @@ def admit_encoded_data(
             executor,
             plan,
             EM_PRECISION,
-            certificate=certificate,
-            admission="unverified" if mode == "unverified" else None,
+            admission=admission,
             world_size=world_size,
-            accelerator=False,
+            device_kind="cpu",
+            comm_backend=executor.comm_backend,
+            auto_certify=_auto_certify(name) if name in _AUTO_CERTIFIABLE else None,
+            certify_command=_certify_command(name, workers),
         )
     except NotAdmittedError as exc:
-        hint = (
-            f"certify with `mixle-parallel certify --backend {name} --plan dp_replicate={max(2, workers)} "
-            f"--workload gaussian_mixture --out cert.json` and pass admission='cert.json'"
-        )
+        hint = f"or certify with `{_certify_command(name, workers)}` and pass admission='cert.json'"
         raise NotAdmittedError(tuple(exc.reasons) + (hint,)) from None
-    return decision, certificate if decision.certified else None
+    return decision, decision.envelope if decision.certified else None

@@ -109,9 +109,10 @@ def encoded_data(
 
     Verification (see docs/verification.md):
 
-    * ``admission``: on a real device mesh (more than one worker process) the run needs an
-      ``AdmissionCertificate`` for ``em_<backend>`` (the certificate, or the path of its document)
-      that ``check_admission`` accepts, else ``NotAdmittedError`` is raised before any worker
+    * ``admission``: on a real device mesh (more than one worker process) the run needs a signed
+      certificate for ``em_<backend>`` that passes the gate: with ``admission=None`` one from the
+      local store, or (mp, dask, ray, spark) one made on the spot once and stored; or the signed
+      certificate / its path passed here. Else ``NotAdmittedError`` is raised before any worker
       starts; ``admission="unverified"`` runs anyway and says so in the handle and every ledger entry.
     * ``audit`` / ``audit_rate`` / ``audit_policy`` / ``audit_seed``: the SDC audit of E-steps
       (default on with two workers or more, rate 0.05 and at least one chunk per fit; policy
@@ -126,15 +127,7 @@ def encoded_data(
         controls = {k: v for k, v in locals().items() if k not in ("data", "backend_options")}
         _refuse_controls(data, controls, backend_options)
         return data
-    if backend is None:
-        backend = "local"
-    if not isinstance(backend, str) or not backend.strip():
-        raise ValueError(
-            f"encoded-data backend must be a non-empty name (or None for 'local'), got {backend!r}; "
-            f"registered: {', '.join(available_encoded_data_backends())}"
-        )
-    if isinstance(sub_chunks, bool) or not isinstance(sub_chunks, int) or sub_chunks < 1:
-        raise ValueError(f"sub_chunks must be an int >= 1, got {sub_chunks!r}")
+    backend = _checked_call(backend, sub_chunks, root_only, num_chunks, chunk_size)
     estimator, model, encoder = adapt_mixle_objects(estimator, model, encoder)
     check_rows(data, estimator=estimator, model=model, encoder=encoder)
     num_chunks, chunk_size = sub_chunked(_rows_or_none(data), num_chunks, chunk_size, sub_chunks)
@@ -160,6 +153,23 @@ def encoded_data(
     verification = {"audit": audit, "audit_rate": audit_rate, "audit_policy": audit_policy, "audit_seed": audit_seed,
                     "ledger": ledger, "fault_injector": fault_injector}
     return _attach_verification(handle, backend, decision, certificate, verification)
+
+
+def _checked_call(backend: Any, sub_chunks: Any, root_only: bool, num_chunks: Any, chunk_size: Any) -> str:
+    """The backend name (``local`` for None) once the call's own arguments are checked."""
+    if backend is None:
+        backend = "local"
+    if not isinstance(backend, str) or not backend.strip():
+        raise ValueError(
+            f"encoded-data backend must be a non-empty name (or None for 'local'), got {backend!r}; "
+            f"registered: {', '.join(available_encoded_data_backends())}"
+        )
+    if isinstance(sub_chunks, bool) or not isinstance(sub_chunks, int) or sub_chunks < 1:
+        raise ValueError(f"sub_chunks must be an int >= 1, got {sub_chunks!r}")
+    if root_only and sub_chunks > 1 and num_chunks is None and chunk_size is None:
+        raise ValueError("with root_only=True, sub_chunks needs num_chunks= or chunk_size= (only the root "
+                         "knows the rows, and every rank must cut the same chunks)")
+    return backend
 
 
 def _rows_or_none(data: Any) -> int | None:

@@ -20,6 +20,7 @@ import numpy as np
 from mixle_parallel.executors.estimation.chunks import EStepResult
 from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
+from mixle_parallel.executors.estimation.mixle_interop import as_estimator
 from mixle_parallel.executors.estimation.models._base import as_weights
 from mixle_parallel.executors.estimation.models.combinators import (
     MixtureAccumulator,
@@ -29,7 +30,8 @@ from mixle_parallel.executors.estimation.models.combinators import (
 )
 
 __all__ = [
-    "ComponentParallelEncodedData", "ComponentParallelEstimator", "ModelParallelAccumulator",
+    "ComponentParallelAccumulator", "ComponentParallelAccumulatorFactory", "ComponentParallelEncodedData",
+    "ComponentParallelEstimator", "ModelParallelAccumulator",
     "ModelParallelAccumulatorFactory", "ModelParallelEncodedData", "ModelParallelEstimator",
     "component_parallel_fold", "component_thread_pool", "model_parallel_backend", "model_parallel_fold",
 ]
@@ -118,6 +120,10 @@ class ModelParallelAccumulator:
             return model_parallel_fold(self.inner, model, enc, weights, self.num_workers)
         return self.inner.update(enc, weights, model)
 
+    def seq_update(self, enc: Any, weights: np.ndarray | None, model: Any) -> None:
+        """mixle's name for :meth:`update` (mixle 0.8.2's ``ModelParallelAccumulator.seq_update``)."""
+        self.update(enc, weights, model)
+
     def initialize(self, enc: Any, weights: np.ndarray, rng: np.random.Generator) -> None:
         """The inner initialization (serial: it draws from one generator)."""
         self.inner.initialize(enc, weights, rng)
@@ -135,6 +141,9 @@ class ModelParallelAccumulator:
         """The inner from_value."""
         self.inner.from_value(stats)
         return self
+
+
+ComponentParallelAccumulator = ModelParallelAccumulator
 
 
 class ModelParallelAccumulatorFactory:
@@ -155,7 +164,7 @@ class ModelParallelEstimator:
         bad_count = isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1
         if num_workers is not None and bad_count:
             raise ValueError(f"num_workers must be an int >= 1 or None, got {num_workers!r}")
-        self.inner, self.num_workers = inner, num_workers
+        self.inner, self.num_workers = as_estimator(inner), num_workers  # a mixle estimator is adapted
 
     def accumulator_factory(self) -> ModelParallelAccumulatorFactory:
         """Wraps the inner estimator's accumulator factory."""
@@ -174,6 +183,7 @@ class ModelParallelEstimator:
 
 
 ComponentParallelEstimator = ModelParallelEstimator
+ComponentParallelAccumulatorFactory = ModelParallelAccumulatorFactory
 
 
 class ModelParallelEncodedData(ChunkedEncodedData):

@@ -32,6 +32,7 @@ from mixle_parallel.executors.estimation.chunks import (
 )
 from mixle_parallel.executors.estimation.em_observability import FitReport, RankRecord, fit_report, round_summary
 from mixle_parallel.executors.estimation.metering import MeteredRunner
+from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from mixle_parallel.executors.estimation.placing import check_placement
 from mixle_parallel.executors.estimation.sdc_audit import DEFAULT_AUDIT_RATE, EMAudit, em_receipt
 from mixle_parallel.verification.ledger.chain import Ledger
@@ -85,6 +86,8 @@ class ChunkedEncodedData:
         self.iteration = 0
         """E-steps done so far (the step number of the next ledger receipt and audit)."""
         self.last_audits: tuple[Any, ...] = ()
+        self.last_receipt: Any = None
+        """The StepReceipt of the last E-step (also written to the ledger when there is one)."""
         self._audit: Any = None
         self._fit_first = True
         self._failure: str | None = None
@@ -174,7 +177,9 @@ class ChunkedEncodedData:
         Audited (see ``executors.estimation.sdc_audit``) when the handle has an SDC audit; each pass
         is one ledger receipt when the handle has a ledger.
         """
+        estimator, model, _ = adapt_mixle_objects(estimator, model, None)
         iteration = self.iteration
+        moved_before = self._bytes_moved()
         self._metered.begin(iteration, "estep")
         try:
             if self._audit is not None:
@@ -193,20 +198,20 @@ class ChunkedEncodedData:
         out = EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
         self.iteration = iteration + 1
         self.last_audits = tuple(outcomes)
+        self.last_receipt = em_receipt(
+            iteration, nobs, ll, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
+            quarantined=sorted(self.quarantined),
+            bytes_moved=None if moved_before is None else int(self._bytes_moved() or 0) - moved_before,
+            observability=round_summary(records, min_excess_seconds=STRAGGLER_MIN_EXCESS_S),
+        )
         if self.ledger is not None:
-            self.ledger.receipt(
-                em_receipt(
-                    iteration,
-                    nobs,
-                    ll,
-                    workers=self.num_workers,
-                    admission=self.admission,
-                    outcomes=outcomes,
-                    quarantined=sorted(self.quarantined),
-                    observability=round_summary(records, min_excess_seconds=STRAGGLER_MIN_EXCESS_S),
-                )
-            )
+            self.ledger.receipt(self.last_receipt)
         return out
+
+    def _bytes_moved(self) -> int | None:
+        """The runner's count of bytes through its workers' connections so far (None: it does not count)."""
+        moved = getattr(self.runner, "bytes_moved", None)
+        return None if moved is None else int(moved)
 
     def _fold_entries(self, estimator: Any, entries: list[Any]) -> Any:
         """A pass's total from its entries (``fold_pass``); a subclass may guard it (``finite_guarded_fold``)."""
@@ -322,16 +327,13 @@ class ChunkedEncodedData:
         )
 
     def pysp_seq_estimate(self, estimator: Any, prev_estimate: Any) -> Any:
-        """One E/M update from ``prev_estimate`` (the new model)."""
-        return self.estep(estimator, prev_estimate).model
-
-    def pysp_stream_accumulate(self, estimator: Any, model: Any) -> tuple[float, Any]:
-        """One pass's ``(nobs, statistics)`` under ``model``, without the M-step (mixle's streaming fold)."""
-        total = self._fold_entries(estimator, self.estep_entries(estimator, model))
-        return total.count, total.stats
+        """One E/M update from ``prev_estimate`` (the new model); mixle objects in, a mixle distribution out."""
+        estimator, prev_estimate, _ = adapt_mixle_objects(estimator, prev_estimate, None)
+        return unwrap_mixle(self.estep(estimator, prev_estimate).model)
 
     def pysp_seq_log_density_sum(self, estimate: Any) -> tuple[float, float]:
-        """Rows and total log-likelihood of ``estimate`` over the data."""
+        """Rows and total log-likelihood of ``estimate`` (ours or a mixle distribution) over the data."""
+        estimate = wrap_mixle_model(estimate)
         results = self._map(chunk_log_density, estimate, None, estimate)
         return ordered_sum([r[0] for r in results]), ordered_sum([r[1] for r in results])
 
@@ -339,6 +341,7 @@ class ChunkedEncodedData:
         """A random start: rows kept with probability ``p``; draws depend on (seed, chunk id) only."""
         if not (isinstance(p, (int, float)) and 0.0 < float(p) <= 1.0):
             raise ValueError(f"init_p must be in (0, 1], got {p!r}")
+        estimator, _, _ = adapt_mixle_objects(estimator, None, None)
         seed = seed_from(rng)
         results = self._map(chunk_initialize, (estimator, seed, float(p)), estimator)
         nobs = ordered_sum([r[0] for r in results])
@@ -347,7 +350,18 @@ class ChunkedEncodedData:
             results = self._map(chunk_initialize, (estimator, seed, 1.0), estimator)
             nobs = ordered_sum([r[0] for r in results])
         stats = combine_in_chunk_order(estimator, [r[1] for r in results])
-        return estimator.estimate(nobs, stats)
+        return unwrap_mixle(estimator.estimate(nobs, stats))
+
+    def pysp_stream_accumulate(self, estimator: Any, model: Any) -> tuple[float, Any]:
+        """Rows and the combined statistics under ``model`` (mixle's streaming-EM fold), no M-step."""
+        estimator, model, _ = adapt_mixle_objects(estimator, model, None)
+        total = self._fold_entries(estimator, self.estep_entries(estimator, model))
+        return total.count, total.stats
+
+    @property
+    def num_records(self) -> int:
+        """Rows of the data (mixle's name for ``num_rows``)."""
+        return self.num_rows
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:

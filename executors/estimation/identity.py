@@ -37,11 +37,27 @@ def em_capabilities(backend: str) -> BackendCapabilities:
     )
 
 
+_ENGINE_LIBRARIES = {"dask": ("dask", "distributed"), "ray": ("ray",), "spark": ("pyspark",), "mpi": ("mpi4py",)}
+
+
 class EMExecutorIdentity:
     """EM on one backend as an executor identity: capabilities, version and declared updates."""
 
+    verification_family = "em"
+    """Certificates of EM are judged against the bitwise EM tolerance policy."""
+
     def __init__(self, backend: str = "mp") -> None:
         self.backend = normalize_backend_name(backend)
+
+    @property
+    def comm_backend(self) -> str:
+        """How the workers' statistics travel: the backend's own transport, named after it."""
+        return self.backend
+
+    @property
+    def certified_libraries(self) -> tuple[str, ...]:
+        """Distributions beyond python/numpy/torch whose versions a certificate binds (the engine)."""
+        return _ENGINE_LIBRARIES.get(self.backend, ())
 
     @property
     def capabilities(self) -> BackendCapabilities:

@@ -166,9 +166,7 @@ def fit(
     """Fit ``estimator`` to ``data`` by EM and report the trajectory and why it stopped (see :func:`optimize`)."""
     _check_fit_args(max_its, delta, n_init, seed, rng)
     estimator = as_estimator(estimator)
-    is_mixle = type(estimator).__name__ == "MixleEstimator"
-    if is_mixle:
-        prev_estimate = wrap_mixle_model(prev_estimate)
+    prev_estimate = wrap_mixle_model(prev_estimate)  # a mixle distribution is adapted (ours unchanged)
     init_est = estimator if init_estimator is None else as_estimator(init_estimator)
     chosen = "prev_estimate" if prev_estimate is not None else resolve_init(init_est, init)
     own = not is_encoded_data_handle(data)
@@ -191,12 +189,13 @@ def fit(
             if start is None:
                 start, chosen = initial_model(handle, init_est, init=chosen if chosen != "auto" else None,
                                               seed=_restart_seed(seed if rng is None else rng, r), p=init_p)
+                start = wrap_mixle_model(start)
             run = _em_loop(handle, estimator, start, max_its, delta, on_step, bar)
             audits.extend(run.audits)
             if best is None or (run.history and (not best.history or run.history[-1] > best.history[-1])):
                 best = run
         assert best is not None
-        model = unwrap_mixle(best.model) if is_mixle else best.model
+        model = unwrap_mixle(best.model)  # a mixle fit returns a mixle distribution
         decision = getattr(handle, "admission", None)
         return FitResult(model, best.history[-1] if best.history else math.nan, len(best.history),
                          best.reason == "converged", best.history, tuple(audits),

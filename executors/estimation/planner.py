@@ -175,11 +175,12 @@ def auto_parallel_estimator(
     *,
     n_data: int | None = None,
     min_components_per_shard: int = 1,
-) -> Any:
-    """The plain estimator when data parallelism serves; raises when model storage must be split."""
+) -> tuple[Any, ModelShardingPlan]:
+    """``(estimator, decision)``: the plain estimator and the sharding plan that chose data parallelism
+    (mixle 0.8.2's shape); raises ``UnrealizedModelPlacementError`` when model storage must be split."""
     if resources is None:
         resources = Resources.local()
     sharding = model_sharding_plan(model, resources, estimator, min_components_per_shard=min_components_per_shard)
     if sharding.requires_split:
         raise UnrealizedModelPlacementError(sharding)
-    return estimator
+    return estimator, sharding

@@ -3,8 +3,9 @@
 ``VerifiableEncodedData(backend)`` fits the harness's Gaussian-mixture workload with this
 package's ``MixtureEstimator``/``GaussianEstimator`` through ``encoded_data(..., backend=...,
 num_workers=plan.dp_replicate, num_chunks=workload.num_chunks)`` and reports, per iteration, the
-combined sufficient statistics and the new parameters. The harness's reference is the same
-backend with one worker; EM statistics must agree bitwise. ``em_capabilities(backend)`` is the
+combined sufficient statistics and the new parameters under the workload's keys. The harness
+compares them with its independent one-piece reference (``em_reference``) and, bitwise, with the
+same backend on one worker. ``em_capabilities(backend)`` is the
 identity a certificate binds (and the one ``encoded_data``'s admission gate must check; it lives in
 ``identity``). ``register_em_verification_targets()`` binds every built-in backend to its adapter.
 """
@@ -25,22 +26,25 @@ from mixle_parallel.executors.estimation.models import (
     MixtureDistribution,
     MixtureEstimator,
 )
-from mixle_parallel.executors.registry import register_verification_target
+from mixle_parallel.executors.registry import register_encoded_data_verification, register_verification_target
 
 __all__ = [
     "EM_EXECUTOR_VERSION", "EncodedDataTrial", "VerifiableEncodedData", "em_capabilities",
     "register_em_verification_targets",
 ]
 
-def _flatten(prefix: str, value: Any, out: dict[str, np.ndarray]) -> None:
-    if isinstance(value, (tuple, list)):
-        for i, item in enumerate(value):
-            _flatten(f"{prefix}/{i}", item, out)
-    elif isinstance(value, dict):
-        for key in sorted(value):
-            _flatten(f"{prefix}/{key}", value[key], out)
-    else:
-        out[prefix] = np.array(value, dtype=np.float64, copy=True)
+def _observables(stats: Any, model: MixtureDistribution) -> dict[str, np.ndarray]:
+    """The workload's observable keys (``em_reference.EM_OBSERVABLE_KEYS``) from a mixture's statistics."""
+    counts, components = stats
+    per = np.array([tuple(c) for c in components], dtype=np.float64).reshape(len(components), 3)
+    return {
+        "stats/weight_sums": np.array(counts, dtype=np.float64, copy=True),
+        "stats/sum_x": per[:, 1].copy(),
+        "stats/sum_xx": per[:, 2].copy(),
+        "param/weights": np.array(model.weights, dtype=np.float64, copy=True),
+        "param/means": np.array([c.mu for c in model.components], dtype=np.float64),
+        "param/variances": np.array([c.sigma2 for c in model.components], dtype=np.float64),
+    }
 
 
 class VerifiableEncodedData(EMExecutorIdentity):
@@ -72,12 +76,7 @@ class EncodedDataTrial:
         result = self.handle.estep(self.estimator, self.model)
         self.model = result.model
         self._gathers = 1 if self.handle.num_workers > 1 else 0
-        out: dict[str, np.ndarray] = {}
-        _flatten("stats", result.stats, out)
-        out["param/weights"] = np.array(self.model.weights, dtype=np.float64)
-        out["param/means"] = np.array([c.mu for c in self.model.components], dtype=np.float64)
-        out["param/variances"] = np.array([c.sigma2 for c in self.model.components], dtype=np.float64)
-        return {"stats:data": out}
+        return {"stats:data": _observables(result.stats, self.model)}
 
     def observed_collectives(self) -> tuple[ObservedCollective, ...]:
         """The gather of the last step (one per step when more than one worker computed chunks)."""
@@ -102,8 +101,16 @@ def _verification_factory(name: str) -> Any:
     return _VERIFICATION_FACTORIES[name]
 
 
+def _registered_target(name: str) -> VerifiableEncodedData:
+    """The harness adapter of a registered encoded-data backend that has no target of its own."""
+    if name in BUILTIN_ENCODED_DATA_BACKENDS:
+        raise KeyError(f"{name!r} wraps another backend and is certified through that one (e.g. 'local', 'mp')")
+    return VerifiableEncodedData(name)
+
+
 def register_em_verification_targets() -> None:
-    """Bind each built-in EM backend to its harness adapter (idempotent)."""
+    """Bind each built-in EM backend to its harness adapter, and any other registered one by name (idempotent)."""
+    register_encoded_data_verification(_registered_target)
     for name in BUILTIN_ENCODED_DATA_BACKENDS:
         if name != "model_parallel":  # a wrapper over another backend, certified through that one
             register_verification_target(name, _verification_factory(name))

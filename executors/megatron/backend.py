@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from mixle_parallel.contracts import (
-    AdmissionCertificate,
     BackendCapabilities,
     DistributedUpdate,
     ParallelAxis,
@@ -33,6 +32,7 @@ from mixle_parallel.executors.megatron.parallel_state import (
 from mixle_parallel.executors.megatron.session import LossFn, MegatronSession
 from mixle_parallel.executors.megatron.stages import PipelineStage, stage_bounds, transport_shape
 from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
+from mixle_parallel.executors.torch.health import SessionHealth, resolve_health
 from mixle_parallel.verification.admission import AdmissionDecision, require_admission
 
 BACKEND_NAME = "megatron"
@@ -67,6 +67,9 @@ class MegatronBackend:
     it needs CUDA (see docs/megatron.md) and is checked by tests/device, so the default backend
     does not claim it.
     """
+
+    certified_libraries = ("megatron-core",)
+    """Distributions beyond python/numpy/torch whose versions a certificate binds."""
 
     def __init__(self, *, sharded_data_parallel: bool = False) -> None:
         self.sharded_data_parallel = bool(sharded_data_parallel)
@@ -108,18 +111,21 @@ class MegatronBackend:
         stage_boundaries: Sequence[int] | None = None,
         precision: str = "fp32",
         device: torch.device | str | None = None,
-        certificate: AdmissionCertificate | None = None,
+        certificate: Any = None,
         admission: str | None = None,
         moe_config: dict[str, Any] | None = None,
         seed: int = 0,
+        health: Any = None,
     ) -> MegatronSession:
         """Build megatron's parallel state, this rank's stage, DDP and optimizer; return the session.
 
         ``activation_shape`` is one example's activation shape at a stage boundary
         (``(hidden,)`` or ``(seq, hidden)``). A world larger than one rank needs a
         ``certificate`` that admits this backend and plan, or ``admission="unverified"``.
+        ``health`` is torch_native's (``HealthOptions``; MFU needs its ``flop_config`` here).
         """
         self.validate(plan, precision)
+        health_options = resolve_health(health)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={optimizer!r} is not one of {OPTIMIZERS}")
         if not dist.is_initialized():
@@ -154,10 +160,12 @@ class MegatronBackend:
             capabilities=self.capabilities, loss_fn=loss_fn, device=device, precision=precision,
             optimizer_name=f"megatron-{optimizer}", admission=admitted, attestation=attestation,
             coordinate=coordinate, collective_meter=CollectiveMeter,
+            health=None if health_options is None else SessionHealth(
+                health_options, module=None, device=device, rank=rank, world_size=world),
         )
 
     # ---- steps of prepare ------------------------------------------------------------
-    def _admit(self, plan: ParallelPlan, precision: str, certificate: AdmissionCertificate | None,
+    def _admit(self, plan: ParallelPlan, precision: str, certificate: Any,
                admission: str | None, device: torch.device) -> AdmissionDecision:
         """The same gate as torch_native: ``verification.require_admission``.
 
@@ -170,8 +178,8 @@ class MegatronBackend:
             certificate=certificate,
             admission=admission,
             world_size=plan.world_size,
-            accelerator=device.type != "cpu",
-            library_versions={"megatron-core": megatron_version()},
+            device_kind=device.type,
+            comm_backend="nccl" if device.type == "cuda" else "gloo",
         )
 
     def _config(

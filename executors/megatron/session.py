@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import attrs
 import torch
 import torch.distributed as dist
 
@@ -27,6 +28,7 @@ from mixle_parallel.contracts import (
 from mixle_parallel.executors.megatron.checkpoint import load_stage, save_stage
 from mixle_parallel.executors.megatron.cpu_compat import cpu_compat
 from mixle_parallel.executors.megatron.stages import PipelineStage, transport_shape
+from mixle_parallel.executors.torch.health import SessionHealth
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -68,8 +70,10 @@ class MegatronSession:
         attestation: WorkerTopologyAttestation,
         coordinate: MeshCoordinate,
         collective_meter: Callable[[], Any] | None = None,
+        health: SessionHealth | None = None,
     ) -> None:
         self.model = model
+        self.health = health
         self.stage = stage
         self.optimizer = optimizer
         self.plan = plan
@@ -167,6 +171,9 @@ class MegatronSession:
         inputs, the last stage the targets (a stage may pass None for what it does not use).
         """
         self._check_open()
+        if self.health is not None:
+            self.health.begin_call(inputs)
+            self.health.phase("forward")
         with self._compat():
             meter = self._measure()
             with meter:
@@ -217,8 +224,21 @@ class MegatronSession:
         else:
             self._step += 1
             receipt = self._receipt(skipped=False, reason=None, grad_norm=grad_norm)
+        if self.health is not None:
+            receipt = self._with_health(receipt, grad_norm if ok else None)
         self._reset_window()
         return receipt
+
+    def _with_health(self, receipt: StepReceipt, grad_norm: float | None) -> StepReceipt:
+        """The receipt with ``extra["health"]``: step time, tokens/s, MFU (with a flop_config), anomalies.
+        Per-rank step times are not gathered here (megatron's schedule interleaves the stages' work)."""
+        assert self.health is not None
+        if receipt.skipped:
+            self.health.on_skip()
+            return receipt
+        health = self.health.on_commit(self._step, loss=receipt.loss, rank_seconds=None, tokens=receipt.global_tokens,
+                                       grad_norm=None if grad_norm is None else float(grad_norm))
+        return attrs.evolve(receipt, extra={**receipt.extra, "health": health})
 
     def _reset_window(self) -> None:
         self._pending = 0
@@ -315,4 +335,6 @@ class MegatronSession:
         from megatron.core import parallel_state
 
         self._closed = True
+        if self.health is not None:
+            self.health.close()
         parallel_state.destroy_model_parallel()

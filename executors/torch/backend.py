@@ -21,7 +21,8 @@ from mixle_parallel.contracts import (
 )
 from mixle_parallel.executors.torch.comm_taps import install_taps
 from mixle_parallel.executors.torch.dp_mode import DataParallelMode
-from mixle_parallel.executors.torch.layouts import describe_parameter_layouts
+from mixle_parallel.executors.torch.health import SessionHealth, resolve_health
+from mixle_parallel.executors.torch.layouts import describe_parameter_layouts, unwrap
 from mixle_parallel.executors.torch.losses import lm_token_loss
 from mixle_parallel.executors.torch.mesh import (
     axis_mesh,
@@ -217,13 +218,15 @@ class TorchDistributedBackend:
         audit_replay: str = "peer",
         fault_injector: Any = None,
         ledger: Any = None,
+        health: Any = None,
     ) -> TorchDistributedSession:
         """Materialize the mesh, apply TP, CP, FSDP2/HSDP or DDP, build the optimizer, return a session.
 
-        Admission: on a real device mesh (world size > 1 or an accelerator) the run needs a
-        ``certificate`` (or its path; also accepted as ``admission=``, or ``MIXLE_PARALLEL_CERTIFICATE``)
-        that ``check_admission`` accepts, else ``NotAdmittedError`` is raised before any process group,
-        mesh or transform exists; ``admission="unverified"`` runs anyway and every receipt says so.
+        Admission: on a real device mesh (world size > 1 or an accelerator) the run needs a signed
+        certificate (passed as ``certificate``/``admission=``, named by ``MIXLE_PARALLEL_CERTIFICATE``,
+        or found in the local store) that passes every gate check, else ``NotAdmittedError`` (naming
+        the ``mixle-parallel certify`` command) is raised before any process group, mesh or transform
+        exists; ``admission="unverified"`` runs anyway and every receipt says so.
 
         SDC audit (``audit``: None = on where supported, True = required, False = off): at
         ``audit_rate`` (plus the first step) a step's local gradient is recomputed by a peer of its
@@ -234,10 +237,17 @@ class TorchDistributedBackend:
         ``verification.FaultInjector``) strikes planned bit flips in gradients (before reduction) or
         parameters (at the start of a step). ``ledger`` (a ``verification.Ledger``) receives run_start,
         every receipt, audit records, checkpoint events and run_end.
+
+        Health (``health``: None/True = on with ``HealthOptions()`` defaults, False = off, a
+        ``HealthOptions`` or a dict of its fields): every committed receipt carries
+        ``extra["health"]`` (step time, tokens/s, MFU against ``peak_flops_per_sec`` or a measured
+        matmul peak, per-rank step times with the straggler named, loss/grad-norm anomalies); on a
+        multi-rank mesh a heartbeat through the process group's store finds a dead or hung rank.
         """
         spec = _plan_check(module, plan, precision=precision, max_grad_norm=max_grad_norm, nonfinite=nonfinite,
                            tp_plan=tp_plan, device=device, audit=(audit, audit_rate, audit_policy, audit_bound,
                                                                   seed, audit_replay))
+        health_options = resolve_health(health)
         decision = self._admission_gate(plan, precision, admission, certificate, spec.device)
         mesh, owns_pg = _materialize_mesh(plan, spec, seed)
         module = parallelize(module, mode=spec.mode, mesh=mesh, tp_styles=spec.tp_styles, device=spec.device)
@@ -246,6 +256,9 @@ class TorchDistributedBackend:
         tap = install_taps(module, plan, spec.mode,
                            gradient_access=spec.audit is not None or fault_injector is not None)
         opt, receipt = build_optimizer(optimizer, [p for p in module.parameters() if p.requires_grad], lr)
+        monitor = None if health_options is None else SessionHealth(
+            health_options, module=unwrap(module), device=spec.device, ledger=ledger,
+            rank=dist.get_rank() if dist.is_initialized() else 0, world_size=plan.world_size)
         session = TorchDistributedSession(
             module, plan=plan, capabilities=CAPABILITIES, mesh=mesh, device=spec.device, optimizer=opt,
             optimizer_receipt=receipt, parameter_layouts=describe_parameter_layouts(module, plan),
@@ -255,6 +268,7 @@ class TorchDistributedBackend:
             cp_mesh=axis_mesh(mesh, A.CP) if plan.cp > 1 else None, nonfinite=nonfinite,
             admission=decision, owns_process_group=owns_pg, tap=tap, ledger=ledger,
             audit=None if spec.audit is None else {**spec.audit, "injector": fault_injector, "ledger": ledger},
+            health=monitor,
         )
         _ledger_run_start(ledger, self.name, plan, precision, decision, spec.audit)
         return session
@@ -270,7 +284,8 @@ class TorchDistributedBackend:
             certificate=certificate,
             admission=admission,
             world_size=plan.world_size,
-            accelerator=device.type != "cpu",
+            device_kind=device.type,
+            comm_backend="nccl" if device.type == "cuda" else "gloo",
         )
 
 
@@ -291,7 +306,7 @@ def _ledger_run_start(ledger: Any, executor: str, plan: ParallelPlan, precision:
     if ledger is None:
         return
     audit_extra = {k: v for k, v in (audit or {}).items() if k != "enabled"}
-    ledger.run_start(plan=plan, certificate=decision.ledger_link, executor=executor, extra={
+    ledger.run_start(plan=plan, certificate=decision.envelope or decision.ledger_link, executor=executor, extra={
         "precision": precision, "admission": decision.mode,
         "rank": dist.get_rank() if dist.is_initialized() else 0, "audit": audit_extra})
 

@@ -79,6 +79,12 @@ from mixle_parallel.executors.torch.checkpoint_manifest import (
     write_json_atomic,
     write_manifest,
 )
+from mixle_parallel.executors.torch.checkpoint_trust import (
+    CHECKPOINT_TRUST_MODES,
+    UntrustedCheckpointError,
+    sign_generation,
+    verify_generation,
+)
 
 __all__ = ["CheckpointHandle", "load_checkpoint", "save_checkpoint"]
 
@@ -132,7 +138,8 @@ def _all_gather_text(text: str, pg: Any, world: int) -> list[str]:
 def _error_doc(err: BaseException) -> dict[str, Any]:
     if isinstance(err, CorruptCheckpointError):
         return {"type": "corrupt", "path": err.path, "problem": err.problem}
-    kind = "world" if isinstance(err, WorldSizeChangeError) else "checkpoint"
+    kind = ("world" if isinstance(err, WorldSizeChangeError)
+            else "untrusted" if isinstance(err, UntrustedCheckpointError) else "checkpoint")
     return {"type": kind, "message": f"{err}" if isinstance(err, CheckpointError)
             else f"{type(err).__name__}: {err}"}
 
@@ -148,7 +155,7 @@ def _agree(local_error: BaseException | None, pg: Any, world: int, *, what: str)
     others = f" (ranks failing: {[r for r, _ in failed]})" if len(failed) > 1 else ""
     if doc["type"] == "corrupt":
         raise CorruptCheckpointError(doc["path"], doc["problem"] + others) from local_error
-    cls = WorldSizeChangeError if doc["type"] == "world" else CheckpointError
+    cls = {"world": WorldSizeChangeError, "untrusted": UntrustedCheckpointError}.get(doc["type"], CheckpointError)
     raise cls(f"{what} failed on rank {rank}: {doc['message']}{others}") from local_error
 
 
@@ -305,18 +312,21 @@ def _drain_in_flight() -> None:
 def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: Any = None,
                     session_state: dict[str, Any], loader_state: Any = None,
                     typed_scheduler_state: Any = None, extra: Any = None, asynchronous: bool = False,
-                    process_group: Any = None) -> CheckpointHandle:
+                    process_group: Any = None,
+                    state_dicts: tuple[dict[str, Any], dict[str, Any]] | None = None) -> CheckpointHandle:
     """Save a new generation under ``path`` and publish it; collective over ``process_group``.
 
     Every rank of the group calls it. Returns a handle; a synchronous save is complete (and
     published) on return, an asynchronous one once ``handle.wait()`` returns on every rank.
+    ``state_dicts`` (model, optimizer), already taken with ``get_state_dict``, replace
+    ``model``/``optimizer``.
     """
     pg, rank, world = _group(process_group)
     _drain_in_flight()
     root = Path(path)
     error: BaseException | None = None
     try:
-        msd, osd = _state_dicts(model, optimizer)
+        msd, osd = state_dicts if state_dicts is not None else _state_dicts(model, optimizer)
         model_json, model_tensors = _split(msd, "model")
         optim_json, optim_tensors = _split(osd, "optimizer")
         tensors = {**model_tensors, **optim_tensors}
@@ -354,8 +364,9 @@ def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
     _agree(error, pg, world, what=f"writing rank-local state into {gen_dir}")
 
     def finalize() -> None:
-        publish(root, generation, write_manifest(gen_dir, world_size=world,
-                                                 info={"torch_version": torch.__version__}))
+        digest = write_manifest(gen_dir, world_size=world, info={"torch_version": torch.__version__})
+        sign_generation(gen_dir, digest)  # before publishing: a reader never sees an unsigned LATEST
+        publish(root, generation, digest)
 
     writer = dcp.FileSystemWriter(str(gen_dir / DCP_DIR))
     if asynchronous:
@@ -408,13 +419,21 @@ def _read_documents(gen_dir: Path, digest: str | None, rank: int, world: int,
 
 
 def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: Any = None,
-                    allow_world_size_change: bool = False, process_group: Any = None) -> dict[str, Any]:
+                    allow_world_size_change: bool = False, process_group: Any = None, trust: str = "signed",
+                    allow_rollback: bool = False) -> dict[str, Any]:
     """Verify, then restore the published generation under ``path``; collective over ``process_group``.
+
+    First (rank 0, before any file is unpickled or any state changes) the manifest's signature must
+    be by a trusted, unrevoked key (``trust="unsigned"`` skips that, logged) and ``LATEST`` must not
+    point below a newer generation signed or seen here (``allow_rollback=True`` permits it; a
+    ``gen-*`` folder passed directly is an explicit choice and is not a rollback).
 
     Returns ``session_state``, ``loader_state`` (this rank's), ``typed_scheduler_state``,
     ``extra``, ``saved_world_size``, ``world_size``, ``generation`` and ``rng`` ("restored" or
     "rederived"). Nothing is changed when verification or a check fails.
     """
+    if trust not in CHECKPOINT_TRUST_MODES:
+        raise ValueError(f"trust={trust!r}; expected one of {CHECKPOINT_TRUST_MODES}")
     pg, rank, world = _group(process_group)
     _drain_in_flight()
     root = Path(path)
@@ -423,6 +442,7 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
     if rank == 0:
         try:
             gen_dir, digest = resolve(root)
+            verify_generation(gen_dir, trust=trust, allow_rollback=allow_rollback or digest is None)
             located = json.dumps([str(gen_dir), digest])
         except Exception as err:  # noqa: BLE001 - every rank must learn of it
             error = err

@@ -4,6 +4,7 @@ A checkpoint root holds generations and one pointer::
 
     ROOT/LATEST                      pointer (JSON): {"generation": "gen-00000003", "manifest_sha256": ...}
     ROOT/gen-00000003/MANIFEST.json  sha256 and size of every other file of the generation
+    ROOT/gen-00000003/MANIFEST.sig   Ed25519-signed statement over the manifest (``checkpoint_trust``)
     ROOT/gen-00000003/state.json     global non-tensor state (clocks, scheduler, optimizer hyper-parameters)
     ROOT/gen-00000003/ranks/rank-00000.json   rank-local state (RNG, loader position)
     ROOT/gen-00000003/dcp/...        tensors, written by torch.distributed.checkpoint
@@ -37,6 +38,8 @@ FORMAT_VERSION = 1
 """Version of the layout; a reader refuses other versions."""
 POINTER_NAME = "LATEST"
 MANIFEST_NAME = "MANIFEST.json"
+SIGNATURE_NAME = "MANIFEST.sig"
+"""The manifest's signature (see ``checkpoint_trust``); like the manifest, not listed in it."""
 STATE_NAME = "state.json"
 RANKS_DIR = "ranks"
 DCP_DIR = "dcp"
@@ -246,7 +249,7 @@ def rank_file(generation_dir: str | os.PathLike[str], rank: int) -> Path:
 
 def _listed_files(generation_dir: Path) -> list[str]:
     return sorted(p.relative_to(generation_dir).as_posix() for p in generation_dir.rglob("*")
-                  if p.is_file() and p.name != MANIFEST_NAME)
+                  if p.is_file() and p.name not in (MANIFEST_NAME, SIGNATURE_NAME))
 
 
 def write_manifest(generation_dir: str | os.PathLike[str], *, world_size: int,

@@ -3,9 +3,11 @@
 Instead of a dispatch mode over every aten op (``comm_meter.CollectiveMeter``, still used for
 tensor and context parallelism), the session taps the only places DDP and FSDP2 communicate:
 
-* DDP: its built-in all-reduce is left alone; bytes are those of its buckets (every trainable
-  gradient once per synchronized backward), and the audit arms post-accumulate-grad hooks
-  (:class:`DDPGradientAccess`) only on the steps it audits or a fault is planned for.
+* DDP: a comm hook (:func:`counting_allreduce_hook`) counts each bucket DDP really hands to its
+  communication (its buffer's bytes) and then runs torch's default all-reduce hook, so receipts show
+  what was issued, including an all-reduce on a micro-step that should not have synchronized; the
+  audit arms post-accumulate-grad hooks (:class:`DDPGradientAccess`) only on the steps it audits or
+  a fault is planned for.
 * FSDP2 / HSDP: custom ``AllGather`` / ``ReduceScatter`` comm objects
   (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``) that call the same
   ``torch.distributed`` functions FSDP2's defaults call, and for HSDP an all-reduce hook
@@ -35,6 +37,7 @@ from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor, Shard
+    from torch.nn.parallel import DistributedDataParallel
 
 MODES = ("pass", "capture", "replay")
 
@@ -317,12 +320,26 @@ def install_fsdp_taps(root: nn.Module, tap: CommTap, *, hsdp: bool) -> None:
             fsdp.set_all_reduce_hook(lambda out: tap.add("all_reduce", _nbytes(out)))
 
 
+def counting_allreduce_hook(tap: CommTap) -> Any:
+    """A DDP comm hook: count the bucket DDP really communicates, then torch's default all-reduce hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    def hook(state: Any, bucket: Any) -> Any:
+        tap.add("all_reduce", _nbytes(bucket.buffer()))
+        return default_hooks.allreduce_hook(state, bucket)
+
+    # DDP checks the hook's annotations as objects; this module's postponed annotations are strings
+    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
+                            "return": torch.futures.Future[torch.Tensor]}
+    return hook
+
+
 def install_taps(module: nn.Module, plan: Any, mode: DataParallelMode, *, gradient_access: bool = True) -> CommTap:
     """The session's CommTap, installed on DDP / FSDP2; it counts bytes unless TP or CP need the dispatch meter.
 
-    DDP keeps its built-in C++ all-reduce (a Python comm hook costs a few percent of a small step)
-    and ``ddp_sync_bytes`` records what one synchronized backward all-reduces: DDP's buckets are the
-    flat concatenation of every trainable gradient, each all-reduced once per synchronized backward.
+    DDP gets ``counting_allreduce_hook`` when counting (observed, not computed from the sync flag:
+    a Python hook costs a few percent of a tiny step); ``ddp_sync_bytes`` records what one
+    synchronized backward should all-reduce (every trainable gradient once), for comparisons.
     With ``gradient_access`` (audit or fault injection) the tap also gets a ``DDPGradientAccess``
     that the audit arms only for the steps it needs.
     """
@@ -332,6 +349,9 @@ def install_taps(module: nn.Module, plan: Any, mode: DataParallelMode, *, gradie
     tap = CommTap(counting=counting, rank=dist.get_rank() if dist.is_initialized() else 0)
     if mode.uses_ddp:
         tap.ddp_sync_bytes = sum(_nbytes(p) for p in module.parameters() if p.requires_grad)
+        if counting:
+            ddp = cast("DistributedDataParallel", module)
+            ddp.register_comm_hook(ddp.process_group, counting_allreduce_hook(tap))
         if gradient_access:
             named = [(pre_wrap_fqn(n), p) for n, p in unwrap(module).named_parameters() if p.requires_grad]
             tap.ddp_access = DDPGradientAccess(tap, named)

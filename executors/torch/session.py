@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,6 +28,7 @@ from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
 from mixle_parallel.executors.torch.comm_taps import CommTap
 from mixle_parallel.executors.torch.dp_mode import DataParallelMode
 from mixle_parallel.executors.torch.grads import local_grads, scale_grads, weighted_square_sum
+from mixle_parallel.executors.torch.health import SessionHealth
 from mixle_parallel.executors.torch.sdc_audit import SessionAudit, trainable
 
 if TYPE_CHECKING:
@@ -67,6 +69,7 @@ class TorchDistributedSession:
         tap: CommTap | None = None,
         audit: dict[str, Any] | None = None,
         ledger: Any = None,
+        health: SessionHealth | None = None,
     ) -> None:
         if nonfinite not in ("raise", "skip"):
             raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
@@ -97,6 +100,8 @@ class TorchDistributedSession:
         self._last_micro: tuple[Any, Any] | None = None
         self._closed = False
         self._reset_window()
+        self._health = health
+        self._forward_s = 0.0
         self._audit = None
         if audit:
             self._audit = SessionAudit(self, self._tap, **audit)
@@ -134,6 +139,8 @@ class TorchDistributedSession:
     def train_batch(self, inputs: Any, targets: Any) -> StepReceipt:
         """Accumulate one local batch (split into ``plan.microbatches``) and commit when the clock fires."""
         self._check_open()
+        if self._health is not None:
+            self._health.begin_call(inputs)
         micro = self._split(inputs, targets)
         commit = self._pending + 1 == self.plan.gradient_accumulation_steps
         self._meter.reset()
@@ -172,6 +179,8 @@ class TorchDistributedSession:
                 self._flush_unsynced()  # FSDP2 keeps unsynced grads inside; reduce them so zero_grad clears them
         if self._audit is not None:
             self._audit.abort_window()
+        if self._health is not None:
+            self._health.on_skip()
         receipt = self._skipped_receipt(reason="discarded", window=True)
         self._clear_gradients()
         return receipt
@@ -218,18 +227,21 @@ class TorchDistributedSession:
                                    extra={"event": "save", "asynchronous": bool(asynchronous)})
         return handle
 
-    def load_checkpoint(self, path: str, *, allow_world_size_change: bool = False) -> dict[str, Any]:
+    def load_checkpoint(self, path: str, *, allow_world_size_change: bool = False, trust: str = "signed",
+                        allow_rollback: bool = False) -> dict[str, Any]:
         """Restore model, optimizer, scheduler, RNG and the step clock from the generation ``path`` publishes.
 
         Collective. A checkpoint saved at another world size is refused unless
         ``allow_world_size_change=True`` (then DCP reshards and rank-local state is re-derived by
-        the rule in docs/checkpoints.md). Returns loader_state, typed_scheduler_state, extra,
+        the rule in docs/checkpoints.md). The manifest must be signed by a trusted key (``trust=
+        "unsigned"`` skips that) and ``LATEST`` must not be rolled back (``allow_rollback=True``).
+        Returns loader_state, typed_scheduler_state, extra,
         saved_world_size and the rest of ``executors.torch.checkpoint.load_checkpoint``'s dict.
         """
         self._check_open()
         loaded = load_checkpoint(
             path, model=self.module, optimizer=self.optimizer, scheduler=self.scheduler,
-            allow_world_size_change=allow_world_size_change,
+            allow_world_size_change=allow_world_size_change, trust=trust, allow_rollback=allow_rollback,
         )
         self.restore_state(from_dict(
             {"kind": "TorchSessionState", "version": SCHEMA_VERSION, "data": loaded["session_state"]},
@@ -245,6 +257,8 @@ class TorchDistributedSession:
         if self._closed:
             return
         self._closed = True
+        if self._health is not None:
+            self._health.close()
         if self.ledger is not None:
             audit = self._audit
             self.ledger.run_end(status="ok", steps=self._step, extra={
@@ -259,6 +273,8 @@ class TorchDistributedSession:
         if self._audit is not None:
             self._audit.note(x, y, sync, weight)
         loss_sum, count = self.run_micro(x, y, sync=sync, weight=weight)
+        if self._health is not None:
+            self._health.add_forward(self._forward_s)
         if weight:
             rows = self._rows(x)
             count_t = torch.as_tensor(count, dtype=torch.float64).detach().cpu()
@@ -276,11 +292,17 @@ class TorchDistributedSession:
             if (self.dp_mode.uses_ddp and self._tap.counting  # the module is then the DistributedDataParallel wrapper
                     and cast("DistributedDataParallel", self.module).will_sync_module_buffers()):
                 self._tap.add("broadcast", sum(b.numel() * b.element_size() for b in self.module.buffers()))
-            with self._autocast():
-                loss_sum, count = self.loss_fn(self.module, x, y)
+            if self._health is not None:
+                self._health.phase("forward")
+                start = time.perf_counter()
+                with self._autocast():
+                    loss_sum, count = self.loss_fn(self.module, x, y)
+                self._forward_s = time.perf_counter() - start
+                self._health.phase("backward")
+            else:
+                with self._autocast():
+                    loss_sum, count = self.loss_fn(self.module, x, y)
             (loss_sum * (self._grad_scale * weight)).backward()
-        if sync and self._tap.ddp_sync_bytes is not None:
-            self._tap.add("all_reduce", self._tap.ddp_sync_bytes)  # DDP's built-in bucket all-reduces just ran
         return loss_sum, count
 
     def trainable(self) -> list[nn.Parameter]:
@@ -353,6 +375,8 @@ class TorchDistributedSession:
                 audit_extra["sdc_audit"] = [to_dict(r)["data"] for r in records]
             if skip:
                 tokens = float(self._w_tokens)
+                if self._health is not None:
+                    self._health.on_skip()
                 receipt = self._receipt(skipped=True, loss=float(self._w_loss) / tokens if tokens else math.nan,
                                         window=True, extra={"reason": "sdc_audit", **audit_extra})
                 self._clear_gradients()
@@ -366,11 +390,17 @@ class TorchDistributedSession:
             self._w_tokens / tp,
             torch.tensor(nonfinite_local, dtype=torch.float64),
             weighted_square_sum(grads, self._world),
-        ]).to(self._comm_device())
+        ])
+        if self._health is not None and self._distributed:  # per-rank step times ride the same all-reduce
+            self._health.phase("commit")
+            stats = torch.cat([stats, self._health.rank_slots()])
+        stats = stats.to(self._comm_device())
         if self._distributed:
             dist.all_reduce(stats)
             self._tap.add("all_reduce", stats.numel() * stats.element_size())
-        loss_sum, examples, tokens, nonfinite, square = (float(v) for v in stats.cpu().tolist())
+        values = stats.cpu().tolist()
+        loss_sum, examples, tokens, nonfinite, square = (float(v) for v in values[:5])
+        rank_seconds = [float(v) for v in values[5:]] if len(values) > 5 else None
         examples_i, tokens_i = int(round(examples)), int(round(tokens))
         if tokens <= 0:
             return self._reject("no_counted_targets", examples_i, tokens_i, math.nan, math.nan)
@@ -390,18 +420,21 @@ class TorchDistributedSession:
         self._step += 1
         if self._audit is not None:
             self._audit.prime(self._step)
-        receipt = self._receipt(
-            skipped=False, loss=loss, window=True, examples=examples_i, tokens=tokens_i,
-            extra={"grad_norm": norm, "clipped": bool(clipped), **audit_extra},
-        )
+        extra: dict[str, Any] = {"grad_norm": norm, "clipped": bool(clipped), **audit_extra}
+        if self._health is not None:
+            extra["health"] = self._health.on_commit(self._step, loss=loss, grad_norm=norm, tokens=tokens_i,
+                                                     rank_seconds=rank_seconds)
+        receipt = self._receipt(skipped=False, loss=loss, window=True, examples=examples_i, tokens=tokens_i,
+                                extra=extra)
         self._clear_gradients()
         return receipt
 
     def _reject(self, reason: str, examples: int, tokens: int, loss: float, norm: float) -> StepReceipt:
-        receipt = self._receipt(
-            skipped=True, loss=loss, window=True, examples=examples, tokens=tokens,
-            extra={"reason": reason, "grad_norm": norm if math.isfinite(norm) else None},
-        )
+        extra: dict[str, Any] = {"reason": reason, "grad_norm": norm if math.isfinite(norm) else None}
+        if self._health is not None:
+            extra["health"] = {"anomalies": [a.as_dict() for a in self._health.on_skip(self._step + 1, loss, norm)]}
+        receipt = self._receipt(skipped=True, loss=loss, window=True, examples=examples, tokens=tokens,
+                                extra=extra)
         self._clear_gradients()
         if self.nonfinite == "raise" or reason != "nonfinite":
             raise FloatingPointError(

@@ -28,8 +28,8 @@ TRAIN_PLAN = ParallelPlan(dp_shard=2, tp=2)
 EM_WORKERS = 2
 TRAIN_TIMEOUT_S = 900.0
 """The training phase as a whole (start, rendezvous, every step) on a loaded 2-core machine."""
-OUTPUTS = ("certificate-torch_native.json", "certificate-em_mp.json", "ledger.jsonl", "receipts.jsonl",
-           "summary.json")
+OUTPUTS = ("certificate-torch_native.json", "certificate-em_mp.json", "ledger.jsonl", "ledger.jsonl.head",
+           "receipts.jsonl", "summary.json")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,17 +62,19 @@ def _evidence_table(title: str, report: Any) -> Table:
 
 def _certify(console: Console, label: str, target: Any, plan: ParallelPlan, precision: str, workload: Any,
              seed: int, path: Path) -> Any:
-    from mixle_parallel.verification import save_certificate, verify
+    from mixle_parallel.verification import open_envelope, save_certificate, verify
 
     with console.status(f"certifying {label} on {plan.describe()} at {precision} (real processes vs reference)"):
         report = verify(target, plan, precision=precision, workload=workload, trials=1, seed=seed)
     console.print(_evidence_table(f"evidence: {label}", report))
     if not report.passed:
         raise RuntimeError(f"{label} failed verification: {'; '.join(report.failures)}")
-    certificate = report.certify(target)
-    save_certificate(certificate, path)
-    console.print(f"[green]certified[/green] {label}: {certificate.certificate_id[:23]}... -> {path}")
-    return certificate
+    envelope = report.certify(target)
+    save_certificate(envelope, path)
+    certificate, keyid = open_envelope(envelope)
+    console.print(f"[green]certified[/green] {label}: {certificate.certificate_id[:23]}..., signed by key "
+                  f"{keyid[:16]}... -> {path}")
+    return envelope
 
 
 def _train(console: Console, out: Path, steps: int, seed: int) -> dict[str, Any]:
@@ -184,11 +186,13 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                     f"{em['audits']} audits, {em['findings']} findings", f"{timings['fit EM']:.1f}")
     verdict = "[green]ok[/green]" if report.ok else f"[red]{len(report.faults)} faults[/red]: {report.faults[0]}"
     summary.add_row("audit ledger", f"{verdict} ({report.entries} entries, {report.runs} runs, "
-                    f"{report.receipts} receipts, {report.audits} audits)", "")
+                    f"{report.receipts} receipts, {report.audits} audits); {report.signed_head or 'no signed head'}",
+                    "")
     summary.add_row("total", "", f"{timings['total']:.1f}")
     console.print(summary)
     (out / "summary.json").write_text(json.dumps({"training": training, "em": em, "timings": timings,
-                                                  "ledger_ok": report.ok}, indent=2, sort_keys=True))
+                                                  "ledger_ok": report.ok, "signed_head": report.signed_head},
+                                                 indent=2, sort_keys=True))
     return 0 if report.ok else 1
 
 

@@ -30,7 +30,7 @@ from mixle_parallel.contracts import (
     check_admission,
 )
 
-from .conftest import DIGEST, ToyExecutor, make_certificate
+from .conftest import DIGEST, ToyExecutor, context, make_certificate, make_evidence
 
 
 def update(**changes: Any) -> DistributedUpdate:
@@ -153,8 +153,12 @@ BAD: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("unknown family", lambda: audit(family="inference"), ValueError, "family"),
     ("unknown replay", lambda: audit(replay="oracle"), ValueError, "replay"),
     # AdmissionCertificate
-    ("no evidence", lambda: make_certificate(evidence_digests=()), ValueError, "needs evidence"),
-    ("bad digest", lambda: make_certificate(evidence_digests={"md5:00"}), ValueError, "sha256"),
+    ("no evidence", lambda: make_certificate(evidence_digests=frozenset()), ValueError, "needs evidence"),
+    ("no evidence records", lambda: make_certificate(evidence=()), ValueError, "embeds the evidence"),
+    ("bad digest", lambda: make_certificate(evidence_digests=frozenset({"md5:00"})), ValueError, "sha256"),
+    ("upper-case digest", lambda: make_certificate(source_digest="sha256:" + "AB" * 32), ValueError, "lowercase"),
+    ("empty library versions", lambda: make_certificate(library_versions={}), ValueError, "python"),
+    ("empty device kind", lambda: make_certificate(device_kind=""), ValueError, "device_kind"),
     ("family vs measured plan", lambda: make_certificate(axis_family={"tp"}), ValueError, "certified family"),
     ("axes outside caps", lambda: make_certificate(
         capabilities=BackendCapabilities("toy", {"dp_shard"}), measured_plan=ParallelPlan(dp_shard=2, tp=2)),
@@ -229,41 +233,53 @@ class TestAdmissionCheck:
 
     def test_accepts_same_family_any_sizes(self, toy_executor: ToyExecutor) -> None:
         cert = make_certificate()
-        assert check_admission(cert, toy_executor, self.plan, "fp32") == cert.certificate_id
+        assert check_admission(cert, toy_executor, self.plan, "fp32", context()) == cert.certificate_id
 
-    @pytest.mark.parametrize("mutate,reason", [
-        (lambda ex, cert, plan: (ex, None, plan), "no admission certificate"),
-        (lambda ex, cert, plan: (attrs.evolve(ex, version="2.0"), cert, plan), "version 1.0, running 2.0"),
-        (lambda ex, cert, plan: (ex, cert, ParallelPlan(dp_shard=2)), "plan uses"),
+    @pytest.mark.parametrize("mutate,check,reason", [
+        (lambda ex, cert, plan: (ex, None, plan), "certificate", "no admission certificate"),
+        (lambda ex, cert, plan: (attrs.evolve(ex, version="2.0"), cert, plan), "executor_version",
+         "toy 1.0, running 2.0"),
+        (lambda ex, cert, plan: (ex, cert, ParallelPlan(dp_shard=2)), "plan_family", "plan uses"),
         (lambda ex, cert, plan: (attrs.evolve(ex, capabilities=BackendCapabilities("toy", {"dp_shard", "tp", "cp"})),
-                                 cert, plan), "capabilities changed"),
+                                 cert, plan), "capabilities", "capabilities changed"),
         (lambda ex, cert, plan: (attrs.evolve(ex, capabilities=BackendCapabilities("other", {"dp_shard", "tp"})),
-                                 cert, plan), "not 'other'"),
+                                 cert, plan), "executor", "not 'other'"),
     ])
-    def test_rejects_with_reason(self, toy_executor: ToyExecutor, mutate: Callable[..., Any], reason: str) -> None:
+    def test_rejects_with_reason(self, toy_executor: ToyExecutor, mutate: Callable[..., Any], check: str,
+                                 reason: str) -> None:
         ex, cert, plan = mutate(toy_executor, make_certificate(), self.plan)
-        with pytest.raises(NotAdmittedError, match=reason):
-            check_admission(cert, ex, plan, "fp32")
+        with pytest.raises(NotAdmittedError, match=f"check '{check}' failed: .*{reason}"):
+            check_admission(cert, ex, plan, "fp32", context())
 
-    def test_rejects_precision_and_library(self, toy_executor: ToyExecutor) -> None:
-        problems = admission_problems(make_certificate(), toy_executor, self.plan, "bf16",
-                                      library_versions={"torch": "2.14.0", "numpy": "2.0"})
-        assert any("precision fp32" in p for p in problems)
+    def test_rejects_precision_library_mesh_and_source(self, toy_executor: ToyExecutor) -> None:
+        problems = admission_problems(make_certificate(), toy_executor, self.plan, "bf16", context(
+            library_versions={"python": "3.11.9", "numpy": "2.1.0", "torch": "2.14.0"}, device_kind="cuda",
+            comm_backend="nccl", source_digest="sha256:" + "cd" * 32))
+        checks = {p.split("'")[1] for p in problems}
+        assert checks == {"precision", "library_versions", "device_kind", "comm_backend", "source_digest"}
         assert any("torch 2.13.0, running 2.14.0" in p for p in problems)
-        assert not any("numpy" in p for p in problems)
 
-    def test_signature(self, toy_executor: ToyExecutor) -> None:
-        cert = make_certificate()
-        signed = cert.signed(b"k1")
-        assert signed.certificate_id == cert.certificate_id
-        check_admission(signed, toy_executor, self.plan, "fp32", key=b"k1")
-        with pytest.raises(NotAdmittedError, match="does not verify"):
-            check_admission(signed, toy_executor, self.plan, "fp32", key=b"k2")
-        with pytest.raises(NotAdmittedError, match="unsigned"):
-            check_admission(cert, toy_executor, self.plan, "fp32", key=b"k1")
-        forged = attrs.evolve(signed, executor_version="1.0", precision="bf16",
-                              capabilities=BackendCapabilities("toy", {"dp_shard", "tp"}, precisions={"bf16", "fp32"}))
-        assert not forged.signature_valid(b"k1")
+    def test_recomputes_evidence_and_judges_it(self, toy_executor: ToyExecutor) -> None:
+        wrong = make_certificate(evidence_digests=frozenset({DIGEST}))
+        assert "check 'evidence_digests' failed" in admission_problems(wrong, toy_executor, self.plan, "fp32",
+                                                                        context())[0]
+        failing = make_certificate(evidence=(make_evidence(ParallelPlan(dp_shard=2, tp=2), within_tolerance=False),))
+        assert any("check 'evidence' failed" in p
+                   for p in admission_problems(failing, toy_executor, self.plan, "fp32", context()))
+        loose = make_certificate(tolerance=Tolerance(1.0, 1.0))
+        policy = context(policy=lambda cert: Tolerance(1e-5, 1.3e-6))
+        assert [p.split("'")[1] for p in admission_problems(loose, toy_executor, self.plan, "fp32", policy)] == [
+            "tolerance_policy"]
+
+    def test_issue_time_window(self, toy_executor: ToyExecutor) -> None:
+        from datetime import datetime, timedelta
+
+        issued = datetime.fromisoformat(make_certificate().issued_at)
+        late = context(now=issued + timedelta(days=91))
+        early = context(now=issued - timedelta(days=1))
+        for ctx, text in ((late, "more than 90 days"), (early, "in the future")):
+            (problem,) = admission_problems(make_certificate(), toy_executor, self.plan, "fp32", ctx)
+            assert problem.startswith("check 'issued_at' failed") and text in problem
 
     def test_certificate_id_is_content_addressed(self) -> None:
         a, b = make_certificate(), make_certificate()

@@ -111,9 +111,9 @@ def test_certify_then_audit_pass_through(tmp_path: Path, capsys: pytest.CaptureF
     cert = tmp_path / "cert.json"
     assert main(["certify", "--backend", "mp", "--plan", "dp_replicate=2", "--workload", "gaussian_mixture",
                  "--out", str(cert)]) == 0
-    from mixle_parallel import AdmissionCertificate, from_json
+    from mixle_parallel import CertificateEnvelope, from_json, open_envelope
 
-    certificate = from_json(cert.read_text(), AdmissionCertificate)
+    certificate, _ = open_envelope(from_json(cert.read_text(), CertificateEnvelope))
     assert certificate.executor == "em_mp" and certificate.precision == "fp64"
     assert main(["audit", str(tmp_path / "missing.jsonl")]) != 0
     capsys.readouterr()

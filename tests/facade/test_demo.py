@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mixle_parallel import AdmissionCertificate, StepReceipt, from_dict, from_json, verify_ledger
+from mixle_parallel import CertificateEnvelope, StepReceipt, from_dict, from_json, open_envelope, verify_ledger
 
 
 @pytest.mark.slow
@@ -19,15 +19,20 @@ def test_demo_runs_certified_audited_and_its_ledger_verifies(tmp_path: Path) -> 
                            "--em-rows", "20000"], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "audit ledger" in done.stdout
-    torch_cert = from_json((out / "certificate-torch_native.json").read_text(), AdmissionCertificate)
-    em_cert = from_json((out / "certificate-em_mp.json").read_text(), AdmissionCertificate)
+    torch_cert, torch_key = open_envelope(from_json((out / "certificate-torch_native.json").read_text(),
+                                                    CertificateEnvelope))  # signed by a trusted key
+    em_cert, em_key = open_envelope(from_json((out / "certificate-em_mp.json").read_text(), CertificateEnvelope))
+    assert torch_key == em_key
     assert torch_cert.executor == "torch_native" and em_cert.executor == "em_mp"
     receipts = [from_dict(json.loads(line), StepReceipt) for line in (out / "receipts.jsonl").read_text().splitlines()]
     assert len(receipts) == 6 and all(r.extra["certificate"] == torch_cert.certificate_id for r in receipts)
     report = verify_ledger(out / "ledger.jsonl")
     assert report.ok, report.faults
+    assert report.signed_head.startswith(f"signed head: {report.entries} entries") and torch_key[:16] in \
+        report.signed_head
     assert report.runs == 2 and report.audits >= 2  # training and EM each audit at least one unit
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["signed_head"] == report.signed_head
     assert summary["training"]["findings"] == 0 and summary["em"]["findings"] == 0
     assert summary["training"]["last_loss"] < summary["training"]["first_loss"]
 

@@ -20,10 +20,18 @@ SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
 NO_LAUNCHER = "torchrun --nproc-per-node"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def module_home(tmp_path_factory: pytest.TempPathFactory):
+    """A trust store of this module's own (its certificate is not left in the local store)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MIXLE_PARALLEL_HOME", str(tmp_path_factory.mktemp("torch-gate-home")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("MIXLE_PARALLEL_CERTIFICATE", "MIXLE_PARALLEL_VERIFYING", "MIXLE_PARALLEL_CERT_KEY",
-                 "MIXLE_PARALLEL_CERT_KEY_FILE", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    for name in ("MIXLE_PARALLEL_CERTIFICATE", "MIXLE_PARALLEL_VERIFYING", "RANK", "WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -31,7 +39,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def fsdp_certificate():
     report = verify(SPEC, ParallelPlan(dp_shard=2), precision="fp32", workload="mlp")
     assert report.passed, report.summary()
-    return report.certify(SPEC)
+    return report.certify(SPEC, store=False)
 
 
 def prepare(plan: ParallelPlan, **kwargs):
@@ -42,8 +50,11 @@ def test_real_mesh_without_certificate_is_refused_before_anything_starts() -> No
     with pytest.raises(NotAdmittedError) as info:
         prepare(ParallelPlan(dp_shard=2))
     text = str(info.value)
-    assert "no admission certificate for executor 'torch_native' on plan dp_shard=2" in text
-    assert "real device mesh (world size 2)" in text
+    assert "check 'certificate' failed: no trusted certificate in" in text
+    assert "fits torch_native on dp_shard=2 (world 2) at fp32 (cpu/gloo)" in text
+    assert "real device mesh (world size 2, cpu/gloo)" in text
+    assert ("`mixle-parallel certify --backend torch_native --plan dp_shard=2 --precision fp32 --out cert.json`"
+            in text)
     assert not torch.distributed.is_initialized()
 
 
@@ -64,7 +75,7 @@ def test_certificate_from_the_environment(fsdp_certificate, tmp_path, monkeypatc
 @pytest.mark.parametrize("plan, precision, reason", [
     (ParallelPlan(dp_replicate=2), "fp32", r"certificate covers axes \['dp_shard'\], the plan uses \['dp_replicate'\]"),
     (ParallelPlan(dp_shard=2, tp=2), "fp32", r"the plan uses \['dp_shard', 'tp'\]"),
-    (ParallelPlan(dp_shard=2), "bf16", "certificate is for precision fp32, the run uses bf16"),
+    (ParallelPlan(dp_shard=2), "bf16", "check 'precision' failed: certificate is for fp32, the run uses bf16"),
 ])
 def test_mismatched_family_or_precision_is_refused(fsdp_certificate, plan, precision, reason) -> None:
     with pytest.raises(NotAdmittedError, match=reason):
@@ -73,11 +84,11 @@ def test_mismatched_family_or_precision_is_refused(fsdp_certificate, plan, preci
     assert not torch.distributed.is_initialized()
 
 
-def test_unverified_and_verifying_pass_the_gate(monkeypatch) -> None:
+def test_unverified_passes_and_the_old_environment_variable_does_not(monkeypatch) -> None:
     with pytest.raises(RuntimeError, match=NO_LAUNCHER):
         prepare(ParallelPlan(dp_shard=2), admission="unverified")
-    monkeypatch.setenv("MIXLE_PARALLEL_VERIFYING", "1")  # a process the harness started
-    with pytest.raises(RuntimeError, match=NO_LAUNCHER):
+    monkeypatch.setenv("MIXLE_PARALLEL_VERIFYING", "1")  # once admitted anything; now only the harness capability
+    with pytest.raises(NotAdmittedError, match="no trusted certificate"):
         prepare(ParallelPlan(dp_shard=2))
     with pytest.raises(ValueError, match="admission='maybe'"):
         prepare(ParallelPlan(dp_shard=2), admission="maybe")

@@ -150,7 +150,9 @@ def test_flip_on_an_unaudited_step_goes_unseen(audit_world: dict, name: str) -> 
 
 
 def test_certified_run_receipts_and_ledger(audit_world: dict) -> None:
-    cert = audit_world["certificate"]
+    from mixle_parallel.verification import read_unverified
+
+    cert = read_unverified(audit_world["certificate"])
     for rank in audit_world["ranks"]:
         run = rank["certified"]
         assert {(r["extra"]["admission"], r["extra"]["certificate"]) for r in run["receipts"]} == {

@@ -66,22 +66,24 @@ def test_pytest_plugin_runs_the_suite(pytester):
     bad = pytester.runpytest_subprocess(*_plugin_args(), "--mixle-backend", f"{TOYS}:PerWorkerEMExecutor",
                                         "--mixle-plan", "dp_replicate=3", "--mixle-precision", "fp64", "-q")
     bad.assert_outcomes(passed=5, failed=1)
-    bad.stdout.fnmatch_lines(["*test_harness_admits*", "*check 'numerics' failed*"])
+    bad.stdout.fnmatch_lines(["*test_harness_admits*", "*check 'determinism' failed*differs in bits from 1 worker*"])
     assert sys.executable
 
 
 def test_verify_and_certify_commands(tmp_path, capsys):
     from mixle_parallel.verification.admission import load_certificate
-    from mixle_parallel.verification.cli import main_certify, main_verify
+    from mixle_parallel.verification.attestation import open_envelope
+    from mixle_parallel.verification.cli import main_certify, main_keys, main_verify
 
     spec = f"{TOYS}:ToyEMExecutor"
     common = ["--backend", spec, "--plan", "dp_replicate=2", "--precision", "fp64", "--workload", "gaussian_mixture"]
     assert main_verify(common) == 0
     assert "PASSED" in capsys.readouterr().out
-    key = tmp_path / "key"
-    key.write_text("secret\n")
-    assert main_certify([*common, "--out", str(tmp_path / "cert.json"), "--key-file", str(key)]) == 0
-    assert load_certificate(tmp_path / "cert.json").signature_valid(b"secret")
+    assert main_keys(["list"]) == 0
+    assert main_certify([*common, "--out", str(tmp_path / "cert.json")]) == 0
+    out = capsys.readouterr().out
+    cert, keyid = open_envelope(load_certificate(tmp_path / "cert.json"))  # signed by this machine's key
+    assert f"certificate {cert.certificate_id} signed by key {keyid[:16]}" in out and "stored in" in out
     bad = ["--backend", f"{TOYS}:PerWorkerEMExecutor", "--plan", "dp_replicate=3", "--precision", "fp64",
            "--workload", "gaussian_mixture"]
     assert main_verify(bad) == 1

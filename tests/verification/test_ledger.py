@@ -95,8 +95,10 @@ def test_truncated_ledger_lacks_run_end(tmp_path, plan):
     path.write_text("".join(lines(path)[:-3]))
     report = verify_ledger(path)
     assert not report.ok and "without run_end" in report.first_bad.message
-    assert verify_ledger(path, require_end=False).ok
-    assert main_audit([str(path), "--allow-open"]) == 0
+    assert "its signed head" in " ".join(f.message for f in verify_ledger(path, require_end=False).faults)
+    assert verify_ledger(path, require_end=False, head=False).ok  # the chain alone cannot see truncation
+    assert main_audit([str(path), "--allow-open"]) == 1
+    assert main_audit([str(path), "--allow-open", "--no-head"]) == 0
 
 
 def test_truncated_head_is_named(tmp_path, plan):

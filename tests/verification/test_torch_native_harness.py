@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from mixle_parallel.contracts import ParallelPlan, check_admission
+from mixle_parallel.contracts import ParallelPlan
+from mixle_parallel.verification.attestation import read_unverified
 from mixle_parallel.verification.conformance.suite import main_conformance
 from mixle_parallel.verification.harness.run import verify
+from tests.verification.vhelpers import admits
 
 SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
 
@@ -20,7 +22,8 @@ def test_torch_native_fsdp_is_verified_and_certified():
     grad = {e.node_id: e for e in report.evidence}["grad:dp_shard"]
     assert any("gloo realizes reduce_scatter as all_reduce" in n for n in grad.notes)
     cert = report.certify(SPEC)
-    assert check_admission(cert, TorchDistributedBackend(), ParallelPlan(dp_shard=4), "fp32") == cert.certificate_id
+    assert admits(cert, TorchDistributedBackend(), ParallelPlan(dp_shard=4), "fp32") == \
+        read_unverified(cert).certificate_id
 
 
 def test_torch_native_passes_the_contract_checks(capsys):

@@ -33,6 +33,12 @@ class ToyDDPExecutor:
 
     verification_launch = "gloo"
     name = "toy_ddp"
+    wrap_ddp = True
+    """False: no DDP wrapper (the zoo's members average by hand, or not at all)."""
+    manual_average: str | None = None
+    """'all_gather': average gradients by gathering every rank's and taking the mean."""
+    grad_scale = 1.0
+    """Extra factor on the committed gradients (1.0: none)."""
 
     @property
     def capabilities(self) -> BackendCapabilities:
@@ -85,7 +91,9 @@ class _ToyTrial:
             group = dist.new_group(list(ranks))
             if rank in ranks:
                 mine = group
-        self.ddp = torch.nn.parallel.DistributedDataParallel(self.module, process_group=mine)
+        self.group, self.executor = mine, executor
+        self.ddp = (torch.nn.parallel.DistributedDataParallel(self.module, process_group=mine)
+                    if executor.wrap_ddp else self.module)
         self.optimizer = workload.make_optimizer(self.module.parameters())
 
     def step(self, step: int) -> dict[str, dict[str, Any]]:
@@ -94,10 +102,23 @@ class _ToyTrial:
             inputs = inputs.to(self.dtype)
         self.optimizer.zero_grad(set_to_none=True)
         self.workload.loss(self.ddp(inputs), targets).backward()
+        self._average_by_hand()
         grads = {f"grad/{n}": p.grad.detach().clone() for n, p in self.module.named_parameters()}
         self.optimizer.step()
         params = {f"param/{n}": p.detach().clone() for n, p in self.module.named_parameters()}
         return {self.grad_node: grads, "optimizer:local": params}
+
+    def _average_by_hand(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        for p in self.module.parameters():
+            if self.executor.manual_average == "all_gather":
+                parts = [torch.empty_like(p.grad) for _ in range(dist.get_world_size(self.group))]
+                dist.all_gather(parts, p.grad.contiguous(), group=self.group)
+                p.grad.copy_(torch.stack(parts).mean(0))
+            if self.executor.grad_scale != 1.0:
+                p.grad.mul_(self.executor.grad_scale)
 
     def close(self) -> None:
         del self.ddp
@@ -110,7 +131,7 @@ def _chunk_stats(chunk: np.ndarray, model: dict[str, np.ndarray]) -> dict[str, n
             + np.log(model["weights"]))
     resp = np.exp(logp - logp.max(axis=1, keepdims=True))
     resp /= resp.sum(axis=1, keepdims=True)
-    return {"n": resp.sum(0), "sx": (resp * x).sum(0), "sxx": (resp * x * x).sum(0)}
+    return {"weight_sums": resp.sum(0), "sum_x": (resp * x).sum(0), "sum_xx": (resp * x * x).sum(0)}
 
 
 class ToyEMExecutor:
@@ -168,10 +189,12 @@ class _EMTrial:
         parts = list(self.pool.map(lambda c: _chunk_stats(c, self.model), self.chunks))
         stats = self.executor.combine(parts, owners)
         self.combines = 1 if self.workers > 1 else 0
-        mu = stats["sx"] / stats["n"]
-        variances = stats["sxx"] / stats["n"] - mu * mu
-        self.model = {"weights": stats["n"] / stats["n"].sum(), "means": mu, "variances": variances}
-        return {"stats:data": {f"stats/{k}": v for k, v in stats.items()}}
+        n = stats["weight_sums"]
+        mu = stats["sum_x"] / n
+        variances = stats["sum_xx"] / n - mu * mu
+        self.model = {"weights": n / n.sum(), "means": mu, "variances": variances}
+        return {"stats:data": {**{f"stats/{k}": v for k, v in stats.items()},
+                               **{f"param/{k}": v for k, v in self.model.items()}}}
 
     def observed_collectives(self) -> tuple[ObservedCollective, ...]:
         return (ObservedCollective("custom", ("dp_replicate",), self.combines),) if self.combines else ()

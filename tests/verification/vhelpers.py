@@ -60,3 +60,12 @@ def make_evidence(plan: ParallelPlan, *, executor: str = "stub", node_id: str = 
                             maximum_relative_error=1e-6 if within else 0.5, deterministic=deterministic,
                             within_tolerance=within, tolerance=Tolerance(atol=1e-5, rtol=1.3e-6, source="test"),
                             collectives_match=collectives)
+
+
+def admits(envelope, executor, plan: ParallelPlan, precision: str) -> str:
+    """The certificate id when the gate admits ``executor`` on ``plan`` (as a world of >= 2) under ``envelope``."""
+    from mixle_parallel.verification.admission import require_admission
+
+    decision = require_admission(executor, plan, precision, certificate=envelope, world_size=max(2, plan.world_size))
+    assert decision.certified
+    return decision.certificate_id

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,12 +25,13 @@ from mixle_parallel.contracts import (
     DistributedUpdate,
     ParallelPlan,
     VerifiableExecutor,
-    check_admission,
     from_json,
     to_json,
 )
+from mixle_parallel.verification.admission import require_admission
 from mixle_parallel.verification.harness.run import verify
 from mixle_parallel.verification.harness.worker import resolve_executor
+from mixle_parallel.verification.keys import TrustStore
 
 
 class ConformanceFailure(AssertionError):
@@ -149,8 +151,11 @@ def check_harness_admits(ctx: ConformanceContext) -> None:
     ctx.report = report
     if not report.passed:
         raise ConformanceFailure("verification failed:\n" + report.summary())
-    cert = report.certify(backend, key=None, library_versions={})
-    check_admission(cert, backend, plan, precision)
+    with tempfile.TemporaryDirectory(prefix="mixle-conformance-keys-") as home:
+        keys = TrustStore(home)  # a throw-away key: conformance must not touch the user's trust store
+        envelope = report.certify(backend, trust_store=keys, store=False)
+        require_admission(backend, plan, precision, certificate=envelope, world_size=max(2, plan.world_size),
+                          trust_store=keys)
 
 
 CHECKS: tuple[Callable[[ConformanceContext], None], ...] = (
@@ -162,12 +167,13 @@ CHECKS: tuple[Callable[[ConformanceContext], None], ...] = (
 
 @attrs.frozen
 class CheckResult:
-    """One check's outcome."""
+    """One check's outcome; ``report`` is the harness's VerificationReport for the check that ran it."""
 
     name: str
     passed: bool
     detail: str
     seconds: float
+    report: Any = None
 
 
 def run_conformance(spec: Any, *, plan: ParallelPlan | None = None, precision: str | None = None,
@@ -178,13 +184,14 @@ def run_conformance(spec: Any, *, plan: ParallelPlan | None = None, precision: s
     for check in CHECKS:
         if skip_harness and check is check_harness_admits:
             continue
-        started = time.perf_counter()
+        started, before = time.perf_counter(), ctx.report
         try:
             check(ctx)
-            results.append(CheckResult(check.__name__, True, "", time.perf_counter() - started))
+            passed, detail = True, ""
         except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
-            results.append(CheckResult(check.__name__, False, f"{type(exc).__name__}: {exc}",
-                                       time.perf_counter() - started))
+            passed, detail = False, f"{type(exc).__name__}: {exc}"
+        report = ctx.report if ctx.report is not before else None
+        results.append(CheckResult(check.__name__, passed, detail, time.perf_counter() - started, report))
     return tuple(results)
 
 

@@ -8,7 +8,8 @@ raises ``MeshError`` with its traceback. Ranks rendezvous through a FileStore in
 (no ports), or through ``env://`` on a free local port with torchrun's variables set
 (``torchrun_env=True``, for libraries that read them). A rank may send progress to the parent with
 ``report(message)``; the parent hands it to ``on_message(rank, message)`` while it waits.
-``run_on_gloo_mesh`` is the harness's form (verifying mode, flight recorder on).
+``run_on_gloo_mesh`` is the harness's form (flight recorder on); the ranks' trials are admitted by
+the harness capability that ``worker.run_trials`` enters in each rank, never by the environment.
 
 The function and its arguments cross the process boundary with multiprocessing's usual transport,
 so they must be importable module-level objects (start methods ``spawn`` and ``forkserver``
@@ -31,11 +32,9 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from mixle_parallel.verification.admission import VERIFYING_ENV
-
 __all__ = [
-    "DEFAULT_TIMEOUT_S", "MeshError", "fresh_process_group", "process_group_backend", "report", "run_on_gloo_mesh",
-    "run_world",
+    "DEFAULT_TIMEOUT_S", "MeshError", "fresh_process_group", "mesh_kind", "process_group_backend", "report",
+    "run_on_gloo_mesh", "run_world",
 ]
 
 STORE_DIR_ENV = "MIXLE_PARALLEL_MESH_STORE_DIR"
@@ -71,6 +70,22 @@ def process_group_backend(world_size: int) -> str:
     if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
         return "cpu:gloo,cuda:nccl"
     return "gloo"
+
+
+def mesh_kind(executor: Any, world_size: int) -> tuple[str, str]:
+    """(device kind, communication backend) the harness measures ``executor`` on: what certificates record.
+
+    An executor that starts its own workers names its transport in ``comm_backend``; a gloo-mesh
+    executor runs on ``process_group_backend`` (NCCL on CUDA when every rank has a GPU).
+    """
+    if getattr(executor, "verification_launch", "gloo") == "self":
+        return "cpu", str(getattr(executor, "comm_backend", "gloo"))
+    backend = os.environ.get(BACKEND_ENV)
+    if backend is None:
+        import torch
+
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    return ("cuda", "nccl") if "nccl" in backend else ("cpu", "gloo")
 
 
 def _init_group(rank: int, world_size: int, store_path: str | None, group_timeout_s: float | None) -> None:
@@ -180,7 +195,6 @@ def run_world(
     *args: Any,
     timeout: float = DEFAULT_TIMEOUT_S,
     env: dict[str, str] | None = None,
-    verifying: bool = False,
     start_method: str = "spawn",
     preload: Sequence[str] = (),
     torchrun_env: bool = False,
@@ -191,7 +205,7 @@ def run_world(
     """Run ``fn(rank, world_size, *args)`` on a fresh ``world_size``-rank process group; results by rank.
 
     ``timeout`` bounds the whole run; ``env`` is added to every rank's environment (``OMP_NUM_THREADS=1``
-    unless given); ``verifying`` marks the ranks as the verification harness's; ``preload`` names modules
+    unless given); ``preload`` names modules
     a ``forkserver`` imports once for all ranks (fast starts); ``torchrun_env`` sets RANK, WORLD_SIZE,
     LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT and joins through ``env://``;
     ``group_timeout_s`` is the process group's collective timeout (torch's default when None);
@@ -207,8 +221,6 @@ def run_world(
     child_env = {"OMP_NUM_THREADS": "1", **(env or {})}
     if backend is not None:
         child_env[BACKEND_ENV] = backend
-    if verifying:
-        child_env[VERIFYING_ENV] = "1"
     port = _free_port() if torchrun_env else None
     with tempfile.TemporaryDirectory(prefix="mixle-world-") as folder:
         store = None if torchrun_env else os.path.join(folder, "store")
@@ -240,11 +252,9 @@ def run_on_gloo_mesh(
     *args: Any,
     timeout: float = DEFAULT_TIMEOUT_S,
     env: dict[str, str] | None = None,
-    verifying: bool = True,
 ) -> list[Any]:
-    """The harness's mesh: ``run_world`` in verifying mode with torch's flight recorder on (traced collectives)."""
-    return run_world(fn, world_size, *args, timeout=timeout, env={"TORCH_FR_BUFFER_SIZE": "20000", **(env or {})},
-                     verifying=verifying)
+    """The harness's mesh: ``run_world`` with torch's flight recorder on (traced collectives)."""
+    return run_world(fn, world_size, *args, timeout=timeout, env={"TORCH_FR_BUFFER_SIZE": "20000", **(env or {})})
 
 
 def fresh_process_group(index: int) -> None:

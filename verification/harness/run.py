@@ -6,13 +6,15 @@ executor start its own workers), runs every trial twice in fresh process groups,
 each declared ``DistributedUpdate`` on three checks, each named in failures:
 
 * ``numerics``: max absolute / relative error of the update's observables against the
-  reference (torch.testing's rule and the precision's default tolerance; EM bitwise);
-* ``determinism``: the repeats' digests are equal on every rank;
+  workload's independent single-process reference (torch.testing's rule and the precision's
+  default tolerance; EM within the stated fp64 bound of ``em_reference``);
+* ``determinism``: the repeats' digests are equal on every rank, and, for executors that start
+  their own workers, the run is bitwise the same executor on one worker;
 * ``collectives``: the declared (collective, axes) was seen in the traced steps, and nothing
   undeclared was (counts from PyTorch's flight recorder).
 
 The result holds ``NumericsEvidence`` per update and evidence-bearing ``DistributedUpdate``s;
-``report.certify(executor)`` turns a passing report into an ``AdmissionCertificate``.
+``report.certify(executor)`` turns a passing report into a signed certificate (``CertificateEnvelope``).
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from mixle_parallel.contracts import (
     ParallelPlan,
     Tolerance,
 )
-from mixle_parallel.verification.admission import CertificationError, certify
+from mixle_parallel.verification.certification import CertificationError, certify
 from mixle_parallel.verification.harness.collectives import realized_kinds, summarize
-from mixle_parallel.verification.harness.mesh import DEFAULT_TIMEOUT_S, run_on_gloo_mesh
+from mixle_parallel.verification.harness.mesh import DEFAULT_TIMEOUT_S, mesh_kind, run_on_gloo_mesh
+from mixle_parallel.verification.harness.tolerance import EM_STATISTICS_TOLERANCE as _BITWISE
 from mixle_parallel.verification.harness.tolerance import compare, default_tolerance
 from mixle_parallel.verification.harness.worker import gloo_rank_main, resolve_executor, run_trials
 from mixle_parallel.verification.harness.workloads import resolve_workload
@@ -69,12 +72,15 @@ class VerificationReport:
         """Names of the checks that failed (numerics, determinism, collectives, observables)."""
         return frozenset(f.split("check '", 1)[1].split("'", 1)[0] for f in self.failures if "check '" in f)
 
-    def certify(self, executor: Any, *, key: bytes | None = None, **kwargs: Any) -> Any:
-        """An AdmissionCertificate from this report (see ``admission.certify``)."""
+    def certify(self, executor: Any, **kwargs: Any) -> Any:
+        """A signed certificate envelope from this report, recording device kind and comm backend (``certify``)."""
         if self.failures:
             raise CertificationError("verification failed: " + "; ".join(self.failures))
-        return certify(self.evidence, executor=resolve_executor(executor), plan=self.plan,
-                       precision=self.precision, key=key, **kwargs)
+        target = resolve_executor(executor)
+        device_kind, comm_backend = mesh_kind(target, self.plan.world_size)
+        kwargs.setdefault("device_kind", device_kind)
+        kwargs.setdefault("comm_backend", comm_backend)
+        return certify(self.evidence, executor=target, plan=self.plan, precision=self.precision, **kwargs)
 
     def summary(self) -> str:
         """A plain-text table: one row per update, then the failures."""
@@ -93,16 +99,31 @@ def _family(workload: Any) -> str:
     return "training" if hasattr(workload, "build_module") else "em"
 
 
-def _reference(executor: Any, workload: Any, precision: str, seeds: list[int]) -> dict[int, list[dict[str, Any]]]:
-    if hasattr(workload, "reference"):
-        return {seed: workload.reference(seed, precision) for seed in seeds}
-    runs = run_trials(executor, workload, ParallelPlan(), precision=precision, seeds=seeds, repeats=1, rank=0,
-                      world_size=1, trace=False)
-    out = {}
-    for run in runs:
-        out[run["seed"]] = [{k: v for node in step["observables"].values() for k, v in node.items()}
-                            for step in run["steps"]]
-    return out
+def _reference(workload: Any, precision: str, seeds: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """The workload's independent single-process reference per seed (never the executor itself)."""
+    return {seed: workload.reference(seed, precision) for seed in seeds}
+
+
+def _worker_invariance(local: Any, work: Any, plan: ParallelPlan, precision: str, seeds: list[int],
+                       by_rank: list[list[dict[str, Any]]]) -> dict[str, str]:
+    """Per update, where the run on ``plan`` differs in bits from the same executor on one worker."""
+    if plan.world_size == 1:
+        return {}
+    single = run_trials(local, work, ParallelPlan(), precision=precision, seeds=seeds, repeats=1, rank=0,
+                        world_size=1, trace=False)
+    ones = {run["seed"]: run["steps"] for run in single}
+    found: dict[str, str] = {}
+    for run in by_rank[0]:
+        if run["repeat"]:
+            continue
+        for step, (many, one) in enumerate(zip(run["steps"], ones[run["seed"]])):
+            for node, values in many["observables"].items():
+                for key, value in sorted(values.items()):
+                    other = one["observables"].get(node, {}).get(key)
+                    if node not in found and (other is None or not compare(value, other, _BITWISE).within):
+                        found[node] = (f"{key} at step {step} (seed {run['seed']}) with {plan.world_size} "
+                                       "workers differs in bits from 1 worker")
+    return found
 
 
 def _observed_pairs(plan: ParallelPlan, by_rank: list[list[dict[str, Any]]], traced: bool, *, first_step: int = 0,
@@ -155,6 +176,9 @@ def verify(
     if not updates:
         raise ValueError(f"{local.capabilities.name} declares no updates for {plan.describe()}; nothing to verify")
     work = resolve_workload(workload)
+    if not callable(getattr(work, "reference", None)):
+        raise ValueError(f"workload {getattr(work, 'name', work)!r} has no reference(seed, precision): the harness "
+                         "compares every executor with an independent single-process reference, never with itself")
     family = _family(work)
     tol = tolerance or default_tolerance(precision, family=family)
     seeds = [seed + t for t in range(trials)]
@@ -167,7 +191,8 @@ def verify(
                               world_size=plan.world_size, trace=False)]
     else:
         raise ValueError(f"{local.capabilities.name}.verification_launch={launch!r}; expected 'gloo' or 'self'")
-    reference = _reference(local, work, precision, seeds)
+    reference = _reference(work, precision, seeds)
+    variant = _worker_invariance(local, work, plan, precision, seeds, by_rank) if launch == "self" else {}
     observed, strays, reported = _observed_pairs(plan, by_rank, traced=launch == "gloo")
     # step 0 may hold lazy set-up (DDP bucket rebuild broadcasts, FSDP lazy init): judge
     # undeclared collectives on the steady steps after it when the workload has more than one
@@ -198,6 +223,7 @@ def verify(
             trials,
             failures,
             launch,
+            variant.get(update.node_id),
         )
         if record is None:
             evidenced.append(update)
@@ -281,6 +307,7 @@ def _judge(
     trials: int,
     failures: list[str],
     launch: str,
+    variant: str | None = None,
 ) -> NumericsEvidence | None:
     where = f"update {update.node_id!r}"
     max_abs = max_rel = 0.0
@@ -305,8 +332,8 @@ def _judge(
                     expected = reference[run["seed"]][step].get(key)
                     if expected is None:
                         failures.append(
-                            f"{where}: check 'observables' failed: key {key!r} is not in the "
-                            f"{'reference' if launch == 'gloo' else 'single-process run'}"
+                            f"{where}: check 'observables' failed: key {key!r} is not in the reference "
+                            f"(it has {sorted(reference[run['seed']][step])})"
                         )
                         return None
                     try:
@@ -333,13 +360,17 @@ def _judge(
             f"{max_rel:.3g} at {worst}, outside atol={tol.atol} rtol={tol.rtol}"
             f"{' (bitwise)' if tol.bitwise else ''}"
         )
+    if variant is not None:
+        deterministic = False
+        notes.append(variant)
     if not deterministic:
         failures.append(f"{where}: check 'determinism' failed: {'; '.join(notes)}")
     seen, collectives_ok = _judge_collectives(update, observed, undeclared, reported, launch, notes, failures)
     if launch == "self" and reported:
         notes.append("collective counts self-reported by the executor")
     if launch == "self":
-        notes.append("reference: the same executor on one process")
+        notes.append("bitwise equal to the same executor on one worker" if variant is None else
+                     "NOT bitwise equal to the same executor on one worker")
     return NumericsEvidence(
         node_id=update.node_id,
         payload=update.payload,

@@ -10,9 +10,12 @@ from typing import Any
 import numpy as np
 
 from mixle_parallel.contracts import ParallelPlan
-from mixle_parallel.verification.admission import verifying
+from mixle_parallel.verification.capability import claim_harness_capability, harness_admitted
 from mixle_parallel.verification.harness.collectives import FlightRecorderTrace
 from mixle_parallel.verification.harness.mesh import fresh_process_group
+
+_HARNESS = claim_harness_capability("mixle_parallel.verification.harness")
+"""The harness's capability: ``run_trials`` enters it so the gate admits the trials (mode ``verifying``)."""
 
 
 def resolve_executor(spec: Any) -> Any:
@@ -71,7 +74,7 @@ def run_trials(executor: Any, workload: Any, plan: ParallelPlan, *, precision: s
             if index and fresh_group is not None:
                 fresh_group(index)
             index += 1
-            with verifying():
+            with harness_admitted(_HARNESS):
                 trial = executor.open_trial(workload, plan, precision=precision, seed=seed, rank=rank,
                                             world_size=world_size)
                 steps = []

@@ -16,6 +16,7 @@ import attrs
 import numpy as np
 
 from mixle_parallel.contracts import ParallelPlan
+from mixle_parallel.verification.harness.em_reference import gaussian_mixture_reference
 from mixle_parallel.verification.harness.worker import to_numpy
 
 TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -240,7 +241,11 @@ def _tiny_lm_class() -> type:
 
 @attrs.frozen
 class GaussianMixtureWorkload:
-    """EM on a seeded 1-D two-component Gaussian mixture, cut into ``num_chunks`` fixed chunks."""
+    """EM on a seeded 1-D two-component Gaussian mixture, cut into ``num_chunks`` fixed chunks.
+
+    An EM trial returns, per step, ``{"stats:data": {key: array}}`` with the keys of
+    ``em_reference.EM_OBSERVABLE_KEYS`` (combined statistics per component, then the new parameters).
+    """
 
     name: str = "gaussian_mixture"
     n: int = 800
@@ -263,6 +268,14 @@ class GaussianMixtureWorkload:
         """Equal weights, spread means, unit variances."""
         return {"weights": np.full(self.components, 1.0 / self.components),
                 "means": np.linspace(-1.0, 1.0, self.components), "variances": np.ones(self.components)}
+
+    def reference(self, seed: int, precision: str = "fp64") -> list[dict[str, np.ndarray]]:
+        """The independent reference: EM over the whole sample in one piece (see ``em_reference``)."""
+        if precision != "fp64":
+            raise ValueError(f"the Gaussian-mixture workload runs at fp64, not {precision!r}")
+        init = self.initial_model(seed)
+        return gaussian_mixture_reference(self.data(seed), init["weights"], init["means"], init["variances"],
+                                          self.steps)
 
 
 BUILTIN_WORKLOADS = {"mlp": MLPWorkload, "tiny_lm": TinyLMWorkload, "gaussian_mixture": GaussianMixtureWorkload}

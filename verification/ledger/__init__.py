@@ -1,13 +1,15 @@
 """The run ledger: append-only, hash-chained JSON Lines.
 
-``chain`` writes it (``Ledger``) and reads it back; ``verify`` checks a ledger end to end and
-names the first bad entry (``mixle-parallel audit LEDGER``).
+``chain`` writes it (``Ledger``) and reads it back; ``seal`` signs run ends and the head file
+``<ledger>.head``; ``verify`` checks a ledger end to end and names the first bad entry
+(``mixle-parallel audit LEDGER [--since HEAD]``).
 """
 
 from mixle_parallel.verification.ledger.chain import Ledger, LedgerEntry, LedgerError, read_ledger, truncate_torn_tail
+from mixle_parallel.verification.ledger.seal import LEDGER_HEAD_TYPE, head_path, read_head
 from mixle_parallel.verification.ledger.verify import LedgerFault, LedgerReport, main_audit, verify_ledger
 
 __all__ = [
-    "Ledger", "LedgerEntry", "LedgerError", "LedgerFault", "LedgerReport", "main_audit", "read_ledger",
-    "truncate_torn_tail", "verify_ledger",
+    "LEDGER_HEAD_TYPE", "Ledger", "LedgerEntry", "LedgerError", "LedgerFault", "LedgerReport", "head_path",
+    "main_audit", "read_head", "read_ledger", "truncate_torn_tail", "verify_ledger",
 ]

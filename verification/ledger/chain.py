@@ -9,8 +9,10 @@ One line per entry::
 JSON of every other field, ``prev`` is the previous entry's ``hash`` (64 zeros for the first).
 Payload contracts are serialized with the one converter (``contracts.to_dict``). Appends are
 flushed and fsync'd; a crash mid-append leaves a torn last line, which reading reports and
-``truncate_torn_tail`` removes on purpose. ``verify_ledger`` / ``main_audit`` check the chain,
-step monotonicity per rank and certificate links and name the first bad entry.
+``truncate_torn_tail`` removes on purpose. Each ``run_end`` carries a signed seal (entry count and
+chain head) and refreshes the signed head file ``<ledger>.head`` (see ``seal``). ``verify_ledger`` /
+``main_audit`` check the chain, the seals, the head, step monotonicity per rank and certificate
+links and name the first bad entry.
 """
 
 from __future__ import annotations
@@ -31,12 +33,16 @@ import attrs
 
 from mixle_parallel.contracts import (
     AdmissionCertificate,
+    CertificateEnvelope,
     ParallelPlan,
     SDCAuditRecord,
     StepReceipt,
     to_dict,
 )
 from mixle_parallel.contracts.frozen_mapping import FrozenDict, to_frozen_dict
+from mixle_parallel.verification.attestation import read_unverified
+from mixle_parallel.verification.keys import TrustStore
+from mixle_parallel.verification.ledger.seal import sign_head, write_head
 
 GENESIS = "sha256:" + "0" * 64
 """The ``prev`` of a ledger's first entry."""
@@ -122,6 +128,23 @@ class ReadResult:
     torn_line: int | None = None
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (ledgers hold finite numbers only)")
+
+
+def _check_record(record: Any) -> None:
+    """Field names and types of one ledger line, before anything trusts them."""
+    if not isinstance(record, dict) or set(record) != set(_FIELDS):
+        raise ValueError(f"expected exactly the fields {sorted(_FIELDS)}")
+    if isinstance(record["seq"], bool) or not isinstance(record["seq"], int) or not 0 <= record["seq"] < 2**53:
+        raise ValueError(f"'seq' must be a non-negative integer, got {record['seq']!r:.40}")
+    for name in ("kind", "time", "certificate", "prev", "hash"):
+        if not isinstance(record[name], str):
+            raise ValueError(f"{name!r} must be a string, got {type(record[name]).__name__}")
+    if not isinstance(record["payload"], dict):
+        raise ValueError(f"'payload' must be an object, got {type(record['payload']).__name__}")
+
+
 def read_ledger(path: str | os.PathLike[str]) -> ReadResult:
     """Parse every line; malformed lines are reported (a bad final line without newline is 'torn')."""
     raw = Path(path).read_bytes()
@@ -136,12 +159,11 @@ def read_ledger(path: str | os.PathLike[str]) -> ReadResult:
     for number, line in enumerate(lines, start=1):
         is_last = number == len(lines)
         try:
-            record = json.loads(line.decode("utf-8"))
-            if not isinstance(record, dict) or set(record) != set(_FIELDS):
-                raise ValueError(f"expected exactly the fields {sorted(_FIELDS)}")
+            record = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+            _check_record(record)
             entries.append(LedgerEntry(**record))
             numbers.append(number)
-        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as exc:
             if is_last and not ends_clean:
                 torn = (f"torn last line (no final newline, {len(line)} bytes: {exc}); "
                         "a crash during append? `truncate_torn_tail` removes it")
@@ -170,10 +192,12 @@ def truncate_torn_tail(path: str | os.PathLike[str]) -> int:
 class Ledger:
     """An append-only, hash-chained JSON Lines ledger; one writer process per file."""
 
-    def __init__(self, path: str | os.PathLike[str], *, key: bytes | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, key: bytes | None = None,
+                 trust_store: TrustStore | None = None) -> None:
         self.path = Path(path)
         self._key = key
-        self._lock = threading.Lock()
+        self._trust = trust_store
+        self._lock = threading.RLock()  # run_end holds it across its seal and its append
         self._certificate: str | None = None
         self._seq = 0
         self._prev = GENESIS
@@ -222,14 +246,16 @@ class Ledger:
         self,
         *,
         plan: ParallelPlan,
-        certificate: AdmissionCertificate | str | None,
+        certificate: CertificateEnvelope | AdmissionCertificate | str | None,
         executor: str = "",
         versions: Mapping[str, str] | None = None,
         host: str | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> LedgerEntry:
         """Open a run: plan, certificate id (or 'unverified'), versions, host."""
-        if isinstance(certificate, AdmissionCertificate):
+        if isinstance(certificate, CertificateEnvelope):
+            link, document = read_unverified(certificate).certificate_id, to_dict(certificate)
+        elif isinstance(certificate, AdmissionCertificate):
             link, document = certificate.certificate_id, to_dict(certificate)
         elif certificate is None or certificate == UNVERIFIED:
             link, document = UNVERIFIED, None
@@ -237,7 +263,7 @@ class Ledger:
             link, document = certificate, None
         else:
             raise ValueError(
-                f"certificate must be an AdmissionCertificate, its id or 'unverified', got {certificate!r}"
+                f"certificate must be a signed CertificateEnvelope, its id or 'unverified', got {certificate!r}"
             )
         payload = {
             "plan": to_dict(plan),
@@ -273,6 +299,11 @@ class Ledger:
     def run_end(
         self, *, status: str = "ok", steps: int | None = None, extra: Mapping[str, Any] | None = None
     ) -> LedgerEntry:
-        """Close the run."""
-        entry = self.append("run_end", {"status": status, "steps": steps, "extra": dict(extra or {})})
+        """Close the run: a run_end carrying a signed seal over every entry before it, then the signed head."""
+        signer = (self._trust or TrustStore()).ensure_signer()
+        with self._lock:
+            seal = sign_head(signer, self.path, self._seq, self._prev)
+            entry = self.append("run_end", {"status": status, "steps": steps, "extra": dict(extra or {}),
+                                            "seal": seal})
+            write_head(self.path, sign_head(signer, self.path, entry.seq + 1, entry.hash))
         return entry

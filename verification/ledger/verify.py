@@ -1,4 +1,4 @@
-"""Verify a ledger: hash chain, sequence, step monotonicity, certificate links; name the first bad entry.
+"""Verify a ledger: hash chain, signed seals and head, sequence, steps, certificate links; name the first bad line.
 
 ``main_audit(argv)`` is the ``mixle-parallel audit LEDGER`` command; it exits 0 only for a
 ledger with no fault.
@@ -15,8 +15,17 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import AdmissionCertificate, ContractError, SDCAuditRecord, StepReceipt, from_dict
-from mixle_parallel.verification.keys import KEY_ENV, load_key
+from mixle_parallel.contracts import (
+    AdmissionCertificate,
+    CertificateEnvelope,
+    ContractError,
+    NotAdmittedError,
+    SDCAuditRecord,
+    StepReceipt,
+    from_dict,
+)
+from mixle_parallel.verification.attestation import read_unverified
+from mixle_parallel.verification.keys import KEY_ENV, TrustStore, load_key
 from mixle_parallel.verification.ledger.chain import (
     ENTRY_KINDS,
     GENESIS,
@@ -25,6 +34,7 @@ from mixle_parallel.verification.ledger.chain import (
     entry_hash,
     read_ledger,
 )
+from mixle_parallel.verification.ledger.seal import check_head, check_seal, head_path
 
 
 @attrs.frozen
@@ -52,6 +62,7 @@ class LedgerReport:
     keyed: bool
     faults: tuple[LedgerFault, ...]
     warnings: tuple[str, ...]
+    signed_head: str = ""
 
     @property
     def ok(self) -> bool:
@@ -68,7 +79,8 @@ class LedgerReport:
         head = (f"{self.path}: {self.entries} entries, {self.runs} run(s), {self.receipts} receipts, "
                 f"{self.audits} audit records, {'HMAC-keyed' if self.keyed else 'sha256 chain'}")
         if self.ok:
-            return head + "\nOK: chain, sequence, steps and certificate links verified"
+            return (head + "\nOK: chain, seals, sequence, steps and certificate links verified"
+                    + (f"\n{self.signed_head}" if self.signed_head else ""))
         lines = [head, f"FAULT: first bad entry at {self.first_bad}"]
         lines += [f"  also: {fault}" for fault in self.faults[1:20]]
         if len(self.faults) > 20:
@@ -119,9 +131,51 @@ def _check_payload(entry: LedgerEntry, run: _Run, fault: Any) -> None:
             fault(f"audit payload is not an SDCAuditRecord document: {exc}")
 
 
-def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None,
-                  require_end: bool = True) -> LedgerReport:
-    """Check every entry of the ledger at ``path``; see ``LedgerReport``."""
+def _hash_problem(entry: LedgerEntry, key: bytes | None) -> str | None:
+    """Why the entry's hash does not cover its contents (plain sha256 or legacy HMAC), or None."""
+    if entry.hash.startswith("hmac-sha256:"):
+        if key is None:
+            return ("entry is HMAC-keyed but no key was given; pass --key-file or set "
+                    f"{KEY_ENV['ledger'][0]} / {KEY_ENV['ledger'][1]}")
+        if entry_hash(entry.body(), key) != entry.hash:
+            return "contents do not match the entry's HMAC (edited after it was written, or the wrong key)"
+        return None
+    if key is not None:
+        return "entry is not HMAC-keyed although a key was given (an unkeyed entry in a keyed ledger)"
+    try:
+        if entry_hash(entry.body()) != entry.hash:
+            return "contents do not match the entry's hash (edited after it was written)"
+    except (ValueError, TypeError) as exc:
+        return f"contents cannot be hashed: {exc}"
+    return None
+
+
+def _start_problems(entry: LedgerEntry) -> list[str]:
+    """A run_start's certificate link and the certificate document it embeds."""
+    problems = []
+    if entry.certificate != UNVERIFIED and not entry.certificate.startswith("sha256:"):
+        problems.append(f"run_start certificate {entry.certificate!r} is neither a certificate id nor 'unverified'")
+    document = entry.payload.get("certificate_document")
+    if document is not None:
+        try:
+            raw = document.to_dict()
+            cert = (read_unverified(from_dict(raw, CertificateEnvelope))
+                    if raw.get("kind") == "CertificateEnvelope" else from_dict(raw, AdmissionCertificate))
+            if cert.certificate_id != entry.certificate:
+                problems.append(f"the embedded certificate's id {cert.certificate_id} differs from the run's link")
+        except (ContractError, NotAdmittedError, AttributeError) as exc:
+            problems.append(f"embedded certificate is not a certificate document: {exc}")
+    return problems
+
+
+def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None, require_end: bool = True,
+                  head: bool = True, since: str | os.PathLike[str] | None = None,
+                  trust_store: TrustStore | None = None) -> LedgerReport:
+    """Check every entry of the ledger at ``path``, its seals and (``head``) its signed head; see ``LedgerReport``.
+
+    ``since``: a signed head recorded earlier (a copy of ``<ledger>.head``); the ledger must extend it.
+    """
+    store = trust_store or TrustStore()
     found = read_ledger(path)
     faults: list[LedgerFault] = []
     warnings: list[str] = []
@@ -145,18 +199,9 @@ def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None,
                 "chain broken: prev does not match the previous entry's hash "
                 "(an entry before it was deleted, reordered or edited)"
             )
-        if entry.hash.startswith("hmac-sha256:"):
-            if key is None:
-                fault(
-                    "entry is HMAC-keyed but no key was given; pass --key-file or set "
-                    f"{KEY_ENV['ledger'][0]} / {KEY_ENV['ledger'][1]}"
-                )
-            elif entry_hash(entry.body(), key) != entry.hash:
-                fault("contents do not match the entry's HMAC (edited after it was written, or the wrong key)")
-        elif key is not None:
-            fault("entry is not HMAC-keyed although a key was given (an unkeyed entry in a keyed ledger)")
-        elif entry_hash(entry.body()) != entry.hash:
-            fault("contents do not match the entry's hash (edited after it was written)")
+        problem = _hash_problem(entry, key)
+        if problem:
+            fault(problem)
         prev_hash = entry.hash
         if entry.kind not in ENTRY_KINDS:
             fault(f"unknown entry kind {entry.kind!r}")
@@ -169,16 +214,8 @@ def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None,
                     f"line {line}: a run started while the previous one had no run_end (resumed after a crash?)"
                 )
             run = _Run(entry.certificate)
-            document = entry.payload.get("certificate_document")
-            if entry.certificate != UNVERIFIED and not entry.certificate.startswith("sha256:"):
-                fault(f"run_start certificate {entry.certificate!r} is neither a certificate id nor 'unverified'")
-            if document is not None:
-                try:
-                    cert = from_dict(document.to_dict(), AdmissionCertificate)
-                    if cert.certificate_id != entry.certificate:
-                        fault(f"the embedded certificate's id {cert.certificate_id} differs from the run's link")
-                except ContractError as exc:
-                    fault(f"embedded certificate is not an AdmissionCertificate document: {exc}")
+            for problem in _start_problems(entry):
+                fault(problem)
             continue
         if run is None:
             fault(f"{entry.kind} entry before any run_start")
@@ -190,6 +227,10 @@ def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None,
         _check_payload(entry, run, fault)
         if entry.kind == "run_end":
             run.ended = True
+            problem = check_seal(entry.payload.get("seal"), entry.seq, entry.prev, store) \
+                if entry.payload.get("seal") is not None else "run_end carries no signed seal"
+            if problem:
+                fault(problem)
     if found.torn:
         faults.append(LedgerFault(found.torn_line or 1, None, found.torn))
     if not found.entries and not found.problems and not found.torn:
@@ -204,6 +245,8 @@ def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None,
                 "is still going: pass --allow-open)",
             )
         )
+    head_faults, signed_head = _head_faults(path, found, head, since, store)
+    faults += head_faults
     faults.sort(key=lambda f: f.line)
     return LedgerReport(
         str(path),
@@ -214,7 +257,25 @@ def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None,
         keyed,
         tuple(faults),
         tuple(warnings),
+        signed_head,
     )
+
+
+def _head_faults(path: str | os.PathLike[str], found: Any, head: bool, since: Any,
+                 store: TrustStore) -> tuple[list[LedgerFault], str]:
+    """Faults of the signed head beside the ledger (when ``head``) and of an auditor's earlier head (``since``)."""
+    hashes = [e.hash for e in found.entries]
+    end = (found.line_numbers[-1] + 1) if found.line_numbers else 1
+    faults, described = [], ""
+    for wanted, where, label in ((head, head_path(path), ""), (since is not None, since, "--since ")):
+        if not wanted:
+            continue
+        problem, text = check_head(where, hashes, store)
+        if problem:
+            faults.append(LedgerFault(end, None, label + problem))
+        elif not label:
+            described = text
+    return faults, described
 
 
 def main_audit(argv: Sequence[str] | None = None) -> int:
@@ -225,6 +286,9 @@ def main_audit(argv: Sequence[str] | None = None) -> int:
         "--key-file", default=None, help=f"HMAC key file (else {KEY_ENV['ledger'][0]} or {KEY_ENV['ledger'][1]})"
     )
     parser.add_argument("--allow-open", action="store_true", help="accept a last run without run_end")
+    parser.add_argument("--since", default=None, metavar="HEAD",
+                        help="a signed head recorded earlier (a copy of LEDGER.head): the ledger must extend it")
+    parser.add_argument("--no-head", action="store_true", help="do not require the signed head LEDGER.head")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if not os.path.isfile(args.ledger):
@@ -235,7 +299,8 @@ def main_audit(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"mixle-parallel audit: {exc}", file=sys.stderr)
         return 2
-    report = verify_ledger(args.ledger, key=key, require_end=not args.allow_open)
+    report = verify_ledger(args.ledger, key=key, require_end=not args.allow_open, head=not args.no_head,
+                           since=args.since)
     if args.json:
         data = attrs.asdict(report)
         data["ok"] = report.ok

@@ -20,6 +20,8 @@ class LocalChunkRunner:
 
     name = "local"
     supports_worker_placement = True
+    bytes_moved = 0
+    """Threads share the driver's memory: nothing crosses a process boundary."""
 
     def __init__(self, num_workers: int | None = None) -> None:
         n = local_cpu_count() if num_workers is None else num_workers

@@ -176,6 +176,8 @@ class MPChunkRunner:
         self.recovered_chunks: list[int] = []
         """Chunk ids recomputed on a survivor after their worker died (for tests and logs)."""
         self._blocks: list[list[int]] | None = None
+        self.bytes_moved = 0
+        """Bytes of pass requests (models, functions) and replies (statistics) through the workers' pipes."""
 
     # -- start ----------------------------------------------------------------------------------
     def scatter(self, chunks: Sequence[EncodedChunk]) -> None:
@@ -250,6 +252,7 @@ class MPChunkRunner:
             worker.conn.send_bytes(message)
         except (BrokenPipeError, ConnectionError, OSError):
             return False
+        self.bytes_moved += len(message)
         worker.pending = list(ids)
         return True
 
@@ -379,7 +382,9 @@ class MPChunkRunner:
                 try:
                     if not w.conn.poll():
                         raise EOFError
-                    reply = pickle.loads(w.conn.recv_bytes())
+                    raw = w.conn.recv_bytes()
+                    self.bytes_moved += len(raw)
+                    reply = pickle.loads(raw)
                 except (EOFError, ConnectionError, OSError):
                     lost.append((w.index, list(w.pending)))
                     self.recovered_chunks.extend(w.pending)

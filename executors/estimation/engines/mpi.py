@@ -16,11 +16,14 @@ script with ``python -m mpi4py`` so an uncaught error aborts the whole job).
 
 from __future__ import annotations
 
+import io
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mixle_parallel.executors.estimation.api import encoded_data
 from mixle_parallel.executors.estimation.chunks import EncodedChunk, WorkerTimeoutError, apply_chunk_fn, resolve_encoder
 from mixle_parallel.executors.estimation.engines.support import (
     DEFAULT_TIMEOUT_S,
@@ -33,8 +36,9 @@ from mixle_parallel.executors.estimation.engines.support import (
 )
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
 from mixle_parallel.executors.estimation.options import EncodedDataOptions
+from mixle_parallel.executors.estimation.reference_handles import BuiltByEncodedData
 
-__all__ = ["MPIChunkError", "MPIEncodedData", "MPIRunner", "mpi_encoded_data"]
+__all__ = ["MPIChunkError", "MPIEncodedData", "MPIRunner", "mpi_encoded_data", "mpi_out"]
 
 
 class MPIChunkError(RuntimeError):
@@ -182,10 +186,28 @@ class MPIRunner:
         self._local = {}
 
 
-class MPIEncodedData(ChunkedEncodedData):
-    """The generic handle, encoding on each rank only what that rank holds."""
+class MPIEncodedData(BuiltByEncodedData, ChunkedEncodedData):
+    """The generic handle, encoding on each rank only what that rank holds.
+
+    ``MPIEncodedData(data, estimator=None, encoder=None, sub_chunks=1, comm=None, root=0,
+    root_only=False)`` is mixle 0.8.2's constructor: ``encoded_data(data, backend="mpi", ...)``,
+    called on every rank.
+    """
 
     runner: MPIRunner
+
+    @classmethod
+    def _build(cls, data: Any, estimator: Any = None, encoder: Any = None, sub_chunks: int = 1, comm: Any = None,
+               root: int = 0, root_only: bool = False, **options: Any) -> Any:
+        return encoded_data(data, estimator=estimator, encoder=encoder, sub_chunks=sub_chunks, comm=comm, root=root,
+                            root_only=root_only, backend="mpi", **options)
+
+    @classmethod
+    def over_runner(cls, runner: MPIRunner, data: Any, **kwargs: Any) -> MPIEncodedData:
+        """The handle over an existing runner (what ``encoded_data(backend="mpi")`` builds)."""
+        obj = object.__new__(cls)
+        ChunkedEncodedData.__init__(obj, runner, data, **kwargs)
+        return obj
 
     def _ensure_scattered(self, estimator: Any, model: Any) -> None:
         if self._closed:
@@ -235,7 +257,8 @@ def mpi_encoded_data(
         if len(set(counts)) != 1:
             raise ValueError(f"ranks hold different row counts {counts}; pass the same rows on every rank")
     kwargs = {k: params[k] for k in _HANDLE_KEYS if params.get(k) is not None}
-    return MPIEncodedData(runner, data if (runner.is_root or not root_only) else None, num_rows=num_rows, **kwargs)
+    return MPIEncodedData.over_runner(runner, data if (runner.is_root or not root_only) else None, num_rows=num_rows,
+                                      **kwargs)
 
 
 ENCODED_DATA_OPTIONS = frozenset({"comm", "root", "root_only", "timeout"})
@@ -248,3 +271,9 @@ def planned_workers(options: EncodedDataOptions) -> int:
     """The ranks of ``comm`` (default ``COMM_WORLD``)."""
     comm = options.comm if options.comm is not None else require_engine("mpi4py.MPI", "mpi").COMM_WORLD
     return int(comm.Get_size())
+
+
+def mpi_out(comm: Any = None, root: int = 0) -> Any:
+    """``sys.stdout`` on the root rank, a discarded buffer elsewhere (mixle's ``mpi_out``): print progress once."""
+    comm = comm if comm is not None else require_engine("mpi4py.MPI", "mpi").COMM_WORLD
+    return sys.stdout if comm.Get_rank() == root else io.StringIO()

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TextIO
 
+from mixle_parallel.executors.estimation.api import encoded_data
 from mixle_parallel.executors.estimation.chunks import apply_chunk_fn, resolve_encoder
 from mixle_parallel.executors.estimation.engines.mpi import MPIEncodedData
 from mixle_parallel.executors.estimation.engines.support import (
@@ -34,6 +35,8 @@ from mixle_parallel.executors.estimation.engines.support import (
     requested_ids,
     require_engine,
 )
+from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
+from mixle_parallel.executors.estimation.reference_handles import BuiltByEncodedData
 
 __all__ = ["TorchRunChunkError", "TorchRunEncodedData", "TorchRunRunner", "torchrun_encoded_data", "torchrun_out"]
 
@@ -212,49 +215,66 @@ def _destroy_default_group(dist: Any) -> None:
         dist.destroy_process_group()
 
 
-class TorchRunEncodedData(MPIEncodedData):
-    """The generic handle over ``torch.distributed`` ranks (mixle's arguments); each rank encodes its block."""
+class TorchRunEncodedData(BuiltByEncodedData, ChunkedEncodedData):
+    """The generic handle over ``torch.distributed`` ranks; each rank encodes only its block.
 
-    runner: TorchRunRunner  # type: ignore[assignment]  # the SPMD runner of this handle
+    ``TorchRunEncodedData(data, estimator=None, model=None, encoder=None, sub_chunks=1, group=None,
+    root=0, root_only=False, init_process_group=True, backend=None)`` is mixle's constructor: it is
+    ``encoded_data(data, backend="torchrun", ...)``, called on every rank.
+    """
 
-    def __init__(self, data: Sequence[Any] | None, estimator: Any = None, model: Any = None, encoder: Any = None,
-                 sub_chunks: int = 1, group: Any = None, root: int = 0, root_only: bool = False,
-                 init_process_group: bool = True, backend: str | None = None, *, num_chunks: int | None = None,
-                 chunk_size: int | None = None, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
-        runner = TorchRunRunner(group, root=root, root_only=root_only, init_process_group=init_process_group,
-                                backend=backend, timeout=timeout)
-        if encoder is None and estimator is None and model is None:
-            raise ValueError("TorchRunEncodedData needs an estimator, a model or an encoder to encode the rows")
-        n = len(data) if data is not None and (runner.is_root or not root_only) else None
-        if root_only:
-            num_rows = runner.broadcast(n)
-        else:
-            if data is None:
-                raise ValueError(f"rank {runner.rank} passed data=None; pass the rows on every rank or root_only=True")
-            rows = runner.tree_reduce({runner.rank: n})
-            counts: list[tuple[int, int]] = runner.broadcast(sorted(rows.items()) if rows is not None else None)
-            if len({c for _, c in counts}) != 1:
-                raise ValueError(f"ranks hold different row counts {dict(counts)}; pass the same rows on every rank")
-            num_rows = n
-        if num_chunks is None and chunk_size is None and sub_chunks > 1:
-            num_chunks = runner.size * int(sub_chunks)
-        super().__init__(runner, data if (runner.is_root or not root_only) else None, num_rows=num_rows,
-                         estimator=estimator, model=model, encoder=resolve_encoder(estimator, model, encoder),
-                         num_chunks=num_chunks, chunk_size=chunk_size)
+    runner: TorchRunRunner
+
+    @classmethod
+    def _build(cls, data: Any, estimator: Any = None, model: Any = None, encoder: Any = None, sub_chunks: int = 1,
+               group: Any = None, root: int = 0, root_only: bool = False, init_process_group: bool = True,
+               backend: str | None = None, **options: Any) -> Any:
+        return encoded_data(data, estimator=estimator, model=model, encoder=encoder, sub_chunks=sub_chunks,
+                            comm=group, root=root, root_only=root_only, backend="torchrun", backend_name=backend,
+                            init_process_group=init_process_group, **options)
+
+    @classmethod
+    def over_runner(cls, runner: TorchRunRunner, data: Any, **kwargs: Any) -> TorchRunEncodedData:
+        """The handle over an existing runner (what ``encoded_data(backend="torchrun")`` builds)."""
+        obj = object.__new__(cls)
+        ChunkedEncodedData.__init__(obj, runner, data, **kwargs)
+        return obj
+
+    _ensure_scattered = MPIEncodedData._ensure_scattered  # the same SPMD encoding: own block, or root_only
+
+
+def _row_count(runner: TorchRunRunner, data: Any, root_only: bool) -> int:
+    """Rows of the data, the same on every rank (checked), before any chunk is encoded."""
+    n = len(data) if data is not None and (runner.is_root or not root_only) else None
+    if root_only:
+        return int(runner.broadcast(n))
+    if data is None:
+        raise ValueError(f"rank {runner.rank} passed data=None; pass the rows on every rank or root_only=True")
+    rows = runner.tree_reduce({runner.rank: n})
+    counts: list[tuple[int, int]] = runner.broadcast(sorted(rows.items()) if rows is not None else None)
+    if len({c for _, c in counts}) != 1:
+        raise ValueError(f"ranks hold different row counts {dict(counts)}; pass the same rows on every rank")
+    return int(n or 0)
 
 
 def torchrun_encoded_data(data: Any, *, group: Any = None, comm: Any = None, root: int = 0, root_only: bool = False,
-                          backend_name: str | None = None, timeout: float | None = DEFAULT_TIMEOUT_S,
-                          **params: Any) -> TorchRunEncodedData:
+                          backend_name: str | None = None, init_process_group: bool = True,
+                          timeout: float | None = DEFAULT_TIMEOUT_S, **params: Any) -> TorchRunEncodedData:
     """``encoded_data(..., backend="torchrun")``: call on every rank (SPMD); ``group=`` (or ``comm=``) a
     process group, ``backend_name=`` the process-group backend when this call initializes it."""
-    keys = ("estimator", "model", "encoder", "num_chunks", "chunk_size")
-    kwargs = {k: params[k] for k in keys if params.get(k) is not None}
-    return TorchRunEncodedData(data, group=group if group is not None else comm, root=root, root_only=root_only,
-                               backend=backend_name, timeout=timeout, **kwargs)
+    runner = TorchRunRunner(group if group is not None else comm, root=root, root_only=root_only,
+                            init_process_group=init_process_group, backend=backend_name, timeout=timeout)
+    estimator, model, encoder = params.get("estimator"), params.get("model"), params.get("encoder")
+    if encoder is None and estimator is None and model is None:
+        raise ValueError("backend='torchrun' needs an estimator, a model or an encoder to encode the rows")
+    num_rows = _row_count(runner, data, root_only)
+    kwargs = {k: params[k] for k in ("num_chunks", "chunk_size") if params.get(k) is not None}
+    return TorchRunEncodedData.over_runner(
+        runner, data if (runner.is_root or not root_only) else None, num_rows=num_rows, estimator=estimator,
+        model=model, encoder=resolve_encoder(estimator, model, encoder), **kwargs)
 
-
-ENCODED_DATA_OPTIONS = frozenset({"comm", "group", "root", "root_only", "timeout", "backend_name"})
+ENCODED_DATA_OPTIONS = frozenset({"comm", "group", "root", "root_only", "timeout", "backend_name",
+                                  "init_process_group"})
 """The ``encoded_data`` options the torchrun backend honours besides the handle's own (ranks: torchrun)."""
 
 WORKER_PROCESSES = True

@@ -1,4 +1,8 @@
-"""The admission gate of encoded_data / optimize: a certificate on a real mesh, refused before workers start."""
+"""The admission gate of encoded_data / optimize: automatic by default, explicit certificates checked first.
+
+On a fresh ``MIXLE_PARALLEL_HOME`` a multi-worker mp fit certifies EM on mp once (the harness,
+about a second), stores the signed certificate and runs under it; refusals come before workers.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +13,46 @@ import pytest
 
 from mixle_parallel.contracts import NotAdmittedError
 from mixle_parallel.executors.estimation import EncodedDataControlConflictError, encoded_data, fit, optimize
-from mixle_parallel.verification import Ledger, load_certificate, read_ledger, verify_ledger, verifying
+from mixle_parallel.verification import (
+    CertificateStore,
+    Ledger,
+    load_certificate,
+    read_ledger,
+    read_unverified,
+    verify_ledger,
+)
 from mixle_parallel.verification.admission import CERTIFICATE_ENV
+from mixle_parallel.verification.capability import harness_admitted
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 
 
-def test_mesh_without_certificate_is_refused_before_any_worker_starts(rows):
-    before = set(multiprocessing.active_children())
+def test_plain_mixle_call_certifies_once_on_a_fresh_machine(rows, tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("MIXLE_PARALLEL_HOME", str(tmp_path / "fresh-home"))
+    model = optimize(rows, estimator(), max_its=2, backend="mp", num_workers=2)  # as in mixle: no admission=
+    assert len(model.components) == 3
+    assert capfd.readouterr().err.count("certifying em_mp") == 1
+    (stored,) = CertificateStore().entries()
+    assert (tmp_path / "fresh-home" / "signing-key.pem").stat().st_mode & 0o777 == 0o600
+    ledger = Ledger(tmp_path / "auto.jsonl")
+    again = fit(rows, estimator(), max_its=2, delta=None, seed=3, chunk_size=ROWS_PER_CHUNK, backend="processes",
+                num_workers=3, ledger=ledger)  # another worker count, an alias: the stored certificate fits
+    assert "certifying" not in capfd.readouterr().err
+    assert (again.admission, again.certificate) == ("certified", stored[1].certificate_id)
+    entries = read_ledger(ledger.path).entries
+    assert {e.certificate for e in entries} == {stored[1].certificate_id}
+    assert entries[0].payload["certificate_document"]["kind"] == "CertificateEnvelope"
+    assert verify_ledger(ledger.path).ok
+
+
+def test_mpi_without_a_certificate_is_refused_naming_the_command(monkeypatch, tmp_path):
+    from mixle_parallel.executors.estimation.admission import admit_encoded_data
+
+    monkeypatch.setenv("MIXLE_PARALLEL_HOME", str(tmp_path / "fresh-home"))
     with pytest.raises(NotAdmittedError) as info:
-        encoded_data(rows, estimator=estimator(), backend="mp", num_workers=2)
+        admit_encoded_data("mpi", admission=None, workers=2, world_size=2)
     message = str(info.value)
-    assert "no admission certificate for executor 'em_mp'" in message and "dp_replicate=2" in message
-    assert "mixle-parallel certify --backend mp" in message and "admission='unverified'" in message
-    assert set(multiprocessing.active_children()) == before  # no worker process was started
-    with pytest.raises(NotAdmittedError, match="em_mp"):
-        optimize(rows, estimator(), max_its=1, backend="processes", num_workers=3)  # aliases too
+    assert "no trusted certificate" in message and "fits em_mpi" in message
+    assert "`mixle-parallel certify --backend mpi --plan dp_replicate=2 --workload gaussian_mixture" in message
 
 
 def test_certificate_from_certify_admits_mp_with_two_and_three_workers(rows, mp_certificate, tmp_path):
@@ -31,9 +60,10 @@ def test_certificate_from_certify_admits_mp_with_two_and_three_workers(rows, mp_
     ledger = Ledger(tmp_path / "run.jsonl")
     by_path = fit(rows, estimator(), max_its=3, delta=None, seed=2, chunk_size=ROWS_PER_CHUNK, backend="mp",
                   num_workers=2, admission=str(mp_certificate), ledger=ledger)
-    cert = load_certificate(mp_certificate)
+    envelope = load_certificate(mp_certificate)
+    cert = read_unverified(envelope)
     by_object = fit(rows, estimator(), max_its=3, delta=None, seed=2, chunk_size=ROWS_PER_CHUNK, backend="mp",
-                    num_workers=3, admission=cert)
+                    num_workers=3, admission=envelope)
     for result in (by_path, by_object):
         assert (result.admission, result.certificate) == ("certified", cert.certificate_id)
         assert result.history == plain.history
@@ -48,9 +78,14 @@ def test_certificate_from_certify_admits_mp_with_two_and_three_workers(rows, mp_
     )
 
 
-def test_a_certificate_for_another_backend_is_refused_naming_the_mismatch(rows, mp_certificate):
-    with pytest.raises(NotAdmittedError, match="certificate is for executor 'em_mp', not 'em_dask'"):
+def test_a_certificate_for_another_backend_is_refused_before_any_worker_starts(rows, mp_certificate):
+    before = set(multiprocessing.active_children())
+    with pytest.raises(NotAdmittedError) as info:
         encoded_data(rows, estimator=estimator(), backend="dask", num_workers=2, admission=mp_certificate)
+    message = str(info.value)
+    assert "check 'executor' failed: certificate is for executor 'em_mp', not 'em_dask'" in message
+    assert "check 'comm_backend' failed" in message and "admission='unverified'" in message
+    assert set(multiprocessing.active_children()) == before  # no worker process was started
 
 
 def test_unverified_runs_and_says_so_everywhere(rows, tmp_path):
@@ -91,8 +126,10 @@ def test_an_explicit_certificate_is_checked_even_without_a_mesh(rows, mp_certifi
         encoded_data(rows, estimator=estimator(), backend="local", admission=mp_certificate)
 
 
-def test_the_harness_runs_under_verifying(rows):
-    with verifying():
+def test_the_harness_runs_under_its_capability(rows):
+    from mixle_parallel.verification.harness import worker
+
+    with harness_admitted(worker._HARNESS):
         result = fit(rows[:600], estimator(), max_its=1, chunk_size=ROWS_PER_CHUNK, backend="mp", num_workers=2)
     assert result.admission == "verifying"
 
@@ -105,7 +142,7 @@ def test_verification_controls_conflict_with_an_existing_handle(rows, tmp_path):
 
 
 def test_bad_admission_value_is_named(rows):
-    with pytest.raises(TypeError, match="admission must be"):
+    with pytest.raises(ValueError, match="admission=3"):
         encoded_data(rows, estimator=estimator(), backend="mp", num_workers=2, admission=3)
     with pytest.raises(FileNotFoundError, match="mixle-parallel certify"):
         encoded_data(rows, estimator=estimator(), backend="mp", num_workers=2, admission="missing/cert.json")

@@ -65,3 +65,48 @@ def test_thread_pool_is_reused_not_rebuilt(gmm_1d):
         for _ in range(3):
             m = h.pysp_seq_estimate(est, m)
     assert component_thread_pool(2) is pool and cp._POOLS == before
+
+
+class _CountingPool:
+    """Wraps the component pool and counts what reaches its threads."""
+
+    def __init__(self, pool):
+        self.pool, self.submitted = pool, 0
+
+    def submit(self, fn, *args):
+        self.submitted += 1
+        return self.pool.submit(fn, *args)
+
+
+def _count_submissions(monkeypatch):
+    counter = {}
+    real = cp.component_thread_pool
+
+    def counting(num_workers=None):
+        counter.setdefault("pool", _CountingPool(real(num_workers)))
+        return counter["pool"]
+
+    monkeypatch.setattr(cp, "component_thread_pool", counting)
+    return counter
+
+
+def test_each_code_path_is_reached_and_counted(monkeypatch):
+    """Gaussians take the stacked kernel (no pool work); Poissons the per-component threads, same bits."""
+    from mixle_parallel.executors.estimation import PoissonEstimator
+
+    rng = np.random.default_rng(9)
+    counts = np.concatenate([rng.poisson(2.0, 1500), rng.poisson(9.0, 1500), rng.poisson(20.0, 1000)]).astype(float)
+    kwargs = dict(max_its=4, delta=None, seed=3, chunk_size=1000)
+
+    counter = _count_submissions(monkeypatch)
+    poisson = MixtureEstimator([PoissonEstimator()] * 3)
+    serial = fit(counts, poisson, **kwargs)
+    threaded = fit(counts, ModelParallelEstimator(poisson, num_workers=2), **kwargs)
+    assert _bytes(serial.model) == _bytes(threaded.model) and serial.history == threaded.history
+    # 4 chunks x 4 passes, each pass scoring and updating 3 components on the pool
+    assert counter["pool"].submitted == 4 * 4 * 3 * 2
+
+    counter.clear()
+    gauss = MixtureEstimator([GaussianEstimator()] * 3)
+    fit(counts, ModelParallelEstimator(gauss, num_workers=2), **kwargs)
+    assert "pool" not in counter or counter["pool"].submitted == 0  # the stacked kernel did the work

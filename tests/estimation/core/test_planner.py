@@ -26,7 +26,8 @@ def _mixture(k):
 def test_one_million_rows_k8_on_two_cpus_is_plain_data_parallelism():
     est = MixtureEstimator([GaussianEstimator()] * 8)
     resources = Resources.local(2, memory_bytes=4 * 2**30)
-    assert auto_parallel_estimator(est, _mixture(8), resources, n_data=1_000_000) is est
+    chosen, decision = auto_parallel_estimator(est, _mixture(8), resources, n_data=1_000_000)
+    assert chosen is est and not decision.requires_split
     p = plan(np.zeros(1_000_000), model=_mixture(8), estimator=est, resources=resources)
     assert p.fits and [s.stop - s.start for s in p.shards] == [500_000, 500_000]
     assert from_json(to_json(p), Placement) == p

@@ -43,3 +43,25 @@ def run(backend: str, num_workers: int | None, est: Any = None, **kwargs: Any) -
 def reference() -> tuple[str, tuple[str, ...]]:
     """The signature of the plain in-process fit (local backend, one worker)."""
     return run("local", 1)
+
+
+def mixle_estimator() -> Any:
+    """The same case as a mixle 0.8.2 ``MixtureEstimator`` of three ``GaussianEstimator``s."""
+    import mixle.stats as mixle_stats
+
+    return mixle_stats.MixtureEstimator([mixle_stats.GaussianEstimator() for _ in range(3)])
+
+
+def mixle_signature(result: Any) -> tuple[str, tuple[str, ...]]:
+    """Bits of a fit of the mixle estimator: a mixle distribution's parameters and the trajectory."""
+    m = result.model
+    params = np.array([[c.mu, c.sigma2, w] for c, w in zip(m.components, m.w)], dtype=np.float64)
+    return params.tobytes().hex(), tuple(float(v).hex() for v in result.history)
+
+
+def run_mixle(backend: str, num_workers: int | None, **kwargs: Any) -> tuple[str, tuple[str, ...]]:
+    """Fit the case with the mixle estimator on ``backend``; its signature."""
+    options = {"admission": "unverified", **FIT_KWARGS, **kwargs}
+    result = fit(data(), mixle_estimator(), backend=backend, num_workers=num_workers, **options)
+    assert type(result.model).__module__.startswith("mixle."), type(result.model)
+    return mixle_signature(result)

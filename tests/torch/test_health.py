@@ -1,0 +1,86 @@
+"""Health receipts on real gloo ranks: a loss spike, a slow rank named, a hung and a frozen rank found in
+bounded time (the heartbeat through the process group's store), plus the pure monitor's rules."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import time
+
+import pytest
+
+from mixle_parallel.verification.harness.mesh import MeshError, run_world
+from mixle_parallel.verification.health import (
+    ModelFlopConfig,
+    RollingBaseline,
+    TrainingHealthMonitor,
+    theoretical_flops_per_iter,
+)
+from tests.torch import _health_scenarios as sc
+
+
+def test_spike_and_straggler_on_two_ranks() -> None:
+    ranks = run_world(sc.spike_and_straggler, 2, timeout=600, backend="gloo", group_timeout_s=300)
+    for steps in ranks:
+        by_step = {s["step"]: s for s in steps}
+        assert "loss_spike" in by_step[sc.SPIKE_STEP]["kinds"]
+        assert "grad_norm_spike" not in by_step[sc.SPIKE_STEP]["kinds"]  # only the value was spiked
+        assert [s["step"] for s in steps if "loss_spike" in s["kinds"]] == [sc.SPIKE_STEP]
+        slow = by_step[sc.SLOW_STEP]
+        assert slow["straggler"] == 1 and slow["rank_step_s"][1] >= sc.SLOW_S > slow["rank_step_s"][0]
+        assert "straggler" in slow["kinds"]
+        assert all(s["straggler"] in (None, 1) for s in steps)  # rank 0 is never blamed
+        assert all(s["tokens_per_s"] > 0 and 0 < s["mfu"] < 1 and s["global_tokens"] == 64 for s in steps)
+    assert [s["straggler"] for s in ranks[0]] == [s["straggler"] for s in ranks[1]]  # every rank names the same
+
+
+@pytest.mark.parametrize("how", ["hung", "frozen"])
+def test_stopped_rank_is_found_in_bounded_time(how: str, tmp_path: pathlib.Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(MeshError) as info:
+        run_world(sc.stop, 2, how, str(tmp_path), timeout=300, backend="gloo", group_timeout_s=300)
+    elapsed = time.monotonic() - start
+    assert elapsed < 90, f"took {elapsed:.0f} s; the collective timeout is 300 s"  # start-up + 3 s + exit
+    assert "75" in str(info.value)  # HEALTH_EXIT_CODE: an elastic agent restarts the job
+    incident = json.loads((tmp_path / "incident-rank0.json").read_text())
+    kind = "hung_rank" if how == "hung" else "dead_rank"
+    assert incident["anomaly"]["kind"] == kind and incident["anomaly"]["rank"] == 1
+    if how == "hung":  # the hung rank's own heartbeat names it too
+        assert json.loads((tmp_path / "incident-rank1.json").read_text())["anomaly"]["rank"] == 1
+
+
+def test_monitor_rules() -> None:
+    mon = TrainingHealthMonitor(loss_window=6, loss_min_periods=4, plateau_rel_tol=1e-3)
+    kinds = []
+    for step, loss in enumerate([3.0, 2.9, 2.8, 2.75, 2.7, 40.0, 2.6, 2.6, 2.6, 2.6, 2.6, 2.6, 2.6, float("nan")], 1):
+        kinds.append([a.kind for a in mon.observe_step(step, loss, grad_norm=1.0)])
+    assert kinds[5] == ["loss_spike"]  # step 6, scored against the 5 steps before it
+    assert sum(k == ["loss_plateau"] for k in kinds) == 1  # once per plateau
+    assert kinds[-1] == ["nan_inf_loss"]
+    assert mon.observe_step(20, 9.0, restart=True)[0].kind == "restart_discontinuity" and not mon.continuity_ok()
+    (straggler,) = mon.observe_rank_times(21, [0.10, 0.11, 0.45, 0.10])
+    assert (straggler.rank, straggler.kind) == (2, "straggler")
+    assert mon.observe_rank_times(22, [0.10, 0.12, 0.11, 0.10]) == []
+    mon.observe_rank_step(0, 1)
+    mon.observe_rank_step(1, 60)
+    assert [a.rank for a in mon.check_rank_liveness(60)] == [0] and mon.check_rank_liveness(61) == []
+    report = mon.report()
+    assert json.loads(json.dumps(report))["anomalies_by_kind"]["loss_spike"] == 1
+    with pytest.raises(ValueError, match="increase strictly"):
+        mon.observe_step(5, 1.0)
+
+
+def test_flops_and_baseline() -> None:
+    cfg = ModelFlopConfig(n_params=1000, n_layer=2, n_head=2, d_model=8, seq_len=4)
+    assert cfg.flops_per_token == 6 * 1000 + 12 * 2 * 8 * 4
+    assert theoretical_flops_per_iter(n_params=1000, n_layer=2, n_head=2, d_model=8, seq_len=4,
+                                      batch_size=3) == cfg.flops_per_token * 4 * 3
+    with pytest.raises(ValueError, match="divisible"):
+        ModelFlopConfig(n_params=1, n_layer=1, n_head=3, d_model=8, seq_len=1)
+    b = RollingBaseline(window=4, min_periods=3)
+    for v in (1.0, 2.0, 3.0):
+        b.update(v)
+    med, mad = b.baseline()
+    assert med == 2.0 and math.isclose(mad, 1.4826)
+    assert RollingBaseline.from_state(b.state()).baseline() == b.baseline()

@@ -1,0 +1,242 @@
+"""Certificates as in-toto Statements in DSSE envelopes, signed with the trust store's Ed25519 key.
+
+* ``statement(certificate)``: the in-toto Statement v1 (subject: the executor as
+  ``<name>@<version>`` with the sha256 of its source files; predicate: the certificate document).
+* ``sign_certificate(certificate, signer)`` -> ``CertificateEnvelope`` (payload = RFC 8785
+  canonical JSON of the Statement; signature by securesystemslib's DSSE ``Envelope``).
+* ``open_envelope(envelope, store)`` -> the certificate and the signing key's id, after checking
+  the signature against trusted, unrevoked keys; every failure is a ``NotAdmittedError`` naming
+  check ``signature`` or ``certificate`` (malformed input never escapes as another exception).
+* ``save_certificate`` / ``load_certificate``: the envelope as a versioned JSON document.
+* ``executor_source_digest(executor)``: sha256 over the executor's own source files;
+  ``current_library_versions(executor)``: the libraries a certificate binds.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import rfc8785
+from securesystemslib.dsse import Envelope
+from securesystemslib.signer import Signature, Signer
+
+from mixle_parallel.contracts import (
+    IN_TOTO_PAYLOAD_TYPE,
+    AdmissionCertificate,
+    CertificateEnvelope,
+    ContractError,
+    EnvelopeSignature,
+    NotAdmittedError,
+    from_dict,
+    to_dict,
+    to_json,
+)
+from mixle_parallel.verification.keys import TrustStore, TrustStoreError
+
+__all__ = [
+    "PREDICATE_TYPE", "STATEMENT_TYPE", "current_library_versions", "executor_source_digest", "load_certificate",
+    "open_envelope", "open_statement", "read_unverified", "reissue_hint", "save_certificate", "sign_certificate",
+    "sign_statement", "statement",
+]
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://mixle-parallel.dev/attestation/admission/v1"
+
+_BASE_LIBRARIES = ("numpy", "torch")
+
+
+def reissue_hint() -> str:
+    """How to get a signed certificate (said wherever an unsigned or HMAC one is refused)."""
+    return ("re-certify: `mixle-parallel keys init` (once per machine), then `mixle-parallel certify --backend ... "
+            "--plan ... --out cert.json`, which writes a DSSE envelope signed with this machine's Ed25519 key")
+
+
+# ---- what a certificate binds ------------------------------------------------------------
+def _source_files(executor: Any) -> list[Path]:
+    declared = getattr(executor, "source_files", None)
+    if callable(declared):
+        return sorted(Path(p) for p in declared())
+    module = sys.modules.get(type(executor).__module__)
+    origin = getattr(module, "__file__", None)
+    if origin is None:
+        raise ValueError(f"cannot find the source of executor {type(executor).__name__}; give it a "
+                         "source_files() method returning the files a certificate must bind")
+    return sorted(Path(origin).resolve().parent.rglob("*.py"))
+
+
+_DIGEST_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _DIGEST_CACHE:
+        _DIGEST_CACHE[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _DIGEST_CACHE[key]
+
+
+def executor_source_digest(executor: Any) -> str:
+    """``sha256:<hex>`` over the executor's source files (its package directory, or ``source_files()``)."""
+    files = _source_files(executor)
+    root = os.path.commonpath([str(f.parent) for f in files]) if files else ""
+    outer = hashlib.sha256()
+    for path in files:
+        outer.update(f"{os.path.relpath(path, root)}\0{_file_digest(path)}\n".encode())
+    return "sha256:" + outer.hexdigest()
+
+
+def _installed(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def current_library_versions(executor: Any = None) -> dict[str, str]:
+    """python, numpy, torch (when installed) and every engine the executor declares in ``certified_libraries``."""
+    versions = {"python": platform.python_version()}
+    names = list(_BASE_LIBRARIES) + list(getattr(executor, "certified_libraries", ()) or ())
+    for name in names:
+        found = _installed(name)
+        if found is not None:
+            versions[name] = found
+    return versions
+
+
+# ---- statements and envelopes ------------------------------------------------------------
+def statement(certificate: AdmissionCertificate) -> dict[str, Any]:
+    """The in-toto Statement v1 whose predicate is ``certificate``."""
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": f"{certificate.executor}@{certificate.executor_version}",
+                     "digest": {"sha256": certificate.source_digest.removeprefix("sha256:")}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": to_dict(certificate),
+    }
+
+
+def sign_certificate(certificate: AdmissionCertificate, signer: Signer) -> CertificateEnvelope:
+    """A DSSE envelope around the canonical Statement of ``certificate``, signed by ``signer``."""
+    return sign_statement(statement(certificate), signer)
+
+
+def sign_statement(document: dict[str, Any], signer: Signer) -> CertificateEnvelope:
+    """A DSSE envelope around any in-toto Statement (RFC 8785 canonical JSON), signed by ``signer``."""
+    envelope = Envelope(rfc8785.dumps(document), IN_TOTO_PAYLOAD_TYPE, {})
+    envelope.sign(signer)
+    document = envelope.to_dict()
+    return CertificateEnvelope(
+        payload_type=document["payloadType"],
+        payload=document["payload"],
+        signatures=tuple(EnvelopeSignature(keyid=s["keyid"], sig=s["sig"]) for s in document["signatures"]),
+    )
+
+
+def _refuse(check: str, message: str) -> NotAdmittedError:
+    return NotAdmittedError((f"check '{check}' failed: {message}",))
+
+
+def _verify_signature(envelope: CertificateEnvelope, payload: bytes, store: TrustStore) -> str:
+    try:
+        known = {k.keyid: k for k in store.keys()}
+    except TrustStoreError as exc:
+        raise _refuse("signature", str(exc)) from None
+    pae = Envelope(payload, envelope.payload_type, {}).pae()
+    reasons = []
+    for sig in envelope.signatures:
+        entry = known.get(sig.keyid)
+        if entry is None:
+            reasons.append(f"signed by key {sig.keyid[:16]}..., which this trust store ({store.home}) does not trust; "
+                           "trust it with `mixle-parallel keys trust PUBKEY` if it is yours")
+            continue
+        if entry.revoked:
+            reasons.append(f"signed by key {sig.keyid[:16]}..., revoked at {entry.revoked_at}")
+            continue
+        try:
+            raw = base64.b64decode(sig.sig, validate=True)
+            entry.sslib_key().verify_signature(Signature(sig.keyid, raw.hex()), pae)
+        except Exception:  # noqa: BLE001 - securesystemslib raises several types for a bad signature
+            reasons.append(f"the signature by key {sig.keyid[:16]}... does not verify (payload or signature changed)")
+            continue
+        return sig.keyid
+    raise _refuse("signature", "; ".join(reasons))
+
+
+def open_statement(envelope: CertificateEnvelope, store: TrustStore | None = None, *,
+                   predicate_type: str = PREDICATE_TYPE) -> tuple[dict[str, Any], str]:
+    """The verified Statement inside ``envelope`` and the trusted key id that signed it; ``NotAdmittedError``."""
+    if not isinstance(envelope, CertificateEnvelope):
+        raise _refuse("certificate", f"expected a signed CertificateEnvelope, got {type(envelope).__name__}; "
+                      + reissue_hint())
+    try:
+        payload = base64.b64decode(envelope.payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise _refuse("certificate", "the envelope's payload is not base64") from None
+    keyid = _verify_signature(envelope, payload, store or TrustStore())
+    try:
+        document = json.loads(payload.decode("utf-8"))
+        if (not isinstance(document, dict) or document.get("_type") != STATEMENT_TYPE
+                or document.get("predicateType") != predicate_type):
+            raise ValueError(f"not an in-toto Statement with predicate type {predicate_type}")
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise _refuse("certificate", f"the signed payload is not a valid statement: {exc}") from None
+    return document, keyid
+
+
+def open_envelope(envelope: CertificateEnvelope, store: TrustStore | None = None) -> tuple[AdmissionCertificate, str]:
+    """The certificate inside ``envelope`` and the trusted key id that signed it; ``NotAdmittedError`` otherwise."""
+    document, keyid = open_statement(envelope, store)
+    try:
+        certificate = from_dict(document["predicate"], AdmissionCertificate)
+        subject = document["subject"]
+        if subject != statement(certificate)["subject"]:
+            raise ValueError("the Statement's subject does not match its predicate")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise _refuse("certificate", f"the signed payload is not a valid certificate statement: {exc}") from None
+    return certificate, keyid
+
+
+def read_unverified(envelope: CertificateEnvelope) -> AdmissionCertificate:
+    """The certificate inside ``envelope`` WITHOUT checking its signature (for linking and display only)."""
+    try:
+        document = json.loads(base64.b64decode(envelope.payload, validate=True).decode("utf-8"))
+        return from_dict(document["predicate"], AdmissionCertificate)
+    except (binascii.Error, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise _refuse("certificate", f"the envelope's payload is not a certificate statement: {exc}") from None
+
+
+def save_certificate(envelope: CertificateEnvelope, path: str | os.PathLike[str]) -> Path:
+    """Write a signed certificate envelope as a versioned JSON document."""
+    if not isinstance(envelope, CertificateEnvelope):
+        raise TypeError(f"save_certificate takes the signed CertificateEnvelope, got {type(envelope).__name__}")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(to_json(envelope, indent=2) + "\n", encoding="utf-8")
+    return target
+
+
+def load_certificate(path: str | os.PathLike[str]) -> CertificateEnvelope:
+    """Read a certificate envelope; an unsigned, HMAC or malformed document is a ``NotAdmittedError``."""
+    source = Path(path)
+    if not source.is_file():
+        raise FileNotFoundError(f"no certificate at {str(source)!r}; create one with `mixle-parallel certify`")
+    try:
+        document = json.loads(source.read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise _refuse("certificate", f"{source} is not a JSON document: {exc}") from None
+    if isinstance(document, dict) and document.get("kind") == "AdmissionCertificate":
+        raise _refuse("signature", f"{source} is an unsigned (or HMAC-signed) certificate of an older release; "
+                      + reissue_hint())
+    try:
+        return from_dict(document, CertificateEnvelope)
+    except (ContractError, ValueError, TypeError) as exc:
+        raise _refuse("certificate", f"{source} is not a signed certificate envelope: {exc}") from None
