@@ -45,6 +45,7 @@ def test_torchrun_fit_has_the_bits_of_local_on_every_rank(world, tmp_path, local
         assert r["world"] == world
         assert (r["model"], r["ll"], r["digest"]) == (model, ll, digest)
         assert r["root_only_model"] == model
+        assert r["mixle_form_model"] == model and r["mixle_form_type"] == "TorchRunEncodedData"
         # the handle's own records: each rank computed its block of the 12 chunks in every pass
         last = [rec for rec in r["records"] if rec[1] == 0]
         assert sorted(rec[0] for rec in last) == list(range(world))

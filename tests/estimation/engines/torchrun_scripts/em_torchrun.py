@@ -15,7 +15,7 @@ import numpy as np
 
 from mixle_parallel import GaussianEstimator, MixtureEstimator, encoded_data, optimize
 from mixle_parallel.contracts.estimation import statistic_digest
-from mixle_parallel.executors.estimation.engines.torchrun import torchrun_out
+from mixle_parallel.torchrun import TorchRunEncodedData, torchrun_out
 
 
 def data() -> np.ndarray:
@@ -38,10 +38,14 @@ def main(out: str) -> None:
     with encoded_data(x if rank == 0 else None, estimator=est, backend="torchrun", num_chunks=12, root_only=True,
                       admission="unverified", audit=False) as h2:
         root_only_model = optimize(h2, est, max_its=6, seed=3)
+    with TorchRunEncodedData(x, est, num_chunks=12, admission="unverified", audit=False) as h3:  # mixle's form
+        mixle_form_model = optimize(h3, est, max_its=6, seed=3)
+        mixle_form_type = type(h3).__name__
     print(f"fitted on {world} ranks: ll={ll}", file=torchrun_out())
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"model": repr(model), "ll": ll, "digest": digest, "steps": steps, "records": records,
-                   "world": world, "root_only_model": repr(root_only_model)}, f)
+                   "world": world, "root_only_model": repr(root_only_model),
+                   "mixle_form_model": repr(mixle_form_model), "mixle_form_type": mixle_form_type}, f)
 
 
 if __name__ == "__main__":
