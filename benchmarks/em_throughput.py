@@ -1,7 +1,8 @@
 """EM throughput: our backends vs scikit-learn's GaussianMixture vs mixle 0.8.2, one run, same data
 and starting model. Prints a table of per-iteration times and ratios measured side by side.
 
-    python benchmarks/em_throughput.py [--iters 15] [--rounds 4] [--small] [--cases 1d,8d] [--engines mp,dask,ray]
+    python benchmarks/em_throughput.py [--iters 15] [--rounds 4] [--small] [--cases 1d,8d]
+        [--engines mp,dask,ray,torchrun]
 
 Cases: 1,000,000 x 1-D, K=8 and 200,000 x 8-D diagonal, K=8. For each: our ``local`` backend
 with one worker, scikit-learn (its own E-step + M-step per iteration), mixle's plain path
@@ -243,13 +244,49 @@ def time_mixle(x, start, iters):
     return statistics.median(times)
 
 
+def time_torchrun(n, d, k, iters, ranks):
+    """Per-pass seconds and log-likelihoods of a real ``torchrun --nproc-per-node ranks`` job (gloo)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "em_torchrun_job.py")
+    env = {key: v for key, v in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "times.json")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), job,
+               str(n), str(d), str(k), str(iters), out]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise RuntimeError(f"torchrun job failed: {done.stderr[-2000:]}")
+        with open(out) as f:
+            got = json.load(f)
+    return got["times"], got["lls"]
+
+
+def torchrun_rows(specs, iters, local_lls):
+    """One row per case: torchrun with 2 ranks against 1 (separate jobs), and whether the bits are local's."""
+    rows = []
+    for (name, n, d, k), lls in zip(specs, local_lls):
+        t1, l1 = time_torchrun(n, d, k, iters, 1)
+        t2, l2 = time_torchrun(n, d, k, iters, 2)
+        m1, m2 = statistics.median(t1), statistics.median(t2)
+        same = l1 == l2 == lls
+        rows.append((name, "torchrun", m1, m2, m1 / m2, float("nan"), min(t1) / min(t2), same))
+        print(f"  torchrun: 1 rank {m1:.4f}s/it, 2 ranks {m2:.4f}s/it, speed-up {m1 / m2:.2f}x, "
+              f"same bits as local: {same}", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=15, help="timed passes per handle and round")
     ap.add_argument("--rounds", type=int, default=4, help="rounds per engine (a 1-worker and a 2-worker handle each)")
     ap.add_argument("--small", action="store_true", help="1/10 of the rows (a quick smoke run)")
     ap.add_argument("--cases", default="1d,8d", help="comma-separated subset of 1d,8d")
-    ap.add_argument("--engines", default="mp,dask,ray", help="comma-separated engines timed at 1 and 2 workers")
+    ap.add_argument("--engines", default="mp,dask,ray",
+                    help="comma-separated engines timed at 1 and 2 workers (torchrun: separate torchrun jobs)")
     args = ap.parse_args(argv)
     # two dask LocalClusters live side by side here; closing the first restores dask's log level
     # while the second runs, so keep dask's INFO chatter out of the table for good
@@ -260,12 +297,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = wanted - {"1d", "8d"}
     if unknown:
         ap.error(f"--cases: unknown case(s) {sorted(unknown)}; choose from 1d,8d")
-    cases = ([make_case("1-D K=8", 1_000_000 // scale, 1, 8)] if "1d" in wanted else []) + (
-        [make_case("8-D diag K=8", 200_000 // scale, 8, 8)] if "8d" in wanted else [])
+    specs = ([("1-D K=8", 1_000_000 // scale, 1, 8)] if "1d" in wanted else []) + (
+        [("8-D diag K=8", 200_000 // scale, 8, 8)] if "8d" in wanted else [])
+    cases = [make_case(*spec) for spec in specs]
+    local_lls = []
     rows, scaling, ceilings, shared_ray = [], [], [], False
     for name, x, est, start in cases:
         gc.collect()
         ours, our_lls = time_ours(x, est, start, args.iters)
+        local_lls.append(our_lls)
         sk, sk_lls = time_sklearn(x, start, args.iters)
         mx = time_mixle(x, start, args.iters)
         rel = max(abs(a - b) / abs(b) for a, b in zip(our_lls, sk_lls))
@@ -275,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         ceiling = machine_ceiling(x, est, start, args.rounds)
         ceilings.append((name, ceiling))
         print(f"  machine ceiling (two plain processes, no engine): {ceiling:.2f}x", flush=True)
-        for backend in engines:
+        for backend in [e for e in engines if e != "torchrun"]:
             if backend == "ray" and start_shared_ray():
                 shared_ray = True
             try:
@@ -295,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{best[1] / best[2]:.2f}x), set-up {setup[1]:.1f}s/{setup[2]:.1f}s, same bits as local: {same}",
                 flush=True,
             )
+    if "torchrun" in engines:
+        scaling += torchrun_rows(specs, args.iters, local_lls)
     if shared_ray:
         import ray
 

@@ -22,6 +22,7 @@ BUILTIN_ENCODED_DATA_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "spark": (".engines.spark:spark_encoded_data", ("pyspark",)),
     "dask": (".engines.dask:dask_encoded_data", ("distributed",)),
     "ray": (".engines.ray:ray_encoded_data", ()),
+    "torchrun": (".engines.torchrun:torchrun_encoded_data", ("torch_distributed",)),
 }
 
 _PACKAGE = "mixle_parallel.executors.estimation"

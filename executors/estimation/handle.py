@@ -30,11 +30,18 @@ from mixle_parallel.executors.estimation.chunks import (
     resolve_encoder,
     seed_from,
 )
+from mixle_parallel.executors.estimation.em_observability import FitReport, RankRecord, fit_report, round_summary
+from mixle_parallel.executors.estimation.metering import MeteredRunner
 from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
+from mixle_parallel.executors.estimation.placing import check_placement
 from mixle_parallel.executors.estimation.sdc_audit import DEFAULT_AUDIT_RATE, EMAudit, em_receipt
 from mixle_parallel.verification.ledger.chain import Ledger
 
-__all__ = ["ChunkedEncodedData", "handle_from_runner"]
+__all__ = ["STRAGGLER_MIN_EXCESS_S", "ChunkedEncodedData", "handle_from_runner"]
+
+STRAGGLER_MIN_EXCESS_S = 0.05
+"""A worker is named a straggler in the receipts only when it is this many seconds slower than the
+others' median (besides the ratio and robust-z rule), so scheduling jitter on tiny passes is not news."""
 
 
 class ChunkedEncodedData:
@@ -53,11 +60,19 @@ class ChunkedEncodedData:
         num_rows: int | None = None,
         controls: dict[str, Any] | None = None,
         owns_runner: bool = True,
+        placement: Any = None,
     ) -> None:
         self.runner = runner
+        self._metered = MeteredRunner(runner)  # every pass measured per worker (em_observability)
+        self.rank_records: list[RankRecord] = []
+        """One ``RankRecord`` per worker and E-step (round = iteration), emitted by the workers themselves."""
         self._data = data
         self.num_rows = count_rows(data) if num_rows is None else int(num_rows)
+        if placement is not None and num_chunks is None and chunk_size is None:
+            num_chunks = getattr(placement, "num_chunks", None)  # the plan's chunks, unless chunking is given
         self.bounds = chunk_bounds(self.num_rows, num_chunks, chunk_size)
+        self.placement = check_placement(placement, self.num_rows, self.bounds, runner)
+        """The planner's ``Placement`` the chunks follow (rows to workers by its shards), or None."""
         self.controls = dict(controls or {})
         self._owns_runner = owns_runner
         self._scattered = False
@@ -111,6 +126,9 @@ class ChunkedEncodedData:
             raise ValueError("this handle has no data to encode; pass the rows to encoded_data()")
         chunks = encode_chunks(self._data, self._encoder, self.bounds)
         self.runner.scatter(chunks)
+        if self.placement is not None:
+            blocks = [range(s.first_chunk, s.last_chunk) for s in self.placement.shards]
+            self.runner.assign_chunks(blocks)  # type: ignore[attr-defined]  # checked by check_placement
         self._scattered = True
         self._data = None  # the runner holds the encoded chunks now
 
@@ -119,7 +137,7 @@ class ChunkedEncodedData:
         if self._audit is not None and self._audit.excluded:  # keep quarantined / lost workers idle
             results = self._audit.placed_map(fn, payload, self.num_chunks)
         else:
-            results = self.runner.map_chunks(fn, payload)
+            results = self._metered.map_chunks(fn, payload)
         if len(results) != self.num_chunks:
             raise RuntimeError(
                 f"backend {self.backend!r} returned {len(results)} chunk results for {self.num_chunks} "
@@ -143,6 +161,12 @@ class ChunkedEncodedData:
         # GroupFold is callable through its __call__, which mypy does not see on a NamedTuple
         return self._map(fold, (estimator, model), estimator, model)  # type: ignore[arg-type]  # NamedTuple __call__
 
+    def batch_statistics(self, estimator: Any, model: Any, chunk_ids: Sequence[int]) -> list[ChunkResult]:
+        """E-step results of the chosen chunks, in ascending chunk order (mini-batch EM; collective on SPMD)."""
+        self._ensure_scattered(estimator, model)
+        ids = sorted(int(c) for c in chunk_ids)
+        return [ChunkResult(*r) for r in self._metered.map_chunks(chunk_estep, (estimator, model), ids)]
+
     def chunk_digests(self, estimator: Any, model: Any) -> list[str]:
         """``sha256:`` digest of each chunk's statistics, in chunk order."""
         return [statistic_digest(r.stats) for r in self.chunk_statistics(estimator, model)]
@@ -156,15 +180,20 @@ class ChunkedEncodedData:
         estimator, model, _ = adapt_mixle_objects(estimator, model, None)
         iteration = self.iteration
         moved_before = self._bytes_moved()
-        if self._audit is not None:
-            self._ensure_scattered(estimator, model)
-            entries, outcomes = self._audit.estep_results(
-                self, estimator, model, iteration, first_of_fit=self._fit_first
-            )
-        else:
-            entries, outcomes = self.estep_entries(estimator, model), ()
+        self._metered.begin(iteration, "estep")
+        try:
+            if self._audit is not None:
+                self._ensure_scattered(estimator, model)
+                entries, outcomes = self._audit.estep_results(
+                    self, estimator, model, iteration, first_of_fit=self._fit_first
+                )
+            else:
+                entries, outcomes = self.estep_entries(estimator, model), ()
+        finally:
+            records = self._metered.end()
+            self.rank_records.extend(records)
         self._fit_first = False
-        total = fold_pass(estimator, entries)
+        total = self._fold_entries(estimator, entries)
         nobs, ll, stats = total.count, total.log_likelihood, total.stats
         out = EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
         self.iteration = iteration + 1
@@ -173,6 +202,7 @@ class ChunkedEncodedData:
             iteration, nobs, ll, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
             quarantined=sorted(self.quarantined),
             bytes_moved=None if moved_before is None else int(self._bytes_moved() or 0) - moved_before,
+            observability=round_summary(records, min_excess_seconds=STRAGGLER_MIN_EXCESS_S),
         )
         if self.ledger is not None:
             self.ledger.receipt(self.last_receipt)
@@ -182,6 +212,22 @@ class ChunkedEncodedData:
         """The runner's count of bytes through its workers' connections so far (None: it does not count)."""
         moved = getattr(self.runner, "bytes_moved", None)
         return None if moved is None else int(moved)
+
+    def _fold_entries(self, estimator: Any, entries: list[Any]) -> Any:
+        """A pass's total from its entries (``fold_pass``); a subclass may guard it (``finite_guarded_fold``)."""
+        return fold_pass(estimator, entries)
+
+    # -- observability ----------------------------------------------------------------------------
+    @property
+    def last_rank_records(self) -> tuple[RankRecord, ...]:
+        """The ``RankRecord``s of the last E-step."""
+        return tuple(r for r in self.rank_records if r.round == self.iteration - 1)
+
+    def fit_report(self, *, threshold_ratio: float = 1.5, z_threshold: float = 3.0,
+                   min_excess_seconds: float = STRAGGLER_MIN_EXCESS_S) -> FitReport:
+        """Stragglers, data skew and totals over every E-step of this handle (``em_observability``)."""
+        return fit_report(self.rank_records, threshold_ratio=threshold_ratio, z_threshold=z_threshold,
+                          min_excess_seconds=min_excess_seconds)
 
     # -- verification -----------------------------------------------------------------------------
     @property
@@ -247,7 +293,7 @@ class ChunkedEncodedData:
         if on:
             rate = DEFAULT_AUDIT_RATE if audit_rate is None else float(audit_rate)
             self._audit = EMAudit(
-                self.runner,
+                self._metered,
                 rate=rate,
                 policy=audit_policy,
                 seed=audit_seed,
@@ -309,7 +355,7 @@ class ChunkedEncodedData:
     def pysp_stream_accumulate(self, estimator: Any, model: Any) -> tuple[float, Any]:
         """Rows and the combined statistics under ``model`` (mixle's streaming-EM fold), no M-step."""
         estimator, model, _ = adapt_mixle_objects(estimator, model, None)
-        total = fold_pass(estimator, self.estep_entries(estimator, model))
+        total = self._fold_entries(estimator, self.estep_entries(estimator, model))
         return total.count, total.stats
 
     @property
@@ -332,6 +378,7 @@ class ChunkedEncodedData:
                             "audit_records": len(self.audit_records),
                             "audit_mismatches": sum(1 for r in self.audit_records if not r.matched),
                             "quarantined": sorted(self.quarantined),
+                            "fit_report": self.fit_report().as_dict() if self.rank_records else None,
                         },
                     )
             finally:
@@ -362,10 +409,17 @@ def handle_from_runner(
     chunk_size: int | None = None,
     num_rows: int | None = None,
     controls: dict[str, Any] | None = None,
+    placement: Any = None,
+    handle_class: type[ChunkedEncodedData] | None = None,
     **_: Any,
 ) -> ChunkedEncodedData:
-    """Wrap a runner as an encoded-data handle (encoding happens now if an encoder is known)."""
-    return ChunkedEncodedData(
+    """Wrap a runner as an encoded-data handle (encoding happens now if an encoder is known).
+
+    ``handle_class`` names a subclass to return (e.g. ``RayEncodedData``), built with this class's
+    constructor whatever its own takes."""
+    handle = ChunkedEncodedData.__new__(handle_class or ChunkedEncodedData)
+    ChunkedEncodedData.__init__(
+        handle,
         runner,
         data,
         estimator=estimator,
@@ -375,4 +429,6 @@ def handle_from_runner(
         chunk_size=chunk_size,
         num_rows=num_rows,
         controls=controls,
+        placement=placement,
     )
+    return handle

@@ -26,7 +26,7 @@ statistic in order.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -367,6 +367,7 @@ def em_receipt(
     admission: Any,
     outcomes: Sequence[ChunkAudit] = (),
     quarantined: Sequence[int] = (),
+    observability: Mapping[str, Any] | None = None,
     bytes_moved: int | None = None,
 ) -> StepReceipt:
     """The receipt of one EM iteration: rows, mean negative log-likelihood, admission and audit summary.
@@ -385,6 +386,7 @@ def em_receipt(
         "audited_chunks": [o.chunk for o in outcomes],
         "audit_mismatches": sum(1 for r in records if not r.matched),
         "quarantined": sorted(int(w) for w in quarantined),
+        **({"observability": dict(observability)} if observability is not None else {}),
         "bytes_observed": bytes_moved is not None,
     }
     rows = int(round(nobs))

@@ -8,7 +8,7 @@ from typing import Any
 
 from mixle_parallel.contracts.resources import local_cpu_count
 from mixle_parallel.executors.estimation.chunks import WorkerTask, apply_chunk_fn, check_tasks
-from mixle_parallel.executors.estimation.engines.support import block_assignment
+from mixle_parallel.executors.estimation.engines.support import block_assignment, place_blocks
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
 from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
@@ -31,6 +31,7 @@ class LocalChunkRunner:
         self._chunks: list[Any] = []
         self._pool: ThreadPoolExecutor | None = None
         self._pinned: list[ThreadPoolExecutor] = []
+        self._blocks: list[list[int]] | None = None
 
     def scatter(self, chunks: Sequence[Any]) -> None:
         """Keep the encoded chunks (list index = chunk id)."""
@@ -41,6 +42,12 @@ class LocalChunkRunner:
     ) -> list[Any]:
         """``fn(chunk, payload)`` per chunk id, results in chunk-id order."""
         ids = range(len(self._chunks)) if chunk_ids is None else sorted(chunk_ids)
+        if self._blocks is not None and len(ids) > 1:  # a plan's blocks, each on its worker thread
+            wanted = set(ids)
+            tasks = {w: WorkerTask(fn, payload, tuple(c for c in b if c in wanted)) for w, b in enumerate(self._blocks)}
+            out = self.run_on_workers({w: t for w, t in tasks.items() if t.chunk_ids})
+            values = {c: v for w, vs in out.items() for c, v in zip(tasks[w].chunk_ids, vs)}
+            return [values[i] for i in ids]
         if self.num_workers == 1 or len(ids) <= 1:
             return apply_chunk_fn(fn, payload, list(ids), self._chunks.__getitem__)
         if self._pool is None:
@@ -49,6 +56,10 @@ class LocalChunkRunner:
         return [f.result() for f in futures]
 
     # -- placement (the SDC audit recomputes a chunk on another worker thread) ---------------------
+    def assign_chunks(self, blocks: Sequence[Sequence[int]]) -> None:
+        """Run chunks on worker threads by a plan: ``blocks[w]`` are worker ``w``'s chunk ids."""
+        self._blocks = place_blocks(blocks, self.num_workers, len(self._chunks), self.name)
+
     def worker_ids(self) -> list[int]:
         """Worker thread ids ``0..num_workers-1``."""
         return list(range(self.num_workers))
@@ -56,7 +67,7 @@ class LocalChunkRunner:
     def chunk_owners(self) -> list[int]:
         """The worker thread each chunk is assigned to by default (contiguous blocks)."""
         owners = [0] * len(self._chunks)
-        for w, ids in enumerate(block_assignment(len(self._chunks), self.num_workers)):
+        for w, ids in enumerate(self._blocks or block_assignment(len(self._chunks), self.num_workers)):
             for i in ids:
                 owners[i] = w
         return owners
@@ -112,7 +123,7 @@ def local_backend(
     return handle_from_runner(LocalChunkRunner(workers), data, **params)
 
 
-ENCODED_DATA_OPTIONS = frozenset({"num_workers", "chunk_workers", "parallel_chunks", "resources"})
+ENCODED_DATA_OPTIONS = frozenset({"num_workers", "chunk_workers", "parallel_chunks", "resources", "placement"})
 """The ``encoded_data`` options the local backend honours besides the handle's own."""
 
 WORKER_PROCESSES = False

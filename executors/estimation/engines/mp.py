@@ -32,7 +32,12 @@ from mixle_parallel.executors.estimation.chunks import (
     apply_chunk_fn,
     check_tasks,
 )
-from mixle_parallel.executors.estimation.engines.support import block_assignment, keep_freed_memory, yield_on_wakeup
+from mixle_parallel.executors.estimation.engines.support import (
+    block_assignment,
+    keep_freed_memory,
+    place_blocks,
+    yield_on_wakeup,
+)
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
 from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
@@ -170,6 +175,7 @@ class MPChunkRunner:
         self._num_chunks = 0
         self.recovered_chunks: list[int] = []
         """Chunk ids recomputed on a survivor after their worker died (for tests and logs)."""
+        self._blocks: list[list[int]] | None = None
         self.bytes_moved = 0
         """Bytes of pass requests (models, functions) and replies (statistics) through the workers' pipes."""
 
@@ -276,6 +282,15 @@ class MPChunkRunner:
         return [results[i] for i in ids]
 
     # -- placement (the SDC audit recomputes a chunk on a chosen worker) -------------------------------
+    def assign_chunks(self, blocks: Sequence[Sequence[int]]) -> None:
+        """Send chunks to workers by a plan: ``blocks[w]`` are worker ``w``'s chunk ids (a ``Placement``'s
+        shards); balanced blocks again once a worker is lost."""
+        self._blocks = place_blocks(blocks, self.num_workers, self._num_chunks, self.name)
+
+    def _planned(self) -> list[list[int]] | None:
+        live = self.live_workers
+        return self._blocks if self._blocks is not None and live == list(range(self.num_workers)) else None
+
     def worker_ids(self) -> list[int]:
         """Ids of the live worker processes."""
         return self.live_workers
@@ -285,7 +300,7 @@ class MPChunkRunner:
         live = self.live_workers
         owners = [0] * self._num_chunks
         if live:
-            for w, ids in zip(live, block_assignment(self._num_chunks, len(live))):
+            for w, ids in zip(live, self._planned() or block_assignment(self._num_chunks, len(live))):
                 for i in ids:
                     owners[i] = w
         return owners
@@ -328,11 +343,13 @@ class MPChunkRunner:
                 f"every mp worker has died; chunks {ids} cannot be computed. Check the workers' memory "
                 "(each holds a view of the shared block) and restart with a new handle"
             )
-        # Contiguous, balanced blocks of chunk ids per live worker (any split gives the same bits).
+        # Contiguous, balanced blocks of chunk ids per live worker, or the plan's (any split gives the same bits).
         n, k = len(ids), len(live)
         edges = [(i * n) // k for i in range(k + 1)]
+        planned = self._planned()
+        wanted = set(ids)
         for j, w in enumerate(live):
-            block = ids[edges[j] : edges[j + 1]]
+            block = [c for c in planned[j] if c in wanted] if planned else ids[edges[j] : edges[j + 1]]
             if not block:
                 continue
             message = pickle.dumps(("map", fn, payload, block), protocol=pickle.HIGHEST_PROTOCOL)
@@ -440,7 +457,9 @@ def mp_backend(
         raise
 
 
-ENCODED_DATA_OPTIONS = frozenset({"num_workers", "resources", "timeout", "start_timeout", "start_method"})
+ENCODED_DATA_OPTIONS = frozenset({
+    "num_workers", "resources", "timeout", "start_timeout", "start_method", "placement",
+})
 """The ``encoded_data`` options the mp backend honours besides the handle's own."""
 
 WORKER_PROCESSES = True

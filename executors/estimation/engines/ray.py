@@ -49,10 +49,13 @@ from mixle_parallel.executors.estimation.engines.support import (
     requested_ids,
     require_engine,
 )
-from mixle_parallel.executors.estimation.handle import handle_from_runner
+from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
 from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
-__all__ = ["INLINE_PAYLOAD_BYTES", "RayChunkWorker", "RayRunner", "pack_payload", "ray_encoded_data", "ray_uses_tls"]
+__all__ = [
+    "INLINE_PAYLOAD_BYTES", "RayChunkWorker", "RayEncodedData", "RayRunner", "pack_payload", "ray_encoded_data",
+    "ray_uses_tls",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -487,7 +490,7 @@ def ray_encoded_data(
         direct_channel=direct_channel,
     )
     try:
-        return handle_from_runner(runner, data, **params)
+        return handle_from_runner(runner, data, handle_class=RayEncodedData, **params)
     except BaseException:
         runner.close()
         raise
@@ -501,6 +504,22 @@ def one_node_cluster(ray: Any) -> bool:
     except Exception:  # noqa: BLE001 - unknown topology: use the node address, as for a multi-node cluster
         return False
     return len(alive) == 1 and alive[0].get("NodeManagerAddress") == here
+
+
+class RayEncodedData(ChunkedEncodedData):
+    """Our ray handle under mixle's name (``encoded_data(..., backend="ray")`` returns one); built directly
+    with mixle's arguments it starts a :class:`RayRunner` (``num_partitions`` = chunks)."""
+
+    def __init__(self, data: Any, estimator: Any = None, model: Any = None, encoder: Any = None,
+                 num_partitions: int | None = None, num_workers: int | None = None, address: str | None = None,
+                 **options: Any) -> None:
+        runner = RayRunner(num_workers, address=address, **options)
+        try:
+            super().__init__(runner, data, estimator=estimator, model=model, encoder=encoder,
+                             num_chunks=num_partitions)
+        except BaseException:
+            runner.close()
+            raise
 
 
 ENCODED_DATA_OPTIONS = frozenset({"num_workers", "address", "timeout", "start_timeout", "init_kwargs",

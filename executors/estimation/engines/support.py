@@ -22,7 +22,7 @@ DEFAULT_TIMEOUT_S = 600.0
 
 __all__ = [
     "DEFAULT_TIMEOUT_S", "Deadline", "block_assignment", "cap_blas_threads", "check_timeout",
-    "keep_freed_memory", "ordered_results", "prepare_worker", "require_engine", "requested_ids",
+    "keep_freed_memory", "ordered_results", "place_blocks", "prepare_worker", "require_engine", "requested_ids",
     "yield_on_wakeup",
 ]
 
@@ -44,6 +44,18 @@ def block_assignment(num_chunks: int, num_workers: int) -> list[list[int]]:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     edges = [(w * num_chunks) // num_workers for w in range(num_workers + 1)]
     return [list(range(edges[w], edges[w + 1])) for w in range(num_workers)]
+
+
+def place_blocks(blocks: Any, num_workers: int, num_chunks: int, backend: str) -> list[list[int]]:
+    """Validate a plan's chunk blocks: one per worker, together every chunk exactly once."""
+    out = [sorted(int(c) for c in b) for b in blocks]
+    if len(out) != num_workers:
+        raise ValueError(f"the placement has {len(out)} device shard(s) but the {backend} backend has {num_workers} "
+                         f"worker(s); pass num_workers={len(out)} or plan for {num_workers} devices")
+    flat = sorted(c for b in out for c in b)
+    if flat != list(range(num_chunks)):
+        raise ValueError(f"the placement's shards must cover chunks 0..{num_chunks - 1} once each, got {flat}")
+    return out
 
 
 def requested_ids(chunk_ids: Sequence[int] | None, num_chunks: int) -> list[int]:

@@ -24,7 +24,7 @@ EST = GaussianEstimator()
 
 
 @pytest.mark.parametrize("option, value", [
-    ("placement", object()), ("engine", "torch-gpu"), ("engine", "torch"), ("batch_size", 7), ("shuffle", True),
+    ("engine", "torch-gpu"), ("engine", "torch"), ("batch_size", 7), ("shuffle", True),
 ])
 def test_each_option_that_was_dropped_now_raises_naming_it(option, value):
     before = {p.pid for p in multiprocessing.active_children()}  # shared engine fixtures may hold workers

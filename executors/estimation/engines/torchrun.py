@@ -1,0 +1,288 @@
+"""The ``torchrun`` backend: SPMD EM over ``torch.distributed`` (gloo on CPU, nccl where CUDA is).
+
+Every rank runs the same program (``torchrun --nproc-per-node N script.py``). Rank ``r`` holds a
+contiguous block of chunk ids, as under ``mpi``. A data pass broadcasts the root's payload, each
+rank computes its block (folding its complete combine groups itself, ``GroupFold``), and the
+entries travel up a fixed binomial tree (rank ``r`` receives from ``r + 2^k`` at step ``k``, in that
+order) to the root, which then holds every entry by chunk id; the ordered entries go back down the
+same tree by broadcast, and every rank folds them in the canonical two-level order. No rank
+gathers per-chunk statistics from every other rank at once, at most ``DEFAULT_CHUNK_MULTIPLE``
+folded groups travel per pass, and every rank ends on the bits of every other backend.
+
+A failure in one rank's chunks travels up the tree like a result and is raised on every rank, so
+no rank is left blocked in a collective; a rank that does not answer within the process group's
+timeout makes the collectives fail.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, TextIO
+
+from mixle_parallel.executors.estimation.api import encoded_data
+from mixle_parallel.executors.estimation.chunks import apply_chunk_fn, resolve_encoder
+from mixle_parallel.executors.estimation.engines.mpi import MPIEncodedData
+from mixle_parallel.executors.estimation.engines.support import (
+    DEFAULT_TIMEOUT_S,
+    block_assignment,
+    ordered_results,
+    requested_ids,
+    require_engine,
+)
+from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
+from mixle_parallel.executors.estimation.reference_handles import BuiltByEncodedData
+
+__all__ = ["TorchRunChunkError", "TorchRunEncodedData", "TorchRunRunner", "torchrun_encoded_data", "torchrun_out"]
+
+
+class TorchRunChunkError(RuntimeError):
+    """A chunk function failed on some rank; raised on every rank so none is left blocked."""
+
+
+def _dist() -> Any:
+    return require_engine("torch.distributed", "torch")
+
+
+def torchrun_out(root: int = 0) -> TextIO:
+    """``sys.stdout`` on the root rank, a discarded buffer on the others (for prints in SPMD scripts)."""
+    try:
+        dist = _dist()
+        rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK") or 0)
+    except ImportError:
+        rank = int(os.environ.get("RANK") or 0)
+    return sys.stdout if rank == int(root) else io.StringIO()
+
+
+def torchrun_world_size() -> int:
+    """The world size of this torchrun job (1 outside one), without importing torch if it is not loaded."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return int(os.environ.get("WORLD_SIZE") or 1)
+
+
+class TorchRunRunner:
+    """SPMD chunk runner over a ``torch.distributed`` process group (the default group by default)."""
+
+    name = "torchrun"
+    supports_worker_placement = False
+    """Declined: an SPMD rank computes only its own block (audits replay on the same rank)."""
+
+    def __init__(self, group: Any = None, *, root: int = 0, root_only: bool = False, init_process_group: bool = True,
+                 backend: str | None = None, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
+        self.dist = _dist()
+        self.group = group
+        if not self.dist.is_initialized():
+            if not init_process_group or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+                raise RuntimeError(
+                    "backend='torchrun' needs torch.distributed: start the script with `torchrun --nproc-per-node N "
+                    "script.py` (it sets RANK/WORLD_SIZE), or call torch.distributed.init_process_group first")
+            torch = require_engine("torch", "torch")
+            if backend is None:
+                backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if backend == "nccl":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK") or 0))
+            kwargs = {} if timeout is None else {"timeout": timedelta(seconds=float(timeout))}
+            self.dist.init_process_group(backend=backend, **kwargs)
+            # the group serves every later handle of this job (a re-rendezvous per handle races under
+            # torchrun); it is destroyed when the interpreter exits
+            atexit.register(_destroy_default_group, self.dist)
+        self.rank = int(self.dist.get_rank(group=group))
+        self.size = int(self.dist.get_world_size(group=group))
+        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
+            raise ValueError(f"root={root!r} is not a rank of this process group (size {self.size})")
+        self.root = root
+        self.root_only = bool(root_only)
+        self.num_workers = self.size
+        self._local: dict[int, Any] = {}
+        self._num_chunks = 0
+        self.tree_steps: list[tuple[int, int]] = []
+        """The (peer, step) pairs this rank received from in the last pass's reduction (for tests)."""
+
+    @property
+    def is_root(self) -> bool:
+        """Whether this process is the root rank."""
+        return self.rank == self.root
+
+    def owned_chunk_ids(self, num_chunks: int) -> list[int]:
+        """The contiguous block of chunk ids this rank holds."""
+        return block_assignment(num_chunks, self.size)[self.rank]
+
+    def chunk_owners(self) -> list[int]:
+        """The rank each chunk is computed on (contiguous blocks)."""
+        return [w for w, ids in enumerate(block_assignment(self._num_chunks, self.size)) for _ in ids]
+
+    # -- object collectives --------------------------------------------------------------------
+    def _global(self, rank: int) -> int:
+        return rank if self.group is None else int(self.dist.get_global_rank(self.group, rank))
+
+    def broadcast(self, value: Any) -> Any:
+        """The root's ``value`` on every rank."""
+        if self.size == 1:
+            return value
+        box = [value if self.is_root else None]
+        self.dist.broadcast_object_list(box, src=self._global(self.root), group=self.group)
+        return box[0]
+
+    def tree_reduce(self, mine: dict[Any, Any]) -> dict[Any, Any] | None:
+        """Merge every rank's ``{key: value}`` up a binomial tree rooted at ``root``; the merged dict on the
+        root, None elsewhere. Step ``k``: relative rank ``v`` with ``v % 2^(k+1) == 0`` receives from ``v + 2^k``."""
+        rel = (self.rank - self.root) % self.size
+        merged = dict(mine)
+        self.tree_steps = []
+        step = 1
+        while step < self.size:
+            if rel % (2 * step) == step:  # send my subtree's entries to my parent, then I am done
+                parent = (rel - step + self.root) % self.size
+                self.dist.send_object_list([merged], dst=self._global(parent), group=self.group)
+                return None
+            child = rel + step
+            if rel % (2 * step) == 0 and child < self.size:
+                box: list[Any] = [None]
+                peer = (child + self.root) % self.size
+                self.dist.recv_object_list(box, src=self._global(peer), group=self.group)
+                merged.update(box[0])
+                self.tree_steps.append((peer, step))
+            step *= 2
+        return merged
+
+    # -- the runner contract -------------------------------------------------------------------
+    def scatter(self, chunks: Sequence[Any] | None) -> None:
+        """Keep this rank's block (``root_only``: the root sends each rank its block)."""
+        if self.root_only:
+            parts = None
+            if self.is_root:
+                if chunks is None:
+                    raise ValueError("root_only=True: the root rank must pass the chunks")
+                parts = [{i: chunks[i] for i in ids} for ids in block_assignment(len(chunks), self.size)]
+            n = self.broadcast(len(chunks) if self.is_root and chunks is not None else None)
+            out: list[Any] = [None]
+            if self.size == 1:
+                out = [parts[0] if parts else {}]
+            else:
+                self.dist.scatter_object_list(out, parts, src=self._global(self.root), group=self.group)
+            mine = out[0]
+        else:
+            if chunks is None:
+                raise ValueError(f"rank {self.rank} passed no chunks; every rank needs the data unless root_only=True")
+            n = len(chunks)
+            mine = {i: chunks[i] for i in self.owned_chunk_ids(n)}
+            missing = [i for i, c in mine.items() if c is None]
+            if missing:
+                raise ValueError(f"rank {self.rank} owns chunks {missing} but was given None for them")
+        self._num_chunks = int(n)
+        self._local = mine
+
+    def map_chunks(self, fn: Callable[[Any, Any], Any], payload: Any,
+                   chunk_ids: Sequence[int] | None = None) -> list[Any]:
+        """Collective: the root's payload to all, own chunks computed, entries reduced up the tree and the
+        ordered list broadcast back. Every rank must call it with the same ``fn`` and ``chunk_ids``."""
+        payload = self.broadcast(payload if self.is_root else None)
+        ids = requested_ids(chunk_ids, self._num_chunks)
+        mine: dict[Any, Any] = {}
+        failure: BaseException | None = None
+        try:
+            own = [i for i in ids if i in self._local]
+            mine = dict(zip(own, apply_chunk_fn(fn, payload, own, self._local.__getitem__)))
+        except Exception as exc:  # noqa: BLE001 - sent up the tree and raised on every rank
+            failure = exc
+            mine = {("error", self.rank): "".join(traceback.format_exception_only(type(exc), exc)).strip()}
+        merged = self.tree_reduce(mine)
+        outcome: Any = None
+        if merged is not None:
+            errors = sorted((k[1], v) for k, v in merged.items() if isinstance(k, tuple))
+            outcome = ("error", errors) if errors else ("ok", ordered_results(merged, ids, self.name))
+        kind, value = self.broadcast(outcome)
+        if kind == "error":
+            detail = "; ".join(f"rank {r}: {e}" for r, e in value)
+            raise TorchRunChunkError(f"chunk function failed on {len(value)} rank(s): {detail}") from failure
+        return list(value)
+
+    def close(self) -> None:
+        """Drop this rank's chunks (the process group stays for the job's other handles)."""
+        self._local = {}
+
+
+def _destroy_default_group(dist: Any) -> None:
+    """At exit: destroy the default process group this module initialized, if still there."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class TorchRunEncodedData(BuiltByEncodedData, ChunkedEncodedData):
+    """The generic handle over ``torch.distributed`` ranks; each rank encodes only its block.
+
+    ``TorchRunEncodedData(data, estimator=None, model=None, encoder=None, sub_chunks=1, group=None,
+    root=0, root_only=False, init_process_group=True, backend=None)`` is mixle's constructor: it is
+    ``encoded_data(data, backend="torchrun", ...)``, called on every rank.
+    """
+
+    runner: TorchRunRunner
+
+    @classmethod
+    def _build(cls, data: Any, estimator: Any = None, model: Any = None, encoder: Any = None, sub_chunks: int = 1,
+               group: Any = None, root: int = 0, root_only: bool = False, init_process_group: bool = True,
+               backend: str | None = None, **options: Any) -> Any:
+        return encoded_data(data, estimator=estimator, model=model, encoder=encoder, sub_chunks=sub_chunks,
+                            comm=group, root=root, root_only=root_only, backend="torchrun", backend_name=backend,
+                            init_process_group=init_process_group, **options)
+
+    @classmethod
+    def over_runner(cls, runner: TorchRunRunner, data: Any, **kwargs: Any) -> TorchRunEncodedData:
+        """The handle over an existing runner (what ``encoded_data(backend="torchrun")`` builds)."""
+        obj = object.__new__(cls)
+        ChunkedEncodedData.__init__(obj, runner, data, **kwargs)
+        return obj
+
+    _ensure_scattered = MPIEncodedData._ensure_scattered  # the same SPMD encoding: own block, or root_only
+
+
+def _row_count(runner: TorchRunRunner, data: Any, root_only: bool) -> int:
+    """Rows of the data, the same on every rank (checked), before any chunk is encoded."""
+    n = len(data) if data is not None and (runner.is_root or not root_only) else None
+    if root_only:
+        return int(runner.broadcast(n))
+    if data is None:
+        raise ValueError(f"rank {runner.rank} passed data=None; pass the rows on every rank or root_only=True")
+    rows = runner.tree_reduce({runner.rank: n})
+    counts: list[tuple[int, int]] = runner.broadcast(sorted(rows.items()) if rows is not None else None)
+    if len({c for _, c in counts}) != 1:
+        raise ValueError(f"ranks hold different row counts {dict(counts)}; pass the same rows on every rank")
+    return int(n or 0)
+
+
+def torchrun_encoded_data(data: Any, *, group: Any = None, comm: Any = None, root: int = 0, root_only: bool = False,
+                          backend_name: str | None = None, init_process_group: bool = True,
+                          timeout: float | None = DEFAULT_TIMEOUT_S, **params: Any) -> TorchRunEncodedData:
+    """``encoded_data(..., backend="torchrun")``: call on every rank (SPMD); ``group=`` (or ``comm=``) a
+    process group, ``backend_name=`` the process-group backend when this call initializes it."""
+    runner = TorchRunRunner(group if group is not None else comm, root=root, root_only=root_only,
+                            init_process_group=init_process_group, backend=backend_name, timeout=timeout)
+    estimator, model, encoder = params.get("estimator"), params.get("model"), params.get("encoder")
+    if encoder is None and estimator is None and model is None:
+        raise ValueError("backend='torchrun' needs an estimator, a model or an encoder to encode the rows")
+    num_rows = _row_count(runner, data, root_only)
+    kwargs = {k: params[k] for k in ("num_chunks", "chunk_size") if params.get(k) is not None}
+    return TorchRunEncodedData.over_runner(
+        runner, data if (runner.is_root or not root_only) else None, num_rows=num_rows, estimator=estimator,
+        model=model, encoder=resolve_encoder(estimator, model, encoder), **kwargs)
+
+ENCODED_DATA_OPTIONS = frozenset({"comm", "group", "root", "root_only", "timeout", "backend_name",
+                                  "init_process_group"})
+"""The ``encoded_data`` options the torchrun backend honours besides the handle's own (ranks: torchrun)."""
+
+WORKER_PROCESSES = True
+
+
+def planned_workers(options: Any) -> int:
+    """The job's ranks: the given group's size, the initialized default group's, else torchrun's WORLD_SIZE."""
+    group = options.extra.get("group", options.comm)
+    if group is not None:
+        return int(_dist().get_world_size(group=group))
+    return torchrun_world_size()

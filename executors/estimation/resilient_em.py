@@ -1,0 +1,176 @@
+"""Resilient EM on mp: retries, a blacklist, and mid-fit checkpoints a killed driver resumes on the same bits.
+
+``ResilientMPEncodedData`` runs its chunks on a ``ResilientMPChunkRunner`` (a dead worker is
+restarted in its place until it has failed ``max_retries`` times, then blacklisted). With
+``checkpoint=PATH`` each E-step is computed a batch of combine groups at a time and folded on the
+driver in the canonical order; after every batch the running fold (rows, log-likelihood, the
+statistics' canonical bytes) is written to PATH as JSON, atomically, together with the
+statistics of every finished pass. Nothing is pickled. :meth:`ResilientMPEncodedData.fit` started
+again with the same data, estimator and start model after the driver was killed rebuilds the
+model of the interrupted pass from the previous pass's statistics (``estimate`` is deterministic),
+reloads the running fold and computes only the groups that were missing: the fit ends on the bits
+of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from mixle_parallel.contracts.estimation import canonical_statistic_bytes, statistic_digest
+from mixle_parallel.executors.estimation.chunks import GroupFold, chunk_estep
+from mixle_parallel.executors.estimation.combine_order import GroupStats, combine_groups, fold_group
+from mixle_parallel.executors.estimation.engines.resilient_mp import ResilientMPChunkRunner
+from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
+from mixle_parallel.executors.estimation.statistic_codec import statistic_from_bytes
+
+__all__ = ["CHECKPOINT_KIND", "ResilientMPEncodedData", "checkpointed_fold"]
+
+CHECKPOINT_KIND = "mixle-parallel/em-checkpoint/v1"
+
+
+def _pack(stats: Any) -> str:
+    return base64.b64encode(canonical_statistic_bytes(stats)).decode("ascii")
+
+
+def _unpack(text: str) -> Any:
+    return statistic_from_bytes(base64.b64decode(text))
+
+
+def checkpointed_fold(estimator: Any, payloads: Sequence[Any],
+                      checkpoint_after: int | None = None) -> tuple[float, Any]:
+    """Fold ``(count, stats)`` / ``(count, log_likelihood, stats)`` payloads in order; with
+    ``checkpoint_after=k`` the running statistic is written to its canonical bytes after payload ``k``,
+    the accumulator dropped and rebuilt from those bytes (``from_value``): the result has the same bits."""
+    acc = estimator.accumulator_factory().make()
+    nobs = 0.0
+    for i, p in enumerate(payloads):
+        count, stats = (p[0], p[-1])
+        nobs += float(count)
+        acc.combine(stats)
+        if checkpoint_after is not None and i == checkpoint_after:
+            raw = canonical_statistic_bytes(acc.value())
+            acc = estimator.accumulator_factory().make()
+            acc.from_value(statistic_from_bytes(raw))
+    return nobs, acc.value()
+
+
+class ResilientMPEncodedData(ChunkedEncodedData):
+    """The mp handle with retries, a blacklist and (``checkpoint=``) resumable mid-fit checkpoints."""
+
+    def __init__(self, data: Sequence[Any], estimator: Any = None, encoder: Any = None,
+                 num_workers: int | None = None, sub_chunks: int = 1, max_retries: int = 2,
+                 worker_timeout_s: float = 30.0, *, num_chunks: int | None = None, checkpoint: str | None = None,
+                 groups_per_batch: int | None = None) -> None:
+        if isinstance(sub_chunks, bool) or not isinstance(sub_chunks, int) or sub_chunks < 1:
+            raise ValueError(f"sub_chunks must be an int >= 1, got {sub_chunks!r}")
+        runner = ResilientMPChunkRunner(num_workers, max_retries=max_retries, timeout=worker_timeout_s)
+        try:
+            super().__init__(runner, data, estimator=estimator, encoder=encoder,
+                             num_chunks=num_chunks if num_chunks is not None else runner.num_workers * sub_chunks)
+        except BaseException:
+            runner.close()
+            raise
+        self.checkpoint_path = None if checkpoint is None else os.fspath(checkpoint)
+        self.groups_per_batch = groups_per_batch
+        self.resumed_from: tuple[int, int] | None = None
+        """(iteration, groups already folded) of the checkpoint this handle resumed, if any."""
+
+    @property
+    def blacklist(self) -> set[int]:
+        """Workers blacklisted after ``max_retries`` failures."""
+        return set(self.runner.blacklist)  # type: ignore[attr-defined]  # a ResilientMPChunkRunner
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _identity(self, estimator: Any) -> dict[str, Any]:
+        return {"rows": self.num_rows, "chunks": self.num_chunks, "estimator": type(estimator).__qualname__}
+
+    def _load(self, estimator: Any) -> dict[str, Any] | None:
+        if self.checkpoint_path is None or not os.path.exists(self.checkpoint_path):
+            return None
+        with open(self.checkpoint_path, encoding="utf-8") as f:
+            doc = json.load(f)
+        if doc.get("kind") != CHECKPOINT_KIND:
+            raise ValueError(f"{self.checkpoint_path} is not an EM checkpoint (kind {doc.get('kind')!r})")
+        if doc["identity"] != self._identity(estimator):
+            raise ValueError(f"checkpoint {self.checkpoint_path} is of another fit ({doc['identity']}, this one "
+                             f"{self._identity(estimator)}); remove it or pass another checkpoint=")
+        return dict(doc)
+
+    def _save(self, doc: dict[str, Any]) -> None:
+        if self.checkpoint_path is None:
+            return
+        tmp = f"{self.checkpoint_path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.checkpoint_path)
+
+    # -- a checkpointed pass --------------------------------------------------------------------
+    def _batches(self) -> list[list[tuple[int, int]]]:
+        groups = list(combine_groups(self.num_chunks))
+        size = self.groups_per_batch or max(1, len(self.runner.live_workers))  # type: ignore[attr-defined]
+        return [groups[i:i + size] for i in range(0, len(groups), size)]
+
+    def _checkpointed_pass(self, estimator: Any, model: Any, doc: dict[str, Any]) -> GroupStats:
+        """The pass of ``doc['iteration']``, batch by batch, resuming its running fold; same bits as fold_pass."""
+        self._ensure_scattered(estimator, model)
+        batches = self._batches()
+        running = doc.get("running")
+        done = int(running["groups"]) if running else 0
+        acc, count, ll = None, 0.0, 0.0
+        if running:
+            acc = estimator.accumulator_factory().make()
+            acc.from_value(_unpack(running["stats"]))
+            count, ll = float.fromhex(running["count"]), float.fromhex(running["log_likelihood"])
+        n_groups = len(combine_groups(self.num_chunks))
+        seen = 0
+        for batch in batches:
+            if seen + len(batch) <= done:
+                seen += len(batch)
+                continue
+            ids = [c for a, b in batch for c in range(a, b)]
+            fold = GroupFold(chunk_estep, self.num_chunks)
+            entries = self._metered.map_chunks(fold, (estimator, model), ids)  # type: ignore[arg-type]  # NamedTuple __call__
+            by_chunk = dict(zip(ids, entries))
+            for a, b in batch:
+                group = [by_chunk[c] for c in range(a, b)]
+                part = group[-1] if isinstance(group[-1], GroupStats) else fold_group(estimator, group)
+                if n_groups == 1:
+                    return GroupStats(float(part[0]), float(part[1]), part[2])
+                if acc is None:
+                    acc = estimator.accumulator_factory().make()
+                count += float(part[0])
+                ll += float(part[1])
+                acc.combine(part[2])
+            seen += len(batch)
+            assert acc is not None
+            doc["running"] = {"groups": seen, "count": count.hex(), "log_likelihood": ll.hex(),
+                              "stats": _pack(acc.value())}
+            self._save(doc)
+        assert acc is not None
+        return GroupStats(count, ll, acc.value())
+
+    def fit(self, estimator: Any, model: Any, max_its: int = 10) -> Any:
+        """``max_its`` E/M passes from ``model``, checkpointed; resumes a checkpoint of the same fit."""
+        doc = self._load(estimator) or {"kind": CHECKPOINT_KIND, "identity": self._identity(estimator),
+                                        "iteration": 0, "passes": []}
+        if doc["passes"] or doc.get("running"):
+            self.resumed_from = (int(doc["iteration"]), int((doc.get("running") or {}).get("groups", 0)))
+        if doc["passes"]:  # the model of the interrupted pass, from the previous pass's statistics
+            last = doc["passes"][-1]
+            model = estimator.estimate(float.fromhex(last["count"]), _unpack(last["stats"]))
+        while int(doc["iteration"]) < max_its:
+            total = self._checkpointed_pass(estimator, model, doc)
+            model = estimator.estimate(total.count, total.stats)
+            doc["passes"].append({"count": total.count.hex(), "log_likelihood": total.log_likelihood.hex(),
+                                  "stats": _pack(total.stats), "digest": statistic_digest(total.stats)})
+            doc["iteration"] = int(doc["iteration"]) + 1
+            doc["running"] = None
+            self._save(doc)
+            self.iteration = int(doc["iteration"])
+        return model
