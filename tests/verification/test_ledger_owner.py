@@ -119,3 +119,23 @@ def test_quarantine_note_follows_its_audit_records(rows: np.ndarray, start: Any,
     assert before[-1].payload["record"]["data"]["replay"] == "witness"  # peer + witness records, then the note
     assert entries[note].payload["extra"] == {"worker": 0, "chunk": 0, "iteration": 0}
     assert verify_ledger(ledger.path).ok
+
+
+def test_fatal_health_anomaly_run_end_is_written_by_the_session(tmp_path: pathlib.Path) -> None:
+    from mixle_parallel.contracts import ParallelPlan
+    from mixle_parallel.executors import get_training_backend
+    from mixle_parallel.executors.torch.health import HealthOptions
+    from mixle_parallel.verification.health import Anomaly
+    from tests.torch._models import make_model
+
+    ledger = Ledger(tmp_path / "health.jsonl")
+    session = get_training_backend("torch_native").prepare(
+        make_model(), plan=ParallelPlan(), optimizer="SGD", lr=0.1, audit=False, ledger=ledger,
+        admission="unverified", health=HealthOptions(on_failure="raise"))
+    health = session._health
+    assert health is not None and _has_no_ledger(health) and health.on_fatal is not None
+    health._failed(Anomaly(step=2, kind="dead_rank", value=1.0, baseline=None, z_score=None, detected_at_step=2,
+                           rank=1, detail="test"))
+    entries = read_ledger(ledger.path).entries
+    assert [e.kind for e in entries] == ["run_start", "run_end"]
+    assert entries[-1].payload["status"] == "failed" and entries[-1].payload["extra"]["health"]["rank"] == 1
