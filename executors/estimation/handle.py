@@ -34,7 +34,7 @@ from mixle_parallel.executors.estimation.em_observability import FitReport, Rank
 from mixle_parallel.executors.estimation.metering import MeteredRunner
 from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from mixle_parallel.executors.estimation.placing import check_placement
-from mixle_parallel.executors.estimation.sdc_audit import DEFAULT_AUDIT_RATE, EMAudit, em_receipt
+from mixle_parallel.executors.estimation.sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt
 from mixle_parallel.verification.ledger.chain import Ledger
 
 __all__ = ["STRAGGLER_MIN_EXCESS_S", "ChunkedEncodedData", "handle_from_runner"]
@@ -135,7 +135,10 @@ class ChunkedEncodedData:
     def _map(self, fn: Callable[[Any, Any], Any], payload: Any, estimator: Any = None, model: Any = None) -> list[Any]:
         self._ensure_scattered(estimator, model)
         if self._audit is not None and self._audit.excluded:  # keep quarantined / lost workers idle
-            results = self._audit.placed_map(fn, payload, self.num_chunks)
+            try:
+                results = self._audit.placed_map(fn, payload, self.num_chunks)
+            finally:
+                self._log_audit_events(self._audit.take_events())
         else:
             results = self._metered.map_chunks(fn, payload)
         if len(results) != self.num_chunks:
@@ -184,9 +187,12 @@ class ChunkedEncodedData:
         try:
             if self._audit is not None:
                 self._ensure_scattered(estimator, model)
-                entries, outcomes = self._audit.estep_results(
-                    self, estimator, model, iteration, first_of_fit=self._fit_first
-                )
+                try:
+                    entries, outcomes = self._audit.estep_results(
+                        self, estimator, model, iteration, first_of_fit=self._fit_first
+                    )
+                finally:  # what the audit found reaches the ledger even when it raises
+                    self._log_audit_events(self._audit.take_events())
             else:
                 entries, outcomes = self.estep_entries(estimator, model), ()
         finally:
@@ -207,6 +213,16 @@ class ChunkedEncodedData:
         if self.ledger is not None:
             self.ledger.receipt(self.last_receipt)
         return out
+
+    def _log_audit_events(self, events: Sequence[Any]) -> None:
+        """Write the audit's findings (records and notes, in order) to this handle's ledger: its one writer."""
+        if self.ledger is None:
+            return
+        for event in events:
+            if isinstance(event, AuditNote):
+                self.ledger.note(event.message, **event.fields)
+            else:
+                self.ledger.audit(event)
 
     def _bytes_moved(self) -> int | None:
         """The runner's count of bytes through its workers' connections so far (None: it does not count)."""
@@ -297,7 +313,6 @@ class ChunkedEncodedData:
                 rate=rate,
                 policy=audit_policy,
                 seed=audit_seed,
-                ledger=ledger,
                 fault_injector=fault_injector,
             )
         elif audit_rate is not None and audit is False:

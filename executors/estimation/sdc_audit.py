@@ -21,6 +21,10 @@ Runners without placement (mpi, spark) recompute an audited chunk on the same ru
 "chunk:<c>", rank=<worker>, step=<iteration>, index, bit)``) strikes inside the worker that
 computes chunk ``c`` at that iteration; ``index`` counts the flat numeric elements of the chunk's
 statistic in order.
+
+The audit writes no ledger: ``take_events`` hands its findings (``SDCAuditRecord`` values and
+``AuditNote`` values for lost / quarantined workers, in the order found) to the handle, which owns
+the run's ledger and writes them.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
-from mixle_parallel.contracts import StepReceipt
+from mixle_parallel.contracts import SDCAuditRecord, StepReceipt
 from mixle_parallel.contracts.estimation import statistic_digest
 from mixle_parallel.executors.estimation.chunks import (
     ChunkResult,
@@ -50,7 +55,7 @@ from mixle_parallel.verification.sdc.em import ChunkAudit, EMAuditor
 from mixle_parallel.verification.sdc.inject import flip_bit
 from mixle_parallel.verification.sdc.schedule import DEFAULT_AUDIT_RATE, audit_uniform
 
-__all__ = ["DEFAULT_AUDIT_RATE", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic"]
+__all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic"]
 
 
 # ---- fault injection inside a worker -------------------------------------------------------------
@@ -123,13 +128,25 @@ def _ring_next(healthy: Sequence[int], primary: int) -> int | None:
     return others[0] if others else None
 
 
+@attrs.frozen
+class AuditNote:
+    """A ledger note the audit found (a lost or quarantined worker); the handle writes it."""
+
+    message: str
+    fields: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+AuditEvent = SDCAuditRecord | AuditNote
+"""What ``EMAudit.take_events`` returns, in the order found."""
+
+
 class EMAudit:
     """The SDC audit state of one handle: the seeded auditor, quarantined and lost workers, injector."""
 
     def __init__(self, runner: Any, *, rate: float = DEFAULT_AUDIT_RATE, policy: str = "quarantine",
-                 seed: int = 0, ledger: Any = None, fault_injector: Any = None) -> None:
+                 seed: int = 0, fault_injector: Any = None) -> None:
         self.runner = runner
-        self.auditor = EMAuditor(rate=rate, seed=seed, policy=policy, ledger=ledger, digest=statistic_digest)
+        self.auditor = EMAuditor(rate=rate, seed=seed, policy=policy, digest=statistic_digest)
         self.injector = fault_injector
         self.placement = supports_worker_placement(runner)
         if fault_injector is not None and not self.placement:
@@ -138,7 +155,24 @@ class EMAudit:
                 f"{runner.name!r} runner declares supports_worker_placement=False (use mp, local, dask or ray)"
             )
         self.lost: set[int] = set()
-        self.ledger = ledger
+        self._events: list[AuditEvent] = []
+        self._taken = 0  # auditor records already moved to _events
+
+    # -- findings for the ledger's owner -------------------------------------------------------------
+    def _sync(self) -> None:
+        fresh = self.auditor.records[self._taken:]
+        self._taken += len(fresh)
+        self._events.extend(fresh)
+
+    def _note(self, message: str, **fields: Any) -> None:
+        self._sync()
+        self._events.append(AuditNote(message, fields))
+
+    def take_events(self) -> tuple[AuditEvent, ...]:
+        """The records and notes found since the last call, in order (the handle writes them to its ledger)."""
+        self._sync()
+        events, self._events = tuple(self._events), []
+        return events
 
     # -- state ----------------------------------------------------------------------------------
     @property
@@ -229,9 +263,8 @@ class EMAudit:
 
     def _note_lost(self, exc: WorkerUnavailableError) -> None:
         self.lost.update(exc.workers)
-        if self.ledger is not None:
-            self.ledger.note(f"worker(s) {list(exc.workers)} lost during an audited pass; their chunks move to "
-                             "the healthy workers", workers=list(exc.workers))
+        self._note(f"worker(s) {list(exc.workers)} lost during an audited pass; their chunks move to "
+                   "the healthy workers", workers=list(exc.workers))
 
     def _healthy_or_raise(self) -> list[int]:
         healthy = self.healthy()
@@ -318,10 +351,9 @@ class EMAudit:
                 decided[c] = outcome.statistic
             if outcome.quarantined is not None:
                 decided.setdefault(c, outcome.statistic)
-                if self.ledger is not None:
-                    self.ledger.note(f"worker {outcome.quarantined} quarantined after a witnessed mismatch on "
-                                     f"chunk {c} at iteration {iteration}; its chunks are recomputed on the others",
-                                     worker=outcome.quarantined, chunk=c, iteration=iteration)
+                self._note(f"worker {outcome.quarantined} quarantined after a witnessed mismatch on "
+                           f"chunk {c} at iteration {iteration}; its chunks are recomputed on the others",
+                           worker=outcome.quarantined, chunk=c, iteration=iteration)
             outcomes.append(outcome)
         # Chunks of a quarantined worker, and every group holding one of them or a chunk whose audited
         # statistic is not its primary's, are recomputed per chunk on healthy workers (a group folded

@@ -257,7 +257,7 @@ class TorchDistributedBackend:
                            gradient_access=spec.audit is not None or fault_injector is not None)
         opt, receipt = build_optimizer(optimizer, [p for p in module.parameters() if p.requires_grad], lr)
         monitor = None if health_options is None else SessionHealth(
-            health_options, module=unwrap(module), device=spec.device, ledger=ledger,
+            health_options, module=unwrap(module), device=spec.device,
             rank=dist.get_rank() if dist.is_initialized() else 0, world_size=plan.world_size)
         session = TorchDistributedSession(
             module, plan=plan, capabilities=CAPABILITIES, mesh=mesh, device=spec.device, optimizer=opt,
@@ -267,7 +267,7 @@ class TorchDistributedBackend:
             dp_mode=spec.mode,
             cp_mesh=axis_mesh(mesh, A.CP) if plan.cp > 1 else None, nonfinite=nonfinite,
             admission=decision, owns_process_group=owns_pg, tap=tap, ledger=ledger,
-            audit=None if spec.audit is None else {**spec.audit, "injector": fault_injector, "ledger": ledger},
+            audit=None if spec.audit is None else {**spec.audit, "injector": fault_injector},
             health=monitor,
         )
         _ledger_run_start(ledger, self.name, plan, precision, decision, spec.audit)

@@ -104,7 +104,7 @@ class SessionHealth:
     """One rank's health bookkeeping for a session (see the module docstring)."""
 
     def __init__(self, options: HealthOptions, *, module: nn.Module | None, device: torch.device, rank: int,
-                 world_size: int, ledger: Any = None) -> None:
+                 world_size: int) -> None:
         self.options, self.rank, self.world = options, rank, world_size
         o = options
         self.monitor = TrainingHealthMonitor(
@@ -115,7 +115,8 @@ class SessionHealth:
         # no module (megatron's pipeline stages hold a part of it): MFU only from a given flop_config
         self._flops = None if o.flop_config is not None or module is None else dense_flops_per_token(module)
         self._peak = o.peak_flops_per_sec or measured_peak_flops(device)
-        self.ledger = ledger
+        self.on_fatal: Callable[[Anomaly], None] | None = None
+        """Called with a fatal anomaly before the rank exits; the session that owns the ledger sets it."""
         self._busy = 0.0
         self._window_start: float | None = None
         self._last_end: float | None = None
@@ -208,10 +209,9 @@ class SessionHealth:
         if self.options.incident_dir:
             path = Path(self.options.incident_dir, f"incident-rank{self.rank}.json")
             path.write_text(json.dumps({"rank": self.rank, "anomaly": anomaly.as_dict()}))
-        if self.ledger is not None:
+        if self.on_fatal is not None:
             try:
-                self.ledger.run_end(status="failed", steps=anomaly.detected_at_step,
-                                    extra={"health": anomaly.as_dict()})
+                self.on_fatal(anomaly)
             except Exception:  # noqa: BLE001 - the ledger must not keep a failing rank alive
                 log.exception("could not write the ledger's run_end")
         if self.options.on_failure == "exit":

@@ -59,7 +59,7 @@ class SessionAudit:
     """Schedules, records, replays and judges audited steps of one ``TorchDistributedSession``."""
 
     def __init__(self, session: Any, tap: CommTap, *, rate: float, policy: str, seed: int, bound: float = 0.0,
-                 replay: str = "peer", injector: Any = None, ledger: Any = None, enabled: bool = True) -> None:
+                 replay: str = "peer", injector: Any = None, enabled: bool = True) -> None:
         if policy not in AUDIT_POLICIES:
             raise ValueError(f"audit_policy={policy!r}; allowed: {list(AUDIT_POLICIES)}")
         if replay not in AUDIT_REPLAYS:
@@ -68,7 +68,7 @@ class SessionAudit:
         self.session, self.tap = session, tap
         self.schedule = AuditSchedule(rate=rate, seed=seed)
         self.policy, self.bound, self.enabled = policy, float(bound), enabled
-        self.injector, self.ledger = injector, ledger
+        self.injector = injector  # no ledger: check() returns the records and the session writes them
         self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.world = session.plan.world_size
         # the whole data-parallel group: the ranks sharing this rank's pp, cp and tp coordinates
@@ -300,9 +300,6 @@ class SessionAudit:
 
     def _conclude(self, records: list[SDCAuditRecord]) -> tuple[list[SDCAuditRecord], bool]:
         self.records.extend(records)
-        if self.ledger is not None:
-            for record in records:
-                self.ledger.audit(record)
         bad = [r for r in records if not r.matched]
         for r in bad:
             _log.warning("SDC audit mismatch: %s at step %d on rank %s (%s replay by rank %s), policy %s",

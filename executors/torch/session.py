@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -18,6 +18,7 @@ from mixle_parallel.contracts import (
     ParallelAxis,
     ParallelPlan,
     ParameterLayout,
+    SDCAuditRecord,
     StepReceipt,
     TorchSessionState,
     from_dict,
@@ -30,6 +31,7 @@ from mixle_parallel.executors.torch.dp_mode import DataParallelMode
 from mixle_parallel.executors.torch.grads import local_grads, scale_grads, weighted_square_sum
 from mixle_parallel.executors.torch.health import SessionHealth
 from mixle_parallel.executors.torch.sdc_audit import SessionAudit, trainable
+from mixle_parallel.verification.sdc.schedule import SDCDetectedError
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -101,6 +103,8 @@ class TorchDistributedSession:
         self._closed = False
         self._reset_window()
         self._health = health
+        if health is not None:
+            health.on_fatal = self._log_fatal  # the health monitor reports; this session writes the ledger
         self._forward_s = 0.0
         self._audit = None
         if audit:
@@ -367,9 +371,14 @@ class TorchDistributedSession:
             audited = self._audit.is_audited(self._step)
             try:
                 records, skip = self._audit.check(self._step)
-            except Exception:
-                self._clear_gradients()  # raise policy (or a failed replay): nothing committed, clocks unchanged
+            except SDCDetectedError as exc:
+                self._log_audit_records(exc.records)  # raise policy: the records still reach the ledger
+                self._clear_gradients()  # nothing committed, clocks unchanged
                 raise
+            except Exception:
+                self._clear_gradients()  # a failed replay: nothing committed, clocks unchanged
+                raise
+            self._log_audit_records(records)
             audit_extra = {"audited": audited}
             if records:
                 audit_extra["sdc_audit"] = [to_dict(r)["data"] for r in records]
@@ -491,6 +500,18 @@ class TorchDistributedSession:
         if self.ledger is not None:
             self.ledger.receipt(receipt, rank=dist.get_rank() if dist.is_initialized() else 0)
         return receipt
+
+    # ---- ledger (this session is its one writer; the audit and health monitor only report) ------
+    def _log_audit_records(self, records: Sequence[SDCAuditRecord]) -> None:
+        """Write an audited step's records to the ledger, in the order the audit found them."""
+        if self.ledger is not None:
+            for record in records:
+                self.ledger.audit(record)
+
+    def _log_fatal(self, anomaly: Any) -> None:
+        """Write run_end(status="failed") for a fatal health anomaly (the heartbeat calls it before exit)."""
+        if self.ledger is not None:
+            self.ledger.run_end(status="failed", steps=anomaly.detected_at_step, extra={"health": anomaly.as_dict()})
 
     # ---- helpers --------------------------------------------------------------------------
     def _split(self, inputs: Any, targets: Any) -> list[tuple[Any, Any]]:

@@ -47,16 +47,17 @@ class EMAuditor:
     """Chooses audited chunks (seeded), runs peer/witness replays, and tracks quarantined workers."""
 
     def __init__(self, *, rate: float = DEFAULT_AUDIT_RATE, seed: int = 0, policy: str = "quarantine",
-                 ledger: Any = None, digest: Callable[[Any], str] = digest) -> None:
+                 digest: Callable[[Any], str] = digest) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"EM audit rate={rate} must be within [0, 1]")
         if policy not in EM_POLICIES:
             raise ValueError(f"EM audit policy {policy!r}; allowed: {list(EM_POLICIES)}")
-        self.rate, self.seed, self.policy, self.ledger = rate, seed, policy, ledger
+        self.rate, self.seed, self.policy = rate, seed, policy
         self.digest = digest
         """The checksum compared (default ``sdc.digest.digest``; EM handles pass ``statistic_digest``)."""
         self.quarantined: set[int] = set()
         self.records: list[SDCAuditRecord] = []
+        """Every record, in the order found; the owner of the run's ledger writes them (audits write no ledger)."""
 
     def audited_chunks(self, iteration: int, num_chunks: int) -> tuple[int, ...]:
         """Chunks audited in ``iteration``: a seeded ``rate`` fraction, and one chunk of iteration 0 always."""
@@ -151,9 +152,6 @@ class EMAuditor:
 
     def _finish(self, outcome: ChunkAudit, *, enforce: bool = True) -> ChunkAudit:
         self.records.extend(outcome.records)
-        if self.ledger is not None:
-            for record in outcome.records:
-                self.ledger.audit(record)
         bad = [r for r in outcome.records if not r.matched]
         if bad:
             _log.warning(

@@ -66,7 +66,6 @@ class TrainingAuditor:
         *,
         policy: str = "warn",
         bound: float = 0.0,
-        ledger: Any = None,
     ) -> None:
         if policy not in AUDIT_POLICIES:
             raise ValueError(f"audit policy {policy!r}; allowed: {list(AUDIT_POLICIES)}")
@@ -75,8 +74,8 @@ class TrainingAuditor:
         self.schedule = schedule or AuditSchedule()
         self.policy = policy
         self.bound = float(bound)
-        self.ledger = ledger
         self.records: list[SDCAuditRecord] = []
+        """Every fresh record, in the order found; the run's ledger owner writes them (audits write no ledger)."""
 
     def should_audit(self, step: int) -> bool:
         """True when ``step`` is scheduled for audit."""
@@ -183,9 +182,6 @@ class TrainingAuditor:
                   already_recorded: tuple[SDCAuditRecord, ...] = ()) -> AuditVerdict:
         fresh = [r for r in records if r not in already_recorded]
         self.records.extend(fresh)
-        if self.ledger is not None:
-            for record in fresh:
-                self.ledger.audit(record)
         verdict = AuditVerdict(records, skip=self.policy == "skip_step" and any(not r.matched for r in records))
         if verdict.mismatched:
             for record in verdict.mismatched:
