@@ -16,35 +16,16 @@ from typing import Any
 
 import torch
 
-from mixle_parallel.contracts import BackendCapabilities, DistributedUpdate, ParallelPlan, PayloadKind
+from mixle_parallel.contracts import ParallelPlan, PayloadKind
 from mixle_parallel.executors.megatron.backend import MegatronBackend
+from mixle_parallel.executors.torch.verifiable import BackendVerifiable
 
 
-class VerifiableMegatron:
+class VerifiableMegatron(BackendVerifiable):
     """megatron as the harness sees it: same identity and declarations, trials via ``prepare()``."""
 
-    verification_launch = "gloo"
-
     def __init__(self, backend: MegatronBackend | None = None) -> None:
-        self._backend = backend or MegatronBackend()
-
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        """megatron's capabilities (certificates bind them)."""
-        return self._backend.capabilities
-
-    @property
-    def version(self) -> str:
-        """megatron's version (certificates bind it)."""
-        return self._backend.version
-
-    def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
-        """megatron's declared updates for ``plan``."""
-        return self._backend.describe_updates(plan)
-
-    def prepare(self, module: Any, *, plan: ParallelPlan, **kwargs: Any) -> Any:
-        """The backend's own ``prepare()`` (the conformance suite checks what it refuses)."""
-        return self._backend.prepare(module, plan=plan, **kwargs)
+        super().__init__(backend or MegatronBackend())
 
     def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
                    world_size: int) -> MegatronTrial:

@@ -18,31 +18,40 @@ from mixle_parallel.contracts import DistributedUpdate, ParallelPlan, PayloadKin
 from mixle_parallel.executors.torch.backend import TorchDistributedBackend
 
 
-class VerifiableTorchNative:
-    """torch_native as the harness sees it: same identity and declarations, trials via ``prepare()``."""
+class BackendVerifiable:
+    """A training backend as the harness sees it: the backend's identity, capabilities, declared updates
+    and ``prepare()``, delegated unchanged, so a certificate from its evidence admits the backend itself.
+    Subclasses add ``open_trial``."""
 
     verification_launch = "gloo"
 
-    def __init__(self, backend: TorchDistributedBackend | None = None) -> None:
-        self._backend = backend or TorchDistributedBackend()
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
 
     @property
     def capabilities(self) -> Any:
-        """torch_native's capabilities (certificates bind them)."""
+        """The backend's capabilities (certificates bind them)."""
         return self._backend.capabilities
 
     @property
     def version(self) -> str:
-        """torch_native's version (certificates bind it)."""
-        return self._backend.version
+        """The backend's version (certificates bind it)."""
+        return str(self._backend.version)
 
     def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
-        """torch_native's declared updates for ``plan``."""
-        return self._backend.describe_updates(plan)
+        """The backend's declared updates for ``plan``."""
+        return tuple(self._backend.describe_updates(plan))
 
     def prepare(self, module: Any, *, plan: ParallelPlan, **kwargs: Any) -> Any:
         """The backend's own ``prepare()`` (the conformance suite checks what it refuses)."""
         return self._backend.prepare(module, plan=plan, **kwargs)
+
+
+class VerifiableTorchNative(BackendVerifiable):
+    """torch_native as the harness sees it: same identity and declarations, trials via ``prepare()``."""
+
+    def __init__(self, backend: TorchDistributedBackend | None = None) -> None:
+        super().__init__(backend or TorchDistributedBackend())
 
     def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
                    world_size: int) -> TorchNativeTrial:
