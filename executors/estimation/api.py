@@ -186,6 +186,9 @@ def _minibatch_chunking(opts: EncodedDataOptions, num_rows: int | None) -> Encod
     rows, ``shuffle`` None True, ``seed`` None 0) and, with no chunking given, ``chunk_size=batch_size``."""
     if opts.batch_size is None and opts.shuffle is None and opts.seed is None:
         return opts
+    if num_rows is None and opts.batch_size is None:
+        raise ValueError("batch_size= is needed when this process does not hold the rows (root_only=True): every "
+                         "rank must cut the same mini-batches, so give the rows per batch")
     spec = minibatch_spec(num_rows or 0, opts.batch_size, opts.shuffle, opts.seed)
     chunk_size = spec.batch_size if opts.num_chunks is None and opts.chunk_size is None else opts.chunk_size
     return dataclasses.replace(opts, batch_size=spec.batch_size, shuffle=spec.shuffle, seed=spec.seed,
