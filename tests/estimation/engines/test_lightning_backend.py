@@ -123,8 +123,9 @@ def test_lightning_refuses_what_it_does_not_honour_and_bad_loader_workers():
         encoded_data(X, estimator=EST, backend="lightning", num_workers=-1)
     with pytest.raises(ValueError, match="option timeout= is not honoured by backend 'lightning'"):
         encoded_data(X, estimator=EST, backend="lightning", timeout=3.0)
-    with pytest.raises(ValueError, match="option batch_size= is not honoured by backend 'model_parallel'; "
-                                         "backends honouring it: dask, lightning, local, mp, mpi, ray, spark, torchrun"):
+    every = "dask, lightning, local, mp, mpi, ray, spark, torchrun"
+    with pytest.raises(ValueError, match=f"option batch_size= is not honoured by backend 'model_parallel'; "
+                                         f"backends honouring it: {every}"):
         encoded_data(X, estimator=EST, backend="model_parallel", batch_size=100)
     with encoded_data(X, estimator=EST, backend="lightning", batch_size=600) as h:
         with pytest.raises(ValueError, match="epoch must be an int >= 0 or None, got -2"):
