@@ -134,3 +134,12 @@ def test_lightning_refuses_what_it_does_not_honour_and_bad_loader_workers():
             h.stochastic_em(EST, epochs=0)
         with pytest.raises(ValueError, match=r"schedule\(2\) returned 1.5; a step size must be finite and in \(0, 1\]"):
             h.stochastic_em(EST, epochs=1, schedule=lambda t: 1.5)
+
+
+def test_mixle_objects_fit_by_stochastic_em_and_come_back_as_mixle_distributions():
+    stats = pytest.importorskip("mixle.stats")
+    x = np.random.default_rng(0).normal(2.0, 3.0, size=5_000)
+    with LightningEncodedData(x, stats.GaussianEstimator(), batch_size=500, seed=4) as h:
+        model = h.stochastic_em(stats.GaussianEstimator(), epochs=2)
+    assert isinstance(model, stats.GaussianDistribution) and h.last_stochastic_fit.steps == 20
+    assert abs(model.mu - 2.0) < 0.2 and abs(model.sigma2 - 9.0) < 1.0
