@@ -46,7 +46,8 @@ def weighted_mean_grads(results: list[StepResult]) -> list[torch.Tensor]:
     """The example-weighted mean of the ranks' gradients, summed in rank order (the global-mean gradient)."""
     ordered = sorted(results, key=lambda r: r.rank)
     total = sum(r.examples for r in ordered)
-    return [sum(r.grads[i] * (r.examples / total) for r in ordered) for i in range(len(ordered[0].grads))]
+    return [torch.stack([r.grads[i] * (r.examples / total) for r in ordered]).sum(0)
+            for i in range(len(ordered[0].grads))]
 
 
 def _check_kill_set(kill_ranks: Iterable[Any], world_size: int, dead: set[int]) -> set[int]:
@@ -104,9 +105,11 @@ class ElasticTrainingJob:
         self._owner_thread_id = threading.get_ident()
 
     def _spawn_rank(self, rank_id: int) -> None:
-        self.ranks[rank_id] = SimulatedRank(
-            rank_id, self.model_factory, lambda r=rank_id: self.batch_fn_for_rank(r, self.loader_states[r]),
-            loss_fn=self.loss_fn, hold_timeout_s=max(60.0, 2 * self.step_timeout_s))
+        def batch() -> tuple[Any, Any]:
+            return self.batch_fn_for_rank(rank_id, self.loader_states[rank_id])
+
+        self.ranks[rank_id] = SimulatedRank(rank_id, self.model_factory, batch, loss_fn=self.loss_fn,
+                                            hold_timeout_s=max(60.0, 2 * self.step_timeout_s))
 
     def _check_single_driver(self, method: str) -> None:
         if threading.get_ident() != self._owner_thread_id:
