@@ -214,17 +214,18 @@ class ElasticTrainingJob:
 
     # ---- checkpoints and respawns --------------------------------------------------------------
     def checkpoint(self, path: str | None = None) -> AsyncCheckpointHandle:
-        """Snapshot the canonical model, optimizer, the committed step and every rank's loader position in the
-        background (a verified generation under ``path``, default ``checkpoint_dir``)."""
+        """Snapshot the canonical model, optimizer, every rank's loader position and the step clock (updates
+        committed; ``extra["last_step"]`` the last step's label) in the background, as a verified generation
+        under ``path`` (default ``checkpoint_dir``)."""
         self._check_single_driver("checkpoint")
         target = path or self.checkpoint_dir
         if self.last_checkpoint_handle is not None and not self.last_checkpoint_handle.done:
             self.last_checkpoint_handle.wait()  # one write in flight at a time
         start = time.perf_counter()
         extra = {"loader_states": {str(r): s.to_dict() for r, s in sorted(self.loader_states.items())},
-                 "step": self.last_step, "world_size": self.world_size}
+                 "last_step": self.last_step, "world_size": self.world_size}
         handle = save_checkpoint(target, model=self.canonical_model, optimizer=self.canonical_optimizer,
-                                 session_state={"step": self.last_step or 0},
+                                 session_state={"step": len(self.history)},  # updates committed, as a session's
                                  loader_state=_loader_doc(self.loader_states[0]), extra={"user": extra},
                                  asynchronous=True)
         self.last_checkpoint_handle = AsyncCheckpointHandle(handle, target, time.perf_counter() - start)

@@ -14,7 +14,15 @@ import pytest
 import torch
 
 import mixle_parallel
-from mixle_parallel.fault_tolerant_training import ElasticTrainingJob, LoaderState, SimulatedRank, StepResult
+from mixle_parallel.dcp_checkpoint import load_training_metadata
+from mixle_parallel.fault_tolerant_training import (
+    ElasticTrainingJob,
+    LoaderState,
+    SimulatedRank,
+    StepResult,
+    load_checkpoint,
+    load_checkpoint_extra,
+)
 
 FEATURES, CLASSES, ROWS = 3, 4, 2
 
@@ -115,6 +123,24 @@ def test_killed_rank_is_dropped_and_respawned_without_repeats(tmp_path: pathlib.
     expected = [[(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1), (2, 1)], [(0, 2), (2, 2)], [(0, 3), (2, 3)],
                 [(0, 4), (1, 2), (2, 4)]]
     assert_same_params(job.canonical_model, reference(expected))
+
+
+def test_checkpoint_holds_weights_positions_and_clock(tmp_path: pathlib.Path) -> None:
+    job = ElasticTrainingJob(make_model, 2, batch_fn, str(tmp_path / "ck"), lr=0.1, step_timeout_s=30)
+    try:
+        job.run_step(10)
+        job.run_step(11, kill_ranks={1})
+        job.checkpoint().wait(120)
+    finally:
+        job.close()
+    path = str(tmp_path / "ck")
+    extra = load_checkpoint_extra(path)
+    assert extra["last_step"] == 11 and extra["world_size"] == 2
+    assert {r: LoaderState.from_dict(d).batch_idx for r, d in extra["loader_states"].items()} == {"0": 2, "1": 1}
+    assert load_training_metadata(path)["step"] == 2  # updates committed
+    model = torch.nn.Linear(FEATURES, CLASSES)
+    assert load_checkpoint(model, torch.optim.SGD(model.parameters(), lr=0.1), path) == job.loader_states[0]
+    assert_same_params(model, job.canonical_model)
 
 
 def test_failing_and_hung_ranks_are_dropped_within_the_step_timeout(tmp_path: pathlib.Path) -> None:
