@@ -262,25 +262,31 @@ class StreamingTokenEncodedData:
         return _result_for(estimator, module, device, lr)
 
     def pysp_seq_log_density_sum(self, estimate: Any) -> tuple[float, float]:
-        """``(windows, summed next-token log probability)`` of ``estimate.module`` over every rank's shard.
+        """``(windows, summed next-token log probability)`` of ``estimate.module`` over the corpus.
 
-        Collective: each rank scores its own windows in corpus order and one float64 all-reduce sums them.
+        Collective: each rank scores its own windows in corpus order, every rank runs the same number of
+        (padded) forwards, so an FSDP2 module's all-gathers line up, and one float64 all-reduce sums the
+        shards (with ``shard_by_rank=False`` every rank already holds the whole corpus: no sum).
         """
         module = getattr(estimate, "module", None)
         if not isinstance(module, nn.Module):
             raise TypeError(f"the estimate must carry a torch.nn.Module as .module, got {type(estimate).__name__}")
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
+        size = max(self.batch_size, 256)
+        steps = max(-(-count // size) for count in self.schedule.window_counts)
+        source = window_batches(self._ids, block=self.block, batch_size=size, shuffle=False, seed=0)
         total = torch.zeros(2, dtype=torch.float64)
         was_training = module.training
         module.eval()
         with torch.no_grad():
-            for x, y in window_batches(self._ids, block=self.block, batch_size=max(self.batch_size, 256),
-                                       shuffle=False, seed=0):
-                logp = torch.log_softmax(module(torch.from_numpy(x).to(device)).double(), dim=-1)
-                total[0] += len(y)
-                total[1] += logp.gather(1, torch.from_numpy(y).to(device)[:, None]).sum().cpu()
+            for _ in range(steps):
+                x, y = padded_batch(next(source, None), block=self.block, batch_size=size, device=device)
+                real = y != IGNORE_INDEX
+                logp = torch.log_softmax(module(x).double(), dim=-1)
+                total[0] += int(real.sum())
+                total[1] += logp[real].gather(1, y[real][:, None]).sum().cpu()
         module.train(was_training)
-        if dist.is_initialized() and self.world > 1:
+        if dist.is_initialized() and self.world > 1 and self.shard_by_rank:
             dist.all_reduce(total)
         return float(total[0]), float(total[1])
 

@@ -71,7 +71,7 @@ def streaming_world(rank: int, world_size: int, port: int) -> dict[str, Any]:
     dist.destroy_process_group()
     os.environ["MASTER_PORT"] = str(port)
     handle = StreamingTokenEncodedData(TOKENS, block=BLOCK, batch_size=BATCH, epochs=EPOCHS,
-                                       admission="unverified", session_options={"audit": False})
+                                       admission="unverified", session_options={"audit": False, "health": False})
     owned = handle.owns_process_group
     fitted = seq_estimate(handle, StreamingTransformerLeafEstimator(fresh_model(), lr=LR), None)
     log_density = handle.pysp_seq_log_density_sum(fitted)
@@ -82,9 +82,30 @@ def streaming_world(rank: int, world_size: int, port: int) -> dict[str, Any]:
         "receipts": [(r.step, r.loss, r.skipped, r.local_tokens, r.global_tokens_observed, r.collective_bytes,
                       dict(r.extra["collectives"]), r.data_parallel_size) for r in handle.receipts],
     }
+    out["fsdp"] = _fsdp_run()  # a second handle in the same group (not its own): FSDP2 on gloo
     handle.close()
     out["closed"] = not dist.is_initialized()
     # the spawner destroys the default group when this returns: give it a fresh one
     dist.init_process_group("gloo", init_method=f"file://{os.environ['MIXLE_PARALLEL_MESH_STORE_DIR']}/after",
                             rank=rank, world_size=world_size)
+    return out
+
+
+def _full(value: Any) -> torch.Tensor:
+    return (value.full_tensor() if hasattr(value, "full_tensor") else value).detach().clone()
+
+
+def _fsdp_run() -> dict[str, Any]:
+    from mixle.models.streaming_transformer_leaf import StreamingTransformerLeafEstimator
+
+    from mixle_parallel.torch_neural import StreamingTokenEncodedData
+
+    handle = StreamingTokenEncodedData(TOKENS, block=BLOCK, batch_size=BATCH, epochs=EPOCHS, parallel="fsdp",
+                                       admission="unverified", session_options={"audit": False, "health": False})
+    fitted = handle.pysp_seq_estimate(StreamingTransformerLeafEstimator(fresh_model(), lr=LR), None)
+    out = {"owned": handle.owns_process_group, "plan": handle.plan().describe(),
+           "log_density": handle.pysp_seq_log_density_sum(fitted),  # FSDP2 forwards: equal counts on every rank
+           "params": {k: _full(v) for k, v in fitted.module.state_dict().items()},
+           "collectives": [dict(r.extra["collectives"]) for r in handle.receipts]}
+    handle.close()
     return out

@@ -68,3 +68,16 @@ def test_log_density_is_summed_over_both_shards(world2: list[dict]) -> None:
     count, total = world2[0]["log_density"]
     assert world2[1]["log_density"] == (count, total)
     assert count == 17 and math.isfinite(total) and total < 0
+
+
+def test_fsdp2_in_an_existing_group_matches_the_same_reference(world2: list[dict]) -> None:
+    ref = sc.reference(sc.TOKENS, 2)
+    for rank in world2:
+        fsdp = rank["fsdp"]
+        assert not fsdp["owned"] and fsdp["plan"] == "dp_shard=2 (world 2)"
+        for name, want in ref["params"].items():
+            torch.testing.assert_close(fsdp["params"][name], want, **PARAM_TOL)
+        assert fsdp["log_density"][0] == 17
+        assert fsdp["log_density"][1] == pytest.approx(world2[0]["log_density"][1], rel=1e-5)
+        for counts in fsdp["collectives"]:  # gradients reduce-scattered, parameters all-gathered
+            assert counts.get("reduce_scatter", 0) >= 1 and counts.get("all_gather", 0) >= 1
