@@ -88,7 +88,10 @@ def _tree(node: Any, path: str, seen: set[int]) -> int:
             return _plain(node, path)
         raise UnknownMemoryFootprintError(
             f"{path} ({type(node).__module__}.{type(node).__qualname__}) declares no size; {_FIX}")
-    dc = decomposition_of(node)
+    try:
+        dc = decomposition_of(node)
+    except TypeError as exc:  # e.g. a mixle model's own decomposition(), which declares no parameters
+        raise UnknownMemoryFootprintError(f"{path}: {exc}; its sizes are not declared to us; {_FIX}") from exc
     total = _plain(dc.params, f"{path}.params")
     children = [(dc.role(i), u) for i, u in enumerate(dc.units)] + [(f"owned_{i}", o) for i, o in enumerate(dc.owned)]
     for role, child in children:

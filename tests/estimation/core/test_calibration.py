@@ -126,3 +126,16 @@ def test_calibration_records_check_their_evidence() -> None:
     with pytest.raises(ValueError, match="not one of its resources"):
         CalibrationRecord("M", "em", Resources.single_cpu(), 1, 1,
                           device_results=(DeviceCalibration("gpu:9", False, error="x"),))
+
+
+def test_mixle_objects_calibrate_through_the_interop(gmm_1d: np.ndarray) -> None:
+    stats = pytest.importorskip("mixle.stats")
+    mixle_model = stats.MixtureDistribution([stats.GaussianDistribution(-4.0, 1.0),
+                                             stats.GaussianDistribution(5.0, 1.5)], [0.5, 0.5])
+    catalog = CalibrationCatalog()
+    out = calibrate_resources(gmm_1d, mixle_model, Resources.local(2), workload="em", catalog=catalog)
+    record = catalog.latest()
+    assert record.fully_successful and all(d.throughput > 1.0 for d in out.devices)
+    assert (record.model_type, record.estimator_type) == ("MixtureDistribution", "MixtureEstimator")
+    assert record.model_bytes is None  # mixle's model declares no size: recorded as unknown, not guessed
+    assert record.statistic_bytes is not None and record.statistic_bytes > 0

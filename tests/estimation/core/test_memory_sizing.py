@@ -91,3 +91,10 @@ def test_estimator_statistic_bytes_are_the_zero_accumulators_value() -> None:
 
     with pytest.raises(UnknownMemoryFootprintError, match="zero accumulator for NoAccumulator"):
         estimate_estimator_stat_nbytes(NoAccumulator())
+
+
+def test_a_mixle_model_without_a_declared_size_is_refused_not_walked() -> None:
+    stats = pytest.importorskip("mixle.stats")
+    mixle_mixture = stats.MixtureDistribution([stats.GaussianDistribution(0.0, 1.0)] * 2, [0.5, 0.5])
+    with pytest.raises(UnknownMemoryFootprintError, match="MixtureDistribution.*mixle_memory_nbytes"):
+        estimate_model_nbytes(mixle_mixture)
