@@ -133,7 +133,7 @@ def test_mixle_objects_calibrate_through_the_interop(gmm_1d: np.ndarray) -> None
     mixle_model = stats.MixtureDistribution([stats.GaussianDistribution(-4.0, 1.0),
                                              stats.GaussianDistribution(5.0, 1.5)], [0.5, 0.5])
     catalog = CalibrationCatalog()
-    out = calibrate_resources(gmm_1d, mixle_model, Resources.local(2), workload="em", catalog=catalog)
+    out = calibrate_resources(gmm_1d, mixle_model, Resources.local(2), workload="estep", catalog=catalog)
     record = catalog.latest()
     assert record.fully_successful and all(d.throughput > 1.0 for d in out.devices)
     assert (record.model_type, record.estimator_type) == ("MixtureDistribution", "MixtureEstimator")
