@@ -194,7 +194,7 @@ class StreamingTokenEncodedData:
         n_tokens = len(ids)
         sharded = self.shard_by_rank and self.world > 1
         start, stop = shard_bounds(n_tokens, self.world, self.rank) if sharded else (0, n_tokens)
-        self._ids = ids[start:stop]
+        self._ids = ids[start:stop].copy()  # a copy: a view would keep the whole corpus resident
         self.schedule = rank_window_schedule(n_tokens, self.world, block=self.block, batch_size=self.batch_size,
                                              shard_by_rank=self.shard_by_rank)
         if self.schedule.steps_per_epoch == 0 and self.epochs:

@@ -73,10 +73,11 @@ def streaming_world(rank: int, world_size: int, port: int) -> dict[str, Any]:
     handle = StreamingTokenEncodedData(TOKENS, block=BLOCK, batch_size=BATCH, epochs=EPOCHS,
                                        admission="unverified", session_options={"audit": False, "health": False})
     owned = handle.owns_process_group
+    shard = (handle._ids.tolist(), handle._ids.base is None)  # only this rank's slice, in its own array
     fitted = seq_estimate(handle, StreamingTransformerLeafEstimator(fresh_model(), lr=LR), None)
     log_density = handle.pysp_seq_log_density_sum(fitted)
     out = {
-        "owned": owned, "type": type(fitted).__name__, "plan": handle.plan().describe(),
+        "owned": owned, "shard": shard, "type": type(fitted).__name__, "plan": handle.plan().describe(),
         "schedule": handle.schedule_receipt, "log_density": log_density,
         "params": {k: v.detach().clone() for k, v in fitted.module.state_dict().items()},
         "receipts": [(r.step, r.loss, r.skipped, r.local_tokens, r.global_tokens_observed, r.collective_bytes,

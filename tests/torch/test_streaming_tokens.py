@@ -49,6 +49,8 @@ def test_the_handle_owns_its_group_and_returns_mixles_leaf(world2: list[dict]) -
         schedule = rank["schedule"]
         assert schedule["window_counts_by_rank"] == (8, 9) and schedule["steps_per_epoch"] == 3
     assert world2[0]["schedule"]["local_masked_target_tokens"] == (3 * 4 - 8) * 2
+    assert world2[0]["shard"] == (sc.TOKENS[:12].tolist(), True)  # each rank holds its own slice, copied
+    assert world2[1]["shard"] == (sc.TOKENS[12:].tolist(), True)
 
 
 def test_receipts_count_every_step_and_its_all_reduces(world2: list[dict]) -> None:

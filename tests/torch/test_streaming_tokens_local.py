@@ -58,6 +58,14 @@ def test_a_too_short_shard_is_refused_before_the_group_starts(monkeypatch: pytes
     assert not dist.is_initialized()
 
 
+def test_without_init_a_torchrun_environment_runs_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    handle = StreamingTokenEncodedData(np.arange(25), block=4, batch_size=4, init_process_group=False)
+    assert (handle.rank, handle.world) == (0, 1)  # init_process_group=False: one process, as mixle runs it
+    assert handle._ids.base is None  # its own copy of the ids
+
+
 def test_schedule_pads_to_the_longest_rank() -> None:
     schedule = rank_window_schedule(25, 2, block=4, batch_size=4, shard_by_rank=True)
     assert schedule.window_counts == (8, 9) and schedule.steps_per_epoch == 3
