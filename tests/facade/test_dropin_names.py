@@ -52,3 +52,13 @@ def test_the_fold_protocol_is_structural() -> None:
 
     assert isinstance(Handle(), EncodedFold)
     assert not isinstance(NoStreaming(), EncodedFold)
+
+
+def test_our_handles_are_encoded_folds() -> None:
+    import numpy as np
+
+    from mixle_parallel import GaussianEstimator, encoded_data
+    from mixle_parallel.planner import EncodedFold
+
+    with encoded_data(np.arange(10.0), estimator=GaussianEstimator(), backend="local") as handle:
+        assert isinstance(handle, EncodedFold)
