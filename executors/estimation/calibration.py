@@ -16,6 +16,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from numbers import Integral
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ __all__ = ["CALIBRATION_BACKENDS", "CalibrationCatalog", "CalibrationRecord", "D
 CALIBRATION_BACKENDS = ("local", "mp")
 _WORKLOADS = {"score": "score", "estep": "estep", "accumulate": "estep", "em": "em"}
 _CPU_PRECISIONS = (None, "fp64", "float64")
+_SPAWN_HINT = ("; a spawned worker that dies at start-up usually failed to re-import the launching script: keep "
+               "its top level behind `if __name__ == \"__main__\":`")
 
 
 def timed_workload(workload: str, encoded: Any, rows: int, model: Any, estimator: Any,
@@ -116,7 +119,8 @@ def _calibrate_device(device: DeviceSpec, run: Any, rows: int, precision: str | 
     try:
         timings = run()
     except Exception as exc:  # noqa: BLE001 - a failed device is evidence, recorded with its error
-        return device, DeviceCalibration(device.name, False, error=f"{type(exc).__name__}: {exc}")
+        hint = _SPAWN_HINT if isinstance(exc, BrokenProcessPool) else ""
+        return device, DeviceCalibration(device.name, False, error=f"{type(exc).__name__}: {exc}{hint}")
     throughput = rows / statistics.median(timings)
     calibrated = attrs.evolve(device, throughput=throughput,
                               precision=device.precision if precision is None else precision)
