@@ -14,6 +14,7 @@ from mixle_parallel.executors.registry import *  # noqa: F403 - re-exported thro
 LAZY_EXECUTORS = {
     "TorchDistributedBackend": "mixle_parallel.executors.torch.backend",
     "TorchDistributedSession": "mixle_parallel.executors.torch.session",
+    "StreamingTokenEncodedData": "mixle_parallel.executors.torch.streaming_tokens",
     "describe_parameter_layouts": "mixle_parallel.executors.torch.layouts",
     "CollectiveMeter": "mixle_parallel.executors.torch.comm_meter",
     "save_checkpoint": "mixle_parallel.executors.torch.checkpoint",
