@@ -554,7 +554,8 @@ def dask_encoded_data(
         raise
 
 
-ENCODED_DATA_OPTIONS = frozenset({"client", "num_workers", "timeout", "direct_channel"})
+ENCODED_DATA_OPTIONS = frozenset({"client", "num_workers", "timeout", "direct_channel",
+                                  "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the dask backend honours besides the handle's own."""
 
 WORKER_PROCESSES = True

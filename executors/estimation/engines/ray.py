@@ -523,7 +523,7 @@ class RayEncodedData(ChunkedEncodedData):
 
 
 ENCODED_DATA_OPTIONS = frozenset({"num_workers", "address", "timeout", "start_timeout", "init_kwargs",
-                                  "direct_channel"})
+                                  "direct_channel", "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the ray backend honours besides the handle's own."""
 
 WORKER_PROCESSES = True

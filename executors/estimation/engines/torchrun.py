@@ -268,13 +268,14 @@ def torchrun_encoded_data(data: Any, *, group: Any = None, comm: Any = None, roo
     if encoder is None and estimator is None and model is None:
         raise ValueError("backend='torchrun' needs an estimator, a model or an encoder to encode the rows")
     num_rows = _row_count(runner, data, root_only)
-    kwargs = {k: params[k] for k in ("num_chunks", "chunk_size") if params.get(k) is not None}
+    kwargs = {k: params[k] for k in ("num_chunks", "chunk_size", "batch_size", "shuffle", "seed")
+              if params.get(k) is not None}
     return TorchRunEncodedData.over_runner(
         runner, data if (runner.is_root or not root_only) else None, num_rows=num_rows, estimator=estimator,
         model=model, encoder=resolve_encoder(estimator, model, encoder), **kwargs)
 
 ENCODED_DATA_OPTIONS = frozenset({"comm", "group", "root", "root_only", "timeout", "backend_name",
-                                  "init_process_group"})
+                                  "init_process_group", "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the torchrun backend honours besides the handle's own (ranks: torchrun)."""
 
 WORKER_PROCESSES = True
