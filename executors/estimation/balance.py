@@ -109,7 +109,7 @@ def balance_plan(model: Any, resources: Resources, *, n_data: int) -> BalancePla
             break
     why = _rationale(m, d, used, p, n_data, max_units)
     if fits is False:
-        why += f" [WARNING: does not fit: the model needs {m_mem} shard(s) for memory, its best axis offers {max_units}]"
+        why += f" [WARNING: does not fit: it needs {m_mem} shard(s) for memory, its best axis offers {max_units}]"
     elif fits is None:
         why += " [memory fit unknown: some device has no memory figure]"
     return BalancePlan(
