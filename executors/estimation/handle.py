@@ -110,6 +110,10 @@ class ChunkedEncodedData:
         """Chunks the data is cut into."""
         return len(self.bounds)
 
+    def __len__(self) -> int:
+        """Rows of the data (mixle's ``len(handle)``)."""
+        return self.num_rows
+
     def __repr__(self) -> str:
         return (f"ChunkedEncodedData(backend={self.backend!r}, rows={self.num_rows}, "
                 f"chunks={self.num_chunks}, workers={self.num_workers})")

@@ -223,6 +223,8 @@ class TorchRunEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     ``encoded_data(data, backend="torchrun", ...)``, called on every rank.
     """
 
+    backend_name = "torchrun"
+
     runner: TorchRunRunner
 
     @classmethod
