@@ -77,6 +77,7 @@ class ChunkedEncodedData:
         self._owns_runner = owns_runner
         self._scattered = False
         self._closed = False
+        estimator, model, encoder = adapt_mixle_objects(estimator, model, encoder)  # mixle's seq_* objects too
         self._encoder = encoder if encoder is not None else (
             resolve_encoder(estimator, model) if (estimator is not None or model is not None) else None
         )
