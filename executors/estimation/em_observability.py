@@ -297,7 +297,7 @@ class FitReport:
                  f"compute, {self.total_wait_seconds:.3f} s waiting, {self.total_bytes_moved} bytes moved"]
         for r in self.rounds:
             s, im = self.stragglers_by_round[r], self.imbalance_by_round[r]
-            flag = f"STRAGGLERS={list(s.slow_ranks)}" if s.has_stragglers else "ok"
+            flag = f"STRAGGLERS={tuple(s.slow_ranks)}" if s.has_stragglers else "ok"  # mixle's rendering
             worst = max(s.ratios.values(), default=0.0)
             lines.append(f"  round {r}: median {s.median_seconds:.4f} s, worst {worst:.2f}x, "
                          f"data skew {im.max_bytes_ratio:.2f}x [{flag}]")
