@@ -304,13 +304,14 @@ class FitReport:
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+        """JSON-ready form (``json.dumps`` writes the int round keys as strings)."""
         return {"n_rounds": self.n_rounds, "n_ranks": self.n_ranks, "total_seconds": self.total_seconds,
                 "total_wait_seconds": self.total_wait_seconds, "total_bytes": self.total_bytes,
                 "total_bytes_moved": self.total_bytes_moved, "total_obs": self.total_obs, "rounds": list(self.rounds),
                 "worst_straggler_ratio": _json_float(self.worst_straggler_ratio),
                 "worst_imbalance_ratio": self.worst_imbalance_ratio, "slow_ranks": list(self.slow_ranks),
-                "by_round": {str(r): {"stragglers": self.stragglers_by_round[r].as_dict(),
+                "any_stragglers": self.any_stragglers,  # mixle's key; rounds keyed by int as mixle's are
+                "by_round": {r: {"stragglers": self.stragglers_by_round[r].as_dict(),
                                       "imbalance": self.imbalance_by_round[r].as_dict()} for r in self.rounds}}
 
 
