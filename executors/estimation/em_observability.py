@@ -30,6 +30,7 @@ __all__ = [
     "StragglerReport",
     "detect_stragglers",
     "fit_report",
+    "json_ready_report",
     "imbalance_receipt",
     "plan_rebalance_weights",
     "record_rank_round",
@@ -313,6 +314,13 @@ class FitReport:
                 "any_stragglers": self.any_stragglers,  # mixle's key; rounds keyed by int as mixle's are
                 "by_round": {r: {"stragglers": self.stragglers_by_round[r].as_dict(),
                                       "imbalance": self.imbalance_by_round[r].as_dict()} for r in self.rounds}}
+
+
+def json_ready_report(report: FitReport) -> dict[str, Any]:
+    """``report.as_dict()`` with the round keys as strings (what canonical JSON, e.g. the ledger, takes)."""
+    out = report.as_dict()
+    out["by_round"] = {str(r): v for r, v in out["by_round"].items()}
+    return out
 
 
 def fit_report(records: Sequence[RankRecord], *, threshold_ratio: float = 1.5, z_threshold: float = 3.0,

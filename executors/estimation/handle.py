@@ -30,7 +30,13 @@ from mixle_parallel.executors.estimation.chunks import (
     resolve_encoder,
     seed_from,
 )
-from mixle_parallel.executors.estimation.em_observability import FitReport, RankRecord, fit_report, round_summary
+from mixle_parallel.executors.estimation.em_observability import (
+    FitReport,
+    RankRecord,
+    fit_report,
+    json_ready_report,
+    round_summary,
+)
 from mixle_parallel.executors.estimation.metering import MeteredRunner
 from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from mixle_parallel.executors.estimation.placing import check_placement
@@ -398,7 +404,7 @@ class ChunkedEncodedData:
                             "audit_records": len(self.audit_records),
                             "audit_mismatches": sum(1 for r in self.audit_records if not r.matched),
                             "quarantined": sorted(self.quarantined),
-                            "fit_report": self.fit_report().as_dict() if self.rank_records else None,
+                            "fit_report": json_ready_report(self.fit_report()) if self.rank_records else None,
                         },
                     )
             finally:
