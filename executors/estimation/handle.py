@@ -30,7 +30,13 @@ from mixle_parallel.executors.estimation.chunks import (
     resolve_encoder,
     seed_from,
 )
-from mixle_parallel.executors.estimation.em_observability import FitReport, RankRecord, fit_report, round_summary
+from mixle_parallel.executors.estimation.em_observability import (
+    FitReport,
+    RankRecord,
+    fit_report,
+    json_ready_report,
+    round_summary,
+)
 from mixle_parallel.executors.estimation.metering import MeteredRunner
 from mixle_parallel.executors.estimation.minibatch import (
     DEFAULT_STEP_EXPONENT,
@@ -92,6 +98,7 @@ class ChunkedEncodedData:
         self._owns_runner = owns_runner
         self._scattered = False
         self._closed = False
+        estimator, model, encoder = adapt_mixle_objects(estimator, model, encoder)  # mixle's seq_* objects too
         self._encoder = encoder if encoder is not None else (
             resolve_encoder(estimator, model) if (estimator is not None or model is not None) else None
         )
@@ -124,6 +131,10 @@ class ChunkedEncodedData:
     def num_chunks(self) -> int:
         """Chunks the data is cut into."""
         return len(self.bounds)
+
+    def __len__(self) -> int:
+        """Rows of the data (mixle's ``len(handle)``)."""
+        return self.num_rows
 
     def __repr__(self) -> str:
         return (f"ChunkedEncodedData(backend={self.backend!r}, rows={self.num_rows}, "
@@ -441,7 +452,7 @@ class ChunkedEncodedData:
                             "audit_records": len(self.audit_records),
                             "audit_mismatches": sum(1 for r in self.audit_records if not r.matched),
                             "quarantined": sorted(self.quarantined),
-                            "fit_report": self.fit_report().as_dict() if self.rank_records else None,
+                            "fit_report": json_ready_report(self.fit_report()) if self.rank_records else None,
                         },
                     )
             finally:

@@ -194,6 +194,8 @@ class MPIEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     called on every rank.
     """
 
+    backend_name = "mpi"
+
     runner: MPIRunner
 
     @classmethod

@@ -78,7 +78,10 @@ class TorchRunRunner:
                  backend: str | None = None, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
         self.dist = _dist()
         self.group = group
-        if not self.dist.is_initialized():
+        launched = "RANK" in os.environ or "WORLD_SIZE" in os.environ
+        self.single_process = group is None and not self.dist.is_initialized() and not launched
+        """Outside torchrun with no process group: a world of this one process (as mixle 0.8.2 runs)."""
+        if not self.dist.is_initialized() and not self.single_process:
             if not init_process_group or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
                 raise RuntimeError(
                     "backend='torchrun' needs torch.distributed: start the script with `torchrun --nproc-per-node N "
@@ -93,8 +96,11 @@ class TorchRunRunner:
             # the group serves every later handle of this job (a re-rendezvous per handle races under
             # torchrun); it is destroyed when the interpreter exits
             atexit.register(_destroy_default_group, self.dist)
-        self.rank = int(self.dist.get_rank(group=group))
-        self.size = int(self.dist.get_world_size(group=group))
+        if self.single_process:
+            self.rank, self.size = 0, 1
+        else:
+            self.rank = int(self.dist.get_rank(group=group))
+            self.size = int(self.dist.get_world_size(group=group))
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
             raise ValueError(f"root={root!r} is not a rank of this process group (size {self.size})")
         self.root = root
@@ -222,6 +228,8 @@ class TorchRunEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     root=0, root_only=False, init_process_group=True, backend=None)`` is mixle's constructor: it is
     ``encoded_data(data, backend="torchrun", ...)``, called on every rank.
     """
+
+    backend_name = "torchrun"
 
     runner: TorchRunRunner
 
