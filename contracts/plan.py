@@ -167,7 +167,8 @@ class ParallelPlan:
     ep: int = attrs.field(default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
     etp: int = attrs.field(default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
     microbatches: int = attrs.field(default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
-    gradient_accumulation_steps: int = attrs.field(default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
+    gradient_accumulation_steps: int = attrs.field(
+        default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
 
     def __attrs_post_init__(self) -> None:
         dp = self.dp_replicate * self.dp_shard

@@ -36,7 +36,8 @@ def check_resources_per_worker(resources: Any, *, use_gpu: bool) -> dict[str, fl
     if resources is None:
         return None
     if not isinstance(resources, dict):
-        raise TypeError(f"resources_per_worker must be a dict of resource name -> amount, got {type(resources).__name__}")
+        raise TypeError(
+            f"resources_per_worker must be a dict of resource name -> amount, got {type(resources).__name__}")
     checked: dict[str, float] = {}
     for name, amount in resources.items():
         if not isinstance(name, str) or not name.strip():
@@ -48,7 +49,8 @@ def check_resources_per_worker(resources: Any, *, use_gpu: bool) -> dict[str, fl
     if use_gpu and gpu is not None and gpu <= 0.0:
         raise ValueError(f"use_gpu=True conflicts with resources_per_worker['GPU']={gpu}; ask for GPU > 0 or drop it")
     if not use_gpu and gpu:
-        raise ValueError(f"use_gpu=False conflicts with resources_per_worker['GPU']={gpu}; pass use_gpu=True or drop it")
+        raise ValueError(
+            f"use_gpu=False conflicts with resources_per_worker['GPU']={gpu}; pass use_gpu=True or drop it")
     return checked
 
 
