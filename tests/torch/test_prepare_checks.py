@@ -25,12 +25,12 @@ def test_capabilities_claim_only_tested_axes_and_precisions() -> None:
     backend = get_training_backend("torch_native")
     caps = backend.capabilities
     assert {a.value for a in caps.axes} == {"dp_replicate", "dp_shard", "tp", "cp"}
-    assert caps.precisions == frozenset({"fp32", "bf16"})
+    assert caps.precisions == frozenset({"fp32", "bf16", "fp16"})  # fp16 and bf16: fp32 master weights + autocast
     assert caps.requirements == ("torch>=2.6",)
     with pytest.raises(CapabilityError, match="pp"):
         backend.prepare(make_model(), plan=ParallelPlan(pp=2))
-    with pytest.raises(CapabilityError, match="fp16"):
-        backend.prepare(make_model(), plan=ParallelPlan(), precision="fp16")
+    with pytest.raises(CapabilityError, match="fp8"):
+        backend.prepare(make_model(), plan=ParallelPlan(), precision="fp8")
     with pytest.raises(CapabilityError, match="cp, tp"):
         backend.prepare(make_model(), plan=ParallelPlan(cp=2, tp=2))
     assert isinstance(backend.version, str) and torch.__version__ in backend.version
