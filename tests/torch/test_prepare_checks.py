@@ -104,9 +104,8 @@ def test_describe_updates_per_composition() -> None:
 
 def test_fsdp_over_dp_shard_and_cp_gets_one_flattened_mesh_dimension() -> None:
     """On a (dp_shard, cp) mesh FSDP2 would replicate over dp_shard (HSDP); the flattened mesh shards over both."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from mixle_parallel.executors.torch.dp_mode import DataParallelMode
