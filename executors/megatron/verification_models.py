@@ -47,7 +47,7 @@ class MegatronModel:
                  ) -> None:
         self.module, self.moe_config, self._rename = module, moe_config, rename
 
-    def parameters(self, stage: nn.Module) -> dict[str, Any]:
+    def parameters(self, stage: Any) -> dict[str, Any]:
         """``param/<plain name>`` of every parameter this rank holds (tensor-parallel shards as DTensors)."""
         from megatron.core import parallel_state as ps
 
@@ -60,7 +60,7 @@ class MegatronModel:
             value = param.detach().clone()
             if getattr(param, "tensor_model_parallel", False) and ps.get_tensor_model_parallel_world_size() > 1:
                 mesh = mesh or group_mesh(ps.get_tensor_model_parallel_group())
-                value = sharded(value, mesh, int(param.partition_dim))
+                value = sharded(value, mesh, int(getattr(param, "partition_dim")))  # noqa: B009 - megatron's attribute
             out[f"param/{plain}"] = value
         return out
 
@@ -99,6 +99,7 @@ def _tensor_parallel_model(plain: nn.Sequential) -> MegatronModel:
 
         rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
         layers: list[nn.Module] = []
+        layer: Any
         for i, layer in enumerate(plain):
             if i not in linears:
                 layers.append(layer)
@@ -140,12 +141,12 @@ def _moe_model(plain: nn.Sequential, plan: ParallelPlan, workload: Any) -> Megat
     experts, local = int(workload.experts), int(workload.experts) // plan.ep
     if len(plain) != 1 or not hasattr(plain[0], "router"):
         raise ValueError("the mixture-of-experts workload's module must be nn.Sequential(<moe with router, experts>)")
-    reference = plain[0]
+    reference: Any = plain[0]
 
     def build(config: Any) -> nn.Sequential:
         from megatron.core import parallel_state as ps
 
-        stage = MoEStage(config, experts)
+        stage: Any = MoEStage(config, experts)
         first = ps.get_expert_model_parallel_rank() * local
         with torch.no_grad():
             stage.moe.router.weight.copy_(reference.router.weight)
