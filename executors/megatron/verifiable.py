@@ -70,7 +70,7 @@ class MegatronTrial:
         self._outputs = []
         if self.plan.data_parallel_size == 1:
             return {"output": local}
-        return {"output": sharded(local, group_mesh(ps.get_data_parallel_group()), 0)}
+        return {"output": sharded(local, group_mesh(ps.get_data_parallel_group(), local.device.type), 0)}
 
     def step(self, step: int) -> dict[str, dict[str, Any]]:
         """Train on this data-parallel replica's shard of the step's global batch; observables per update."""

@@ -26,11 +26,11 @@ MOE_VERIFICATION_CONFIG = {"add_bias_linear": False, "moe_aux_loss_coeff": 0.0,
 """MoE settings the reference MoE follows: top-k of the router logits, softmax over the k chosen, no aux loss."""
 
 
-def group_mesh(group: Any) -> Any:
+def group_mesh(group: Any, device_type: str = "cpu") -> Any:
     """A 1-D DeviceMesh over an existing process group (no new group is created)."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    return DeviceMesh.from_group(group, "cpu")
+    return DeviceMesh.from_group(group, device_type)
 
 
 def sharded(tensor: torch.Tensor, mesh: Any, dim: int) -> Any:
@@ -59,7 +59,7 @@ class MegatronModel:
                 continue
             value = param.detach().clone()
             if getattr(param, "tensor_model_parallel", False) and ps.get_tensor_model_parallel_world_size() > 1:
-                mesh = mesh or group_mesh(ps.get_tensor_model_parallel_group())
+                mesh = mesh or group_mesh(ps.get_tensor_model_parallel_group(), value.device.type)
                 value = sharded(value, mesh, int(getattr(param, "partition_dim")))  # noqa: B009 - megatron's attribute
             out[f"param/{plain}"] = value
         return out
