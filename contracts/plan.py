@@ -173,9 +173,12 @@ class ParallelPlan:
     def __attrs_post_init__(self) -> None:
         dp = self.dp_replicate * self.dp_shard
         if dp % self.ep:
+            replicas = math.lcm(self.dp_replicate, self.ep // math.gcd(self.ep, self.dp_shard))
             raise ValueError(
                 f"ParallelPlan.ep={self.ep} must divide the data-parallel size "
-                f"dp_replicate*dp_shard={dp}; choose ep from {_divisors(dp)}"
+                f"dp_replicate*dp_shard={dp}; choose ep from {_divisors(dp)}, or give the experts "
+                f"data-parallel ranks to span (e.g. dp_replicate={replicas},ep={self.ep}): expert groups "
+                "are cut from the data-parallel ranks, not added to the world"
             )
         if self.tp % self.etp:
             raise ValueError(

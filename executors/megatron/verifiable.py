@@ -1,13 +1,15 @@
 """megatron under the verification harness protocol (``contracts.VerifiableExecutor``).
 
 ``VerifiableMegatron`` has the megatron backend's capabilities, version and declared updates, so a
-certificate from its evidence admits ``MegatronBackend``. Its trials run the harness's MLP workload
-(an ``nn.Sequential``, cut into ``pp`` stages) through ``prepare()`` with megatron's SGD without
-momentum (the workload's optimizer) and report, per declared update: for ``act:pp`` (activations
-forward, their gradients backward) the parameters of this rank's stage after each step, under their
-global layer names, so the reference's full model covers every stage; for ``metric:pp`` and
-``metric:dp`` the shared loss; for ``grad:dp`` the same stage parameters (they move only by the
-averaged gradient). The reference is the harness's plain single-process torch loop.
+certificate from its evidence admits ``MegatronBackend``. Its trials run the workload's plain module
+in megatron's form for the plan (``verification_models.megatron_model``: the ``nn.Sequential`` cut
+into ``pp`` stages, megatron's column/row-parallel linears for ``tp``, megatron's ``MoELayer`` for
+``ep``) through ``prepare()`` with megatron's SGD without momentum (the workload's optimizer) and
+report, per declared update: for ``metric:*`` the shared loss; for every other update the parameters
+this rank holds after each step under the plain module's names (tensor-parallel shards unsharded,
+experts by their global index, stages by their global layer index), plus, on the last stage, the
+model output of the step's whole global batch (this replica's rows, gathered over data parallelism).
+The reference is the harness's plain single-process torch loop.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from mixle_parallel.contracts import ParallelPlan, PayloadKind
 from mixle_parallel.executors.megatron.backend import MegatronBackend
+from mixle_parallel.executors.megatron.verification_models import MegatronModel, group_mesh, megatron_model, sharded
 from mixle_parallel.executors.torch.verifiable import BackendVerifiable
 
 
@@ -27,26 +30,47 @@ class VerifiableMegatron(BackendVerifiable):
     def __init__(self, backend: MegatronBackend | None = None) -> None:
         super().__init__(backend or MegatronBackend())
 
+    def megatron_model(self, plain: torch.nn.Sequential, plan: ParallelPlan, workload: Any) -> MegatronModel:
+        """The megatron form of the workload's module for ``plan`` (``verification_models.megatron_model``)."""
+        return megatron_model(plain, plan, workload)
+
     def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
                    world_size: int) -> MegatronTrial:
         """A prepared megatron session for ``workload`` on this rank."""
-        return MegatronTrial(self._backend, workload, plan, precision=precision, seed=seed, rank=rank)
+        return MegatronTrial(self, workload, plan, precision=precision, seed=seed, rank=rank)
 
 
 class MegatronTrial:
     """One prepared megatron session driven step by step by the harness."""
 
-    def __init__(self, backend: MegatronBackend, workload: Any, plan: ParallelPlan, *, precision: str, seed: int,
-                 rank: int) -> None:
-        module = workload.build_module(seed)
-        if not isinstance(module, torch.nn.Sequential) or not hasattr(workload, "hidden"):
+    def __init__(self, executor: VerifiableMegatron, workload: Any, plan: ParallelPlan, *, precision: str,
+                 seed: int, rank: int) -> None:
+        plain = workload.build_module(seed)
+        if not isinstance(plain, torch.nn.Sequential) or not hasattr(workload, "hidden"):
             raise ValueError(f"megatron verification runs an nn.Sequential workload with a 'hidden' width (the "
-                             f"built-in 'mlp'), not {getattr(workload, 'name', workload)!r}")
+                             f"built-in 'mlp' or 'moe'), not {getattr(workload, 'name', workload)!r}")
         self.workload, self.plan, self.seed, self.rank = workload, plan, seed, rank
-        self.updates = backend.describe_updates(plan)
-        self.session = backend.prepare(module, plan=plan, loss_fn=workload.loss, activation_shape=(workload.hidden,),
-                                       optimizer="sgd", lr=workload.lr, sgd_momentum=0.0, precision=precision,
-                                       seed=seed)
+        self.updates = executor.describe_updates(plan)
+        self.model = executor.megatron_model(plain, plan, workload)
+        self.session = executor._backend.prepare(
+            self.model.module, plan=plan, loss_fn=workload.loss, activation_shape=(workload.hidden,),
+            optimizer="sgd", lr=workload.lr, sgd_momentum=0.0, precision=precision, seed=seed,
+            moe_config=self.model.moe_config)
+        self._outputs: list[torch.Tensor] = []
+        if self.session.stage.post_process:
+            self.session.stage.register_forward_hook(lambda _m, _i, out: self._outputs.append(out.detach().clone()))
+
+    def _output(self) -> dict[str, Any]:
+        """The step's model output on the last stage: this replica's rows, a DTensor over data parallelism."""
+        from megatron.core import parallel_state as ps
+
+        if not self._outputs:
+            return {}
+        local = torch.cat(self._outputs)
+        self._outputs = []
+        if self.plan.data_parallel_size == 1:
+            return {"output": local}
+        return {"output": sharded(local, group_mesh(ps.get_data_parallel_group(), local.device.type), 0)}
 
     def step(self, step: int) -> dict[str, dict[str, Any]]:
         """Train on this data-parallel replica's shard of the step's global batch; observables per update."""
@@ -54,9 +78,9 @@ class MegatronTrial:
         receipt = self.session.train_batch(inputs, targets)
         if receipt.skipped:
             raise RuntimeError(f"megatron skipped step {step} during verification: {dict(receipt.extra)}")
-        params = {f"param/{name}": p.detach().clone() for name, p in self.session.stage.layers.named_parameters()}
+        trained = {**self.model.parameters(self.session.stage), **self._output()}
         loss = {"loss": torch.tensor(receipt.loss, dtype=torch.float32)}
-        return {u.node_id: loss if u.payload is PayloadKind.MESSAGE else params for u in self.updates}
+        return {u.node_id: loss if u.payload is PayloadKind.MESSAGE else trained for u in self.updates}
 
     def close(self) -> None:
         """Tear down megatron's parallel state (the harness owns the process group)."""

@@ -46,7 +46,7 @@ A = ParallelAxis
 CAPABILITIES = BackendCapabilities(
     name="torch_native",
     axes=frozenset({A.DP_REPLICATE, A.DP_SHARD, A.TP, A.CP}),
-    precisions=frozenset({"fp32", "bf16"}),
+    precisions=frozenset({"fp32", "bf16", "fp16"}),
     distributed_optimizer=False,
     reshardable_checkpoint=True,
     elastic_restart=False,
@@ -54,7 +54,6 @@ CAPABILITIES = BackendCapabilities(
     # compositions the test-suite does not run (yet): refused before any process group exists
     incompatible_axis_sets=(
         frozenset({A.CP, A.DP_REPLICATE}),
-        frozenset({A.CP, A.DP_SHARD}),
         frozenset({A.CP, A.TP}),
         frozenset({A.DP_REPLICATE, A.DP_SHARD, A.TP}),
     ),
@@ -183,6 +182,9 @@ class TorchDistributedBackend:
         if plan.cp > 1:
             updates.append(_update("kv:cp", P.KV_BLOCK, C.ALL_GATHER, (A.CP,), L.SHARDED,
                                    "context_parallel ring attention exchanges key/value blocks"))
+            updates.append(_update("kv_grad:cp", P.KV_BLOCK, C.REDUCE_SCATTER, (A.CP,), L.SHARDED,
+                                   "backward of the key/value all-gather: DTensor reduce-scatters the key/value "
+                                   "gradients to their owners"))
         if plan.world_size > 1:
             axes = tuple(a for a in (A.DP_REPLICATE, A.DP_SHARD, A.CP, A.TP) if plan.size(a) > 1)
             updates.append(_update("metric:dp", P.SUFFICIENT_STATISTIC, C.ALL_REDUCE, axes, L.REPLICATED,

@@ -131,6 +131,14 @@ def apply_fsdp(module: nn.Module, dp_mesh: DeviceMesh) -> None:
     fully_shard(module, mesh=dp_mesh)
 
 
+def fsdp_mesh(mode: DataParallelMode, dp_mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh ``fully_shard`` gets: FSDP over dp_shard and cp together shards over both as one flattened
+    dimension (torchtitan's ``dp_shard_cp``); given the 2-D mesh, FSDP2 would replicate over dp_shard (HSDP)."""
+    if mode is DataParallelMode.FSDP and dp_mesh.ndim > 1:
+        return dp_mesh._flatten("_".join(dp_mesh.mesh_dim_names or ()))
+    return dp_mesh
+
+
 def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh, device: torch.device) -> DistributedDataParallel:
     """DistributedDataParallel over the 1-D dp_replicate mesh (the plan has no sharded or model axis)."""
     device_ids = [device.index] if device.type == "cuda" and device.index is not None else None
@@ -157,7 +165,7 @@ def parallelize(
     if tp_styles:
         apply_tp(module, require_axis_mesh(mesh, ParallelAxis.TP), tp_styles)
     if mode.uses_fsdp:
-        apply_fsdp(module, require_axis_mesh(mesh, *mode.mesh_axes()))
+        apply_fsdp(module, fsdp_mesh(mode, require_axis_mesh(mesh, *mode.mesh_axes())))
     elif mode.uses_ddp:
         module = apply_ddp(module, require_axis_mesh(mesh, *mode.mesh_axes()), device)
     return module

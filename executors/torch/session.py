@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 LossFn = Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]
 
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""Mixed precisions: fp32 master weights and gradients, the forward under ``torch.autocast`` at this dtype."""
+
 
 class TorchDistributedSession:
     """A transformed module plus its optimizer, the accumulation clock and explicit mesh semantics.
@@ -362,8 +365,9 @@ class TorchDistributedSession:
             yield x, y
 
     def _autocast(self) -> Any:
-        if self.precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        dtype = _AUTOCAST_DTYPES.get(self.precision)
+        if dtype is not None:  # fp32 master weights and gradients, the forward under autocast
+            return torch.autocast(device_type=self.device.type, dtype=dtype)
         return contextlib.nullcontext()
 
     def _metering(self) -> Any:

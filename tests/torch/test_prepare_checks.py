@@ -25,12 +25,12 @@ def test_capabilities_claim_only_tested_axes_and_precisions() -> None:
     backend = get_training_backend("torch_native")
     caps = backend.capabilities
     assert {a.value for a in caps.axes} == {"dp_replicate", "dp_shard", "tp", "cp"}
-    assert caps.precisions == frozenset({"fp32", "bf16"})
+    assert caps.precisions == frozenset({"fp32", "bf16", "fp16"})  # fp16 and bf16: fp32 master weights + autocast
     assert caps.requirements == ("torch>=2.6",)
     with pytest.raises(CapabilityError, match="pp"):
         backend.prepare(make_model(), plan=ParallelPlan(pp=2))
-    with pytest.raises(CapabilityError, match="fp16"):
-        backend.prepare(make_model(), plan=ParallelPlan(), precision="fp16")
+    with pytest.raises(CapabilityError, match="fp8"):
+        backend.prepare(make_model(), plan=ParallelPlan(), precision="fp8")
     with pytest.raises(CapabilityError, match="cp, tp"):
         backend.prepare(make_model(), plan=ParallelPlan(cp=2, tp=2))
     assert isinstance(backend.version, str) and torch.__version__ in backend.version
@@ -95,6 +95,31 @@ def test_describe_updates_per_composition() -> None:
     assert ("grad:dp_replicate", "all_reduce") in ids(ParallelPlan(dp_replicate=2, dp_shard=2))
     assert ("act:tp", "all_reduce") in ids(ParallelPlan(dp_shard=2, tp=2))
     assert ("kv:cp", "all_gather") in ids(ParallelPlan(cp=2))
+    # the key/value all-gather's backward reduce-scatters their gradients over cp: declared as its own update
+    assert ("kv_grad:cp", "reduce_scatter") in ids(ParallelPlan(cp=2))
+    # cp composes with dp_shard: FSDP2 shards over both as one flattened dimension
+    assert {("param:dp_shard,cp", "all_gather"), ("grad:dp_shard,cp", "reduce_scatter")} <= ids(
+        ParallelPlan(dp_shard=2, cp=2))
+
+
+def test_fsdp_over_dp_shard_and_cp_gets_one_flattened_mesh_dimension() -> None:
+    """On a (dp_shard, cp) mesh FSDP2 would replicate over dp_shard (HSDP); the flattened mesh shards over both."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from mixle_parallel.executors.torch.dp_mode import DataParallelMode
+    from mixle_parallel.executors.torch.parallelize import fsdp_mesh
+
+    # torch's fake process group (a test utility: a world of 4 in one process, no data moves)
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "cp"))
+        flat = fsdp_mesh(DataParallelMode.FSDP, mesh)
+        assert flat.ndim == 1 and flat.mesh_dim_names == ("dp_shard_cp",) and flat.size() == 4
+        assert fsdp_mesh(DataParallelMode.HSDP, mesh) is mesh  # HSDP keeps (replicate, shard)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_optimizer_names_are_case_insensitive_and_unknown_ones_list_the_choices() -> None:

@@ -1,5 +1,6 @@
-"""Claimed capabilities are certifiable: torch_native at bf16 (the reference in the same mixed-precision
-policy), context parallelism on the bidirectional attention workload, megatron's pipeline stages."""
+"""Claimed capabilities are certifiable: torch_native at bf16 and fp16 (the reference in the same mixed-precision
+policy), context parallelism on the bidirectional attention workload, megatron's pipeline stages
+(megatron's tp=2 and ep=2: tests/megatron/test_megatron_verification.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ def test_mixed_precision_bound_is_scaled_by_the_tensor():
     ["--backend", "torch_native", "--plan", "dp_shard=2", "--precision", "bf16"],
     ["--backend", "torch_native", "--plan", "cp=2"],
     ["--backend", "megatron", "--plan", "pp=2"],
-], ids=["torch_native_bf16_dp_shard2", "torch_native_cp2", "megatron_pp2"])
+    pytest.param(["--backend", "torch_native", "--plan", "dp_shard=2", "--precision", "fp16"], marks=pytest.mark.slow),
+    pytest.param(["--backend", "torch_native", "--plan", "cp=2,dp_shard=2"], marks=pytest.mark.slow),  # world 4
+], ids=["torch_native_bf16_dp_shard2", "torch_native_cp2", "megatron_pp2", "torch_native_fp16_dp_shard2",
+        "torch_native_cp2_dp_shard2"])
 def test_verify_passes(argv: list[str], capsys: pytest.CaptureFixture[str]):
     code = main(["verify", *argv])
     out = capsys.readouterr().out

@@ -147,6 +147,38 @@ def axes_of_group(plan: ParallelPlan, ranks: Iterable[int]) -> tuple[ParallelAxi
     return None
 
 
+def coinciding_axes(plan: ParallelPlan) -> dict[tuple[ParallelAxis, ...], tuple[ParallelAxis, ...]]:
+    """Physical axis sets whose process groups are exactly the groups of an overlapping axis (ep, etp).
+
+    On such a plan (dp_replicate=2, ep=2 on two ranks) a collective on the shared ranks is on both
+    axes at once; ``axes_of_group`` names the physical one, and this says which overlapping axis it
+    also is, so a collective declared on that axis can be matched (``realign``)."""
+    found: dict[tuple[ParallelAxis, ...], tuple[ParallelAxis, ...]] = {}
+    active = [a for a in PHYSICAL_AXES if plan.size(a) > 1]
+    for axis in (ParallelAxis.EP, ParallelAxis.ETP):
+        if plan.size(axis) < 2:
+            continue
+        groups = {frozenset(g) for g in plan.axis_group_ranks(axis)}
+        for size in range(1, len(active) + 1):
+            for combo in itertools.combinations(active, size):
+                if combo not in found and _physical_groups(plan, combo) == groups:
+                    found[combo] = (axis,)
+    return found
+
+
+def realign(plan: ParallelPlan, counts: Counter, declared: set[tuple[CollectiveKind, tuple[ParallelAxis, ...]]],
+            ) -> Counter:
+    """``counts`` keyed by (kind, sorted axes) with a pair that is not declared, but whose groups are also an
+    overlapping axis's on which that kind is declared, moved to that axis (see ``coinciding_axes``)."""
+    aliases = {tuple(sorted(k)): tuple(sorted(v)) for k, v in coinciding_axes(plan).items()}
+    out: Counter = Counter()
+    for (kind, axes), n in counts.items():
+        alias = aliases.get(axes)
+        moved = (kind, axes) not in declared and alias is not None and (kind, alias) in declared
+        out[(kind, alias) if moved else (kind, axes)] += n
+    return out
+
+
 def summarize(plan: ParallelPlan, entries: Iterable[tuple[str, tuple[int, ...]]]) -> tuple[
         tuple[ObservedCollective, ...], tuple[str, ...]]:
     """Count entries by (kind, axes); entries on groups that match no axis are returned as text."""

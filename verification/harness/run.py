@@ -36,7 +36,7 @@ from mixle_parallel.contracts import (
     Tolerance,
 )
 from mixle_parallel.verification.certification import CertificationError, certify
-from mixle_parallel.verification.harness.collectives import realized_kinds, summarize
+from mixle_parallel.verification.harness.collectives import realign, realized_kinds, summarize
 from mixle_parallel.verification.harness.mesh import DEFAULT_TIMEOUT_S, mesh_kind, run_on_gloo_mesh
 from mixle_parallel.verification.harness.tolerance import EM_STATISTICS_TOLERANCE as _BITWISE
 from mixle_parallel.verification.harness.tolerance import MIXED_SCALED, compare, default_tolerance
@@ -106,9 +106,12 @@ def _reference(workload: Any, precision: str, seeds: list[int]) -> dict[int, lis
 
 def default_workload(plan: ParallelPlan, launch: str) -> str:
     """The built-in workload for a plan: EM's mixture for self-launching executors, the bidirectional
-    attention LM when the plan has context parallelism, else the MLP."""
+    attention LM when the plan has context parallelism, the mixture of experts for expert
+    parallelism, else the MLP."""
     if launch == "self":
         return "gaussian_mixture"
+    if plan.ep > 1:
+        return "moe"
     return "attention" if plan.cp > 1 else "mlp"
 
 
@@ -209,6 +212,8 @@ def verify(
     backend = "gloo" if launch == "gloo" else "self"
     declared = {(kind, tuple(sorted(u.mesh_axes))) for u in updates if u.collective is not CollectiveKind.NONE
                 for kind in realized_kinds(u.collective, backend)}
+    # a group that is both a physical axis's and an overlapping axis's (dp_replicate=2, ep=2 on 2 ranks)
+    observed, steady = realign(plan, observed, declared), realign(plan, steady, declared)
     undeclared = [f"{kind.value} over {[a.value for a in axes]} x{n}" for (kind, axes), n in sorted(steady.items())
                   if (kind, axes) not in declared] + list(strays)
     if undeclared:

@@ -18,6 +18,7 @@ import numpy as np
 
 from mixle_parallel.contracts import ParallelPlan
 from mixle_parallel.verification.harness.em_reference import gaussian_mixture_reference
+from mixle_parallel.verification.harness.moe_module import build_tiny_moe
 from mixle_parallel.verification.harness.worker import to_numpy
 
 TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -262,6 +263,39 @@ def _tiny_lm_class() -> type:
 
 
 @attrs.frozen
+class MoEWorkload(_TrainingWorkload):
+    """A top-k routed mixture of experts regressing seeded targets (mean squared error): the expert-parallel
+    workload. ``hidden`` is the token width; the reference is ``moe_module.TinyMoE``."""
+
+    name: str = "moe"
+    hidden: int = 8
+    ffn: int = 8
+    experts: int = 4
+    topk: int = 2
+    batch: int = 16
+    steps: int = 3
+    lr: float = 0.1
+
+    def build_module(self, seed: int) -> Any:
+        """``nn.Sequential(TinyMoE)`` initialized from ``seed``."""
+        return build_tiny_moe(seed, hidden=self.hidden, ffn=self.ffn, experts=self.experts, topk=self.topk)
+
+    def global_batch(self, step: int, seed: int) -> tuple[Any, Any]:
+        """Seeded tokens and targets for ``step``."""
+        import torch
+
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        x = torch.randn(self.batch, self.hidden, generator=gen)
+        return x, torch.randn(self.batch, self.hidden, generator=gen)
+
+    def loss(self, output: Any, target: Any) -> Any:
+        """Mean squared error."""
+        import torch
+
+        return torch.nn.functional.mse_loss(output, target.to(output.dtype))
+
+
+@attrs.frozen
 class GaussianMixtureWorkload:
     """EM on a seeded 1-D two-component Gaussian mixture, cut into ``num_chunks`` fixed chunks.
 
@@ -308,7 +342,7 @@ def attention_workload() -> TinyLMWorkload:
 
 BUILTIN_WORKLOADS: dict[str, Callable[[], Any]] = {
     "mlp": MLPWorkload, "tiny_lm": TinyLMWorkload, "attention": attention_workload,
-    "gaussian_mixture": GaussianMixtureWorkload,
+    "gaussian_mixture": GaussianMixtureWorkload, "moe": MoEWorkload,
 }
 """Workload names accepted by ``verify(workload=...)``."""
 

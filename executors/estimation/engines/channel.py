@@ -41,6 +41,7 @@ from typing import Any
 from mixle_parallel.contracts.errors import MissingExtraError
 from mixle_parallel.executors.estimation.combine_order import apply_chunk_fn
 from mixle_parallel.executors.estimation.engines.support import yield_on_wakeup
+from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes
 
 __all__ = [
     "HANDSHAKE_TIMEOUT_S", "ChannelAuthenticationError", "ChannelClient", "ChannelOffer", "ChannelServer", "answer",
@@ -238,7 +239,10 @@ def _dump_reply(reply: tuple[str, Any]) -> bytes:
 class ChannelClient:
     """Driver side: one holder's socket; replies come back in request order."""
 
-    def __init__(self, address: Any, authkey: bytes, handshake_timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+    def __init__(self, address: Any, authkey: bytes, handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
+                 wire: WireBytes | None = None) -> None:
+        self.wire = wire if wire is not None else WireBytes()
+        """Bytes of the request and reply frames through this socket (the runner may share one across holders)."""
         self.conn = connection.Client(tuple(address) if isinstance(address, list) else address)
         try:
             _handshake(self.conn, authkey, server=False, timeout=handshake_timeout)
@@ -259,10 +263,12 @@ class ChannelClient:
     def send(self, task: bytes, ids: Sequence[int], borrowed: dict[int, bytes] | None = None) -> bool:
         """Send a request (``borrowed``: pickled chunks the holder does not hold); False when the socket
         is gone (the holder died)."""
+        message = pickle.dumps((task, list(ids), borrowed or {}), protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self.conn.send_bytes(pickle.dumps((task, list(ids), borrowed or {}), protocol=pickle.HIGHEST_PROTOCOL))
+            self.conn.send_bytes(message)
         except (OSError, ValueError):
             return False
+        self.wire.count_sent(message)
         self.waiting.append(list(ids))
         return True
 
@@ -275,9 +281,11 @@ class ChannelClient:
         """The oldest request's chunk ids and entries; None when the socket is gone. ``fn``'s own
         exception is raised."""
         try:
-            status, value = pickle.loads(self.conn.recv_bytes())
+            raw = self.conn.recv_bytes()
+            status, value = pickle.loads(raw)
         except (EOFError, OSError, ValueError):
             return None
+        self.wire.count_received(raw)
         ids = self.waiting.popleft()
         if status == "raised":
             raise value

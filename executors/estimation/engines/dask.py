@@ -60,6 +60,7 @@ from mixle_parallel.executors.estimation.engines.support import (
     requested_ids,
     require_engine,
 )
+from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
@@ -106,6 +107,7 @@ class DaskRunner(DirectPasses):
         self.direct_channel = bool(direct_channel)
         self._channels: dict[str, ChannelClient] = {}  # worker address -> its holder's pass socket
         self._channel_offer: ChannelOffer | None = None
+        self.wire = WireBytes()
         self.timeout = check_timeout(timeout)
         self.max_recoveries = int(max_recoveries)
         self._cluster = None
@@ -272,9 +274,12 @@ class DaskRunner(DirectPasses):
         if actor is None or not self._alive(address):
             return None
         try:
-            return getattr(actor, method)(*args)
+            call = getattr(actor, method)(*args)
         except Exception:  # noqa: BLE001 - the handle refuses calls once its worker is lost
             return None
+        if method == "run":  # a pass through dask's RPC: the task, work and borrowed chunks, all bytes
+            self.wire.count_sent(*args)
+        return call
 
     def _await(self, address: str, call: Any, deadline: Deadline, what: str) -> Any:
         """The value of a (non-``run``) actor call; None when its worker was lost; past the deadline
@@ -335,6 +340,7 @@ class DaskRunner(DirectPasses):
         if not ok:
             _log.warning("dask: worker %s was lost during a call (%r)", address, value)
             return None
+        self.wire.count_received(value)
         status, result = pickle.loads(value)
         if status == "raised":
             raise result

@@ -17,6 +17,7 @@ from typing import Any
 from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError
 from mixle_parallel.executors.estimation.engines.channel import ChannelClient, ChannelOffer, wait_channels
 from mixle_parallel.executors.estimation.engines.support import Deadline, ordered_results
+from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes
 
 __all__ = ["ACTOR_START_S", "POLL_S", "DirectPasses", "channel_host"]
 
@@ -55,6 +56,13 @@ class DirectPasses:
     _replace: Callable[[list[int], Deadline], None]
     _check_losses: Callable[[int, Sequence[int]], None]
     _pass_timeout: Callable[[Mapping[str, Sequence[int]]], WorkerTimeoutError]
+    wire: WireBytes
+    """Pass bytes to and from the holders: channel frames, and the blobs of ``run`` calls through dask."""
+
+    @property
+    def bytes_moved(self) -> int:
+        """Pass bytes sent to and received from the holders so far (models out, statistics back)."""
+        return self.wire.total
 
     def _channel_for(self, address: str) -> ChannelClient | None:
         """The pass socket of the holder on ``address``, opened on first use; None when the cluster's
@@ -80,7 +88,7 @@ class DirectPasses:
             if isinstance(reply, str):
                 raise OSError(reply)
             where, holder_public = reply
-            self._channels[address] = ChannelClient(where, offer.key_for(holder_public))
+            self._channels[address] = ChannelClient(where, offer.key_for(holder_public), wire=self.wire)
         except OSError as exc:
             _log.warning("dask: no pass channel to %s (%s); data passes go through dask's RPC", address, exc)
             self.direct_channel = False

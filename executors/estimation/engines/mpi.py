@@ -17,6 +17,7 @@ script with ``python -m mpi4py`` so an uncaught error aborts the whole job).
 from __future__ import annotations
 
 import io
+import pickle
 import sys
 import time
 import traceback
@@ -34,6 +35,7 @@ from mixle_parallel.executors.estimation.engines.support import (
     requested_ids,
     require_engine,
 )
+from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes, dumps
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
 from mixle_parallel.executors.estimation.options import EncodedDataOptions
 from mixle_parallel.executors.estimation.reference_handles import BuiltByEncodedData
@@ -76,6 +78,13 @@ class MPIRunner:
         self.num_workers = self.size
         self._local: dict[int, Any] = {}
         self._num_chunks = 0
+        self.wire = WireBytes()
+        """This rank's pass bytes: the pickled payload and every rank's pickled results, as they crossed."""
+
+    @property
+    def bytes_moved(self) -> int:
+        """Pass bytes this rank sent and received so far (the payload broadcast, the results all-gather)."""
+        return self.wire.total
 
     @property
     def is_root(self) -> bool:
@@ -142,7 +151,7 @@ class MPIRunner:
 
         Every rank must call it with the same ``fn`` and ``chunk_ids``.
         """
-        payload = self.comm.bcast(payload if self.is_root else None, root=self.root)
+        payload = self._share_payload(payload)
         ids = requested_ids(chunk_ids, self._num_chunks)
         mine: list[tuple[int, Any]] = []
         error: str | None = None
@@ -154,7 +163,7 @@ class MPIRunner:
             failure = exc
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         self._meet(ids)
-        gathered = self.comm.allgather((mine, error))
+        gathered = self._all_results((mine, error))
         errors = [(r, e) for r, (_, e) in enumerate(gathered) if e is not None]
         if errors:
             detail = "; ".join(f"rank {r}: {e}" for r, e in errors)
@@ -163,6 +172,27 @@ class MPIRunner:
         for part, _ in gathered:
             results.update(part)
         return ordered_results(results, ids, self.name)
+
+    def _share_payload(self, payload: Any) -> Any:
+        """The root's payload on every rank, broadcast as one pickle (counted: sent once per peer, received once)."""
+        if self.size == 1:
+            return payload
+        blob = self.comm.bcast(dumps(payload) if self.is_root else None, root=self.root)
+        if self.is_root:
+            self.wire.count_sent(blob, copies=self.size - 1)
+            return payload
+        self.wire.count_received(blob)
+        return pickle.loads(blob)
+
+    def _all_results(self, mine: Any) -> list[Any]:
+        """Every rank's ``mine`` in rank order, all-gathered as pickles (this rank's sent to each peer)."""
+        if self.size == 1:
+            return [mine]
+        own = dumps(mine)
+        blobs = self.comm.allgather(own)
+        self.wire.count_sent(own, copies=self.size - 1)
+        self.wire.count_received(*(b for r, b in enumerate(blobs) if r != self.rank))
+        return [mine if r == self.rank else pickle.loads(b) for r, b in enumerate(blobs)]
 
     def _meet(self, ids: list[int]) -> None:
         """Wait for every rank at a non-blocking barrier, at most ``timeout`` seconds."""

@@ -50,6 +50,7 @@ from mixle_parallel.executors.estimation.engines.support import (
     requested_ids,
     require_engine,
 )
+from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
 from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
@@ -72,11 +73,16 @@ def pack_payload(payload: Any) -> Any:
     Measured here: a pass's (estimator, model) payload through ``ray.put`` added ~4.5 ms per actor
     call (the actor fetches it from the store) against ~0.3 ms inline.
     """
+    return pack_payload_sized(payload)[0]
+
+
+def pack_payload_sized(payload: Any) -> tuple[Any, int]:
+    """``pack_payload(payload)`` and the length of the pickle it holds."""
     import ray
     from ray import cloudpickle
 
     blob = cloudpickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-    return blob if len(blob) <= INLINE_PAYLOAD_BYTES else ray.put(blob)
+    return (blob if len(blob) <= INLINE_PAYLOAD_BYTES else ray.put(blob)), len(blob)
 
 
 def ray_uses_tls() -> bool:
@@ -169,6 +175,8 @@ class RayRunner:
         # A Ray with TLS keeps every pass on its own (encrypted) RPC: the channel is plain TCP.
         self.direct_channel = bool(direct_channel) and not ray_uses_tls()
         self._channels: dict[int, ChannelClient] = {}
+        self.wire = WireBytes()
+        """Pass bytes to and from the actors: channel frames, and the blobs of ``run`` calls through Ray."""
         self.timeout = check_timeout(timeout)
         self.start_timeout = check_timeout(start_timeout)
         self._owns_ray = not ray.is_initialized()
@@ -189,6 +197,11 @@ class RayRunner:
         self._owner: list[int] = []
         self.recoveries = 0
         """Chunks moved to a surviving actor after one died (for tests and logs)."""
+
+    @property
+    def bytes_moved(self) -> int:
+        """Pass bytes sent to and received from the actors so far (models out, statistics back)."""
+        return self.wire.total
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live actors, in worker order."""
@@ -224,7 +237,7 @@ class RayRunner:
             loopback = one_node_cluster(ray)
             replies = self._wait([self._actors[w].open_channel.remote(offer.public, loopback) for w in live],
                                  "opening pass channels")
-            self._channels = {w: ChannelClient(where, offer.key_for(public))
+            self._channels = {w: ChannelClient(where, offer.key_for(public), wire=self.wire)
                               for w, (where, public) in zip(live, replies)}
         except (OSError, ray.exceptions.RayError, WorkerTimeoutError) as exc:
             _log.warning("ray: no direct pass channel (%r); data passes go through Ray's RPC", exc)
@@ -300,7 +313,7 @@ class RayRunner:
             task = _pickled((fn, payload))
             if len(task) <= INLINE_PAYLOAD_BYTES:
                 return self._map_direct(task, ids, deadline)
-        payload_ref = pack_payload(payload)
+        payload_ref, payload_size = pack_payload_sized(payload)
         results: dict[int, Any] = {}
         inflight: dict[Any, tuple[int, list[int]]] = {}
 
@@ -310,6 +323,7 @@ class RayRunner:
                 by_worker.setdefault(self._owner[i], []).append(i)
             for w, wids in sorted(by_worker.items()):
                 inflight[self._actors[w].run.remote(fn, payload_ref, wids)] = (w, wids)
+                self.wire.sent += payload_size  # each actor gets the pickled payload (inline or from the store)
 
         submit(ids)
         while inflight:
@@ -324,12 +338,13 @@ class RayRunner:
             for ref in ready:
                 w, wids = inflight.pop(ref)
                 try:
-                    pairs = pickle.loads(ray.get(ref))
+                    reply = ray.get(ref)
                 except ray.exceptions.RayActorError:
                     self._reassign(w)
                     submit(wids)  # this pass's share of the dead actor, now on survivors
                     continue
-                results.update(pairs)
+                self.wire.count_received(reply)
+                results.update(pickle.loads(reply))
         return ordered_results(results, ids, self.name)
 
     def _map_direct(self, task: bytes, ids: list[int], deadline: Deadline) -> list[Any]:
@@ -405,7 +420,9 @@ class RayRunner:
             sent[w] = rest
             if rest:
                 borrowed_refs = {i: [self._refs[i]] for i in rest if self._owner[i] != w}
-                refs[self._actors[w].run_any.remote(task.fn, pack_payload(task.payload), rest, borrowed_refs)] = w
+                packed, size = pack_payload_sized(task.payload)
+                refs[self._actors[w].run_any.remote(task.fn, packed, rest, borrowed_refs)] = w
+                self.wire.sent += size
         out: dict[int, list[Any]] = {w: [] for w in checked}
         dead: list[int] = []
         values: dict[int, dict[int, Any]] = {w: {} for w in checked}
@@ -430,9 +447,12 @@ class RayRunner:
             for ref in ready:
                 w = refs[ref]
                 try:
-                    values[w].update(zip(sent[w], pickle.loads(ray.get(ref))))
+                    reply = ray.get(ref)
                 except ray.exceptions.RayActorError:
                     dead.append(w)
+                    continue
+                self.wire.count_received(reply)
+                values[w].update(zip(sent[w], pickle.loads(reply)))
         if dead:
             for w in sorted(set(dead)):
                 self._reassign(w)

@@ -10,6 +10,7 @@ The chunks are parallelized once as ``(chunk id, chunk)`` records into contiguou
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import threading
 import uuid
@@ -26,6 +27,7 @@ from mixle_parallel.executors.estimation.engines.support import (
     requested_ids,
     require_engine,
 )
+from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes, dumps
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
@@ -35,11 +37,14 @@ LOCAL_TASK_ATTEMPTS = 4
 """Attempts per task on a ``local[n, F]`` master the runner starts (Spark's cluster default)."""
 
 
-def _partition_runner(fn: Callable[[Any, Any], Any], payload: Any, wanted: frozenset[int] | None) -> Callable:
+def _partition_runner(task: bytes, wanted: frozenset[int] | None) -> Callable:
+    """A partition's pass: ``task`` is the pickled ``(fn, payload)`` (the closure Spark ships with each task);
+    the partition's ``(chunk id, result)`` pairs come back as one pickled record."""
     def run(records: Any) -> Any:
+        fn, payload = pickle.loads(task)
         chunks = {chunk_id: chunk for chunk_id, chunk in records if wanted is None or chunk_id in wanted}
         ids = sorted(chunks)
-        return zip(ids, apply_chunk_fn(fn, payload, ids, chunks.__getitem__))
+        return [dumps(list(zip(ids, apply_chunk_fn(fn, payload, ids, chunks.__getitem__))))]
 
     return run
 
@@ -101,6 +106,14 @@ class SparkRunner:
         self.num_workers = n
         self._rdd: Any = None
         self._num_chunks = 0
+        self._partitions = 0
+        self.wire = WireBytes()
+        """Pass bytes: the pickled ``(fn, payload)`` in each partition's task, the pickled results collected."""
+
+    @property
+    def bytes_moved(self) -> int:
+        """Pass bytes sent to and collected from the partitions so far (models out, statistics back)."""
+        return self.wire.total
 
     # -- placement ----------------------------------------------------------------------------
     def scatter(self, chunks: Sequence[Any]) -> None:
@@ -110,6 +123,7 @@ class SparkRunner:
         self._num_chunks = len(records)
         partitions = max(1, min(self.num_workers, len(records)))
         self._rdd = self.sc.parallelize(records, partitions).cache()
+        self._partitions = partitions
         self._run_job(lambda: self._rdd.count(), "placing chunks")
 
     # -- data passes --------------------------------------------------------------------------
@@ -163,9 +177,14 @@ class SparkRunner:
             raise RuntimeError("spark runner has no chunks; call scatter(chunks) first")
         ids = requested_ids(chunk_ids, self._num_chunks)
         wanted = None if chunk_ids is None else frozenset(ids)
-        rdd = self._rdd.mapPartitions(_partition_runner(fn, payload, wanted))
-        pairs = self._run_job(rdd.collect, "map_chunks")
-        return ordered_results(dict(pairs), ids, self.name)
+        from pyspark import cloudpickle
+
+        task = cloudpickle.dumps((fn, payload), protocol=pickle.HIGHEST_PROTOCOL)
+        rdd = self._rdd.mapPartitions(_partition_runner(task, wanted))
+        blobs = self._run_job(rdd.collect, "map_chunks")
+        self.wire.count_sent(task, copies=self._partitions)
+        self.wire.count_received(*blobs)
+        return ordered_results({i: r for blob in blobs for i, r in pickle.loads(blob)}, ids, self.name)
 
     # -- lifetime -----------------------------------------------------------------------------
     def _unpersist(self) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import io
 import os
+import pickle
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ from mixle_parallel.executors.estimation.engines.support import (
     requested_ids,
     require_engine,
 )
+from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes, dumps
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
 from mixle_parallel.executors.estimation.reference_handles import BuiltByEncodedData
 
@@ -110,6 +112,13 @@ class TorchRunRunner:
         self._num_chunks = 0
         self.tree_steps: list[tuple[int, int]] = []
         """The (peer, step) pairs this rank received from in the last pass's reduction (for tests)."""
+        self.wire = WireBytes()
+        """This rank's pass bytes: the pickled payload, subtree entries and ordered results, as they crossed."""
+
+    @property
+    def bytes_moved(self) -> int:
+        """Pass bytes this rank sent and received so far (payload and results broadcasts, tree sends)."""
+        return self.wire.total
 
     @property
     def is_root(self) -> bool:
@@ -136,6 +145,17 @@ class TorchRunRunner:
         self.dist.broadcast_object_list(box, src=self._global(self.root), group=self.group)
         return box[0]
 
+    def _broadcast_pickled(self, value: Any) -> Any:
+        """``broadcast`` of one pickle of the root's ``value``, counted (sent once per peer, received once)."""
+        if self.size == 1:
+            return value
+        blob = self.broadcast(dumps(value) if self.is_root else None)
+        if self.is_root:
+            self.wire.count_sent(blob, copies=self.size - 1)
+            return value
+        self.wire.count_received(blob)
+        return pickle.loads(blob)
+
     def tree_reduce(self, mine: dict[Any, Any]) -> dict[Any, Any] | None:
         """Merge every rank's ``{key: value}`` up a binomial tree rooted at ``root``; the merged dict on the
         root, None elsewhere. Step ``k``: relative rank ``v`` with ``v % 2^(k+1) == 0`` receives from ``v + 2^k``."""
@@ -146,14 +166,17 @@ class TorchRunRunner:
         while step < self.size:
             if rel % (2 * step) == step:  # send my subtree's entries to my parent, then I am done
                 parent = (rel - step + self.root) % self.size
-                self.dist.send_object_list([merged], dst=self._global(parent), group=self.group)
+                blob = dumps(merged)
+                self.dist.send_object_list([blob], dst=self._global(parent), group=self.group)
+                self.wire.count_sent(blob)
                 return None
             child = rel + step
             if rel % (2 * step) == 0 and child < self.size:
                 box: list[Any] = [None]
                 peer = (child + self.root) % self.size
                 self.dist.recv_object_list(box, src=self._global(peer), group=self.group)
-                merged.update(box[0])
+                self.wire.count_received(box[0])
+                merged.update(pickle.loads(box[0]))
                 self.tree_steps.append((peer, step))
             step *= 2
         return merged
@@ -189,7 +212,7 @@ class TorchRunRunner:
                    chunk_ids: Sequence[int] | None = None) -> list[Any]:
         """Collective: the root's payload to all, own chunks computed, entries reduced up the tree and the
         ordered list broadcast back. Every rank must call it with the same ``fn`` and ``chunk_ids``."""
-        payload = self.broadcast(payload if self.is_root else None)
+        payload = self._broadcast_pickled(payload)
         ids = requested_ids(chunk_ids, self._num_chunks)
         mine: dict[Any, Any] = {}
         failure: BaseException | None = None
@@ -204,7 +227,7 @@ class TorchRunRunner:
         if merged is not None:
             errors = sorted((k[1], v) for k, v in merged.items() if isinstance(k, tuple))
             outcome = ("error", errors) if errors else ("ok", ordered_results(merged, ids, self.name))
-        kind, value = self.broadcast(outcome)
+        kind, value = self._broadcast_pickled(outcome)
         if kind == "error":
             detail = "; ".join(f"rank {r}: {e}" for r, e in value)
             raise TorchRunChunkError(f"chunk function failed on {len(value)} rank(s): {detail}") from failure

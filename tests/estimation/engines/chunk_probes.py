@@ -143,3 +143,13 @@ def page_faults_per_pass(chunk: Any, payload: dict[str, Any]) -> float:
     for _ in range(payload.get("passes", 20)):
         one_pass()
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / payload.get("passes", 20)
+
+
+WIRE_PAYLOAD = {"scale": 2.0, "pad": np.arange(4096, dtype=np.float64)}
+"""A pass payload of ~32 KiB, so the pickled payload dominates a request's bytes."""
+
+
+def wide(chunk: tuple[int, np.ndarray], payload: dict[str, Any]) -> np.ndarray:
+    """A 4 KiB result per chunk (the chunk's sum, scaled, repeated), so statistics dominate a reply's bytes."""
+    cid, arr = chunk
+    return np.full(512, float(np.sum(arr)) * payload["scale"])
