@@ -7,7 +7,7 @@ per declared update, the tensor that update produces: ``grad:*`` the committed, 
 gradients (captured inside ``optimizer.step``, after the commit's scaling); ``param:*`` the forward
 outputs of the FSDP2 modules (what the all-gathered parameters computed); ``act:tp`` the outputs of
 the TP layers; ``kv:cp`` the outputs of the workload's attention modules; ``metric:dp`` the reduced
-global loss. A plan with ``gradient_accumulation_steps=k`` trains each step's local batch as k calls.
+global loss and target count. A plan with ``gradient_accumulation_steps=k`` trains each step's local batch as k calls.
 Sharded values are returned as DTensors or deferred unshardings; the harness unshards them outside
 the traced step.
 """
@@ -138,7 +138,8 @@ class TorchNativeTrial:
         out: dict[str, dict[str, Any]] = {}
         for update in self.updates:
             if update.node_id == "metric:dp":
-                out[update.node_id] = {"loss": torch.tensor(receipt.loss, dtype=torch.float64)}
+                out[update.node_id] = {"loss": torch.tensor(receipt.loss, dtype=torch.float64),
+                                       "count": torch.tensor(float(receipt.global_tokens_observed or 0))}
             elif update.payload is PayloadKind.GRADIENT:
                 out[update.node_id] = grads
             elif update.payload is PayloadKind.PARAMETER:

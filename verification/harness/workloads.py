@@ -2,7 +2,7 @@
 
 Each is a small frozen config (so it crosses process boundaries) that builds its torch objects
 lazily. Training workloads also compute the single-process reference: for every step the
-global-batch ``loss``, ``output``, every submodule's forward output ``output/<path>``, every
+global-batch ``loss``, its element ``count``, ``output``, every submodule's forward output ``output/<path>``, every
 parameter's gradient ``grad/<name>`` and, after the optimizer step, ``param/<name>`` (names are the
 plain module's ``named_modules`` / ``named_parameters``).
 Users can pass their own workload implementing ``contracts.TrainingWorkload`` (and ``reference``).
@@ -110,7 +110,8 @@ class _TrainingWorkload:
                 output = module(inputs)
                 loss = self.loss(output, targets)
             loss.backward()
-            record = {"loss": to_numpy(loss), "output": to_numpy(output), **outputs}
+            record = {"loss": to_numpy(loss), "count": np.asarray(float(targets.numel())), "output": to_numpy(output),
+                      **outputs}
             outputs.clear()
             record.update({f"grad/{n}": to_numpy(p.grad) for n, p in module.named_parameters()})
             optimizer.step()
