@@ -32,6 +32,7 @@ from mixle_parallel.contracts.enums import (
 from mixle_parallel.contracts.errors import (
     CapabilityError,
     ContractError,
+    ContractTypeError,
     MissingExtraError,
     NotAdmittedError,
     UnknownBackendError,
@@ -107,7 +108,7 @@ __all__ = [
     "ADMISSION_CHECKS", "DEFAULT_MAX_AGE", "IN_TOTO_PAYLOAD_TYPE", "AdmissionContext", "CertificateEnvelope",
     "EnvelopeSignature",
     "ALL_AXES", "AdmissibleExecutor", "AdmissionCertificate", "BackendCapabilities", "CONTRACT_TYPES",
-    "CapabilityError", "CollectiveKind", "ContractError", "DERIVED_AXES", "DeviceSpec",
+    "CapabilityError", "CollectiveKind", "ContractError", "ContractTypeError", "DERIVED_AXES", "DeviceSpec",
     "DistributedUpdate", "FrozenDict", "KNOWN_PRECISIONS", "MeshCoordinate", "MeshShape",
     "MissingExtraError", "NotAdmittedError", "NumericsEvidence", "ObservedCollective", "PHYSICAL_AXES",
     "UnknownBackendError", "DistributedTrainingBackend", "DistributedTrainingSession",

@@ -19,6 +19,11 @@ class CapabilityError(ValueError, NotImplementedError):
     """
 
 
+class ContractTypeError(TypeError, ValueError):
+    """A value of the wrong type (a float or bool where an int belongs): a ``TypeError``, and a ``ValueError``
+    (what mixle 0.8.2 raises for it), so either ``except`` catches it."""
+
+
 class UnknownBackendError(KeyError, ValueError):
     """A backend name that is not registered: a ``KeyError`` (a registry lookup) and a ``ValueError``
     (what mixle 0.8.2 raises), with the registered names in the message."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
+from numbers import Integral
 from typing import Any, NamedTuple
 
 import attrs
 
 from mixle_parallel.contracts._checks import non_negative_int, positive_int
 from mixle_parallel.contracts.enums import ALL_AXES, PHYSICAL_AXES, ParallelAxis
+from mixle_parallel.contracts.errors import ContractTypeError
 from mixle_parallel.contracts.serialization import SCHEMA_METADATA, register_contract
 
 MAX_AXIS_SIZE = 2**31
@@ -33,8 +35,18 @@ def _divisors(n: int, *, limit: int = 16) -> str:
 _SIZE_SCHEMA = {SCHEMA_METADATA: {"minimum": 1, "maximum": MAX_AXIS_SIZE}}
 
 
+def _exact_int(value: Any) -> Any:
+    """An integral number that is not a bool (``numpy.int64(2)``, say) becomes a plain int; else unchanged."""
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
+
+
 def _axis_size(inst: Any, attribute: Any, value: Any) -> None:
-    positive_int(inst, attribute, value)
+    try:
+        positive_int(inst, attribute, value)
+    except TypeError as err:  # both kinds, as mixle 0.8.2 raises ValueError here
+        raise ContractTypeError(str(err)) from None
     if value > MAX_AXIS_SIZE:
         raise ValueError(f"{type(inst).__name__}.{attribute.name}={value} is above the bound {MAX_AXIS_SIZE} (2**31)")
 
@@ -58,7 +70,10 @@ class _MeshShapeFields(NamedTuple):
 class MeshShape(_MeshShapeFields):
     """DeviceMesh dimension names and sizes of the active physical axes, slowest first.
 
-    A NamedTuple, so it unpacks and compares equal to mixle 0.8.2's plain ``(names, shape)`` tuple.
+    A NamedTuple, so it unpacks like mixle 0.8.2's plain ``(names, shape)`` tuple. Equality compares
+    the axis -> size mapping of the axes of size > 1, whatever their order: ours lists the axes in
+    torchtitan's rank order (pp, dp_replicate, dp_shard, cp, tp), mixle's in (dp_replicate, dp_shard,
+    tp, pp, cp) with a size-1 dp_replicate for one rank, and both describe the same mesh.
     Built with distinct physical axis names and one size (an int in 1..2**31) per name.
     """
 
@@ -78,6 +93,35 @@ class MeshShape(_MeshShapeFields):
             if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_AXIS_SIZE:
                 raise ValueError(f"MeshShape.shape holds {size!r}; sizes are ints in 1..{MAX_AXIS_SIZE}")
         return super().__new__(cls, names, shape)
+
+    def sizes(self) -> dict[str, int]:
+        """Axis name -> size of the axes of size > 1 (what equality compares)."""
+        return {name: size for name, size in zip(self.names, self.shape) if size > 1}
+
+    def __eq__(self, other: object) -> bool:
+        other_sizes = _mesh_sizes(other)
+        return NotImplemented if other_sizes is None else self.sizes() == other_sizes
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self.sizes().items()))
+
+
+def _mesh_sizes(value: object) -> dict[str, int] | None:
+    """The axis -> size mapping (sizes > 1) of a MeshShape or a plain ``(names, shape)`` pair, else None."""
+    if isinstance(value, MeshShape):
+        return value.sizes()
+    if not (isinstance(value, tuple) and len(value) == 2):
+        return None
+    names, shape = value
+    if not (isinstance(names, tuple) and isinstance(shape, tuple) and len(names) == len(shape)):
+        return None
+    if len(set(names)) != len(names):
+        return None
+    return {n: s for n, s in zip(names, shape) if not (isinstance(s, int) and s == 1)}
 
 
 @register_contract
@@ -115,15 +159,16 @@ class ParallelPlan:
     domains (``ep`` divides the data-parallel size, ``etp`` divides ``tp``).
     """
 
-    dp_replicate: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
-    dp_shard: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
-    tp: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
-    pp: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
-    cp: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
-    ep: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
-    etp: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
-    microbatches: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
-    gradient_accumulation_steps: int = attrs.field(default=1, validator=_axis_size, metadata=_SIZE_SCHEMA)
+    dp_replicate: int = attrs.field(default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
+    dp_shard: int = attrs.field(default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
+    tp: int = attrs.field(default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
+    pp: int = attrs.field(default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
+    cp: int = attrs.field(default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
+    ep: int = attrs.field(default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
+    etp: int = attrs.field(default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
+    microbatches: int = attrs.field(default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
+    gradient_accumulation_steps: int = attrs.field(
+        default=1, validator=_axis_size, converter=_exact_int, metadata=_SIZE_SCHEMA)
 
     def __attrs_post_init__(self) -> None:
         dp = self.dp_replicate * self.dp_shard
@@ -175,7 +220,10 @@ class ParallelPlan:
     def validate_world_size(self, world_size: int) -> None:
         """Raise ValueError unless ``world_size`` equals the plan's physical world size."""
         if isinstance(world_size, bool) or not isinstance(world_size, int):
-            raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
+            raise ContractTypeError(
+                f"world_size must be an int (the number of launched processes), got {type(world_size).__name__} "
+                f"({world_size!r})"
+            )
         if world_size != self.world_size:
             sizes = " x ".join(f"{a.value}={self.size(a)}" for a in PHYSICAL_AXES if self.size(a) > 1)
             raise ValueError(

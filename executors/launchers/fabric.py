@@ -48,7 +48,7 @@ def fabric_strategy(plan: ParallelPlan) -> str:
     problems = CAPABILITIES.problems(plan)
     if problems:
         raise CapabilityError(
-            "LightningFabricLauncher runs pure data parallelism (DDP or FSDP) only: " + "; ".join(problems)
+            "LightningFabricLauncher only owns data parallelism (DDP or FSDP): " + "; ".join(problems)
             + ". Run model axes with a torch_native or megatron session under TorchrunLauncher or RayTrainLauncher"
         )
     return "fsdp" if plan.dp_shard > 1 else "ddp"
@@ -234,8 +234,8 @@ class TopologyBoundFabric:
 
     def _bind(self, fabric: Any) -> None:
         context = bind_launched_rank(self._plan, launcher=LAUNCHER, rank=int(fabric.global_rank),
-                                     world_size=int(fabric.world_size), local_rank=int(fabric.local_rank),
-                                     handle=self)
+                                     world_size=int(fabric.world_size),
+                                     local_rank=int(getattr(fabric, "local_rank", 0)), handle=self)
         self.topology_attestation = context.attestation
 
     def attest_topology(self) -> WorkerTopologyAttestation:

@@ -13,8 +13,10 @@ megatron), which checks its own capabilities. Ray is imported only inside ``run`
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Callable
+from numbers import Real
 from typing import Any
 
 from mixle_parallel.contracts import MissingExtraError, ParallelPlan, WorkerTopologyAttestation
@@ -23,6 +25,33 @@ from mixle_parallel.executors.launchers.base import bind_launched_rank, describe
 LAUNCHER = "ray_train"
 # the keys RayTrainLauncher.launch adds to a worker's config (mixle 0.8.2's names)
 RESERVED_CONFIG_KEYS = ("mixle_parallel_plan", "mixle_worker_topology_attestation", "_mixle_parallel_launch")
+
+
+def check_resources_per_worker(resources: Any, *, use_gpu: bool) -> dict[str, float] | None:
+    """Validate a Ray ``resources_per_worker`` request before Ray starts; return it with float quantities.
+
+    Names are non-empty strings, quantities finite and >= 0, and ``use_gpu=True`` cannot ask for no GPU
+    while ``use_gpu=False`` cannot ask for one (Ray would start and then wait for a worker it cannot place).
+    """
+    if resources is None:
+        return None
+    if not isinstance(resources, dict):
+        raise TypeError(
+            f"resources_per_worker must be a dict of resource name -> amount, got {type(resources).__name__}")
+    checked: dict[str, float] = {}
+    for name, amount in resources.items():
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"resources_per_worker has the key {name!r}; resource names are non-empty strings")
+        if isinstance(amount, bool) or not isinstance(amount, Real) or not math.isfinite(amount) or amount < 0:
+            raise ValueError(f"resources_per_worker[{name!r}]={amount!r}; amounts are finite numbers >= 0")
+        checked[name] = float(amount)
+    gpu = checked.get("GPU")
+    if use_gpu and gpu is not None and gpu <= 0.0:
+        raise ValueError(f"use_gpu=True conflicts with resources_per_worker['GPU']={gpu}; ask for GPU > 0 or drop it")
+    if not use_gpu and gpu:
+        raise ValueError(
+            f"use_gpu=False conflicts with resources_per_worker['GPU']={gpu}; pass use_gpu=True or drop it")
+    return checked
 
 
 class _ResultBox:
@@ -56,7 +85,7 @@ class RayTrainLauncher:
         if not isinstance(use_gpu, bool):
             raise TypeError(f"use_gpu must be a bool, got {use_gpu!r}")
         self.plan, self.use_gpu = plan, use_gpu
-        self.resources_per_worker = dict(resources_per_worker) if resources_per_worker else None
+        self.resources_per_worker = check_resources_per_worker(resources_per_worker, use_gpu=use_gpu) or None
         self.storage_path, self.name = storage_path, name
         self.process_group_timeout_s = process_group_timeout_s
 
@@ -100,6 +129,8 @@ class RayTrainLauncher:
         gpu = self.use_gpu if use_gpu is None else use_gpu
         if not isinstance(gpu, bool):
             raise TypeError(f"use_gpu must be a bool, got {gpu!r}")
+        resources = check_resources_per_worker(
+            resources_per_worker if resources_per_worker is not None else self.resources_per_worker, use_gpu=gpu)
         try:
             from ray.train import RunConfig, ScalingConfig
             from ray.train.torch import TorchConfig, TorchTrainer
@@ -112,7 +143,7 @@ class RayTrainLauncher:
             train_loop_config=config,
             torch_config=TorchConfig(timeout_s=self.process_group_timeout_s),
             scaling_config=ScalingConfig(num_workers=plan.world_size, use_gpu=gpu,
-                                         resources_per_worker=resources_per_worker or self.resources_per_worker),
+                                         resources_per_worker=resources or None),
             run_config=run_config if run_config is not None else RunConfig(storage_path=self.storage_path,
                                                                             name=self.name),
         )

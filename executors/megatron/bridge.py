@@ -87,6 +87,10 @@ class MegatronBridgeBackend:
     name = "megatron_bridge"
     capabilities = BRIDGE_CAPABILITIES
 
+    def _require_bridge(self) -> Any:
+        """The ``megatron.bridge`` module (mixle 0.8.2's hook name; a test may replace it on the instance)."""
+        return require_bridge()
+
     @staticmethod
     def configure_provider(provider: Any, plan: ParallelPlan) -> Any:
         """Write the plan's model-parallel sizes into a mutable Bridge model provider; returns the provider."""
@@ -119,7 +123,7 @@ class MegatronBridgeBackend:
         """Configure the provider ``module`` for ``plan``, finalize it and build its distributed model."""
         precision = str(precision).lower()
         self.capabilities.validate(plan, precision=precision)
-        require_bridge()
+        self._require_bridge()
         provider = self.configure_provider(module, plan)
         ddp_config = self.configure_distributed_optimizer(ddp_config, plan)
         finalize = getattr(provider, "finalize", None)
@@ -146,5 +150,5 @@ class MegatronBridgeBackend:
             if model is not None:
                 self.configure_provider(model, plan)
             self.configure_distributed_optimizer(getattr(config, "ddp", None), plan)
-        require_bridge()
+        self._require_bridge()
         return importlib.import_module("megatron.bridge.training.pretrain").pretrain(config, forward_step)

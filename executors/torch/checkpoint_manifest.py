@@ -3,8 +3,10 @@
 A checkpoint root holds generations and one pointer::
 
     ROOT/LATEST                      pointer (JSON): {"generation": "gen-00000003", "manifest_sha256": ...}
+    ROOT/CURRENT, ROOT/_SUCCESS      mixle 0.8.2's pointer name and completion marker (written after LATEST)
     ROOT/gen-00000003/MANIFEST.json  sha256 and size of every other file of the generation
     ROOT/gen-00000003/MANIFEST.sig   Ed25519-signed statement over the manifest (``checkpoint_trust``)
+    ROOT/gen-00000003/_SUCCESS       completion marker, written when the generation is published
     ROOT/gen-00000003/state.json     global non-tensor state (clocks, scheduler, optimizer hyper-parameters)
     ROOT/gen-00000003/ranks/rank-00000.json   rank-local state (RNG, loader position)
     ROOT/gen-00000003/dcp/...        tensors, written by torch.distributed.checkpoint
@@ -37,6 +39,10 @@ FORMAT = "mixle-parallel-checkpoint"
 FORMAT_VERSION = 1
 """Version of the layout; a reader refuses other versions."""
 POINTER_NAME = "LATEST"
+MIXLE_POINTER_NAME = "CURRENT"
+"""mixle 0.8.2's name for the pointer: written with the same content after ``LATEST`` (readers here use ``LATEST``)."""
+SUCCESS_NAME = "_SUCCESS"
+"""mixle 0.8.2's completion marker, written in the generation and at the root once the generation is published."""
 MANIFEST_NAME = "MANIFEST.json"
 SIGNATURE_NAME = "MANIFEST.sig"
 """The manifest's signature (see ``checkpoint_trust``); like the manifest, not listed in it."""
@@ -249,7 +255,7 @@ def rank_file(generation_dir: str | os.PathLike[str], rank: int) -> Path:
 
 def _listed_files(generation_dir: Path) -> list[str]:
     return sorted(p.relative_to(generation_dir).as_posix() for p in generation_dir.rglob("*")
-                  if p.is_file() and p.name not in (MANIFEST_NAME, SIGNATURE_NAME))
+                  if p.is_file() and p.name not in (MANIFEST_NAME, SIGNATURE_NAME, SUCCESS_NAME))
 
 
 def write_manifest(generation_dir: str | os.PathLike[str], *, world_size: int,
@@ -264,10 +270,19 @@ def write_manifest(generation_dir: str | os.PathLike[str], *, world_size: int,
 
 
 def publish(root: str | os.PathLike[str], generation: str, manifest_sha256: str) -> None:
-    """Make ``generation`` the one a reader loads: atomically replace the pointer file."""
-    write_json_atomic(Path(root) / POINTER_NAME,
-                      {"format": FORMAT, "version": FORMAT_VERSION, "kind": "pointer",
-                       "generation": generation, "manifest_sha256": manifest_sha256})
+    """Make ``generation`` the one a reader loads: atomically replace the pointer file.
+
+    mixle 0.8.2's markers follow (``_SUCCESS`` in the generation, the ``CURRENT`` pointer, ``_SUCCESS`` at the
+    root), so tools that look for them find a published checkpoint; a failed save writes none of them.
+    """
+    root = Path(root)
+    pointer = {"format": FORMAT, "version": FORMAT_VERSION, "kind": "pointer",
+               "generation": generation, "manifest_sha256": manifest_sha256}
+    marker = {"format": FORMAT, "version": FORMAT_VERSION, "kind": "success", "generation": generation}
+    write_json_atomic(root / generation / SUCCESS_NAME, marker)
+    write_json_atomic(root / POINTER_NAME, pointer)
+    write_json_atomic(root / MIXLE_POINTER_NAME, pointer)
+    write_json_atomic(root / SUCCESS_NAME, marker)
 
 
 def resolve(path: str | os.PathLike[str]) -> tuple[Path, str | None]:

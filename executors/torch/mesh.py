@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 from datetime import timedelta
 from typing import Any
@@ -14,6 +15,13 @@ from mixle_parallel.contracts import ParallelAxis, ParallelPlan, attest_worker_c
 
 MIN_TORCH = (2, 6)
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_EXIT_HOOK: list[bool] = []  # set once the at-exit release is registered
+
+
+def _release_at_exit() -> None:
+    """Destroy the default process group a session created if the script has not destroyed it itself."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def torch_version_tuple(version: str | None = None) -> tuple[int, int]:
@@ -48,7 +56,9 @@ def resolve_device(device: Any = None) -> torch.device:
 def ensure_process_group(plan: ParallelPlan, device: torch.device) -> bool:
     """Use the existing default process group, or create one from the torchrun environment.
 
-    Returns True when this call created the group (so the session destroys it on ``close``).
+    Returns True when this call created the group. As in mixle 0.8.2 the group outlives the session
+    (``close`` leaves it, so a script may run collectives after it and destroy the group itself);
+    one the script has not destroyed is destroyed at interpreter exit.
     A single-rank plan without a process group and without torchrun variables runs without one.
     """
     if dist.is_available() and dist.is_initialized():
@@ -68,6 +78,9 @@ def ensure_process_group(plan: ParallelPlan, device: torch.device) -> bool:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+    if not _EXIT_HOOK:
+        atexit.register(_release_at_exit)
+        _EXIT_HOOK.append(True)
     return True
 
 

@@ -258,8 +258,14 @@ class TorchDistributedSession:
             self.ledger.checkpoint(step=self._step, path=str(path), extra={"event": "load"})
         return loaded
 
+    @property
+    def owns_process_group(self) -> bool:
+        """True when ``prepare`` created the default process group (from the torchrun environment)."""
+        return self._owns_pg
+
     def close(self) -> None:
-        """Release the session; destroys the process group only if ``prepare`` created it."""
+        """Release the session (health thread, ledger). The process group stays, as in mixle 0.8.2: the script
+        may destroy it; one ``prepare`` created is destroyed at interpreter exit otherwise."""
         if self._closed:
             return
         self._closed = True
@@ -270,8 +276,6 @@ class TorchDistributedSession:
             self.ledger.run_end(status="ok", steps=self._step, extra={
                 "audited_steps": audit.audited_steps if audit else 0,
                 "audit_mismatches": sum(not r.matched for r in audit.records) if audit else 0})
-        if self._owns_pg and dist.is_initialized():
-            dist.destroy_process_group()
 
     # ---- micro-steps ----------------------------------------------------------------------
     def _micro_step(self, x: Any, y: Any, *, sync: bool, weight: float) -> None:

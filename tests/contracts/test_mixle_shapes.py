@@ -7,6 +7,8 @@ import pytest
 from mixle_parallel.contracts import (
     BackendCapabilities,
     CapabilityError,
+    ContractTypeError,
+    MeshShape,
     ParallelPlan,
     StepReceipt,
     UnknownBackendError,
@@ -69,3 +71,32 @@ def test_plan_as_dict_and_axis_sizes() -> None:
     assert {a.value: n for a, n in plan.axis_sizes.items()} == {k: d[k] for k in
                                                                  ("dp_replicate", "dp_shard", "tp", "pp", "cp",
                                                                   "ep", "etp")}
+
+
+def test_mesh_equals_mixles_tuple_in_mixles_axis_order() -> None:
+    # mixle 0.8.2 lists (dp_replicate, dp_shard, tp, pp, cp); ours keeps torchtitan's rank order
+    plan = ParallelPlan(dp_replicate=8, tp=2, pp=2, cp=2, ep=4, etp=2)
+    assert plan.mesh.names == ("pp", "dp_replicate", "cp", "tp")
+    assert plan.mesh == (("dp_replicate", "tp", "pp", "cp"), (8, 2, 2, 2))
+    assert not plan.mesh != (("dp_replicate", "tp", "pp", "cp"), (8, 2, 2, 2))
+    assert plan.mesh != (("dp_replicate", "tp", "pp", "cp"), (8, 2, 2, 4))  # a size differs
+    assert plan.mesh != (("dp_replicate", "tp", "pp"), (8, 2, 2))  # an axis is missing
+    assert plan.mesh != (("tp", "tp"), (2, 2)) and plan.mesh != "pp"
+    # one rank: mixle names a size-1 dp_replicate, ours nothing; both are the same one-rank mesh
+    assert ParallelPlan().mesh == (("dp_replicate",), (1,))
+    assert ParallelPlan(tp=2).mesh == (("dp_replicate", "tp"), (1, 2))
+    assert len({ParallelPlan(tp=2, pp=2).mesh, MeshShape(("tp", "pp"), (2, 2))}) == 1  # hash follows equality
+
+
+def test_plan_sizes_accept_integral_numbers_and_refuse_others_as_mixle_does() -> None:
+    np = pytest.importorskip("numpy")
+    plan = ParallelPlan(tp=np.int64(2), dp_shard=np.int32(2))
+    assert type(plan.tp) is int and type(plan.dp_shard) is int and plan.world_size == 4
+    for value in (1.9, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="must be an int") as caught:
+            ParallelPlan(tp=value)
+        assert isinstance(caught.value, TypeError)  # both kinds: ContractTypeError
+    with pytest.raises(ValueError, match="must be >= 1"):
+        ParallelPlan(tp=0)
+    with pytest.raises(ContractTypeError, match="number of launched processes"):
+        ParallelPlan().validate_world_size(1.9)  # type: ignore[arg-type]

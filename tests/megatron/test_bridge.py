@@ -79,3 +79,18 @@ def test_prepare_drives_the_provider(monkeypatch: pytest.MonkeyPatch) -> None:
         MegatronBridgeBackend().prepare(types.SimpleNamespace(), plan=ParallelPlan(tp=2))
     with pytest.raises(RuntimeError, match="run_pretrain"):
         MegatronBridgeBackend().prepare(Provider(), plan=ParallelPlan(tp=2)).train_batch(None, None)
+
+
+def test_require_bridge_hook_can_be_replaced_per_instance(monkeypatch: pytest.MonkeyPatch) -> None:
+    # mixle 0.8.2's hook: prepare() asks the instance's _require_bridge, so a test can stand in for Bridge
+    backend = MegatronBridgeBackend()
+    monkeypatch.setattr(backend, "_require_bridge", lambda: object())
+    provider = Provider()
+    session = backend.prepare(provider, plan=ParallelPlan(dp_replicate=4, tp=2, pp=2, cp=2, ep=2, etp=2),
+                              wrap_with_ddp=False)
+    assert session.module == "model" and provider.provided == {"wrap_with_ddp": False}
+    assert (provider.pipeline_model_parallel_size, provider.context_parallel_size,
+            provider.expert_model_parallel_size, provider.expert_tensor_parallel_size) == (2, 2, 2, 2)
+    if not HAS_BRIDGE:
+        with pytest.raises(MissingExtraError, match="megatron-bridge"):
+            MegatronBridgeBackend()._require_bridge()

@@ -195,3 +195,29 @@ def test_async_save_in_one_process_saves_the_state_at_the_call(tmp_path):
     fresh = _build(seed=8)
     assert load_checkpoint(tmp_path, model=fresh[0], optimizer=fresh[1])["session_state"]["step"] == 1
     assert all(torch.equal(a, b) for a, b in zip(_params(fresh[0]), at_save))
+
+
+def test_mixles_markers_follow_the_published_generation_only(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+
+    model, optimizer, scheduler = _build()
+    _save(tmp_path, model, optimizer, scheduler, 0)
+    _step(model, optimizer, scheduler, 0)
+    _save(tmp_path, model, optimizer, scheduler, 1)
+    current = json.loads((tmp_path / "CURRENT").read_text())
+    assert current == json.loads((tmp_path / "LATEST").read_text()) and current["generation"] == "gen-00000002"
+    assert json.loads((tmp_path / "_SUCCESS").read_text())["generation"] == "gen-00000002"
+    assert (tmp_path / "gen-00000001" / "_SUCCESS").is_file() and (tmp_path / "gen-00000002" / "_SUCCESS").is_file()
+
+    def failing_write(*args, **kwargs):
+        raise RuntimeError("disk full (injected)")
+
+    monkeypatch.setattr(dcp, "save", failing_write)
+    with pytest.raises(RuntimeError, match="disk full"):
+        _save(tmp_path, model, optimizer, scheduler, 2)
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "CURRENT").read_text())["generation"] == "gen-00000002"  # markers untouched
+    assert json.loads((tmp_path / "_SUCCESS").read_text())["generation"] == "gen-00000002"
+    assert not (tmp_path / "gen-00000003" / "_SUCCESS").exists()
+    fresh = _build(seed=3)
+    assert load_checkpoint(tmp_path, model=fresh[0], optimizer=fresh[1])["session_state"]["step"] == 1

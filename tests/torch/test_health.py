@@ -65,6 +65,8 @@ def test_monitor_rules() -> None:
     mon.observe_rank_step(0, 1)
     mon.observe_rank_step(1, 60)
     assert [a.rank for a in mon.check_rank_liveness(60)] == [0] and mon.check_rank_liveness(61) == []
+    with pytest.raises(ValueError, match="increase strictly.*step number above 60"):
+        mon.observe_rank_step(1, 60)
     report = mon.report()
     assert json.loads(json.dumps(report))["anomalies_by_kind"]["loss_spike"] == 1
     with pytest.raises(ValueError, match="increase strictly"):

@@ -116,7 +116,10 @@ class TrainingHealthMonitor:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         if self.records and step <= self.records[-1].step:
-            raise ValueError(f"steps must increase strictly: previous {self.records[-1].step}, now {step}")
+            raise ValueError(
+                f"steps must increase strictly: previous {self.records[-1].step}, now {step}; "
+                f"record each step once, with a step number above {self.records[-1].step}"
+            )
         loss = _real(loss, "loss")
         grad = None if grad_norm is None else _real(grad_norm, "grad_norm")
         if grad is not None and math.isfinite(grad) and grad < 0:
@@ -196,7 +199,10 @@ class TrainingHealthMonitor:
         name = str(rank)
         previous = self._last_seen.get(name)
         if previous is not None and step <= previous:
-            raise ValueError(f"rank {name!r} heartbeat steps must increase: previous {previous}, now {step}")
+            raise ValueError(
+                f"rank {name!r} heartbeat steps must increase strictly: previous {previous}, now {step}; "
+                f"report each completed step once, with a step number above {previous}"
+            )
         self._last_seen[name] = int(step)
         self._flagged_dead.discard(name)
 
