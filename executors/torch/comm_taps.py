@@ -5,7 +5,8 @@ tensor and context parallelism), the session taps the only places DDP and FSDP2 
 
 * DDP: a comm hook (:func:`counting_allreduce_hook`) counts each bucket DDP really hands to its
   communication (its buffer's bytes) and then runs torch's default all-reduce hook, so receipts show
-  what was issued, including an all-reduce on a micro-step that should not have synchronized; the
+  what was issued, including an all-reduce on a micro-step that should not have synchronized; its
+  forward buffer broadcasts are counted as issued (:func:`count_buffer_broadcasts`); the
   audit arms post-accumulate-grad hooks (:class:`DDPGradientAccess`) only on the steps it audits or
   a fault is planned for.
 * FSDP2 / HSDP: custom ``AllGather`` / ``ReduceScatter`` comm objects
@@ -32,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
 from mixle_parallel.executors.torch.dp_mode import DataParallelMode
 from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
 
@@ -71,10 +73,10 @@ class CommTap:
         """(bytes, counts per collective kind) counted so far."""
         return self.bytes, dict(self.counts)
 
-    def add(self, kind: str, nbytes: int) -> None:
-        """Count one collective of ``nbytes`` (nothing while replaying: audit traffic is not the step's)."""
+    def add(self, kind: str, nbytes: int, count: int = 1) -> None:
+        """Count ``count`` collectives moving ``nbytes`` in all (not while replaying: audit traffic is not counted)."""
         if self.counting and self.mode != "replay":
-            self.counts[kind] += 1
+            self.counts[kind] += count
             self.bytes += int(nbytes)
 
     def wants_flip(self) -> bool:
@@ -334,6 +336,23 @@ def counting_allreduce_hook(tap: CommTap) -> Any:
     return hook
 
 
+def count_buffer_broadcasts(ddp: DistributedDataParallel, tap: CommTap) -> None:
+    """Count DDP's forward buffer broadcasts as issued: its coalesced broadcast runs under a dispatch-level
+    ``CollectiveMeter``, which sees each ``c10d::broadcast_`` it really sends (one per dtype bucket)."""
+    original = ddp._distributed_broadcast_coalesced
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        meter = CollectiveMeter()
+        with meter:
+            result = original(*args, **kwargs)
+        nbytes, counts = meter.snapshot()
+        for kind, n in counts.items():
+            tap.add(kind, nbytes if kind == "broadcast" else 0, n)
+        return result
+
+    ddp._distributed_broadcast_coalesced = counted  # type: ignore[method-assign]  # an instance-level wrapper
+
+
 def install_taps(module: nn.Module, plan: Any, mode: DataParallelMode, *, gradient_access: bool = True) -> CommTap:
     """The session's CommTap, installed on DDP / FSDP2; it counts bytes unless TP or CP need the dispatch meter.
 
@@ -352,6 +371,7 @@ def install_taps(module: nn.Module, plan: Any, mode: DataParallelMode, *, gradie
         if counting:
             ddp = cast("DistributedDataParallel", module)
             ddp.register_comm_hook(ddp.process_group, counting_allreduce_hook(tap))
+            count_buffer_broadcasts(ddp, tap)
         if gradient_access:
             named = [(pre_wrap_fqn(n), p) for n, p in unwrap(module).named_parameters() if p.requires_grad]
             tap.ddp_access = DDPGradientAccess(tap, named)

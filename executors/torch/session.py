@@ -302,9 +302,6 @@ class TorchDistributedSession:
         """One forward/backward of a micro-batch (no clock, no counters): what a step and an audit replay run."""
         self._tap.syncing = sync
         with self._sync_context(sync), self._cp_context(x, y) as (x, y):
-            if (self.dp_mode.uses_ddp and self._tap.counting  # the module is then the DistributedDataParallel wrapper
-                    and cast("DistributedDataParallel", self.module).will_sync_module_buffers()):
-                self._tap.add("broadcast", sum(b.numel() * b.element_size() for b in self.module.buffers()))
             if self._health is not None:
                 self._health.phase("forward")
                 start = time.perf_counter()

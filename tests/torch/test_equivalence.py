@@ -160,7 +160,7 @@ def test_collective_bytes_within_5_percent_of_true_bytes(world2: list[dict]) -> 
         n, blocks = misc["bytes_ddp"]["n_params"], misc["bytes_ddp"]["block_params"]
         metric = 5 * 8  # the session's float64 commit all-reduce
         true_ddp = 4 * n + metric  # fp32 gradients all-reduced once
-        for case in ("bytes_ddp", "bytes_ddp_builtin"):  # Python comm hook (audit on) and DDP's built-in hook
+        for case in ("bytes_ddp", "bytes_ddp_builtin"):  # the counting comm hook, with the audit on and off
             got = misc[case]["receipt"]["collective_bytes"]
             assert abs(got - true_ddp) <= 0.05 * true_ddp, (case, got, true_ddp)
         # FSDP2 (no padding: every dim 0 is even): forward all-gather of everything, backward

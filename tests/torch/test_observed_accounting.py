@@ -69,6 +69,17 @@ def test_broken_no_sync_shows_the_extra_all_reduces(world2: list[dict[str, Any]]
         _within_5_percent(calls, "ddp_broken_no_sync")
 
 
+def test_ddp_buffer_broadcasts_are_counted_as_issued(world2: list[dict[str, Any]]) -> None:
+    for rank in world2:
+        calls = rank["ddp_buffers"]
+        recorded = [call["recorded_counts"].get("broadcast", 0) for call in calls]
+        # DDP broadcasts buffers before a forward that follows a synchronized one (not after a no_sync
+        # micro-step), one broadcast per dtype bucket: the float32 mean and the float64 count
+        assert recorded[0] == 2 and set(recorded) <= {0, 2}, [c["recorded_entries"] for c in calls]
+        assert [call["receipt"]["extra"]["collectives"].get("broadcast", 0) for call in calls] == recorded
+        _within_5_percent(calls, "ddp_buffers")
+
+
 @pytest.mark.slow
 def test_hsdp_receipt_bytes_match_the_flight_recorder() -> None:
     for rank in _world(4, "world4"):

@@ -20,7 +20,8 @@ pytest_plugins = ["pytester"]
 def test_cli_passes_the_correct_toy(capsys):
     assert main_conformance(["--backend", f"{TOYS}:ToyDDPExecutor"]) == 0
     out = capsys.readouterr().out
-    assert "7/7 checks passed" in out and "PASS  check_harness_admits" in out
+    assert "9/9 checks passed" in out and "PASS  check_harness_admits" in out
+    assert "PASS  check_updates_on_the_wire" in out and "grad:dp_shard: all_reduce x" in out
 
 
 def test_cli_rejects_the_wrong_group_toy_naming_the_check(capsys):
@@ -62,10 +63,10 @@ def test_pytest_plugin_runs_the_suite(pytester):
     pytester._monkeypatch.setenv("PYTHONPATH", env_path)
     good = pytester.runpytest_subprocess(*_plugin_args(), "--mixle-backend", f"{TOYS}:ToyEMExecutor",
                                          "--mixle-plan", "dp_replicate=2", "--mixle-precision", "fp64", "-q")
-    good.assert_outcomes(passed=7)
+    good.assert_outcomes(passed=9)
     bad = pytester.runpytest_subprocess(*_plugin_args(), "--mixle-backend", f"{TOYS}:PerWorkerEMExecutor",
                                         "--mixle-plan", "dp_replicate=3", "--mixle-precision", "fp64", "-q")
-    bad.assert_outcomes(passed=6, failed=1)
+    bad.assert_outcomes(passed=8, failed=1)
     bad.stdout.fnmatch_lines(["*test_harness_admits*", "*check 'determinism' failed*differs in bits from 1 worker*"])
     assert sys.executable
 

@@ -6,6 +6,7 @@ Module-level classes so spawned gloo ranks can import them.
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -39,6 +40,8 @@ class ToyDDPExecutor:
     """'all_gather': average gradients by gathering every rank's and taking the mean."""
     grad_scale = 1.0
     """Extra factor on the committed gradients (1.0: none)."""
+    no_sync_works = True
+    """False: the non-commit micro-steps of gradient accumulation run outside ``no_sync()`` (they all-reduce)."""
 
     @property
     def capabilities(self) -> BackendCapabilities:
@@ -101,7 +104,11 @@ class _ToyTrial:
         if inputs.is_floating_point():
             inputs = inputs.to(self.dtype)
         self.optimizer.zero_grad(set_to_none=True)
-        self.workload.loss(self.ddp(inputs), targets).backward()
+        calls = self.plan.gradient_accumulation_steps  # equal micro-batches: the mean of their mean losses
+        for i, (x, y) in enumerate(zip(inputs.tensor_split(calls), targets.tensor_split(calls))):
+            skip_sync = i < calls - 1 and self.executor.wrap_ddp and self.executor.no_sync_works
+            with self.ddp.no_sync() if skip_sync else contextlib.nullcontext():
+                (self.workload.loss(self.ddp(x), y) / calls).backward()
         self._average_by_hand()
         grads = {f"grad/{n}": p.grad.detach().clone() for n, p in self.module.named_parameters()}
         self.optimizer.step()

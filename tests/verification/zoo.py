@@ -37,6 +37,145 @@ class NoAverageDDP(ToyDDPExecutor):
     wrap_ddp = False
 
 
+class BrokenNoSyncDDP(ToyDDPExecutor):
+    """Gradient accumulation whose ``no_sync()`` is never entered: DDP all-reduces on every micro-step.
+
+    The numbers stay right (the average of averages is the average), so only the wire shows it: an
+    all-reduce in a backward before the step's last."""
+
+    name = "zoo_broken_no_sync"
+    no_sync_works = False
+
+
+class AccumulatingDDP(ToyDDPExecutor):
+    """The correct neighbour of ``BrokenNoSyncDDP``: the same accumulation with a working ``no_sync()``."""
+
+    name = "zoo_accumulating_ddp"
+
+
+class GradientsInTheMetricAllReduce(ToyDDPExecutor):
+    """Declares FSDP-style reduce-scatter of gradients and a metric all-reduce, but packs the gradients into
+    the metric's all-reduce after backward: on gloo (reduce-scatter recorded as all-reduce) the one
+    all-reduce over dp_shard per step looks like both declarations unless each needs its own entry."""
+
+    name = "zoo_gradients_in_the_metric_all_reduce"
+    wrap_ddp = False
+
+    def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
+        axes = _dp_axes(plan)
+        return (DistributedUpdate(f"grad:{','.join(axes)}", PayloadKind.GRADIENT, CollectiveKind.REDUCE_SCATTER, axes,
+                                  StateLayout.SHARDED, False),
+                DistributedUpdate("metric:dp", PayloadKind.SUFFICIENT_STATISTIC, CollectiveKind.ALL_REDUCE, axes,
+                                  StateLayout.REPLICATED, False))
+
+    def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
+                   world_size: int) -> _FusedMetricTrial:
+        return _FusedMetricTrial(self, workload, plan, precision, seed, rank)
+
+
+class _FusedMetricTrial:
+    def __init__(self, executor: GradientsInTheMetricAllReduce, workload: Any, plan: ParallelPlan, precision: str,
+                 seed: int, rank: int) -> None:
+        from mixle_parallel.verification.harness.workloads import torch_dtype
+
+        self.workload, self.plan, self.seed, self.rank = workload, plan, seed, rank
+        self.dtype = torch_dtype(precision)
+        self.grad_node = executor.describe_updates(plan)[0].node_id
+        self.module = workload.build_module(seed).to(self.dtype)
+        self.optimizer = workload.make_optimizer(self.module.parameters())
+
+    def step(self, step: int) -> dict[str, dict[str, Any]]:
+        import torch
+        import torch.distributed as dist
+
+        inputs, targets = self.workload.local_batch(step, self.seed, self.plan, self.rank)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.workload.loss(self.module(inputs.to(self.dtype)), targets)
+        loss.backward()
+        params = list(self.module.parameters())
+        flat = torch.cat([loss.detach().reshape(1)] + [p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)  # the metric all-reduce, carrying every gradient too
+        flat /= dist.get_world_size()
+        offset = 1
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+        grads = {f"grad/{n}": p.grad.detach().clone() for n, p in self.module.named_parameters()}
+        self.optimizer.step()
+        return {self.grad_node: grads, "metric:dp": {"loss": flat[0].clone()}}
+
+    def close(self) -> None:
+        self.module = None
+
+
+class SkipsRowwiseAllReduce:
+    """torch_native TP whose row-wise layers skip their all-reduce (``RowwiseParallel(output_layouts=Partial())``:
+    each rank hands on its partial sum); gradients, parameters and loss are patched from a correct shadow
+    session, so only the TP layers' outputs give it away."""
+
+    verification_launch = "gloo"
+
+    def __init__(self) -> None:
+        from mixle_parallel.executors.torch.verifiable import VerifiableTorchNative
+
+        self._inner = VerifiableTorchNative()
+        self.capabilities, self.version = self._inner.capabilities, self._inner.version
+
+    def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
+        return self._inner.describe_updates(plan)
+
+    def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
+                   world_size: int) -> _PatchedTPTrial:
+        return _PatchedTPTrial(self._inner._backend, workload, plan, precision, seed, rank)
+
+
+class _PatchedTPTrial:
+    def __init__(self, backend: Any, workload: Any, plan: ParallelPlan, precision: str, seed: int, rank: int) -> None:
+        from torch.distributed.tensor import Partial
+        from torch.distributed.tensor.parallel import RowwiseParallel
+
+        from mixle_parallel.executors.torch.verifiable import TorchNativeTrial
+
+        broken = {path: RowwiseParallel(output_layouts=Partial()) if style == "rowwise" else style
+                  for path, style in workload.tp_plan().items()}
+        self.broken = TorchNativeTrial(backend, workload, plan, precision=precision, seed=seed, rank=rank,
+                                       tp_plan=broken)
+        self.shadow = TorchNativeTrial(backend, workload, plan, precision=precision, seed=seed, rank=rank)
+
+    def step(self, step: int) -> dict[str, dict[str, Any]]:
+        forward = self.broken.step(step)["act:tp"]
+        return {**self.shadow.step(step), "act:tp": forward}
+
+    def close(self) -> None:
+        self.broken.close()
+        self.shadow.close()
+
+
+class ReceiptsCountElements:
+    """torch_native whose comm taps count elements instead of bytes: at fp32 its receipts under-report the
+    bytes that crossed the wire four times (the numbers and the collectives are right)."""
+
+    verification_launch = "gloo"
+
+    def __init__(self) -> None:
+        from mixle_parallel.executors.torch.verifiable import VerifiableTorchNative
+
+        self._inner = VerifiableTorchNative()
+        self.capabilities, self.version = self._inner.capabilities, self._inner.version
+
+    def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
+        return self._inner.describe_updates(plan)
+
+    def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
+                   world_size: int) -> Any:
+        trial = self._inner.open_trial(workload, plan, precision=precision, seed=seed, rank=rank,
+                                       world_size=world_size)
+        tap = trial.session._tap  # the session's comm-layer counter (DDP / FSDP2)
+        count = tap.add
+        tap.add = lambda kind, nbytes, n=1: count(kind, nbytes // 4, n)  # the bug: element counts reported as bytes
+        return trial
+
+
 class GatherInsteadOfAllReduce(ToyDDPExecutor):
     """Declares an all-reduce it never runs; averages with an all-gather it never declares (same numbers)."""
 
@@ -202,6 +341,7 @@ class Member(NamedTuple):
 
 
 _DP2, _EM3 = ParallelPlan(dp_shard=2), ParallelPlan(dp_replicate=3)
+_DP2_ACC = ParallelPlan(dp_shard=2, gradient_accumulation_steps=2)
 _TOYS = "tests.verification.zoo"
 
 ZOO: tuple[Member, ...] = (
@@ -215,6 +355,14 @@ ZOO: tuple[Member, ...] = (
            frozenset({"numerics"})),
     Member("declares a collective it never runs, runs one it never declares", f"{_TOYS}:GatherInsteadOfAllReduce",
            _DP2, "mlp", "fp32", "grad:dp_shard", frozenset({"collectives"})),
+    Member("runs the all-reduce on non-commit micro-steps (no_sync broken)", f"{_TOYS}:BrokenNoSyncDDP", _DP2_ACC,
+           "mlp", "fp32", "grad:dp_shard", frozenset({"collectives"})),
+    Member("reduces gradients only inside the metric all-reduce (declares a reduce-scatter)",
+           f"{_TOYS}:GradientsInTheMetricAllReduce", _DP2, "mlp", "fp32", "grad:dp_shard", frozenset({"collectives"})),
+    Member("receipts under-report the bytes sent (elements counted as bytes)", f"{_TOYS}:ReceiptsCountElements",
+           _DP2, "mlp", "fp32", "grad:dp_shard", frozenset({"receipts"})),
+    Member("a row-parallel layer skips its all-reduce (gradients patched to look right)",
+           f"{_TOYS}:SkipsRowwiseAllReduce", ParallelPlan(tp=2), "mlp", "fp32", "act:tp", frozenset({"numerics"})),
     Member("ignores the data", "zoo_em_ignores_data", _EM3, "gaussian_mixture", "fp64", "stats:data",
            frozenset({"numerics"})),
     Member("drops the second half of the data", "zoo_em_drops_second_half", _EM3, "gaussian_mixture", "fp64",
@@ -231,13 +379,15 @@ ZOO: tuple[Member, ...] = (
 ADMITTED: tuple[tuple[str, Any, ParallelPlan, str, str], ...] = (
     ("toy DDP (the zoo's correct base)", f"{_TOYS}:ToyDDPExecutor", _DP2, "mlp", "fp32"),
     ("ZeRO-style SGD (correct base of the skipped all-gather)", f"{_TOYS}:ZeroShardedSGD", _DP2, "mlp", "fp32"),
+    ("DDP accumulating with a working no_sync", f"{_TOYS}:AccumulatingDDP", _DP2_ACC, "mlp", "fp32"),
     ("a correct third-party encoded-data backend", "zoo_em_correct", _EM3, "gaussian_mixture", "fp64"),
     ("toy EM", f"{_TOYS}:ToyEMExecutor", _EM3, "gaussian_mixture", "fp64"),
 )
 """Correct neighbours of the zoo members (same code paths without the bug), which must be admitted."""
 
 __all__ = [
-    "ADMITTED", "ZOO", "DoubleAverageDDP", "GatherInsteadOfAllReduce", "Member", "NoAverageDDP", "NoisyEMExecutor",
-    "PerWorkerEMExecutor", "SkipsOneAllGather", "ToyDDPExecutor", "ToyEMExecutor", "WrongGroupDDPExecutor",
-    "ZeroShardedSGD", "register_zoo_backends",
+    "ADMITTED", "ZOO", "AccumulatingDDP", "BrokenNoSyncDDP", "DoubleAverageDDP", "GatherInsteadOfAllReduce",
+    "GradientsInTheMetricAllReduce", "Member", "NoAverageDDP", "NoisyEMExecutor", "PerWorkerEMExecutor",
+    "ReceiptsCountElements", "SkipsOneAllGather", "SkipsRowwiseAllReduce", "ToyDDPExecutor", "ToyEMExecutor",
+    "WrongGroupDDPExecutor", "ZeroShardedSGD", "register_zoo_backends",
 ]

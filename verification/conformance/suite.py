@@ -220,11 +220,47 @@ def check_harness_admits(ctx: ConformanceContext) -> str:
             f"{worst.maximum_relative_error:.2g}), deterministic, collectives as declared; certified")
 
 
+def _harness_report(ctx: ConformanceContext) -> Any:
+    """The harness's report for the context (the one ``check_harness_admits`` made, else a fresh run)."""
+    if ctx.report is None:
+        ctx.report = verify(ctx.spec, ctx.chosen_plan(), precision=ctx.chosen_precision(), workload=ctx.workload)
+    return ctx.report
+
+
+def check_receipts_match_observed(ctx: ConformanceContext) -> str:
+    """Every step's receipts report the collective counts and bytes the flight recorder saw in that step."""
+    report = _harness_report(ctx)
+    bad = [f for f in report.failures if "check 'receipts'" in f]
+    if bad:
+        raise ConformanceFailure("\n".join([*bad, *report.receipts[:4]]))
+    if not report.receipts:
+        return "the backend's trials report no receipts (trial.receipts()) or no traced collectives: nothing to compare"
+    return f"{len(report.receipts)} steps' receipts match the flight recorder (counts exact, bytes within 5%); " \
+           f"e.g. {report.receipts[-1]}"
+
+
+def check_updates_on_the_wire(ctx: ConformanceContext) -> str:
+    """Each declared update's collective was seen on the wire in its own phase, and nothing undeclared was."""
+    report = _harness_report(ctx)
+    bad = [f for f in report.failures if "check 'collectives'" in f]
+    if bad:
+        raise ConformanceFailure("\n".join(bad))
+    seen = [f"{e.node_id}: " + (", ".join(f"{c.kind.value} x{c.count}" for c in e.collectives_observed) or "none")
+            for e in report.evidence]
+    return "; ".join(seen) + " (per rank, attributed by phase)"
+
+
 CHECKS: tuple[Callable[[ConformanceContext], Any], ...] = (
     check_identity, check_capabilities_round_trip, check_rejects_unclaimed_axes, check_prepare_refuses_unclaimed_axes,
-    check_declared_updates, check_verifiable, check_harness_admits,
+    check_declared_updates, check_verifiable, check_harness_admits, check_receipts_match_observed,
+    check_updates_on_the_wire,
 )
-"""Every conformance check, cheapest first (the harness check starts processes)."""
+"""Every conformance check, cheapest first (the harness check starts processes; the last two read its report)."""
+
+HARNESS_CHECKS: tuple[Callable[[ConformanceContext], Any], ...] = (
+    check_harness_admits, check_receipts_match_observed, check_updates_on_the_wire,
+)
+"""The checks that need the harness's run on a real mesh (left out by ``skip_harness``)."""
 
 
 @attrs.frozen
@@ -244,7 +280,7 @@ def run_conformance(spec: Any, *, plan: ParallelPlan | None = None, precision: s
     ctx = ConformanceContext(spec, plan, precision, workload)
     results = []
     for check in CHECKS:
-        if skip_harness and check is check_harness_admits:
+        if skip_harness and check in HARNESS_CHECKS:
             continue
         started, before = time.perf_counter(), ctx.report
         try:

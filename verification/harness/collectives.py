@@ -41,6 +41,23 @@ _KIND_PATTERNS: tuple[tuple[str, CollectiveKind | None], ...] = (
 
 _DATA_DTYPES = frozenset({"Float", "Double", "Half", "BFloat16", "ComplexFloat", "ComplexDouble",
                           "Float8_e4m3fn", "Float8_e5m2"})
+_DTYPE_BYTES = {"Float": 4, "Double": 8, "BFloat16": 2, "Half": 2, "Long": 8, "Int": 4, "Byte": 1, "Bool": 1,
+                "Char": 1, "Short": 2, "ComplexFloat": 8, "ComplexDouble": 16, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
+
+
+def entry_bytes(entry: dict[str, Any], group_size: int) -> int:
+    """Bytes a flight-recorder entry moved per rank, by the receipts' definition: the buffer of an all-reduce,
+    broadcast or reduce-scatter input, the gathered output of an all-gather (gloo records one input slot)."""
+    sizes, dtypes = entry.get("input_sizes", []), entry.get("input_dtypes", [])
+    total = 0
+    for shape, dtype in zip(sizes, dtypes):
+        count = 1
+        for dim in shape:
+            count *= int(dim)
+        total += count * _DTYPE_BYTES.get(str(dtype), 0)
+    if collective_kind(str(entry.get("profiling_name", ""))) is CollectiveKind.ALL_GATHER:
+        total *= max(group_size, 1)
+    return total
 
 
 GLOO_REALIZATIONS: dict[CollectiveKind, CollectiveKind] = {CollectiveKind.REDUCE_SCATTER: CollectiveKind.ALL_REDUCE}
@@ -102,24 +119,40 @@ class FlightRecorderTrace:
         """Record ids of every entry recorded so far (unique per process)."""
         return {int(e["record_id"]) for e in _dump()}
 
-    def since(self, mark: set[int]) -> list[tuple[str, tuple[int, ...]]]:
-        """(profiling name, global ranks of its group) for each entry recorded after ``mark``.
+    def since(self, mark: set[int], phases: Any = None, *, keep_metadata: bool = False) -> list[tuple[Any, ...]]:
+        """(profiling name, global ranks of its group, phase, bytes, metadata) per entry recorded after ``mark``.
 
-        Broadcasts of integer tensors only are metadata set-up (DDP's bucket-order sync after its
-        first iteration), not an update's data; they are left out.
+        ``phases`` (a ``phases.PhaseTracker``) names the step phase each entry was issued in (None
+        without one). Broadcasts of integer tensors only are metadata (DDP's bucket-order sync after
+        its first iteration), not an update's data: left out, or kept with ``metadata=True`` when
+        ``keep_metadata`` (receipts may count an integer buffer broadcast; see ``receipts``).
         """
         groups = group_ranks_by_name()
         out = []
         for entry in _dump():
-            if int(entry["record_id"]) in mark:
+            record_id = int(entry["record_id"])
+            if record_id in mark:
                 continue
             profiling = str(entry["profiling_name"])
             dtypes = [str(d) for d in entry.get("input_dtypes", [])]
-            if collective_kind(profiling) is CollectiveKind.BROADCAST and dtypes and not any(
-                    d in _DATA_DTYPES for d in dtypes):
+            metadata = collective_kind(profiling) is CollectiveKind.BROADCAST and bool(dtypes) and not any(
+                d in _DATA_DTYPES for d in dtypes)
+            if metadata and not keep_metadata:
                 continue
-            out.append((profiling, groups.get(str(entry["process_group"][0]), ())))
+            phase = phases.phase_of(record_id) if phases is not None else None
+            ranks = groups.get(str(entry["process_group"][0]), ())
+            out.append((profiling, ranks, phase, entry_bytes(entry, len(ranks)), metadata))
         return out
+
+
+def is_metadata(entry: tuple[Any, ...]) -> bool:
+    """True for a traced entry ``since(keep_metadata=True)`` flagged as an integer-only broadcast."""
+    return len(entry) > 4 and bool(entry[4])
+
+
+def last_record_id() -> int:
+    """The flight recorder's newest record id in this process (-1 when it holds none)."""
+    return max((int(e["record_id"]) for e in _dump()), default=-1)
 
 
 def _physical_groups(plan: ParallelPlan, axes: tuple[ParallelAxis, ...]) -> set[frozenset[int]]:
@@ -179,12 +212,16 @@ def realign(plan: ParallelPlan, counts: Counter, declared: set[tuple[CollectiveK
     return out
 
 
-def summarize(plan: ParallelPlan, entries: Iterable[tuple[str, tuple[int, ...]]]) -> tuple[
+def summarize(plan: ParallelPlan, entries: Iterable[tuple[Any, ...]]) -> tuple[
         tuple[ObservedCollective, ...], tuple[str, ...]]:
-    """Count entries by (kind, axes); entries on groups that match no axis are returned as text."""
+    """Count entries ``(profiling name, ranks[, phase])`` by (kind, axes); entries on groups that match no
+    axis are returned as text."""
     counts: Counter[tuple[CollectiveKind, tuple[ParallelAxis, ...]]] = Counter()
     strays: Counter[str] = Counter()
-    for profiling_name, ranks in entries:
+    for entry in entries:
+        if is_metadata(entry):
+            continue
+        profiling_name, ranks = entry[0], entry[1]
         kind = collective_kind(profiling_name)
         if kind is None or len(set(ranks)) < 2:
             continue  # barriers and single-rank groups move no data between ranks
@@ -208,8 +245,9 @@ class PointToPointTrace:
 
     NAMES = ("send", "recv", "isend", "irecv")
 
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, tuple[int, ...]]] = []
+    def __init__(self, phases: Any = None) -> None:
+        self.entries: list[tuple[str, tuple[int, ...], str | None]] = []
+        self._phases = phases
         self._saved: list[tuple[Any, str, Any]] = []
 
     def _wrap(self, name: str, original: Any) -> Any:
@@ -218,7 +256,8 @@ class PointToPointTrace:
         def counted(tensor: Any, *args: Any, **kwargs: Any) -> Any:
             group = kwargs.get("group", args[1] if len(args) > 1 else None)
             ranks = tuple(sorted(dist.get_process_group_ranks(group or dist.group.WORLD)))
-            self.entries.append((f"api:{name}", ranks))
+            phase = self._phases.current() if self._phases is not None else None
+            self.entries.append((f"api:{name}", ranks, phase))
             return original(tensor, *args, **kwargs)
 
         return counted
@@ -240,6 +279,6 @@ class PointToPointTrace:
         self._saved.clear()
 
 
-def point_to_point_trace() -> PointToPointTrace:
-    """A fresh ``PointToPointTrace`` (use as a context manager around one step)."""
-    return PointToPointTrace()
+def point_to_point_trace(phases: Any = None) -> PointToPointTrace:
+    """A fresh ``PointToPointTrace`` (use as a context manager around one step; ``phases`` names each call's phase)."""
+    return PointToPointTrace(phases)

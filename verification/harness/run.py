@@ -10,8 +10,11 @@ each declared ``DistributedUpdate`` on three checks, each named in failures:
   default tolerance; EM within the stated fp64 bound of ``em_reference``);
 * ``determinism``: the repeats' digests are equal on every rank, and, for executors that start
   their own workers, the run is bitwise the same executor on one worker;
-* ``collectives``: the declared (collective, axes) was seen in the traced steps, and nothing
-  undeclared was (counts from PyTorch's flight recorder).
+* ``collectives``: the declared (collective, axes) was seen in the traced steps, in a phase where
+  that update communicates and not taken by another update (``attribution``), and nothing
+  undeclared was (counts from PyTorch's flight recorder);
+* ``receipts``: for trials that expose ``receipts()``, every step's receipts report the counts and
+  bytes the flight recorder saw (``receipts``).
 
 The result holds ``NumericsEvidence`` per update and evidence-bearing ``DistributedUpdate``s;
 ``report.certify(executor)`` turns a passing report into a signed certificate (``CertificateEnvelope``).
@@ -36,8 +39,10 @@ from mixle_parallel.contracts import (
     Tolerance,
 )
 from mixle_parallel.verification.certification import CertificationError, certify
+from mixle_parallel.verification.harness.attribution import Attribution, allowed_phases, attribute, unwitnessed_reason
 from mixle_parallel.verification.harness.collectives import realign, realized_kinds, summarize
 from mixle_parallel.verification.harness.mesh import DEFAULT_TIMEOUT_S, mesh_kind, run_on_gloo_mesh
+from mixle_parallel.verification.harness.receipts import judge_receipts
 from mixle_parallel.verification.harness.tolerance import EM_STATISTICS_TOLERANCE as _BITWISE
 from mixle_parallel.verification.harness.tolerance import MIXED_SCALED, compare, default_tolerance
 from mixle_parallel.verification.harness.worker import gloo_rank_main, resolve_executor, run_trials
@@ -61,6 +66,8 @@ class VerificationReport:
     failures: tuple[str, ...]
     observed_collectives: tuple[ObservedCollective, ...]
     seconds: float
+    receipts: tuple[str, ...] = ()
+    """One line per compared step: the receipts' bytes and counts beside the flight recorder's."""
 
     @property
     def passed(self) -> bool:
@@ -210,6 +217,9 @@ def verify(
     steady, strays, _ = _observed_pairs(plan, by_rank, traced=launch == "gloo", first_step=1 if work.steps > 1 else 0)
     failures: list[str] = []
     backend = "gloo" if launch == "gloo" else "self"
+    attribution = attribute(updates, by_rank, plan, traced=launch == "gloo", backend=backend,
+                            first_step=1 if work.steps > 1 else 0)
+    receipt_failures, receipt_lines = judge_receipts(updates, by_rank) if launch == "gloo" else ({}, ())
     declared = {(kind, tuple(sorted(u.mesh_axes))) for u in updates if u.collective is not CollectiveKind.NONE
                 for kind in realized_kinds(u.collective, backend)}
     # a group that is both a physical axis's and an overlapping axis's (dp_replicate=2, ep=2 on 2 ranks)
@@ -222,22 +232,9 @@ def verify(
         )
     evidence, evidenced = [], []
     for update in updates:
-        record = _judge(
-            update,
-            by_rank,
-            reference,
-            tol,
-            observed,
-            bool(undeclared),
-            reported,
-            local,
-            plan,
-            precision,
-            trials,
-            failures,
-            launch,
-            variant.get(update.node_id),
-        )
+        record = _judge(update, by_rank, reference, tol, attribution, bool(undeclared), reported, local, plan,
+                        precision, trials, failures, launch, variant.get(update.node_id),
+                        receipt_failures.get(update.node_id, []))
         if record is None:
             evidenced.append(update)
             continue
@@ -264,28 +261,29 @@ def verify(
         tuple(failures),
         all_observed,
         time.perf_counter() - started,
+        receipt_lines,
     )
 
 
 def _judge_collectives(
     update: DistributedUpdate,
-    observed: Counter,
+    attribution: Attribution,
     undeclared: bool,
     reported: bool,
     launch: str,
     notes: list[str],
     failures: list[str],
 ) -> tuple[list[ObservedCollective], bool]:
-    """The collectives observed for ``update`` and whether they match its declaration (notes and
+    """The collectives attributed to ``update`` and whether they match its declaration (notes and
     failures are appended to)."""
     where = f"update {update.node_id!r}"
-    axes = tuple(sorted(update.mesh_axes))
     seen: list[ObservedCollective] = []
     collectives_ok = not undeclared
     if update.collective is not CollectiveKind.NONE:
-        kinds = realized_kinds(update.collective, "gloo" if launch == "gloo" else "self")
-        seen = [ObservedCollective(k, update.mesh_axes, observed[(k, axes)]) for k in kinds if observed.get((k, axes))]
-        count = sum(c.count for c in seen)
+        backend = "gloo" if launch == "gloo" else "self"
+        seen = [ObservedCollective(c.kind, update.mesh_axes, c.count) for c in attribution.observed(update.node_id)]
+        if launch == "gloo":
+            notes.append(f"attributed by phase ({', '.join(sorted(allowed_phases(update)))})")
         if any(c.kind is not update.collective for c in seen):
             notes.append(
                 f"gloo realizes {update.collective.value} as "
@@ -297,36 +295,29 @@ def _judge_collectives(
                 f"{where}: check 'collectives' failed: the executor launches its own workers and "
                 "reports no collectives (implement trial.observed_collectives())"
             )
-        elif count == 0:
+        elif not attribution.witnessed.get(update.node_id):
             collectives_ok = False
-            failures.append(
-                f"{where}: check 'collectives' failed: declared {update.collective.value} over "
-                f"{[a.value for a in update.mesh_axes]} was never observed"
-            )
+            failures.append(f"{where}: check 'collectives' failed: {unwitnessed_reason(update, attribution, backend)}")
+        misplaced = attribution.misplaced.get(update.node_id)
+        if misplaced:
+            collectives_ok = False
+            early = any("backward_early" in m for m in misplaced)
+            why = " (a backward before the step's last: synchronized on a non-commit micro-step)" if early else ""
+            failures.append(f"{where}: check 'collectives' failed: {', '.join(misplaced)}, a phase where it does not "
+                            f"communicate{why}")
     return seen, collectives_ok
 
 
-def _judge(
-    update: DistributedUpdate,
-    by_rank: list[list[dict[str, Any]]],
-    reference: Mapping[int, list[dict]],
-    tol: Tolerance,
-    observed: Counter,
-    undeclared: bool,
-    reported: bool,
-    executor: Any,
-    plan: ParallelPlan,
-    precision: str,
-    trials: int,
-    failures: list[str],
-    launch: str,
-    variant: str | None = None,
-) -> NumericsEvidence | None:
+def _judge(update: DistributedUpdate, by_rank: list[list[dict[str, Any]]], reference: Mapping[int, list[dict]],
+           tol: Tolerance, attribution: Attribution, undeclared: bool, reported: bool, executor: Any,
+           plan: ParallelPlan, precision: str, trials: int, failures: list[str], launch: str,
+           variant: str | None = None, receipt_mismatches: list[str] | None = None) -> NumericsEvidence | None:
     where = f"update {update.node_id!r}"
     max_abs = max_rel = 0.0
     samples, within, deterministic = 0, True, True
     notes: list[str] = []
     worst = ""
+    compared: set[str] = set()
     for rank, runs in enumerate(by_rank):
         digests: dict[int, set[str]] = {}
         for run in runs:
@@ -341,6 +332,7 @@ def _judge(
                 per_run.append(values)
                 if run["repeat"]:
                     continue
+                compared.update(values)
                 for key, value in sorted(values.items()):
                     expected = reference[run["seed"]][step].get(key)
                     if expected is None:
@@ -378,12 +370,18 @@ def _judge(
         notes.append(variant)
     if not deterministic:
         failures.append(f"{where}: check 'determinism' failed: {'; '.join(notes)}")
-    seen, collectives_ok = _judge_collectives(update, observed, undeclared, reported, launch, notes, failures)
+    seen, collectives_ok = _judge_collectives(update, attribution, undeclared, reported, launch, notes, failures)
+    if receipt_mismatches:
+        collectives_ok = False
+        more = f" (and {len(receipt_mismatches) - 2} more)" if len(receipt_mismatches) > 2 else ""
+        failures.append(f"{where}: check 'receipts' failed: {'; '.join(receipt_mismatches[:2])}{more}")
     if launch == "self" and reported:
         notes.append("collective counts self-reported by the executor")
     if launch == "self":
         notes.append("bitwise equal to the same executor on one worker" if variant is None else
                      "NOT bitwise equal to the same executor on one worker")
+    names = sorted(compared)
+    notes.append(f"compared {len(names)} tensors: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}")
     return NumericsEvidence(
         node_id=update.node_id,
         payload=update.payload,

@@ -12,8 +12,10 @@ import numpy as np
 
 from mixle_parallel.contracts import ParallelPlan
 from mixle_parallel.verification.capability import claim_harness_capability, harness_admitted
-from mixle_parallel.verification.harness.collectives import FlightRecorderTrace, point_to_point_trace
+from mixle_parallel.verification.harness.collectives import FlightRecorderTrace, last_record_id, point_to_point_trace
 from mixle_parallel.verification.harness.mesh import fresh_process_group
+from mixle_parallel.verification.harness.phases import PhaseTracker
+from mixle_parallel.verification.harness.receipts import receipt_summary
 
 _HARNESS = claim_harness_capability("mixle_parallel.verification.harness")
 """The harness's capability: ``run_trials`` enters it so the gate admits the trials (mode ``verifying``)."""
@@ -44,7 +46,13 @@ def resolve_executor(spec: Any) -> Any:
 
 
 def to_numpy(value: Any) -> np.ndarray:
-    """A full, CPU, numpy copy of a tensor/DTensor/array (low-precision floats widened to float32)."""
+    """A full, CPU, numpy copy of a tensor/DTensor/array (low-precision floats widened to float32).
+
+    A zero-argument callable is called first: trials return sharded values that way (e.g. a local
+    activation and how to gather it), so the unsharding collectives run after the traced step.
+    """
+    if callable(value) and not hasattr(value, "detach"):
+        value = value()
     if hasattr(value, "detach"):
         tensor = value.detach()
         if hasattr(tensor, "full_tensor"):
@@ -82,16 +90,22 @@ def run_trials(executor: Any, workload: Any, plan: ParallelPlan, *, precision: s
                 try:
                     for step in range(workload.steps):
                         mark = tracer.mark() if tracer else None
-                        p2p = point_to_point_trace() if tracer is not None and plan.pp > 1 else None
-                        with p2p if p2p is not None else contextlib.nullcontext():
+                        phases = PhaseTracker(last_record_id) if tracer is not None else None
+                        p2p = point_to_point_trace(phases) if tracer is not None and plan.pp > 1 else None
+                        with phases or contextlib.nullcontext(), p2p or contextlib.nullcontext():
                             raw = trial.step(step)
                         if tracer is not None and mark is not None:
-                            collectives: Any = tracer.since(mark) + (p2p.entries if p2p is not None else [])
+                            p2p_entries = [(n, r, phases.resolve(t) if phases and t else t)
+                                           for n, r, t in (p2p.entries if p2p is not None else [])]
+                            collectives: Any = tracer.since(mark, phases, keep_metadata=True) + p2p_entries
                         else:
                             reported = getattr(trial, "observed_collectives", None)
                             collectives = tuple(reported()) if reported else None
+                        issued = getattr(trial, "receipts", None)
+                        receipts = receipt_summary(issued()) if callable(issued) and tracer is not None else None
                         # unsharding DTensors (full_tensor) happens here, outside the traced window
-                        steps.append({"observables": _observables(raw), "collectives": collectives})
+                        steps.append({"observables": _observables(raw), "collectives": collectives,
+                                      "receipts": receipts})
                 finally:
                     trial.close()
             runs.append({"seed": seed, "repeat": repeat, "steps": steps})

@@ -2,8 +2,9 @@
 
 Each is a small frozen config (so it crosses process boundaries) that builds its torch objects
 lazily. Training workloads also compute the single-process reference: for every step the
-global-batch ``loss``, ``output``, every parameter's gradient ``grad/<name>`` and, after the
-optimizer step, ``param/<name>`` (names are the plain module's ``named_parameters``).
+global-batch ``loss``, its element ``count``, ``output``, every submodule's forward output ``output/<path>``, every
+parameter's gradient ``grad/<name>`` and, after the optimizer step, ``param/<name>`` (names are the
+plain module's ``named_modules`` / ``named_parameters``).
 Users can pass their own workload implementing ``contracts.TrainingWorkload`` (and ``reference``).
 """
 
@@ -94,6 +95,10 @@ class _TrainingWorkload:
         mixed = precision in MIXED_PRECISIONS
         module = self.build_module(seed).to(torch.float32 if mixed else torch_dtype(precision))
         optimizer = self.make_optimizer(module.parameters())
+        outputs: dict[str, np.ndarray] = {}
+        for path, sub in module.named_modules():
+            if path:
+                sub.register_forward_hook(functools.partial(_record_output, outputs, f"output/{path}"))
         out: list[dict[str, np.ndarray]] = []
         for step in range(self.steps):
             inputs, targets = self.global_batch(step, seed)
@@ -106,12 +111,22 @@ class _TrainingWorkload:
                 output = module(inputs)
                 loss = self.loss(output, targets)
             loss.backward()
-            record = {"loss": to_numpy(loss), "output": to_numpy(output)}
+            record = {"loss": to_numpy(loss), "count": np.asarray(float(targets.numel())), "output": to_numpy(output),
+                      **outputs}
+            outputs.clear()
             record.update({f"grad/{n}": to_numpy(p.grad) for n, p in module.named_parameters()})
             optimizer.step()
             record.update({f"param/{n}": to_numpy(p) for n, p in module.named_parameters()})
             out.append(record)
         return out
+
+
+def _record_output(outputs: dict[str, np.ndarray], key: str, module: Any, inputs: Any, output: Any) -> None:
+    """A forward hook of the reference: keep a submodule's (first) tensor output under ``key``."""
+    if isinstance(output, tuple) and output:
+        output = output[0]
+    if hasattr(output, "detach"):
+        outputs[key] = to_numpy(output)
 
 
 @attrs.frozen
@@ -180,6 +195,10 @@ class TinyLMWorkload(_TrainingWorkload):
         return {"layers.*.attention.wq": "colwise", "layers.*.attention.wk": "colwise",
                 "layers.*.attention.wv": "colwise", "layers.*.attention.wo": "rowwise",
                 "layers.*.feed_forward.w1": "colwise", "layers.*.feed_forward.w2": "rowwise"}
+
+    def attention_paths(self) -> tuple[str, ...]:
+        """The attention modules, whose outputs are ``kv:cp``'s evidence (what the key/value exchange computes)."""
+        return ("layers.*.attention",)
 
     def global_batch(self, step: int, seed: int) -> tuple[Any, Any]:
         """Next-token prediction on a seeded corpus with a learnable pattern."""
