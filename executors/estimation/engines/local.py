@@ -123,7 +123,8 @@ def local_backend(
     return handle_from_runner(LocalChunkRunner(workers), data, **params)
 
 
-ENCODED_DATA_OPTIONS = frozenset({"num_workers", "chunk_workers", "parallel_chunks", "resources", "placement"})
+ENCODED_DATA_OPTIONS = frozenset({"num_workers", "chunk_workers", "parallel_chunks", "resources", "placement",
+                                  "engine"})
 """The ``encoded_data`` options the local backend honours besides the handle's own."""
 
 WORKER_PROCESSES = False

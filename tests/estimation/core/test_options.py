@@ -23,9 +23,7 @@ X = np.random.default_rng(3).normal(size=400)
 EST = GaussianEstimator()
 
 
-@pytest.mark.parametrize("option, value", [
-    ("engine", "torch-gpu"), ("engine", "torch"), ("batch_size", 7), ("shuffle", True),
-])
+@pytest.mark.parametrize("option, value", [("batch_size", 7), ("shuffle", True)])
 def test_each_option_that_was_dropped_now_raises_naming_it(option, value):
     before = {p.pid for p in multiprocessing.active_children()}  # shared engine fixtures may hold workers
     with pytest.raises(ValueError, match=f"option {option}= is not honoured by backend 'local'; no backend honours it"):
