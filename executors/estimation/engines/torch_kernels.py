@@ -53,20 +53,39 @@ def _gaussian_ld(comps: Sequence[Any], x: torch.Tensor) -> torch.Tensor:
     return d.add_(c.unsqueeze(1))
 
 
+BLOCK_ELEMENTS = 1 << 22
+"""Most elements of a (components, rows, d) temporary: components are taken in blocks that fit."""
+
+
+def _component_blocks(k: int, x: torch.Tensor) -> list[slice]:
+    """Slices of ``range(k)`` whose (block, n, d) temporaries stay under :data:`BLOCK_ELEMENTS`."""
+    per = max(1, BLOCK_ELEMENTS // max(1, x.shape[0] * x.shape[1]))
+    return [slice(a, min(k, a + per)) for a in range(0, k, per)]
+
+
+def _centered(x: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+    """(block, n, d) rows minus each component's mean: the direct form (no cancellation in fp32)."""
+    return x.unsqueeze(0) - mu.unsqueeze(1)
+
+
 def _diagonal_ld(comps: Sequence[Any], x: torch.Tensor) -> torch.Tensor:
-    rows = []
-    for m in comps:  # per component: (x - mu)^2 . prec, no (K, n, d) temporary
-        d = x - _vec(m.mu, x)
-        rows.append((d * d) @ _vec(m._prec, x) * -0.5 + float(m._c))
-    return torch.stack(rows)
+    mu, prec = _vec(np.stack([m.mu for m in comps]), x), _vec(np.stack([m._prec for m in comps]), x)
+    const = _vec([float(m._c) for m in comps], x).unsqueeze(1)
+    parts = []
+    for b in _component_blocks(len(comps), x):  # sum_j (x_j - mu_j)^2 prec_j, one batched product per block
+        d = _centered(x, mu[b]).square_()
+        parts.append(torch.bmm(d, prec[b].unsqueeze(2)).squeeze(2))
+    return torch.cat(parts).mul_(-0.5).add_(const)
 
 
 def _full_ld(comps: Sequence[Any], x: torch.Tensor) -> torch.Tensor:
-    rows = []
-    for m in comps:  # Mahalanobis distance through the inverse Cholesky factor, as the numpy model
-        z = (x - _vec(m.mu, x)) @ _vec(m._inv_chol_t, x)
-        rows.append((z * z).sum(dim=1) * -0.5 + float(m._c))
-    return torch.stack(rows)
+    mu, inv_chol_t = _vec(np.stack([m.mu for m in comps]), x), _vec(np.stack([m._inv_chol_t for m in comps]), x)
+    const = _vec([float(m._c) for m in comps], x).unsqueeze(1)
+    parts = []
+    for b in _component_blocks(len(comps), x):  # Mahalanobis distance through the inverse Cholesky factor
+        z = torch.bmm(_centered(x, mu[b]), inv_chol_t[b])
+        parts.append(z.square_().sum(dim=2))
+    return torch.cat(parts).mul_(-0.5).add_(const)
 
 
 def _poisson_ld(comps: Sequence[Any], enc: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
