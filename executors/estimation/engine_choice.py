@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mixle_parallel.executors.estimation.mixle_interop import MixleEstimator, MixleModel
 from mixle_parallel.executors.estimation.models import (
     CategoricalDistribution,
     CategoricalEstimator,
@@ -29,7 +30,7 @@ from mixle_parallel.executors.estimation.models import (
 
 __all__ = [
     "EM_ENGINES", "ENGINE_PRECISIONS", "TORCH_KERNEL_MODELS", "EngineChoice", "kernel_kind", "resolve_engine",
-    "torch_kernel_problem",
+    "supported_names", "torch_kernel_problem",
 ]
 
 EM_ENGINES = ("numpy", "torch")
@@ -133,6 +134,11 @@ def torch_kernel_problem(obj: Any) -> str | None:
         return f"a mixture with component(s) {', '.join(sorted(set(bad)))}"
     if kernel_kind(obj) is not None:
         return None
+    if isinstance(obj, (MixleEstimator, MixleModel)):  # adapted mixle objects run mixle's own numpy code
+        name = type(obj.inner if isinstance(obj, MixleEstimator) else obj.dist).__name__
+        ours = [c.__name__ for classes in TORCH_KERNEL_MODELS.values() for c in classes if c.__name__ == name]
+        hint = f" (mixle_parallel.{name} has one)" if ours or name.startswith("Mixture") else ""
+        return f"mixle's {name}{hint}"
     return type(obj).__name__
 
 

@@ -25,6 +25,7 @@ from mixle_parallel.executors.estimation import (  # noqa: E402
 )
 from mixle_parallel.executors.estimation.engine_choice import EngineChoice, resolve_engine  # noqa: E402
 from mixle_parallel.executors.estimation.optimize import fit  # noqa: E402
+from mixle_parallel.verification.ledger.chain import read_ledger  # noqa: E402
 from tests.estimation.core.torch_engine_cases import (  # noqa: E402
     FP32_LL_RTOL,
     FP32_STATS_RTOL,
@@ -88,12 +89,15 @@ def test_same_bits_for_any_thread_count_and_the_callers_torch_threads_are_restor
     assert len(digests) == 1
 
 
-def test_the_sdc_audit_replays_torch_chunks_bit_for_bit_on_another_worker():
+def test_the_sdc_audit_replays_torch_chunks_bit_for_bit_on_another_worker_and_the_ledger_names_the_engine(
+        tmp_path):
     rows, est, model = CASES["categorical_mixture"]
-    with encoded_data(rows, estimator=est, engine="torch", num_workers=2, num_chunks=4, audit=True,
-                      audit_rate=1.0, admission="unverified") as h:
+    with encoded_data(rows, estimator=est, engine="torch", precision="fp32", num_workers=2, num_chunks=4,
+                      audit=True, audit_rate=1.0, admission="unverified", ledger=tmp_path / "em.jsonl") as h:
         h.estep(est, model)
         assert h.last_audit_records and all(r.matched for r in h.last_audit_records)
+    start = read_ledger(tmp_path / "em.jsonl").entries[0]
+    assert start.kind == "run_start" and start.payload["extra"]["engine"] == "torch:cpu (fp32)"
 
 
 @pytest.mark.slow  # ~25 s here: each spawned mp worker imports torch (~7 s on this machine)
@@ -147,6 +151,9 @@ def test_models_without_a_torch_kernel_are_refused_naming_the_model():
              engine="torch", estimator=MixtureEstimator([GaussianEstimator(), ExponentialEstimator()]))
     _refused(r"no E-step kernel for CompositeEstimator", engine="torch",
              rows=[(1.0, 2.0)] * 10, estimator=CompositeEstimator([GaussianEstimator()] * 2))
+    mixle_stats = pytest.importorskip("mixle.stats", reason="mixle 0.8.2 is the compatibility reference")
+    _refused(r"no E-step kernel for mixle's GaussianEstimator \(mixle_parallel.GaussianEstimator has one\)",
+             engine="torch", estimator=mixle_stats.GaussianEstimator())
 
 
 def test_a_handle_refuses_a_kernel_less_estimator_at_its_estep_too():
