@@ -54,6 +54,10 @@ a ``MixtureEstimator``/``MixtureDistribution`` of any of them (kinds may differ)
 
 _KIND_OF = {cls: kind for kind, classes in TORCH_KERNEL_MODELS.items() for cls in classes}
 
+_ENCODING_OF = {"gaussian": "scalar rows", "diagonal": "vector rows", "full": "vector rows",
+                "categorical": "categorical values", "poisson": "counts"}
+"""The rows each kind encodes: a mixture's components must all read the same encoding."""
+
 
 @dataclass(frozen=True)
 class EngineChoice:
@@ -129,9 +133,12 @@ def torch_kernel_problem(obj: Any) -> str | None:
     if type(obj) in (MixtureEstimator, MixtureDistribution):
         parts = obj.estimators if isinstance(obj, MixtureEstimator) else obj.components
         bad = [type(p).__name__ for p in parts if kernel_kind(p) is None]
-        if not bad:
-            return None
-        return f"a mixture with component(s) {', '.join(sorted(set(bad)))}"
+        if bad:
+            return f"a mixture with component(s) {', '.join(sorted(set(bad)))}"
+        encodings = sorted({_ENCODING_OF[str(kernel_kind(p))] for p in parts})
+        if len(encodings) > 1:
+            return f"a mixture whose components read different rows ({', '.join(encodings)})"
+        return None
     if kernel_kind(obj) is not None:
         return None
     if isinstance(obj, (MixleEstimator, MixleModel)):  # adapted mixle objects run mixle's own numpy code

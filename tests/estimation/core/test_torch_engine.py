@@ -21,6 +21,7 @@ from mixle_parallel.executors.estimation import (  # noqa: E402
     ExponentialEstimator,
     GaussianEstimator,
     MixtureEstimator,
+    PoissonEstimator,
     encoded_data,
 )
 from mixle_parallel.executors.estimation.engine_choice import EngineChoice, resolve_engine  # noqa: E402
@@ -149,6 +150,8 @@ def test_models_without_a_torch_kernel_are_refused_naming_the_model():
              engine="torch", estimator=ExponentialEstimator(), backend="mp", num_workers=2)
     _refused(r"no E-step kernel for a mixture with component\(s\) ExponentialEstimator",
              engine="torch", estimator=MixtureEstimator([GaussianEstimator(), ExponentialEstimator()]))
+    _refused(r"no E-step kernel for a mixture whose components read different rows \(counts, scalar rows\)",
+             engine="torch", estimator=MixtureEstimator([GaussianEstimator(), PoissonEstimator()]))
     _refused(r"no E-step kernel for CompositeEstimator", engine="torch",
              rows=[(1.0, 2.0)] * 10, estimator=CompositeEstimator([GaussianEstimator()] * 2))
     mixle_stats = pytest.importorskip("mixle.stats", reason="mixle 0.8.2 is the compatibility reference")
