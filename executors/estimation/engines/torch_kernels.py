@@ -200,10 +200,17 @@ def _component_log_densities(comps: Sequence[Any], chunk: ChunkTensors) -> tuple
 
 
 def _posterior(ll: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stable log-sum-exp over components: (per-row log density, responsibilities); dead rows get -inf, 0."""
+    """Stable log-sum-exp over components, in place on ``ll``: (per-row log density, responsibilities).
+
+    Rows where every component has -inf get log density -inf and zero responsibilities."""
     m = ll.amax(dim=0)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = ll.sub_(m).exp_()  # in place: ``ll`` is this pass's own temporary
+    finite = torch.isfinite(m)
+    if bool(finite.all()):  # the common case: every row has a component it can come from (sum >= 1)
+        e = ll.sub_(m).exp_()
+        s = e.sum(dim=0)
+        return s.log().add_(m), e.div_(s)
+    m = torch.where(finite, m, torch.zeros_like(m))
+    e = ll.sub_(m).exp_()
     s = e.sum(dim=0)
     alive = s > 0
     safe = torch.where(alive, s, torch.ones_like(s))

@@ -57,6 +57,16 @@ def test_every_model_kind_matches_the_numpy_engine_in_fp64_and_fp32(name):
         assert abs(t_ld - ld) <= ll_rtol * abs(ld), (precision, t_ld, ld)
 
 
+def test_rows_no_component_can_produce_score_minus_inf_and_weigh_nothing_as_on_numpy():
+    rows, est, model = CASES["categorical_mixture"]
+    rows = rows[:200] + ["z"]  # "z" is in neither component's table (default_value 0)
+    for engine in (None, "torch"):
+        with encoded_data(rows, estimator=est, engine=engine, num_chunks=2) as h:
+            out = h.estep(est, model)
+            assert out.log_likelihood == -np.inf
+            assert out.stats[1][0]["z"] == 0.0 and out.stats[1][1]["z"] == 0.0 and sum(out.stats[0]) == 200.0
+
+
 def test_fp32_computes_in_single_precision_and_fp64_is_the_default():
     name = "gaussian_mixture"
     default, fp64, fp32 = (_one_pass(name, engine="torch", **p) for p in ({}, {"precision": "fp64"},
