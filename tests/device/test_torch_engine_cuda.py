@@ -70,6 +70,17 @@ def test_cuda_statistics_are_the_same_bits_for_any_worker_thread_count(name):
     assert one[0][2] == three[0][2] and one[1][2] == three[1][2]
 
 
+def test_plain_torch_picks_the_gpu_and_caches_chunk_tensors_there():
+    rows, est, model = CASES["full_mixture"]
+    from mixle_parallel.executors.estimation.engines import torch_engine
+
+    with encoded_data(rows, estimator=est, engine="torch", admission="unverified") as h:
+        assert h.engine is not None and h.engine.device == f"cuda:{torch.cuda.current_device()}"
+        h.estep(est, model)
+        assert torch_engine._CACHE.used >= rows.size * 8  # every chunk's rows resident on the GPU (fp64)
+    assert torch_engine._CACHE.used == 0  # closing the handle released them
+
+
 def test_mp_workers_on_one_gpu_give_the_drivers_bits():
     rows, est, _ = CASES["diagonal_mixture"]
     local = fit(rows, est, max_its=3, seed=4, delta=None, engine="torch:cuda", num_chunks=4)
