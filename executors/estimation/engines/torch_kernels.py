@@ -6,7 +6,7 @@ accumulator's ``value()`` has (float64 numpy), so combining, the M-step, digests
 unchanged. Parameters are prepared on the host in float64 (as the numpy models hold them) and
 cast once to the compute dtype; data comes in as :class:`ChunkTensors` (``torch_engine.chunk_tensors``).
 Reductions are sums and matrix products over the rows of one chunk; categorical counts use
-``index_put_(accumulate=True)``, deterministic on CPU and CUDA.
+``index_put_(accumulate=True)``, deterministic on CUDA (sort-based) and on one CPU thread.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def _poisson_stats(resp: torch.Tensor, enc: tuple[torch.Tensor, torch.Tensor]) -
 def _categorical_stats(resp: torch.Tensor, enc: tuple[tuple[Any, ...], torch.Tensor]) -> list[Any]:
     uniques, inv = enc
     counts = torch.zeros((len(uniques), resp.shape[0]), dtype=resp.dtype, device=resp.device)
-    counts.index_put_((inv,), resp.T.contiguous(), accumulate=True)  # deterministic on CPU and CUDA
+    counts.index_put_((inv,), resp.T.contiguous(), accumulate=True)  # deterministic: sorted on CUDA, one thread on CPU
     table = _host(counts)
     return [{u: float(table[j, k]) for j, u in enumerate(uniques)} for k in range(resp.shape[0])]
 
