@@ -25,6 +25,8 @@ from mixle_parallel.executors.estimation import (  # noqa: E402
     encoded_data,
 )
 from mixle_parallel.executors.estimation.engine_choice import EngineChoice, resolve_engine  # noqa: E402
+from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner  # noqa: E402
+from mixle_parallel.executors.estimation.handle import handle_from_runner  # noqa: E402
 from mixle_parallel.executors.estimation.optimize import fit  # noqa: E402
 from mixle_parallel.verification.ledger.chain import read_ledger  # noqa: E402
 from tests.estimation.core.torch_engine_cases import (  # noqa: E402
@@ -179,6 +181,17 @@ def test_a_handle_refuses_a_kernel_less_estimator_at_its_estep_too():
 def test_backends_without_the_engine_option_refuse_it_naming_those_that_have_it():
     _refused(r"option engine= is not honoured by backend 'dask'; backends honouring it: local, mp",
              engine="torch", backend="dask")
+
+
+def test_a_backend_author_can_ask_handle_from_runner_for_the_torch_engine():
+    rows, est, model = CASES["poisson"]
+    with handle_from_runner(LocalChunkRunner(2), rows, estimator=est, engine="torch:cpu", precision="fp32") as h:
+        assert h.engine == EngineChoice("torch", "cpu", "fp32")
+        torched = h.estep(est, model).stats
+    with encoded_data(rows, estimator=est, engine="torch:cpu", precision="fp32") as h:
+        assert statistic_digest(h.estep(est, model).stats) == statistic_digest(torched)
+    with pytest.raises(ValueError, match="no E-step kernel for ExponentialEstimator"):
+        handle_from_runner(LocalChunkRunner(1), rows, estimator=ExponentialEstimator(), engine="torch")
 
 
 def test_engine_names_and_mixle_engine_objects_resolve():
