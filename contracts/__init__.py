@@ -11,6 +11,13 @@ from mixle_parallel.contracts.admission import (
     admission_problems,
     check_admission,
 )
+from mixle_parallel.contracts.calibration import (
+    CALIBRATION_WORKLOADS,
+    CalibrationCatalog,
+    CalibrationRecord,
+    DeviceCalibration,
+    ResourceCalibrationError,
+)
 from mixle_parallel.contracts.capabilities import BackendCapabilities
 from mixle_parallel.contracts.enums import (
     ALL_AXES,
@@ -28,13 +35,16 @@ from mixle_parallel.contracts.errors import (
     MissingExtraError,
     NotAdmittedError,
     UnknownBackendError,
+    UnknownMemoryFootprintError,
 )
 from mixle_parallel.contracts.estimation import (
     Accumulator,
     AccumulatorFactory,
     EncodedDataHandle,
+    EncodedFold,
     Encoder,
     Estimator,
+    MemorySized,
     Model,
     StatisticFormatError,
     canonical_statistic_bytes,
@@ -43,7 +53,15 @@ from mixle_parallel.contracts.estimation import (
 )
 from mixle_parallel.contracts.evidence import NumericsEvidence, ObservedCollective, SDCAuditRecord, Tolerance
 from mixle_parallel.contracts.frozen_mapping import FrozenDict
-from mixle_parallel.contracts.placement import ComponentShard, ModelShardingPlan, Placement, RowShard
+from mixle_parallel.contracts.placement import (
+    ComponentShard,
+    DeviceCapacityError,
+    ModelShard,
+    ModelShardingPlan,
+    Placement,
+    PlacementShard,
+    RowShard,
+)
 from mixle_parallel.contracts.plan import (
     MeshCoordinate,
     MeshShape,
@@ -98,4 +116,7 @@ __all__ = [
     "WorkerTopologyAttestation", "admission_problems", "attest_worker_coordinate", "canonical_json",
     "check_admission", "content_digest", "converter", "from_dict", "from_json", "json_schema",
     "register_contract", "to_dict", "to_json",
+    "CALIBRATION_WORKLOADS", "CalibrationCatalog", "CalibrationRecord", "DeviceCalibration", "DeviceCapacityError",
+    "EncodedFold", "MemorySized", "ModelShard", "PlacementShard", "ResourceCalibrationError",
+    "UnknownMemoryFootprintError",
 ]

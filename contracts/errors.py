@@ -51,3 +51,8 @@ class MissingExtraError(ImportError):
         super().__init__(
             f"{module} is not installed; install it with `pip install 'mixle-parallel[{extra}]'`"
         )
+
+
+class UnknownMemoryFootprintError(ValueError):
+    """A size the planner needs cannot be known from what the object declares; the message names the path
+    and the fix (``mixle_memory_nbytes()``, a ``decomposition()`` or ``params()``)."""

@@ -28,8 +28,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 __all__ = [
-    "Accumulator", "AccumulatorFactory", "Encoder", "EncodedDataHandle", "Estimator", "Model",
-    "StatisticFormatError", "canonical_statistic_bytes", "statistic_digest", "statistics_equal",
+    "Accumulator", "AccumulatorFactory", "Encoder", "EncodedDataHandle", "EncodedFold", "Estimator", "MemorySized",
+    "Model", "StatisticFormatError", "canonical_statistic_bytes", "statistic_digest", "statistics_equal",
 ]
 
 
@@ -93,6 +93,26 @@ class EncodedDataHandle(Protocol):
     def pysp_seq_initialize(self, estimator: Any, rng: Any, p: float) -> Any: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class EncodedFold(Protocol):
+    """mixle's structural fold contract: the four ``pysp_*`` methods a handle answers (no inheritance needed)."""
+
+    def pysp_seq_log_density_sum(self, estimate: Any) -> tuple[float, float]: ...
+
+    def pysp_seq_estimate(self, estimator: Any, prev_estimate: Any) -> Any: ...
+
+    def pysp_seq_initialize(self, estimator: Any, rng: Any, p: float) -> Any: ...
+
+    def pysp_stream_accumulate(self, estimator: Any, model: Any) -> tuple[float, Any]: ...
+
+
+@runtime_checkable
+class MemorySized(Protocol):
+    """An object that declares its complete resident footprint in bytes (what the planner sizes by)."""
+
+    def mixle_memory_nbytes(self) -> int: ...
 
 
 class StatisticFormatError(TypeError):

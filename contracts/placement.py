@@ -7,9 +7,11 @@ from typing import Any
 import attrs
 
 from mixle_parallel.contracts._checks import exact_bool, non_empty_str, non_negative_int, positive_int, str_tuple
+from mixle_parallel.contracts.resources import DeviceSpec
 from mixle_parallel.contracts.serialization import register_contract
 
-__all__ = ["ComponentShard", "ModelShardingPlan", "Placement", "RowShard"]
+__all__ = ["ComponentShard", "DeviceCapacityError", "ModelShard", "ModelShardingPlan", "Placement", "PlacementShard",
+           "RowShard"]
 
 
 def _ordered_range(inst: Any, attribute: Any, value: int) -> None:
@@ -87,3 +89,74 @@ class ModelShardingPlan:
     requires_split: bool = attrs.field(validator=exact_bool)
     fits: bool = attrs.field(validator=exact_bool)
     reason: str = attrs.field(validator=non_empty_str)
+
+
+class DeviceCapacityError(MemoryError, ValueError):
+    """A shard's estimated bytes exceed its device's memory: a ``MemoryError`` (what mixle 0.8.2 raises) and a
+    ``ValueError`` (an invalid contract, so documents fail with a ContractError)."""
+
+
+def _device_spec(inst: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, DeviceSpec):
+        raise TypeError(f"{type(inst).__name__}.device must be a DeviceSpec, got {type(value).__name__}")
+
+
+def _fits(shard: Any, total: int) -> None:
+    memory = shard.device.memory_bytes
+    if memory is not None and total > memory:
+        raise DeviceCapacityError(f"{type(shard).__name__} on {shard.device.name} needs {total} bytes but the device "
+                                  f"holds {memory}; move rows or components to other devices")
+
+
+@register_contract
+@attrs.frozen
+class PlacementShard:
+    """mixle's placement shard: rows ``[start, stop)`` on one device, with their encoded and working bytes."""
+
+    device: DeviceSpec = attrs.field(validator=_device_spec)
+    start: int = attrs.field(validator=_ordered_range)
+    stop: int = attrs.field(validator=_ordered_range)
+    sub_chunks: int = attrs.field(default=1, validator=positive_int)
+    encoded_bytes: int = attrs.field(default=0, validator=non_negative_int)
+    transient_bytes: int = attrs.field(default=0, validator=non_negative_int)
+
+    @property
+    def size(self) -> int:
+        """Rows on this shard."""
+        return self.stop - self.start
+
+    @property
+    def total_bytes(self) -> int:
+        """Encoded plus transient bytes."""
+        return self.encoded_bytes + self.transient_bytes
+
+
+def _component_stop(inst: Any, attribute: Any, value: int) -> None:
+    non_negative_int(inst, attribute, value)
+    if value <= inst.component_start:
+        raise ValueError(f"ModelShard: component_stop={value} must be above component_start={inst.component_start}")
+
+
+@register_contract
+@attrs.frozen
+class ModelShard:
+    """mixle's component-axis model shard: components ``[component_start, component_stop)`` on one device."""
+
+    device: DeviceSpec = attrs.field(validator=_device_spec)
+    component_start: int = attrs.field(validator=non_negative_int)
+    component_stop: int = attrs.field(validator=_component_stop)
+    parameter_bytes: int = attrs.field(default=0, validator=non_negative_int)
+    statistic_bytes: int = attrs.field(default=0, validator=non_negative_int)
+
+    def __attrs_post_init__(self) -> None:
+        _fits(self, self.total_bytes)
+
+    @property
+    def num_components(self) -> int:
+        """Components on this shard."""
+        return self.component_stop - self.component_start
+
+    @property
+    def total_bytes(self) -> int:
+        """Parameter plus statistic bytes."""
+        return self.parameter_bytes + self.statistic_bytes

@@ -24,6 +24,8 @@ EVIDENCE = c.NumericsEvidence(
     "grad:dp_shard", "gradient", "torch_native", PLAN, "fp32", 2, 4096, 2.4e-8, 3.1e-7, True, True, TOL,
     (c.ObservedCollective("reduce_scatter", ("dp_shard",), 3),), True)
 
+CALIBRATION = c.DeviceCalibration("cpu:0", True, (0.00101, 0.00098, 0.001), 5.1e5)
+
 EXAMPLES: dict[type, Any] = {
     c.ParallelPlan: PLAN,
     c.MeshCoordinate: PLAN.coordinate(3),
@@ -56,6 +58,14 @@ EXAMPLES: dict[type, Any] = {
     c.ComponentShard: c.ComponentShard("cpu:0", 0, 8, 4096),
     c.ModelShardingPlan: c.ModelShardingPlan("components", 8, 4096, (c.ComponentShard("cpu:0", 0, 8, 4096),), False,
                                              True, "the whole model fits on every device: replicate it"),
+    c.PlacementShard: c.PlacementShard(c.DeviceSpec("cpu:0", "cpu", 0, 2**33, 1.0, None, "node0"), 0, 500_000, 8,
+                                       4_000_000, 4096),
+    c.ModelShard: c.ModelShard(c.DeviceSpec("cpu:0", "cpu", 0, 2**33, 1.0, None, "node0"), 0, 8, 4096, 2048),
+    c.DeviceCalibration: CALIBRATION,
+    c.CalibrationRecord: c.CalibrationRecord(
+        "MixtureDistribution", "estep", c.Resources.from_specs([c.DeviceSpec("cpu:0", "cpu", 0, 2**33, 5.1e5)]),
+        512, 3, None, "MixtureEstimator", 100_000, 4096, 4096, 1_764_590_400.0, (CALIBRATION,)),
+    c.CalibrationCatalog: c.CalibrationCatalog(()),
     c.AdmissionCertificate: c.AdmissionCertificate(
         "torch_native", "0.1.0", DIGEST, CAPS, PLAN.axis_family, PLAN, "fp32", "cpu", "gloo",
         {"python": "3.11.7", "numpy": "2.1.0", "torch": "2.13.0"}, (EVIDENCE,), {EVIDENCE.evidence_id}, TOL,

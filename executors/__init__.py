@@ -14,6 +14,7 @@ from mixle_parallel.executors.registry import *  # noqa: F403 - re-exported thro
 LAZY_EXECUTORS = {
     "TorchDistributedBackend": "mixle_parallel.executors.torch.backend",
     "TorchDistributedSession": "mixle_parallel.executors.torch.session",
+    "StreamingTokenEncodedData": "mixle_parallel.executors.torch.streaming_tokens",
     "describe_parameter_layouts": "mixle_parallel.executors.torch.layouts",
     "CollectiveMeter": "mixle_parallel.executors.torch.comm_meter",
     "save_checkpoint": "mixle_parallel.executors.torch.checkpoint",
@@ -33,6 +34,9 @@ LAZY_EXECUTORS = {
     "resume_batches": "mixle_parallel.executors.torch.fault_tolerant",
     "save_checkpoint_async": "mixle_parallel.executors.torch.fault_tolerant",
     "synthetic_batch_for_state": "mixle_parallel.executors.torch.fault_tolerant",
+    "StepResult": "mixle_parallel.executors.torch.simulated_rank",
+    "SimulatedRank": "mixle_parallel.executors.torch.simulated_rank",
+    "ElasticTrainingJob": "mixle_parallel.executors.torch.elastic_job",
     "CheckpointError": "mixle_parallel.executors.torch.checkpoint_manifest",
     "CorruptCheckpointError": "mixle_parallel.executors.torch.checkpoint_manifest",
     "WorldSizeChangeError": "mixle_parallel.executors.torch.checkpoint_manifest",

@@ -9,19 +9,24 @@ import attrs
 from hypothesis import strategies as st
 
 from mixle_parallel.contracts import (
+    CALIBRATION_WORKLOADS,
     IN_TOTO_PAYLOAD_TYPE,
     KNOWN_PRECISIONS,
     PHYSICAL_AXES,
     AdmissionCertificate,
     BackendCapabilities,
+    CalibrationCatalog,
+    CalibrationRecord,
     CertificateEnvelope,
     CollectiveKind,
     ComponentShard,
+    DeviceCalibration,
     DeviceSpec,
     DistributedUpdate,
     EnvelopeSignature,
     MeshCoordinate,
     MeshShape,
+    ModelShard,
     ModelShardingPlan,
     NumericsEvidence,
     ObservedCollective,
@@ -30,6 +35,7 @@ from mixle_parallel.contracts import (
     ParameterLayout,
     PayloadKind,
     Placement,
+    PlacementShard,
     Resources,
     RowShard,
     SDCAuditRecord,
@@ -358,7 +364,61 @@ def model_sharding_plans(draw: Any) -> ModelShardingPlan:
                              draw(st.booleans()), draw(st.booleans()), draw(_names))
 
 
+_seconds = st.floats(min_value=1e-9, max_value=1e4, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def device_calibrations(draw: Any, name: str | None = None) -> DeviceCalibration:
+    """A device's timings and throughput, or its failure with a reason."""
+    device = name if name is not None else draw(_names)
+    if draw(st.booleans()):
+        return DeviceCalibration(device, True, tuple(draw(st.lists(_seconds, min_size=1, max_size=4))),
+                                 draw(_seconds))
+    return DeviceCalibration(device, False, error=draw(_names))
+
+
+@st.composite
+def calibration_records(draw: Any) -> CalibrationRecord:
+    """One calibration run with results for some of its devices."""
+    res = draw(resources())
+    names = draw(st.lists(st.sampled_from([d.name for d in res.devices]), unique=True))
+    optional = st.none() | st.integers(0, 2**40)
+    return CalibrationRecord(
+        draw(_names), draw(st.sampled_from(CALIBRATION_WORKLOADS)), res, draw(st.integers(1, 4096)),
+        draw(st.integers(1, 10)), draw(st.none() | st.sampled_from(sorted(KNOWN_PRECISIONS))), draw(st.none() | _names),
+        draw(optional), draw(optional), draw(optional), draw(_finite),
+        tuple(draw(device_calibrations(n)) for n in names))
+
+
+def calibration_catalogs() -> st.SearchStrategy[CalibrationCatalog]:
+    """Catalogs of up to three records."""
+    return st.lists(calibration_records(), max_size=3).map(lambda rs: CalibrationCatalog(tuple(rs)))
+
+
+@st.composite
+def placement_shards(draw: Any) -> PlacementShard:
+    """mixle-shaped rows of one device."""
+    start = draw(st.integers(0, 10**6))
+    return PlacementShard(draw(device_specs()), start, start + draw(st.integers(0, 10**6)), draw(st.integers(1, 8)),
+                          draw(st.integers(0, 2**40)), draw(st.integers(0, 2**40)))
+
+
+@st.composite
+def model_shards(draw: Any) -> ModelShard:
+    """Components of one device that fit its memory."""
+    device = draw(device_specs())
+    cap = 2**40 if device.memory_bytes is None else device.memory_bytes
+    params = draw(st.integers(0, cap))
+    start = draw(st.integers(0, 64))
+    return ModelShard(device, start, start + draw(st.integers(1, 64)), params, draw(st.integers(0, cap - params)))
+
+
 STRATEGIES: dict[type, Any] = {
+    DeviceCalibration: device_calibrations,
+    CalibrationRecord: calibration_records,
+    CalibrationCatalog: calibration_catalogs,
+    PlacementShard: placement_shards,
+    ModelShard: model_shards,
     RowShard: row_shards,
     Placement: placements,
     ComponentShard: component_shards,

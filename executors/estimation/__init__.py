@@ -12,18 +12,21 @@ from mixle_parallel.executors.estimation import (
     audited_mp,
     balance,
     builtin_backends,
+    calibration,
     chunks,
     combine_order,
     component_parallel,
     em_observability,
     finite_guard,
     handle,
+    memory,
     model_decomposition,
     models,
     options,
     planner,
     reference_handles,
     resilient_em,
+    shards,
     stochastic,
     verifiable,
 )
@@ -34,6 +37,7 @@ from mixle_parallel.executors.estimation.api import *  # noqa: F403 - re-exporte
 from mixle_parallel.executors.estimation.audited_mp import *  # noqa: F403
 from mixle_parallel.executors.estimation.balance import *  # noqa: F403
 from mixle_parallel.executors.estimation.builtin_backends import *  # noqa: F403
+from mixle_parallel.executors.estimation.calibration import *  # noqa: F403
 from mixle_parallel.executors.estimation.chunks import *  # noqa: F403
 from mixle_parallel.executors.estimation.combine_order import *  # noqa: F403
 from mixle_parallel.executors.estimation.component_parallel import *  # noqa: F403
@@ -54,6 +58,7 @@ from mixle_parallel.executors.estimation.engines.torchrun import (
 from mixle_parallel.executors.estimation.finite_guard import *  # noqa: F403
 from mixle_parallel.executors.estimation.handle import *  # noqa: F403
 from mixle_parallel.executors.estimation.initialization import INIT_STRATEGIES
+from mixle_parallel.executors.estimation.memory import *  # noqa: F403
 from mixle_parallel.executors.estimation.model_decomposition import *  # noqa: F403
 from mixle_parallel.executors.estimation.models import *  # noqa: F403
 from mixle_parallel.executors.estimation.optimize import *  # noqa: F403
@@ -66,6 +71,7 @@ from mixle_parallel.executors.estimation.reference_handles import (
     SparkEncodedData,
 )
 from mixle_parallel.executors.estimation.resilient_em import *  # noqa: F403
+from mixle_parallel.executors.estimation.shards import *  # noqa: F403
 from mixle_parallel.executors.estimation.stochastic import *  # noqa: F403
 
 builtin_backends.register_builtin_encoded_data_backends()
@@ -83,4 +89,5 @@ __all__ = sorted({
     *em_observability.__all__, *audited_mp.__all__, *finite_guard.__all__, *balance.__all__,
     *model_decomposition.__all__, *resilient_em.__all__, *stochastic.__all__,
     *handle.__all__, *models.__all__, *_optimize_module.__all__, *planner.__all__, *_ENGINE_RUNNERS, *_MORE,
+    *calibration.__all__, *memory.__all__, *shards.__all__,
 })

@@ -27,7 +27,8 @@ from mixle_parallel.executors.estimation.models import CompositeDistribution, Mi
 __all__ = [
     "AxisCandidate", "DecompAxis", "Decomposition", "ModelCut", "ModelDecomposition", "NodeSize", "ReductionOp",
     "best_parallel_axis", "compute_cost", "cost_children", "decompose_model", "decomposition_of",
-    "register_decomposition", "shard_children", "size_model_tree", "subtree_work", "tree_axes",
+    "has_declared_decomposition", "register_decomposition", "shard_children", "size_model_tree", "subtree_work",
+    "tree_axes",
 ]
 
 
@@ -99,6 +100,12 @@ def register_decomposition(cls: type, declare: Callable[[Any], Decomposition]) -
     if not isinstance(cls, type) or not callable(declare):
         raise TypeError("register_decomposition(cls, declare): a class and a function node -> Decomposition")
     _REGISTRY[cls] = declare
+
+
+def has_declared_decomposition(node: Any) -> bool:
+    """True when ``node`` declares its structure: ``decomposition()``, a registered one, or ``params()``."""
+    return (callable(getattr(node, "decomposition", None)) or any(isinstance(node, cls) for cls in _REGISTRY)
+            or callable(getattr(node, "params", None)))
 
 
 def decomposition_of(node: Any) -> Decomposition:

@@ -121,6 +121,7 @@ class SessionHealth:
         self._window_start: float | None = None
         self._last_end: float | None = None
         self._seq = 1
+        self._restart = False
         self.heartbeat = self._start_heartbeat() if o.heartbeat and world_size > 1 else None
 
     # ---- timing, called by the session --------------------------------------------------------
@@ -158,7 +159,9 @@ class SessionHealth:
         now = time.perf_counter()
         elapsed = max(now - (self._window_start or now), 1e-9)
         flops = self._step_flops(tokens)
-        found = self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=elapsed, tokens=tokens)
+        restart, self._restart = self._restart, False
+        found = self.monitor.observe_step(step, loss, grad_norm=grad_norm, step_time_s=elapsed, tokens=tokens,
+                                          restart=restart)
         if rank_seconds is not None:
             found += self.monitor.observe_rank_times(step, rank_seconds)
         mfu = flops / (elapsed * self._peak * self.world) if flops else None
@@ -167,7 +170,11 @@ class SessionHealth:
         self.phase("idle", step)
         return {"step_time_s": elapsed, "tokens_per_s": tokens / elapsed, "mfu": mfu,
                 "peak_flops_per_sec": self._peak, "rank_step_s": rank_seconds, "straggler": straggler,
-                "anomalies": [a.as_dict() for a in found]}
+                "anomalies": [a.as_dict() for a in found], "restart": restart}
+
+    def mark_restart(self) -> None:
+        """The session resumed from a checkpoint: the next committed step is recorded as a restart."""
+        self._restart = True
 
     def on_skip(self, step: int | None = None, loss: float | None = None, grad_norm: float | None = None,
                 ) -> list[Anomaly]:

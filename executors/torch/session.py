@@ -252,6 +252,8 @@ class TorchDistributedSession:
             TorchSessionState,
         ))
         self._clear_gradients()
+        if self._health is not None:
+            self._health.mark_restart()  # the next receipt says the clock resumed here
         if self.ledger is not None:
             self.ledger.checkpoint(step=self._step, path=str(path), extra={"event": "load"})
         return loaded
