@@ -20,7 +20,9 @@ from mixle_parallel.contracts._checks import (
 )
 from mixle_parallel.contracts.serialization import from_dict, from_json, register_contract, to_dict, to_json
 
-DEVICE_KINDS = frozenset({"cpu", "cuda", "mps", "xpu", "tpu", "rocm"})
+DEVICE_KINDS = frozenset({"cpu", "cuda", "gpu", "mps", "xpu", "tpu", "rocm"})
+"""``gpu`` is mixle 0.8.2's generic accelerator kind (no vendor named)."""
+GPU_KINDS = frozenset({"cuda", "gpu", "mps", "rocm", "xpu"})
 
 
 def _kind(inst: object, attribute: attrs.Attribute, value: str) -> None:
@@ -40,6 +42,22 @@ class DeviceSpec:
     throughput: float = attrs.field(default=1.0, converter=to_float, validator=positive_finite)
     precision: str | None = attrs.field(default=None, validator=optional_str)
     host: str | None = attrs.field(default=None, validator=optional_str)
+    engine: str = attrs.field(default="numpy", kw_only=True, validator=non_empty_str)
+    """The compute engine that runs on it (mixle's field): ``numpy`` for CPU slots, ``torch`` for torch ranks."""
+
+    @property
+    def is_gpu(self) -> bool:
+        """Whether the device is an accelerator (CUDA, ROCm, MPS, XPU or mixle's generic ``gpu``)."""
+        return self.kind in GPU_KINDS
+
+    def to_dict(self) -> dict[str, Any]:
+        """A versioned JSON-ready document (the one converter)."""
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> DeviceSpec:
+        """Inverse of ``to_dict``."""
+        return from_dict(payload, cls)
 
 
 def _devices(values: Iterable[DeviceSpec]) -> tuple[DeviceSpec, ...]:
@@ -140,7 +158,7 @@ class Resources:
                     # Advisory weight: streaming multiprocessors relative to a CPU slot.
                     devices.append(
                         DeviceSpec(f"cuda:{i}", "cuda", i, int(props.total_memory),
-                                   float(max(1, props.multi_processor_count)), precision, host)
+                                   float(max(1, props.multi_processor_count)), precision, host, engine="torch")
                     )
         return cls(tuple(devices))
 
@@ -205,7 +223,7 @@ class Resources:
         """One slot per global rank of a torchrun/torchelastic job, from its environment; outside torchrun
         (no ``WORLD_SIZE``) the one local slot of this process, as mixle 0.8.2 gives."""
         if "WORLD_SIZE" not in os.environ:
-            return cls((DeviceSpec("rank:0", "cpu", 0, memory_bytes, 1.0, precision, "node0"),))
+            return cls((DeviceSpec("rank:0", "cpu", 0, memory_bytes, 1.0, precision, "node0", engine="torch"),))
         try:
             world = int(os.environ["WORLD_SIZE"])
             local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -220,7 +238,8 @@ class Resources:
             )
         return cls(
             tuple(
-                DeviceSpec(f"rank:{r}", "cpu", r % local_world, memory_bytes, 1.0, precision, f"node{r // local_world}")
+                DeviceSpec(f"rank:{r}", "cpu", r % local_world, memory_bytes, 1.0, precision, f"node{r // local_world}",
+                           engine="torch")
                 for r in range(world)
             )
         )

@@ -46,6 +46,7 @@ from mixle_parallel.executors.estimation.em_observability import *  # noqa: F403
 # Engine runners (mpi, spark, dask, ray) import their engine only when a runner is constructed,
 # so importing them here keeps this package light.
 from mixle_parallel.executors.estimation.engines.dask import DaskRunner
+from mixle_parallel.executors.estimation.engines.lightning import LightningEncodedData
 from mixle_parallel.executors.estimation.engines.mpi import MPIChunkError, MPIEncodedData, MPIRunner, mpi_out
 from mixle_parallel.executors.estimation.engines.ray import RayEncodedData, RayRunner
 from mixle_parallel.executors.estimation.engines.spark import SparkRunner
@@ -78,7 +79,8 @@ builtin_backends.register_builtin_encoded_data_backends()
 verifiable.register_em_verification_targets()
 
 _ENGINE_RUNNERS = [
-    "DaskRunner", "MPIChunkError", "MPIEncodedData", "MPIRunner", "RayEncodedData", "RayRunner", "SparkRunner",
+    "DaskRunner", "LightningEncodedData", "MPIChunkError", "MPIEncodedData", "MPIRunner", "RayEncodedData",
+    "RayRunner", "SparkRunner",
     "TorchRunChunkError", "TorchRunEncodedData", "TorchRunRunner", "mpi_out", "torchrun_out",
 ]
 _MORE = ["INIT_STRATEGIES", "EncodedDataOptions", "declare_backend_options", "DaskEncodedData", "LocalEncodedData",

@@ -14,6 +14,7 @@ from mixle_parallel.executors.estimation.builtin_backends import (
 )
 from mixle_parallel.executors.estimation.data_checks import check_rows
 from mixle_parallel.executors.estimation.engine_choice import resolve_engine
+from mixle_parallel.executors.estimation.minibatch import minibatch_spec
 from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects
 from mixle_parallel.executors.estimation.options import (
     EncodedDataOptions,
@@ -146,6 +147,7 @@ def encoded_data(
     name = canonical_backend(backend, BUILTIN_ENCODED_DATA_BACKENDS)
     check_backend_options(name, opts, backend_options_of(name, factory), _declared_options())
     opts = _checked_engine(opts)
+    opts = _minibatch_chunking(opts, _rows_or_none(data))
     workers, world = planned_world(factory, opts)
     opts = _cap_workers(name, opts, workers)
     decision, certificate = admit_encoded_data(name, admission=admission, workers=workers, world_size=world)
@@ -179,6 +181,20 @@ def _rows_or_none(data: Any) -> int | None:
         return len(data)
     except TypeError:
         return None
+
+
+def _minibatch_chunking(opts: EncodedDataOptions, num_rows: int | None) -> EncodedDataOptions:
+    """With ``batch_size``, ``shuffle`` or ``seed`` set: them checked (``batch_size`` None is a tenth of the
+    rows, ``shuffle`` None True, ``seed`` None 0) and, with no chunking given, ``chunk_size=batch_size``."""
+    if opts.batch_size is None and opts.shuffle is None and opts.seed is None:
+        return opts
+    if num_rows is None and opts.batch_size is None:
+        raise ValueError("batch_size= is needed when this process does not hold the rows (root_only=True): every "
+                         "rank must cut the same mini-batches, so give the rows per batch")
+    spec = minibatch_spec(num_rows or 0, opts.batch_size, opts.shuffle, opts.seed)
+    chunk_size = spec.batch_size if opts.num_chunks is None and opts.chunk_size is None else opts.chunk_size
+    return dataclasses.replace(opts, batch_size=spec.batch_size, shuffle=spec.shuffle, seed=spec.seed,
+                               chunk_size=chunk_size)
 
 
 def _merge_options(given: EncodedDataOptions, options: EncodedDataOptions | None) -> EncodedDataOptions:

@@ -109,7 +109,7 @@ def balance_plan(model: Any, resources: Resources, *, n_data: int) -> BalancePla
             break
     why = _rationale(m, d, used, p, n_data, max_units)
     if fits is False:
-        why += f" [does not fit: the model needs {m_mem} shard(s) for memory, its best axis offers {max_units}]"
+        why += f" [WARNING: does not fit: it needs {m_mem} shard(s) for memory, its best axis offers {max_units}]"
     elif fits is None:
         why += " [memory fit unknown: some device has no memory figure]"
     return BalancePlan(
@@ -121,12 +121,12 @@ def balance_plan(model: Any, resources: Resources, *, n_data: int) -> BalancePla
 
 def _rationale(m: int, d: int, used: int, p: int, n_data: int, max_units: int) -> str:
     if used < p and m == 1 and max_units <= 1 and n_data < p:
-        return (f"{used} of {p} workers: {n_data} row(s) cannot fill the workers and the model has no axis to split; "
+        return (f"{used} of {p} workers: {n_data} row(s) cannot fill the workers and the model has no splittable axis; "
                 "it needs a structured decomposition (a mixture or composite) to use more")
     if m == 1:
-        return f"data parallel: the model fits and {n_data} rows fill {d} of {p} workers"
+        return f"data-parallel: the model fits and {n_data} rows fill {d} of {p} workers"
     if d == 1:
-        return f"model parallel x{m}: {n_data} row(s) cannot fill the workers, the model is split {m} ways"
+        return f"model-parallel x{m}: {n_data} row(s) cannot fill the workers, the model is split {m} ways"
     return f"grid {d} x {m} = {used} of {p} workers: the model split {m} ways, the data {d} ways"
 
 

@@ -23,6 +23,7 @@ BUILTIN_ENCODED_DATA_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dask": (".engines.dask:dask_encoded_data", ("distributed",)),
     "ray": (".engines.ray:ray_encoded_data", ()),
     "torchrun": (".engines.torchrun:torchrun_encoded_data", ("torch_distributed",)),
+    "lightning": (".engines.lightning:lightning_encoded_data", ("pl",)),
 }
 
 _PACKAGE = "mixle_parallel.executors.estimation"

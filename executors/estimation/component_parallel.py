@@ -20,7 +20,13 @@ import numpy as np
 from mixle_parallel.executors.estimation.chunks import EStepResult
 from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
 from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
-from mixle_parallel.executors.estimation.mixle_interop import as_estimator
+from mixle_parallel.executors.estimation.mixle_interop import (
+    MixleAccumulator,
+    MixleEstimator,
+    as_estimator,
+    unwrap_mixle,
+    wrap_mixle_model,
+)
 from mixle_parallel.executors.estimation.models._base import as_weights
 from mixle_parallel.executors.estimation.models.combinators import (
     MixtureAccumulator,
@@ -121,8 +127,31 @@ class ModelParallelAccumulator:
         return self.inner.update(enc, weights, model)
 
     def seq_update(self, enc: Any, weights: np.ndarray | None, model: Any) -> None:
-        """mixle's name for :meth:`update` (mixle 0.8.2's ``ModelParallelAccumulator.seq_update``)."""
-        self.update(enc, weights, model)
+        """mixle's name for :meth:`update` (mixle 0.8.2's ``ModelParallelAccumulator.seq_update``); a mixle
+        distribution is taken as is (mixle's own ``optimize``/``seq_estimate`` pass one)."""
+        self.update(enc, weights, wrap_mixle_model(model) if isinstance(self.inner, MixleAccumulator) else model)
+
+    def _mixle(self, what: str) -> Any:
+        if not isinstance(self.inner, MixleAccumulator):
+            raise TypeError(f"{what} is mixle's accumulator protocol; this accumulator wraps "
+                            f"{type(self.inner).__name__}, not a mixle accumulator")
+        return self.inner.inner
+
+    def seq_initialize(self, enc: Any, weights: np.ndarray, rng: Any) -> None:
+        """mixle's ``seq_initialize`` on the wrapped mixle accumulator (mixle's own drivers call it)."""
+        self._mixle("seq_initialize").seq_initialize(enc, weights, rng)
+
+    def key_merge(self, stats_dict: dict[Any, Any]) -> None:
+        """mixle's keyed-parameter merge on the wrapped mixle accumulator."""
+        self._mixle("key_merge").key_merge(stats_dict)
+
+    def key_replace(self, stats_dict: dict[Any, Any]) -> None:
+        """mixle's keyed-parameter replace on the wrapped mixle accumulator."""
+        self._mixle("key_replace").key_replace(stats_dict)
+
+    def acc_to_encoder(self) -> Any:
+        """mixle's data encoder of the wrapped mixle accumulator."""
+        return self._mixle("acc_to_encoder").acc_to_encoder()
 
     def initialize(self, enc: Any, weights: np.ndarray, rng: np.random.Generator) -> None:
         """The inner initialization (serial: it draws from one generator)."""
@@ -171,8 +200,9 @@ class ModelParallelEstimator:
         return ModelParallelAccumulatorFactory(self.inner.accumulator_factory(), self.num_workers)
 
     def estimate(self, nobs: float | None, stats: Any) -> Any:
-        """The inner M-step."""
-        return self.inner.estimate(nobs, stats)
+        """The inner M-step (a mixle estimator's gives the mixle distribution, for mixle's drivers and ours)."""
+        model = self.inner.estimate(nobs, stats)
+        return unwrap_mixle(model) if isinstance(self.inner, MixleEstimator) else model
 
     def encoder(self) -> Any:
         """The inner encoder."""

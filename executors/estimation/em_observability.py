@@ -30,6 +30,7 @@ __all__ = [
     "StragglerReport",
     "detect_stragglers",
     "fit_report",
+    "json_ready_report",
     "imbalance_receipt",
     "plan_rebalance_weights",
     "record_rank_round",
@@ -297,21 +298,29 @@ class FitReport:
                  f"compute, {self.total_wait_seconds:.3f} s waiting, {self.total_bytes_moved} bytes moved"]
         for r in self.rounds:
             s, im = self.stragglers_by_round[r], self.imbalance_by_round[r]
-            flag = f"STRAGGLERS={list(s.slow_ranks)}" if s.has_stragglers else "ok"
+            flag = f"STRAGGLERS={tuple(s.slow_ranks)}" if s.has_stragglers else "ok"  # mixle's rendering
             worst = max(s.ratios.values(), default=0.0)
             lines.append(f"  round {r}: median {s.median_seconds:.4f} s, worst {worst:.2f}x, "
                          f"data skew {im.max_bytes_ratio:.2f}x [{flag}]")
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+        """JSON-ready form (``json.dumps`` writes the int round keys as strings)."""
         return {"n_rounds": self.n_rounds, "n_ranks": self.n_ranks, "total_seconds": self.total_seconds,
                 "total_wait_seconds": self.total_wait_seconds, "total_bytes": self.total_bytes,
                 "total_bytes_moved": self.total_bytes_moved, "total_obs": self.total_obs, "rounds": list(self.rounds),
                 "worst_straggler_ratio": _json_float(self.worst_straggler_ratio),
                 "worst_imbalance_ratio": self.worst_imbalance_ratio, "slow_ranks": list(self.slow_ranks),
-                "by_round": {str(r): {"stragglers": self.stragglers_by_round[r].as_dict(),
+                "any_stragglers": self.any_stragglers,  # mixle's key; rounds keyed by int as mixle's are
+                "by_round": {r: {"stragglers": self.stragglers_by_round[r].as_dict(),
                                       "imbalance": self.imbalance_by_round[r].as_dict()} for r in self.rounds}}
+
+
+def json_ready_report(report: FitReport) -> dict[str, Any]:
+    """``report.as_dict()`` with the round keys as strings (what canonical JSON, e.g. the ledger, takes)."""
+    out = report.as_dict()
+    out["by_round"] = {str(r): v for r, v in out["by_round"].items()}
+    return out
 
 
 def fit_report(records: Sequence[RankRecord], *, threshold_ratio: float = 1.5, z_threshold: float = 3.0,

@@ -8,7 +8,7 @@ engine backend builds one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from mixle_parallel.contracts import ParallelPlan
@@ -30,9 +30,23 @@ from mixle_parallel.executors.estimation.chunks import (
     resolve_encoder,
     seed_from,
 )
-from mixle_parallel.executors.estimation.em_observability import FitReport, RankRecord, fit_report, round_summary
+from mixle_parallel.executors.estimation.em_observability import (
+    FitReport,
+    RankRecord,
+    fit_report,
+    json_ready_report,
+    round_summary,
+)
 from mixle_parallel.executors.estimation.engine_choice import EngineChoice, resolve_engine
 from mixle_parallel.executors.estimation.metering import MeteredRunner
+from mixle_parallel.executors.estimation.minibatch import (
+    DEFAULT_STEP_EXPONENT,
+    DEFAULT_STEP_OFFSET,
+    batch_plan,
+    minibatch_spec,
+    step_gains,
+    stepwise_em,
+)
 from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from mixle_parallel.executors.estimation.placing import check_placement
 from mixle_parallel.executors.estimation.sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt
@@ -62,6 +76,9 @@ class ChunkedEncodedData:
         controls: dict[str, Any] | None = None,
         owns_runner: bool = True,
         placement: Any = None,
+        batch_size: int | None = None,
+        shuffle: bool | None = None,
+        seed: int | None = None,
         engine: Any = None,
         precision: Any = None,
     ) -> None:
@@ -78,10 +95,15 @@ class ChunkedEncodedData:
         self.bounds = chunk_bounds(self.num_rows, num_chunks, chunk_size)
         self.placement = check_placement(placement, self.num_rows, self.bounds, runner)
         """The planner's ``Placement`` the chunks follow (rows to workers by its shards), or None."""
+        self.minibatch = minibatch_spec(self.num_rows, batch_size, shuffle, seed, resolve_batch=False)
+        """The ``MinibatchSpec`` of stochastic EM (``encoded_data(batch_size=, shuffle=, seed=)``)."""
+        self.last_stochastic_fit: Any = None
+        """The ``StochasticFit`` (model, steps, passes) of the last ``stochastic_em`` call."""
         self.controls = dict(controls or {})
         self._owns_runner = owns_runner
         self._scattered = False
         self._closed = False
+        estimator, model, encoder = adapt_mixle_objects(estimator, model, encoder)  # mixle's seq_* objects too
         self._encoder = encoder if encoder is not None else (
             resolve_encoder(estimator, model) if (estimator is not None or model is not None) else None
         )
@@ -114,6 +136,10 @@ class ChunkedEncodedData:
     def num_chunks(self) -> int:
         """Chunks the data is cut into."""
         return len(self.bounds)
+
+    def __len__(self) -> int:
+        """Rows of the data (mixle's ``len(handle)``)."""
+        return self.num_rows
 
     def __repr__(self) -> str:
         return (f"ChunkedEncodedData(backend={self.backend!r}, rows={self.num_rows}, "
@@ -183,8 +209,41 @@ class ChunkedEncodedData:
         """E-step results of the chosen chunks, in ascending chunk order (mini-batch EM; collective on SPMD)."""
         self._ensure_scattered(estimator, model)
         estimator, model = self._bound(estimator, model)
-        ids = sorted(int(c) for c in chunk_ids)
-        return [ChunkResult(*r) for r in self._metered.map_chunks(chunk_estep, (estimator, model), ids)]
+        return [ChunkResult(*r) for r in self.map_batch(chunk_estep, (estimator, model), chunk_ids)]
+
+    def map_batch(self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int],
+                  estimator: Any = None) -> list[Any]:
+        """``fn(chunk, payload)`` on the chosen chunks only, in ascending chunk order (a mini-batch)."""
+        self._ensure_scattered(estimator, None)
+        return self._metered.map_chunks(fn, payload, sorted(int(c) for c in chunk_ids))
+
+    def minibatch_plan(self, *, epoch: int = 0) -> list[list[int]]:
+        """The chunk ids of each mini-batch of ``epoch`` under ``self.minibatch`` (a function of the seed, the
+        epoch, the batch size and the rows only)."""
+        spec = self.minibatch
+        return batch_plan(self.num_chunks, self.num_rows, spec.batch_size, shuffle=spec.shuffle, seed=spec.seed,
+                          epoch=epoch)
+
+    def stochastic_em(self, estimator: Any, *, epochs: float = 5, schedule: Callable[[int], float] | None = None,
+                      init_p: float = 0.2, seed: int = 0, model: Any = None, init: str | None = None,
+                      step_exponent: float = DEFAULT_STEP_EXPONENT,
+                      step_offset: float = DEFAULT_STEP_OFFSET) -> Any:
+        """Stepwise mini-batch EM over ``epochs`` passes of this handle's mini-batches; returns the model.
+
+        Starts from ``model``, else from the first batch (``init`` as ``optimize``'s: k-means++ for mixtures;
+        ``init_p``, ``seed``); steps and passes are in
+        ``last_stochastic_fit``. ``schedule(t)`` (mixle's) replaces ``(t + step_offset) ** -step_exponent``.
+        """
+        estimator, model, _ = adapt_mixle_objects(estimator, model, None)
+        gains = step_gains(schedule, step_exponent, step_offset)
+        fit = stepwise_em(self, estimator, model, self._epoch_batches, epochs=epochs, gains=gains, init_p=init_p,
+                          init_seed=seed, init=init)
+        self.last_stochastic_fit = fit
+        return unwrap_mixle(fit.model)
+
+    def _epoch_batches(self, epoch: int) -> Iterable[Sequence[int]]:
+        """The batches stochastic EM takes in ``epoch`` (a subclass may draw them through a data loader)."""
+        return self.minibatch_plan(epoch=epoch)
 
     def chunk_digests(self, estimator: Any, model: Any) -> list[str]:
         """``sha256:`` digest of each chunk's statistics, in chunk order."""
@@ -411,7 +470,7 @@ class ChunkedEncodedData:
                             "audit_records": len(self.audit_records),
                             "audit_mismatches": sum(1 for r in self.audit_records if not r.matched),
                             "quarantined": sorted(self.quarantined),
-                            "fit_report": self.fit_report().as_dict() if self.rank_records else None,
+                            "fit_report": json_ready_report(self.fit_report()) if self.rank_records else None,
                         },
                     )
             finally:
@@ -448,6 +507,9 @@ def handle_from_runner(
     controls: dict[str, Any] | None = None,
     placement: Any = None,
     handle_class: type[ChunkedEncodedData] | None = None,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
+    seed: int | None = None,
     engine: Any = None,
     precision: Any = None,
     **_: Any,
@@ -469,6 +531,9 @@ def handle_from_runner(
         num_rows=num_rows,
         controls=controls,
         placement=placement,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
         engine=engine,
         precision=precision,
     )

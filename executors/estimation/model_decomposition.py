@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 
 from mixle_parallel.contracts.resources import DeviceSpec, Resources
+from mixle_parallel.executors.estimation.mixle_decomposition import is_mixle_decomposition, view_mixle_node
 from mixle_parallel.executors.estimation.models import CompositeDistribution, MixtureDistribution
 
 __all__ = [
@@ -32,8 +33,26 @@ __all__ = [
 ]
 
 
-class DecompAxis(enum.Enum):
-    """The dimension a node splits along (mixle's values)."""
+class _MixleComparable(enum.Enum):
+    """An enum member equal to mixle's member of the same enum name and value (so mixle code compares them)."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, enum.Enum) and not isinstance(other, type(self)):
+            return type(other).__name__ == type(self).__name__ and other.value == self.value
+        return self is other
+
+    def __hash__(self) -> int:
+        return hash(self._name_)
+
+    @classmethod
+    def _missing_(cls, value: object) -> Any:
+        if isinstance(value, enum.Enum) and type(value).__name__ == cls.__name__:
+            return cls(value.value)
+        return None
+
+
+class DecompAxis(_MixleComparable):
+    """The dimension a node splits along (mixle's values; equal to mixle's members)."""
 
     NONE = "none"
     COMPONENT = "component"
@@ -43,8 +62,8 @@ class DecompAxis(enum.Enum):
     STATE = "state"
 
 
-class ReductionOp(enum.Enum):
-    """How per-shard statistics recombine across a cut (mixle's values)."""
+class ReductionOp(_MixleComparable):
+    """How per-shard statistics recombine across a cut (mixle's values; equal to mixle's members)."""
 
     SUM = "sum"
     LOGSUMEXP_RESPONSIBILITY = "logsumexp"
@@ -120,9 +139,24 @@ def decomposition_of(node: Any) -> Decomposition:
         else:
             params = getattr(node, "params", None)
             return Decomposition(params=params() if callable(params) else ())
-    if not isinstance(found, Decomposition):
-        raise TypeError(f"{type(node).__name__}.decomposition() returned {type(found).__name__}, not a Decomposition")
-    return found
+    if isinstance(found, Decomposition):
+        return found
+    if is_mixle_decomposition(found):
+        return _from_mixle(node, found)
+    raise TypeError(f"{type(node).__name__}.decomposition() returned {type(found).__name__}, not a Decomposition: "
+                    "it must return a mixle_parallel Decomposition (or mixle's mixle.stats.compute.decomposition one)")
+
+
+def _from_mixle(node: Any, found: Any) -> Decomposition:
+    """Our Decomposition of a node that declared mixle's (children and parameters per mixle's family table)."""
+    view = view_mixle_node(node, found)
+    try:
+        axis, reduction = DecompAxis(view.axis), ReductionOp(view.reduction)
+    except ValueError as exc:
+        raise TypeError(f"{type(node).__name__}.decomposition(): {exc}; the axes understood are "
+                        f"{[a.value for a in DecompAxis]}, the reductions {[r.value for r in ReductionOp]}") from None
+    return Decomposition(axis=axis, reduction=reduction, units=view.units, roles=view.roles, owned=view.owned,
+                         params=view.params)
 
 
 register_decomposition(MixtureDistribution, lambda m: Decomposition(
@@ -303,19 +337,25 @@ class ModelDecomposition:
 
 
 def work_partition(unit_works: tuple[float, ...], weights: tuple[float, ...]) -> list[int]:
-    """Unit counts of contiguous shards whose work follows ``weights`` (device throughputs); empty shards dropped."""
+    """Unit counts of contiguous shards whose work follows ``weights`` (device throughputs); empty shards dropped.
+
+    Each unit goes to the shard whose share of the work holds the unit's midpoint, so a heavy unit lands
+    where most of it belongs rather than dragging its neighbours along."""
     n = len(unit_works)
     w = np.asarray(weights[: max(1, min(len(weights), n))], dtype=np.float64)
     capacity = np.cumsum(w / w.sum())
-    cum = np.cumsum(np.asarray(unit_works, dtype=np.float64))
+    works = np.asarray(unit_works, dtype=np.float64)
+    cum = np.cumsum(works)
     total = float(cum[-1]) if n and cum[-1] > 0 else 1.0
     k = len(w)
     counts = [0] * k
     s = 0
     for i in range(n):
-        # close shard s once the work before unit i reached its quantile, or the units left only just
-        # cover the shards left; a shard never closes empty
-        if s < k - 1 and counts[s] > 0 and (cum[i - 1] / total >= capacity[s] - 1e-12 or n - i <= k - 1 - s):
+        mid = (float(cum[i]) - float(works[i]) / 2.0) / total
+        target = int(np.searchsorted(capacity - 1e-12, mid))
+        # one shard further at most, and never past an empty one; forced on when the units left only
+        # just cover the shards left, so no shard stays empty for lack of units
+        if s < k - 1 and counts[s] > 0 and (target > s or n - i <= k - 1 - s):
             s += 1
         counts[s] += 1
     return [c for c in counts if c > 0]
@@ -335,14 +375,18 @@ def decompose_model(model: Any, resources: Resources, *, n_data: int | None = No
     if best is None or len(devices) < 2:
         return ModelDecomposition(DecompAxis.NONE, ReductionOp.REPLICATE, root.num_units, (),
                                   "no splittable axis worth cutting, or one device: replicate the model, "
-                                  "split the data")
+                                  "data-parallel")
     sized = size_model_tree(model)
     memories = [d.memory_bytes for d in devices if d.memory_bytes is not None]
     fits = not memories or sized.subtree_param_bytes <= min(memories)
-    if prefer_data_parallel and fits and (n_data is None or n_data >= len(devices)):
-        # a replicated model that fits, with a row for every device: splitting rows has no coupling
+    p = len(devices)
+    rows_fill = n_data is None or n_data >= 8 * p
+    if prefer_data_parallel and fits and rows_fill and (best.num_units < 2 * p or n_data is None
+                                                        or n_data >= 8 * p * best.num_units):
+        # mixle's rule (few units per device, rows to spare), and also when every device gets >= 8 rows
+        # per unit: a replicated model that fits then couples nothing, while a cut couples every row
         return ModelDecomposition(DecompAxis.NONE, ReductionOp.REPLICATE, best.num_units, (),
-                                  "the model fits replicated and the rows fill the devices: data parallel")
+                                  "the model fits replicated and the rows fill the devices: data-parallel")
     shards = max(1, min(len(devices), best.num_units // min_components_per_shard))
     counts = work_partition(best.unit_works, tuple(d.throughput for d in devices[:shards]))
     cuts, start = [], 0

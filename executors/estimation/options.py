@@ -101,9 +101,6 @@ def honouring_backends(option: str, declared: Mapping[str, frozenset[str] | None
 
 
 _NOT_YET = {
-    "batch_size": "stochastic (mini-batch) EM",
-    "shuffle": "stochastic (mini-batch) EM",
-    "seed": "the batch order of stochastic EM (the EM start's seed is optimize(seed=))",
     "placement": "a model placement plan (use the planner's ModelParallelEstimator for component parallelism)",
 }
 

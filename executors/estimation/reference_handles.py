@@ -16,8 +16,21 @@ from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
 __all__ = ["BuiltByEncodedData", "DaskEncodedData", "LocalEncodedData", "MPEncodedData", "SparkEncodedData"]
 
 
-class BuiltByEncodedData:
-    """Mixin: ``Cls(*args, **kwargs)`` is ``Cls._build(*args, **kwargs)`` (an ``encoded_data`` handle) as a ``Cls``."""
+class _ByBackend(type):
+    """Metaclass: a handle ``encoded_data`` made on a class's backend is an instance of that class."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if type.__instancecheck__(cls, obj):
+            return True
+        name = cls.__dict__.get("backend_name")
+        return name is not None and isinstance(obj, ChunkedEncodedData) and getattr(obj, "backend", None) == name
+
+
+class BuiltByEncodedData(metaclass=_ByBackend):
+    """Mixin: ``Cls(*args, **kwargs)`` is ``Cls._build(*args, **kwargs)`` (an ``encoded_data`` handle) as a ``Cls``;
+    ``isinstance(encoded_data(..., backend=b), Cls)`` holds for the class whose ``backend_name`` is ``b``."""
+
+    backend_name: str | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         handle = cls._build(*args, **kwargs)
@@ -38,6 +51,8 @@ class BuiltByEncodedData:
 class LocalEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     """mixle's ``LocalEncodedData(data, estimator, model, encoder, ...)``: the ``local`` backend."""
 
+    backend_name = "local"
+
     @classmethod
     def _build(cls, data: Any, estimator: Any = None, model: Any = None, encoder: Any = None, placement: Any = None,
                resources: Any = None, engine: Any = None, precision: Any = None, num_chunks: int | None = None,
@@ -55,6 +70,8 @@ class MPEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     ``response_timeout`` is our ``timeout`` (seconds a worker may take per pass); ``shutdown_timeout``
     is accepted and has no effect (workers are joined, then killed, on ``close``).
     """
+
+    backend_name = "mp"
 
     @classmethod
     def _build(cls, data: Any, estimator: Any = None, encoder: Any = None, num_workers: int | None = None,
@@ -77,6 +94,8 @@ def _rows(data: Any, name: str) -> Any:
 class DaskEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     """mixle's ``DaskEncodedData(data, estimator, model, encoder, client, num_partitions, sub_chunks)``."""
 
+    backend_name = "dask"
+
     @classmethod
     def _build(cls, data: Any, estimator: Any = None, model: Any = None, encoder: Any = None, client: Any = None,
                num_partitions: int | None = None, sub_chunks: int = 1, materialize: bool = True,
@@ -91,6 +110,8 @@ class DaskEncodedData(BuiltByEncodedData, ChunkedEncodedData):
 
 class SparkEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     """mixle's ``SparkEncodedData(data, estimator, model, encoder)``: the ``spark`` backend over in-memory rows."""
+
+    backend_name = "spark"
 
     @classmethod
     def _build(cls, data: Any, estimator: Any = None, model: Any = None, encoder: Any = None,

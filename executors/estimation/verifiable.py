@@ -112,5 +112,5 @@ def register_em_verification_targets() -> None:
     """Bind each built-in EM backend to its harness adapter, and any other registered one by name (idempotent)."""
     register_encoded_data_verification(_registered_target)
     for name in BUILTIN_ENCODED_DATA_BACKENDS:
-        if name != "model_parallel":  # a wrapper over another backend, certified through that one
+        if name not in ("model_parallel", "lightning"):  # wrappers over another backend, certified through it
             register_verification_target(name, _verification_factory(name))

@@ -76,6 +76,16 @@ def test_from_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     res = Resources.from_torchrun()
     assert [d.host for d in res] == ["node0", "node0", "node1", "node1"]
     assert [d.index for d in res] == [0, 1, 0, 1]
+    assert {d.engine for d in res} == {"torch"} and slot.engine == "torch"  # mixle's engine for torch ranks
+
+
+def test_device_kind_gpu_engine_and_document_as_mixle_reads_them() -> None:
+    gpu = DeviceSpec("g0", kind="gpu", memory_bytes=8_000_000_000, throughput=4.0)
+    assert gpu.is_gpu and gpu.engine == "numpy" and not DeviceSpec("c").is_gpu
+    assert DeviceSpec.from_dict(gpu.to_dict()) == gpu and gpu.to_dict()["data"]["kind"] == "gpu"
+    assert Resources.local(2).devices[0].engine == "numpy"
+    with pytest.raises(ValueError, match="DeviceSpec.kind='tensor-core' is not known"):
+        DeviceSpec("x", kind="tensor-core")
 
 
 def test_torchrun_job_is_described_by_torchrun(tmp_path: Path) -> None:

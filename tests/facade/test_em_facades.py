@@ -19,7 +19,7 @@ FACADES = {
     "resilient_em": ["ResilientMPEncodedData", "checkpointed_fold"],
     "torchrun": ["TorchRunEncodedData", "torchrun_out"],
     "ray_data": ["RayEncodedData"],
-    "lightning_data": ["minibatches", "stochastic_em"],
+    "lightning_data": ["LightningEncodedData", "minibatches", "stochastic_em"],
 }
 
 

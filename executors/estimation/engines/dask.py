@@ -46,6 +46,11 @@ from mixle_parallel.executors.estimation.engines.dask_holder import (
     pack_for_holder,
     work_for_holder,
 )
+from mixle_parallel.executors.estimation.engines.dask_tasks import (
+    DaskTaskRunner,
+    is_task_only_client,
+    scheduler_workers,
+)
 from mixle_parallel.executors.estimation.engines.support import (
     DEFAULT_TIMEOUT_S,
     Deadline,
@@ -58,7 +63,7 @@ from mixle_parallel.executors.estimation.engines.support import (
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 from mixle_parallel.executors.estimation.options import EncodedDataOptions
 
-__all__ = ["DaskChunkHolder", "DaskRunner", "channel_host", "dask_config_for_em", "dask_encoded_data"]
+__all__ = ["DaskChunkHolder", "DaskRunner", "DaskTaskRunner", "channel_host", "dask_config_for_em", "dask_encoded_data"]
 
 _log = logging.getLogger(__name__)
 
@@ -144,7 +149,7 @@ class DaskRunner(DirectPasses):
 
     # -- actors -------------------------------------------------------------------------------
     def _live_workers(self) -> list[str]:
-        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        return scheduler_workers(self.client)
 
     def _alive(self, address: str) -> bool:
         """Whether the actor on ``address`` exists and the scheduler still counts it as held (no round trip)."""
@@ -546,7 +551,11 @@ def dask_encoded_data(
 ) -> Any:
     """``encoded_data(..., backend="dask")``: a handle over a :class:`DaskRunner`
     (``direct_channel=False`` sends every data pass through dask's RPC, see ``engines.channel``)."""
-    runner = DaskRunner(client, num_workers=num_workers, timeout=timeout, direct_channel=direct_channel)
+    runner: Any
+    if is_task_only_client(client, require_engine("distributed", "dask")):
+        runner = DaskTaskRunner(client, num_workers=num_workers)
+    else:
+        runner = DaskRunner(client, num_workers=num_workers, timeout=timeout, direct_channel=direct_channel)
     try:
         return handle_from_runner(runner, data, **params)
     except BaseException:
@@ -554,7 +563,8 @@ def dask_encoded_data(
         raise
 
 
-ENCODED_DATA_OPTIONS = frozenset({"client", "num_workers", "timeout", "direct_channel"})
+ENCODED_DATA_OPTIONS = frozenset({"client", "num_workers", "timeout", "direct_channel",
+                                  "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the dask backend honours besides the handle's own."""
 
 WORKER_PROCESSES = True
@@ -567,8 +577,4 @@ def planned_workers(options: EncodedDataOptions) -> int:
         return int(options.num_workers)
     if options.client is None:
         return local_cpu_count()
-    try:
-        info = options.client.scheduler_info(n_workers=-1)
-    except TypeError:  # clients before dask 2025 take no n_workers
-        info = options.client.scheduler_info()
-    return max(1, len(info.get("workers", {})))
+    return max(1, len(scheduler_workers(options.client)))

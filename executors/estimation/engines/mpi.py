@@ -194,6 +194,8 @@ class MPIEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     called on every rank.
     """
 
+    backend_name = "mpi"
+
     runner: MPIRunner
 
     @classmethod
@@ -232,7 +234,8 @@ class MPIEncodedData(BuiltByEncodedData, ChunkedEncodedData):
         self._data = None
 
 
-_HANDLE_KEYS = ("estimator", "model", "encoder", "num_chunks", "chunk_size", "controls")
+_HANDLE_KEYS = ("estimator", "model", "encoder", "num_chunks", "chunk_size", "controls", "batch_size", "shuffle",
+                "seed")
 
 
 def mpi_encoded_data(
@@ -261,7 +264,7 @@ def mpi_encoded_data(
                                       **kwargs)
 
 
-ENCODED_DATA_OPTIONS = frozenset({"comm", "root", "root_only", "timeout"})
+ENCODED_DATA_OPTIONS = frozenset({"comm", "root", "root_only", "timeout", "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the mpi backend honours besides the handle's own (ranks: mpiexec -n)."""
 
 WORKER_PROCESSES = True

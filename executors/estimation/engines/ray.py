@@ -39,6 +39,7 @@ from mixle_parallel.executors.estimation.engines.channel import (
     holder_key,
     wait_channels,
 )
+from mixle_parallel.executors.estimation.engines.ray_tasks import RayTaskRunner, has_cluster_view
 from mixle_parallel.executors.estimation.engines.support import (
     DEFAULT_TIMEOUT_S,
     Deadline,
@@ -481,19 +482,22 @@ def ray_encoded_data(
     ``init_kwargs`` go to ``ray.init`` when no Ray is running yet (the runner then owns it);
     ``direct_channel=False`` sends every data pass through Ray's RPC (see ``engines.channel``).
     """
-    runner = RayRunner(
-        num_workers,
-        address=address,
-        timeout=timeout,
-        start_timeout=start_timeout,
-        init_kwargs=init_kwargs,
-        direct_channel=direct_channel,
-    )
+    runner = _runner(num_workers, address=address, timeout=timeout, start_timeout=start_timeout,
+                     init_kwargs=init_kwargs, direct_channel=direct_channel)
     try:
         return handle_from_runner(runner, data, handle_class=RayEncodedData, **params)
     except BaseException:
         runner.close()
         raise
+
+
+def _runner(num_workers: int | None, *, address: str | None = None, init_kwargs: dict[str, Any] | None = None,
+            **options: Any) -> RayRunner | RayTaskRunner:
+    """The actor runner on a real Ray; the task runner on a Ray module without a cluster view (mixle's minimum)."""
+    ray = require_engine("ray", "ray")
+    if has_cluster_view(ray):
+        return RayRunner(num_workers, address=address, init_kwargs=init_kwargs, **options)
+    return RayTaskRunner(ray, num_workers=num_workers, address=address, init_kwargs=init_kwargs)
 
 
 def one_node_cluster(ray: Any) -> bool:
@@ -513,7 +517,7 @@ class RayEncodedData(ChunkedEncodedData):
     def __init__(self, data: Any, estimator: Any = None, model: Any = None, encoder: Any = None,
                  num_partitions: int | None = None, num_workers: int | None = None, address: str | None = None,
                  **options: Any) -> None:
-        runner = RayRunner(num_workers, address=address, **options)
+        runner = _runner(num_workers, address=address, **options)
         try:
             super().__init__(runner, data, estimator=estimator, model=model, encoder=encoder,
                              num_chunks=num_partitions)
@@ -521,9 +525,14 @@ class RayEncodedData(ChunkedEncodedData):
             runner.close()
             raise
 
+    @property
+    def num_chunks(self) -> int:
+        """Chunks the data is cut into (0 once closed, as mixle's handle reports)."""
+        return 0 if self._closed else len(self.bounds)
+
 
 ENCODED_DATA_OPTIONS = frozenset({"num_workers", "address", "timeout", "start_timeout", "init_kwargs",
-                                  "direct_channel"})
+                                  "direct_channel", "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the ray backend honours besides the handle's own."""
 
 WORKER_PROCESSES = True
@@ -535,6 +544,6 @@ def planned_workers(options: EncodedDataOptions) -> int:
     if options.num_workers is not None:
         return int(options.num_workers)
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
+    if ray is not None and ray.is_initialized() and has_cluster_view(ray):
         return max(1, int(ray.cluster_resources().get("CPU", 1)))
     return local_cpu_count()

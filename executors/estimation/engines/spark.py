@@ -210,7 +210,8 @@ def spark_encoded_data(
         raise
 
 
-ENCODED_DATA_OPTIONS = frozenset({"client", "spark_context", "num_workers", "master", "timeout"})
+ENCODED_DATA_OPTIONS = frozenset({"client", "spark_context", "num_workers", "master", "timeout",
+                                  "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the spark backend honours besides the handle's own."""
 
 WORKER_PROCESSES = True

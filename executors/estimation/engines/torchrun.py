@@ -78,7 +78,10 @@ class TorchRunRunner:
                  backend: str | None = None, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
         self.dist = _dist()
         self.group = group
-        if not self.dist.is_initialized():
+        launched = "RANK" in os.environ or "WORLD_SIZE" in os.environ
+        self.single_process = group is None and not self.dist.is_initialized() and not launched
+        """Outside torchrun with no process group: a world of this one process (as mixle 0.8.2 runs)."""
+        if not self.dist.is_initialized() and not self.single_process:
             if not init_process_group or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
                 raise RuntimeError(
                     "backend='torchrun' needs torch.distributed: start the script with `torchrun --nproc-per-node N "
@@ -93,8 +96,11 @@ class TorchRunRunner:
             # the group serves every later handle of this job (a re-rendezvous per handle races under
             # torchrun); it is destroyed when the interpreter exits
             atexit.register(_destroy_default_group, self.dist)
-        self.rank = int(self.dist.get_rank(group=group))
-        self.size = int(self.dist.get_world_size(group=group))
+        if self.single_process:
+            self.rank, self.size = 0, 1
+        else:
+            self.rank = int(self.dist.get_rank(group=group))
+            self.size = int(self.dist.get_world_size(group=group))
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
             raise ValueError(f"root={root!r} is not a rank of this process group (size {self.size})")
         self.root = root
@@ -223,6 +229,8 @@ class TorchRunEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     ``encoded_data(data, backend="torchrun", ...)``, called on every rank.
     """
 
+    backend_name = "torchrun"
+
     runner: TorchRunRunner
 
     @classmethod
@@ -268,13 +276,14 @@ def torchrun_encoded_data(data: Any, *, group: Any = None, comm: Any = None, roo
     if encoder is None and estimator is None and model is None:
         raise ValueError("backend='torchrun' needs an estimator, a model or an encoder to encode the rows")
     num_rows = _row_count(runner, data, root_only)
-    kwargs = {k: params[k] for k in ("num_chunks", "chunk_size") if params.get(k) is not None}
+    kwargs = {k: params[k] for k in ("num_chunks", "chunk_size", "batch_size", "shuffle", "seed")
+              if params.get(k) is not None}
     return TorchRunEncodedData.over_runner(
         runner, data if (runner.is_root or not root_only) else None, num_rows=num_rows, estimator=estimator,
         model=model, encoder=resolve_encoder(estimator, model, encoder), **kwargs)
 
 ENCODED_DATA_OPTIONS = frozenset({"comm", "group", "root", "root_only", "timeout", "backend_name",
-                                  "init_process_group"})
+                                  "init_process_group", "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the torchrun backend honours besides the handle's own (ranks: torchrun)."""
 
 WORKER_PROCESSES = True

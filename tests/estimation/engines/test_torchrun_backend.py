@@ -55,8 +55,20 @@ def test_torchrun_fit_has_the_bits_of_local_on_every_rank(world, tmp_path, local
     assert ranks[0]["steps"] == expected and all(r["steps"] == [] for r in ranks[1:])
 
 
-def test_torchrun_outside_a_job_says_how_to_start_one(monkeypatch):
+def test_torchrun_outside_a_job_is_a_world_of_one_process_with_the_local_bits(monkeypatch, local_fit):
     for k in _DIST_ENV:
         monkeypatch.delenv(k, raising=False)
+    x, est = data(), MixtureEstimator([GaussianEstimator()] * 3)
+    model = optimize(x, est, max_its=6, seed=3, num_chunks=12, backend="torchrun")
+    with encoded_data(x, estimator=est, num_chunks=12, backend="torchrun") as h:
+        assert h.runner.single_process and h.num_workers == 1 and len(h) == len(x)
+        ll = h.pysp_seq_log_density_sum(model)[1]
+        assert (repr(model), ll, statistic_digest(h.estep(est, model).stats)) == local_fit
+
+
+def test_a_half_torchrun_environment_says_how_to_start_one(monkeypatch):
+    for k in _DIST_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # launched-looking, but no RANK: not a job we can join
     with pytest.raises(RuntimeError, match="torchrun --nproc-per-node N"):
-        encoded_data([0.0, 1.0], estimator=GaussianEstimator(), backend="torchrun")
+        encoded_data([0.0, 1.0], estimator=GaussianEstimator(), backend="torchrun", admission="unverified")
