@@ -48,8 +48,10 @@ def test_options_object_is_the_same_as_keywords():
         assert (a.num_chunks, a.num_workers) == (b.num_chunks, b.num_workers) == (4, 2)
     with pytest.raises(ValueError, match="num_chunks given both as keywords and in options="):
         encoded_data(X, options=opts, num_chunks=3)
-    with pytest.raises(ValueError, match="option engine="):
-        encoded_data(X, options=EncodedDataOptions(estimator=EST, engine="torch"))
+    with encoded_data(X, options=EncodedDataOptions(estimator=EST, engine="torch:cpu")) as t:
+        assert t.engine is not None and t.engine.name == "torch"
+    with pytest.raises(ValueError, match="option engine= is not honoured by backend 'dask'"):
+        encoded_data(X, backend="dask", options=EncodedDataOptions(estimator=EST, engine="torch"))
     with encoded_data(X, options=EncodedDataOptions(estimator=EST, batch_size=50, seed=3)) as c:
         assert (c.num_chunks, c.minibatch.batch_size, c.minibatch.seed) == (8, 50, 3)  # a mini-batch is a chunk
 
