@@ -2,7 +2,7 @@
 and starting model. Prints a table of per-iteration times and ratios measured side by side.
 
     python benchmarks/em_throughput.py [--iters 15] [--rounds 4] [--small] [--cases 1d,8d]
-        [--engines mp,dask,ray,torchrun]
+        [--engines mp,dask,ray,torchrun] [--no-compute]
 
 Cases: 1,000,000 x 1-D, K=8 and 200,000 x 8-D diagonal, K=8. For each: our ``local`` backend
 with one worker, scikit-learn (its own E-step + M-step per iteration), mixle's plain path
@@ -10,9 +10,10 @@ with one worker, scikit-learn (its own E-step + M-step per iteration), mixle's p
 against 1, pass by pass (a 1-worker and a 2-worker handle open together, their passes
 interleaved, so machine load hits both alike; engines that are not registered/installed are
 listed as skipped), next to the machine's own ceiling: the same E-step split over two plain
-processes with no engine and no messages. The log-likelihood
-of the same iterate is compared with scikit-learn's. Targets (issue 4): <= 0.5x scikit-learn's
-time per iteration on one core, >= 1.7x from 2 workers, log-likelihood within 1e-9 relative.
+processes with no engine and no messages. The log-likelihood of the same iterate is compared
+with scikit-learn's. The compute engines (numpy, and ``engine="torch"`` in fp64 and fp32 on the
+CPU) are timed side by side on one local worker. Targets (issue 4): <= 0.5x scikit-learn's time
+per iteration on one core, >= 1.7x from 2 workers, log-likelihood within 1e-9 relative.
 """
 
 from __future__ import annotations
@@ -279,6 +280,66 @@ def torchrun_rows(specs, iters, local_lls):
     return rows
 
 
+COMPUTE_ENGINES = (("numpy", None, None), ("torch fp64", "torch:cpu", "fp64"), ("torch fp32", "torch:cpu", "fp32"))
+"""The compute engines timed side by side on the local backend (one worker, one thread)."""
+
+
+def time_compute_engines(x, est, start, iters, rounds):
+    """Every compute engine on one local worker, pass by pass: ``rounds`` rounds, each opening one handle per
+    engine (rotating which opens first), one warm-up pass each, then ``iters`` passes of each, the engines'
+    passes interleaved in rotating order so the machine's load hits them alike. Returns per engine: the
+    median seconds per pass and the largest relative log-likelihood difference from the numpy engine."""
+    times = {label: [] for label, _, _ in COMPUTE_ENGINES}
+    lls = {label: [] for label, _, _ in COMPUTE_ENGINES}
+    for r in range(rounds):
+        order = COMPUTE_ENGINES[r % 3:] + COMPUTE_ENGINES[:r % 3]
+        handles, models = {}, {}
+        try:
+            for label, engine, precision in order:
+                handles[label] = encoded_data(x, estimator=est, engine=engine, precision=precision,
+                                              admission="unverified", audit=False)
+                handles[label].estep(est, start)  # warm-up: tensors made, first touches of memory
+                models[label] = start
+            for k in range(iters):
+                for label, _, _ in order[k % 3:] + order[:k % 3]:
+                    t = time.perf_counter()
+                    out = handles[label].estep(est, models[label])
+                    times[label].append(time.perf_counter() - t)
+                    models[label] = out.model
+                    if r == 0:
+                        lls[label].append(out.log_likelihood)
+        finally:
+            for h in handles.values():
+                h.close()
+    ref = lls["numpy"]
+    return {label: (statistics.median(times[label]),
+                    max(abs(a - b) / abs(b) for a, b in zip(lls[label], ref))) for label in times}
+
+
+def print_compute_table(rows):
+    """The compute-engine table: seconds per pass, the ratio to the numpy engine, the log-likelihood gap."""
+    if not rows:
+        return
+    print()
+    print("compute engines on the local backend, one worker (CPU, one thread), interleaved passes")
+    print(f"{'case':<14}{'engine':>12}{'s/it':>10}{'vs numpy':>10}{'LL rel':>10}")
+    for name, label, t, ratio, rel in rows:
+        print(f"{name:<14}{label:>12}{t:>10.4f}{ratio:>9.2f}x{rel:>10.1e}")
+
+
+def compute_rows(name, x, est, start, iters, rounds):
+    """One row per compute engine of one case (skipped, with the reason, when torch is not installed)."""
+    try:
+        got = time_compute_engines(x, est, start, iters, rounds)
+    except (ValueError, ImportError) as exc:
+        print(f"  compute engines: skipped ({str(exc).splitlines()[0][:90]})")
+        return []
+    base = got["numpy"][0]
+    for label, (t, rel) in got.items():
+        print(f"  engine {label}: {t:.4f}s/it ({t / base:.2f}x numpy), max rel LL diff {rel:.1e}", flush=True)
+    return [(name, label, t, t / base, rel) for label, (t, rel) in got.items()]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=15, help="timed passes per handle and round")
@@ -287,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="1d,8d", help="comma-separated subset of 1d,8d")
     ap.add_argument("--engines", default="mp,dask,ray",
                     help="comma-separated engines timed at 1 and 2 workers (torchrun: separate torchrun jobs)")
+    ap.add_argument("--no-compute", action="store_true", help="skip the numpy vs torch compute-engine rows")
     args = ap.parse_args(argv)
     # two dask LocalClusters live side by side here; closing the first restores dask's log level
     # while the second runs, so keep dask's INFO chatter out of the table for good
@@ -301,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         [("8-D diag K=8", 200_000 // scale, 8, 8)] if "8d" in wanted else [])
     cases = [make_case(*spec) for spec in specs]
     local_lls = []
-    rows, scaling, ceilings, shared_ray = [], [], [], False
+    rows, scaling, ceilings, shared_ray, compute = [], [], [], False, []
     for name, x, est, start in cases:
         gc.collect()
         ours, our_lls = time_ours(x, est, start, args.iters)
@@ -312,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((name, len(x), ours, sk, mx, rel))
         print(f"[{name}] rows={len(x)} ours(local,1)={ours:.4f}s sklearn={sk:.4f}s "
               f"mixle={'n/a' if mx is None else f'{mx:.4f}s'} max rel LL diff={rel:.2e}", flush=True)
+        compute += [] if args.no_compute else compute_rows(name, x, est, start, args.iters, args.rounds)
         ceiling = machine_ceiling(x, est, start, args.rounds)
         ceilings.append((name, ceiling))
         print(f"  machine ceiling (two plain processes, no engine): {ceiling:.2f}x", flush=True)
@@ -366,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine ceiling (the E-step over two plain processes, no engine, no messages): "
         + ", ".join(f"{name} {ceiling:.2f}x" for name, ceiling in ceilings)
     )
+    print_compute_table(compute)
     print(f"peak RSS: this process {me:.0f} MiB, children {kids:.0f} MiB")
     return 0
 

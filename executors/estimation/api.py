@@ -13,6 +13,7 @@ from mixle_parallel.executors.estimation.builtin_backends import (
     register_builtin_encoded_data_backends,
 )
 from mixle_parallel.executors.estimation.data_checks import check_rows
+from mixle_parallel.executors.estimation.engine_choice import resolve_engine
 from mixle_parallel.executors.estimation.minibatch import minibatch_spec
 from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects
 from mixle_parallel.executors.estimation.options import (
@@ -137,7 +138,7 @@ def encoded_data(
         precision=precision, num_chunks=num_chunks, sub_chunks=sub_chunks, num_workers=num_workers, client=client,
         comm=comm, root=root, root_only=root_only, parallel_chunks=parallel_chunks, chunk_workers=chunk_workers,
         batch_size=batch_size, shuffle=shuffle, seed=seed, chunk_size=chunk_size, extra=dict(backend_options))
-    opts = _merge_options(given, options)
+    opts = _with_engine(_merge_options(given, options))
     register_builtin_encoded_data_backends()
     try:
         factory = get_encoded_data_backend(backend)
@@ -145,6 +146,7 @@ def encoded_data(
         raise ValueError(str(exc.args[0])) from None
     name = canonical_backend(backend, BUILTIN_ENCODED_DATA_BACKENDS)
     check_backend_options(name, opts, backend_options_of(name, factory), _declared_options())
+    opts = _checked_engine(opts)
     opts = _minibatch_chunking(opts, _rows_or_none(data))
     workers, world = planned_world(factory, opts)
     opts = _cap_workers(name, opts, workers)
@@ -208,6 +210,24 @@ def _merge_options(given: EncodedDataOptions, options: EncodedDataOptions | None
     merged = {**options.as_kwargs(), **{k: v for k, v in mine.items() if k not in given.extra}}
     extra = {**options.extra, **given.extra}
     return EncodedDataOptions(**{k: v for k, v in merged.items() if k not in extra}, extra=extra)
+
+
+def _with_engine(opts: EncodedDataOptions) -> EncodedDataOptions:
+    """``engine=`` parsed (unknown names and precisions the engine lacks raise here): None for the numpy
+    engine, whose ``precision=`` the backend check judges; an ``EngineChoice`` carrying the precision else."""
+    choice = resolve_engine(opts.engine, opts.precision)
+    if choice is None:
+        return dataclasses.replace(opts, engine=None)
+    return dataclasses.replace(opts, engine=choice, precision=None)
+
+
+def _checked_engine(opts: EncodedDataOptions) -> EncodedDataOptions:
+    """The torch engine's device resolved and the model checked for kernels, before any worker starts."""
+    if opts.engine is None:
+        return opts
+    from mixle_parallel.executors.estimation.engines.torch_engine import check_engine  # torch: only when asked
+
+    return dataclasses.replace(opts, engine=check_engine(opts.engine, opts.estimator, opts.model))
 
 
 def _declared_options() -> dict[str, frozenset[str] | None]:

@@ -37,6 +37,7 @@ from mixle_parallel.executors.estimation.em_observability import (
     json_ready_report,
     round_summary,
 )
+from mixle_parallel.executors.estimation.engine_choice import EngineChoice, resolve_engine
 from mixle_parallel.executors.estimation.metering import MeteredRunner
 from mixle_parallel.executors.estimation.minibatch import (
     DEFAULT_STEP_EXPONENT,
@@ -78,8 +79,12 @@ class ChunkedEncodedData:
         batch_size: int | None = None,
         shuffle: bool | None = None,
         seed: int | None = None,
+        engine: Any = None,
+        precision: Any = None,
     ) -> None:
         self.runner = runner
+        self.engine: EngineChoice | None = _engine_of(engine, precision, estimator, model)
+        """The compute engine of the E-step (``engine="torch"``), or None for the numpy engine."""
         self._metered = MeteredRunner(runner)  # every pass measured per worker (em_observability)
         self.rank_records: list[RankRecord] = []
         """One ``RankRecord`` per worker and E-step (round = iteration), emitted by the workers themselves."""
@@ -178,14 +183,24 @@ class ChunkedEncodedData:
         """``fn(chunk, payload)`` on every resident chunk (encoded for ``estimator`` first), in chunk order."""
         return self._map(fn, payload, estimator)
 
+    def _bound(self, estimator: Any, model: Any) -> tuple[Any, Any]:
+        """``(estimator, model)`` bound to the handle's compute engine (unchanged for the numpy engine)."""
+        if self.engine is None:
+            return estimator, model
+        from mixle_parallel.executors.estimation.engines.torch_engine import bind
+
+        return bind(estimator, model, self.engine)
+
     # -- EM ---------------------------------------------------------------------------------------
     def chunk_statistics(self, estimator: Any, model: Any) -> list[ChunkResult]:
         """Per-chunk E-step results in chunk order (for audits: compare with ``statistic_digest``)."""
+        estimator, model = self._bound(estimator, model)
         return [ChunkResult(*r) for r in self._map(chunk_estep, (estimator, model), estimator, model)]
 
     def estep_entries(self, estimator: Any, model: Any, raw: Sequence[int] = ()) -> list[Any]:
         """One pass's E-step entries for :func:`fold_pass`: groups folded on the workers where the runner
         can, per chunk otherwise; the ``raw`` chunks' own results come back too (see ``chunk_result``)."""
+        estimator, model = self._bound(estimator, model)
         fold = GroupFold(chunk_estep, self.num_chunks, frozenset(int(c) for c in raw))
         # GroupFold is callable through its __call__, which mypy does not see on a NamedTuple
         return self._map(fold, (estimator, model), estimator, model)  # type: ignore[arg-type]  # NamedTuple __call__
@@ -193,6 +208,7 @@ class ChunkedEncodedData:
     def batch_statistics(self, estimator: Any, model: Any, chunk_ids: Sequence[int]) -> list[ChunkResult]:
         """E-step results of the chosen chunks, in ascending chunk order (mini-batch EM; collective on SPMD)."""
         self._ensure_scattered(estimator, model)
+        estimator, model = self._bound(estimator, model)
         return [ChunkResult(*r) for r in self.map_batch(chunk_estep, (estimator, model), chunk_ids)]
 
     def map_batch(self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int],
@@ -240,6 +256,7 @@ class ChunkedEncodedData:
         is one ledger receipt when the handle has a ledger.
         """
         estimator, model, _ = adapt_mixle_objects(estimator, model, None)
+        estimator, model = self._bound(estimator, model)
         iteration = self.iteration
         moved_before = self._bytes_moved()
         self._metered.begin(iteration, "estep")
@@ -397,6 +414,7 @@ class ChunkedEncodedData:
                 "admission": decision.mode if decision is not None else None,
                 "audit_rate": self._audit.rate if self._audit is not None else None,
                 "audit_policy": self._audit.auditor.policy if self._audit is not None else None,
+                "engine": "numpy (fp64)" if self.engine is None else str(self.engine),
             },
         )
 
@@ -407,7 +425,7 @@ class ChunkedEncodedData:
 
     def pysp_seq_log_density_sum(self, estimate: Any) -> tuple[float, float]:
         """Rows and total log-likelihood of ``estimate`` (ours or a mixle distribution) over the data."""
-        estimate = wrap_mixle_model(estimate)
+        estimate = self._bound(None, wrap_mixle_model(estimate))[1]
         results = self._map(chunk_log_density, estimate, None, estimate)
         return ordered_sum([r[0] for r in results]), ordered_sum([r[1] for r in results])
 
@@ -458,6 +476,10 @@ class ChunkedEncodedData:
             finally:
                 if self._owns_runner:
                     self.runner.close()
+                if self.engine is not None:
+                    from mixle_parallel.executors.estimation.engines.torch_engine import clear_device_cache
+
+                    clear_device_cache()
 
     def __enter__(self) -> ChunkedEncodedData:
         return self
@@ -488,6 +510,8 @@ def handle_from_runner(
     batch_size: int | None = None,
     shuffle: bool | None = None,
     seed: int | None = None,
+    engine: Any = None,
+    precision: Any = None,
     **_: Any,
 ) -> ChunkedEncodedData:
     """Wrap a runner as an encoded-data handle (encoding happens now if an encoder is known).
@@ -510,5 +534,20 @@ def handle_from_runner(
         batch_size=batch_size,
         shuffle=shuffle,
         seed=seed,
+        engine=engine,
+        precision=precision,
     )
     return handle
+
+
+def _engine_of(engine: Any, precision: Any, estimator: Any, model: Any) -> EngineChoice | None:
+    """The handle's engine: a resolved ``EngineChoice`` as given (``encoded_data`` resolves it), else parsed
+    and checked here (a backend author calling ``handle_from_runner(engine="torch")``)."""
+    if engine is None or (isinstance(engine, EngineChoice) and engine.device is not None):
+        return engine
+    choice = resolve_engine(engine, precision) if not isinstance(engine, EngineChoice) else engine
+    if choice is None:
+        return None
+    from mixle_parallel.executors.estimation.engines.torch_engine import check_engine
+
+    return check_engine(choice, estimator, model)

@@ -32,7 +32,8 @@ HANDLE_OPTIONS = frozenset({"estimator", "model", "encoder", "num_chunks", "sub_
 """Options every ``ChunkedEncodedData`` handle honours, whatever runs its chunks."""
 
 EM_PRECISIONS = (None, "fp64", "float64", "double")
-"""``precision=`` values every built-in backend honours: EM statistics are float64 everywhere."""
+"""``precision=`` values of the numpy engine (every backend's default): it computes in float64 only.
+The torch engine (``engine="torch"``) also computes in fp32 (``engine_choice.ENGINE_PRECISIONS``)."""
 
 _DEFAULTS: dict[str, Any] = {"sub_chunks": 1, "root": 0, "root_only": False, "parallel_chunks": False}
 
@@ -100,7 +101,6 @@ def honouring_backends(option: str, declared: Mapping[str, frozenset[str] | None
 
 
 _NOT_YET = {
-    "engine": "a compute engine for the E-step (engine='torch' lands with the torch EM engine)",
     "placement": "a model placement plan (use the planner's ModelParallelEstimator for component parallelism)",
 }
 
@@ -108,9 +108,9 @@ _NOT_YET = {
 def _check_precision(precision: Any, backend: str) -> None:
     text = getattr(precision, "__name__", None) or str(precision)
     if precision is not None and text.lower() not in EM_PRECISIONS[1:]:
-        raise ValueError(f"precision={precision!r} is not honoured by backend {backend!r}: EM statistics are "
-                         f"float64 on every built-in backend (honoured: {', '.join(map(str, EM_PRECISIONS[1:]))}); "
-                         "drop precision= or pass 'fp64'")
+        raise ValueError(f"precision={precision!r} is not honoured by backend {backend!r}: its engine 'numpy' "
+                         f"computes in float64 only (honoured: {', '.join(map(str, EM_PRECISIONS[1:]))}); "
+                         "drop precision= or pass 'fp64' (engine='torch' also computes in 'fp32')")
 
 
 def check_backend_options(backend: str, options: EncodedDataOptions, honoured: frozenset[str] | None,

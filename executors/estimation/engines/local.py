@@ -124,7 +124,7 @@ def local_backend(
 
 
 ENCODED_DATA_OPTIONS = frozenset({"num_workers", "chunk_workers", "parallel_chunks", "resources", "placement",
-                                  "batch_size", "shuffle", "seed"})
+                                  "batch_size", "shuffle", "seed", "engine"})
 """The ``encoded_data`` options the local backend honours besides the handle's own."""
 
 WORKER_PROCESSES = False

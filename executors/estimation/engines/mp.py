@@ -459,7 +459,7 @@ def mp_backend(
 
 ENCODED_DATA_OPTIONS = frozenset({
     "num_workers", "resources", "timeout", "start_timeout", "start_method", "placement",
-    "batch_size", "shuffle", "seed",
+    "batch_size", "shuffle", "seed", "engine",
 })
 """The ``encoded_data`` options the mp backend honours besides the handle's own."""
 

@@ -23,17 +23,6 @@ X = np.random.default_rng(3).normal(size=400)
 EST = GaussianEstimator()
 
 
-@pytest.mark.parametrize("option, value", [("engine", "torch-gpu"), ("engine", "torch")])
-def test_each_option_that_was_dropped_now_raises_naming_it(option, value):
-    before = {p.pid for p in multiprocessing.active_children()}  # shared engine fixtures may hold workers
-    with pytest.raises(ValueError, match=f"option {option}= is not honoured by backend 'local'; no backend honours it"):
-        encoded_data(X, estimator=EST, **{option: value})
-    with pytest.raises(ValueError, match=f"option {option}="):  # and through optimize, on a process backend too
-        fit(X, MixtureEstimator([EST] * 2), backend="mp", num_workers=2, **{option: value})
-    started = {p.pid for p in multiprocessing.active_children()} - before
-    assert not started  # refused before any worker started
-
-
 def test_precision_is_honoured_as_fp64_and_anything_else_is_refused():
     plain = fit(X, MixtureEstimator([EST] * 2), max_its=3, seed=1)
     fp64 = fit(X, MixtureEstimator([EST] * 2), max_its=3, seed=1, precision="fp64")
@@ -59,8 +48,10 @@ def test_options_object_is_the_same_as_keywords():
         assert (a.num_chunks, a.num_workers) == (b.num_chunks, b.num_workers) == (4, 2)
     with pytest.raises(ValueError, match="num_chunks given both as keywords and in options="):
         encoded_data(X, options=opts, num_chunks=3)
-    with pytest.raises(ValueError, match="option engine="):
-        encoded_data(X, options=EncodedDataOptions(estimator=EST, engine="torch"))
+    with encoded_data(X, options=EncodedDataOptions(estimator=EST, engine="torch:cpu")) as t:
+        assert t.engine is not None and t.engine.name == "torch"
+    with pytest.raises(ValueError, match="option engine= is not honoured by backend 'dask'"):
+        encoded_data(X, backend="dask", options=EncodedDataOptions(estimator=EST, engine="torch"))
     with encoded_data(X, options=EncodedDataOptions(estimator=EST, batch_size=50, seed=3)) as c:
         assert (c.num_chunks, c.minibatch.batch_size, c.minibatch.seed) == (8, 50, 3)  # a mini-batch is a chunk
 
