@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from mixle_parallel.contracts.errors import UnknownMemoryFootprintError
+from mixle_parallel.executors.estimation.mixle_decomposition import MIXLE_FAMILIES
 from mixle_parallel.executors.estimation.mixle_interop import MixleModel, as_estimator
 from mixle_parallel.executors.estimation.model_decomposition import decomposition_of, has_declared_decomposition
 
@@ -73,6 +74,13 @@ def _plain(value: Any, path: str) -> int:
         f"{path} ({type(value).__module__}.{type(value).__qualname__}) declares no size; {_FIX}")
 
 
+def _unlisted_mixle_family(node: Any) -> bool:
+    """A mixle object (class under the ``mixle`` package) none of whose classes the family table lists."""
+    mro = type(node).__mro__
+    return (mro[0].__module__.split(".")[0] == "mixle"
+            and not any(c.__module__.split(".")[0] == "mixle" and c.__name__ in MIXLE_FAMILIES for c in mro))
+
+
 def _tree(node: Any, path: str, seen: set[int]) -> int:
     """Bytes of a model subtree: declared sizes first, else the decomposition (shared subtrees once)."""
     if id(node) in seen:
@@ -88,6 +96,10 @@ def _tree(node: Any, path: str, seen: set[int]) -> int:
             return _plain(node, path)
         raise UnknownMemoryFootprintError(
             f"{path} ({type(node).__module__}.{type(node).__qualname__}) declares no size; {_FIX}")
+    if _unlisted_mixle_family(node):  # its translated decomposition would carry no parameters: 0 bytes, unknowingly
+        raise UnknownMemoryFootprintError(
+            f"{path} (mixle's {type(node).__name__}) is not in the declared mixle family table, so its parameters "
+            f"are unknown; register_mixle_family({type(node).__name__!r}, children=..., params=...) or {_FIX}")
     try:
         dc = decomposition_of(node)
     except TypeError as exc:  # e.g. a mixle model's own decomposition(), which declares no parameters

@@ -137,5 +137,5 @@ def test_mixle_objects_calibrate_through_the_interop(gmm_1d: np.ndarray) -> None
     record = catalog.latest()
     assert record.fully_successful and all(d.throughput > 1.0 for d in out.devices)
     assert (record.model_type, record.estimator_type) == ("MixtureDistribution", "MixtureEstimator")
-    assert record.model_bytes is None  # mixle's model declares no size: recorded as unknown, not guessed
+    assert record.model_bytes == 2 * 2 * 8 + 2 * 2 * 8  # through mixle's family table (model_decomposition)
     assert record.statistic_bytes is not None and record.statistic_bytes > 0

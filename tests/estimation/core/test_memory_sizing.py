@@ -93,8 +93,12 @@ def test_estimator_statistic_bytes_are_the_zero_accumulators_value() -> None:
         estimate_estimator_stat_nbytes(NoAccumulator())
 
 
-def test_a_mixle_model_without_a_declared_size_is_refused_not_walked() -> None:
+def test_mixle_models_are_sized_through_the_family_table_or_refused() -> None:
     stats = pytest.importorskip("mixle.stats")
-    mixle_mixture = stats.MixtureDistribution([stats.GaussianDistribution(0.0, 1.0)] * 2, [0.5, 0.5])
-    with pytest.raises(UnknownMemoryFootprintError, match="MixtureDistribution.*mixle_memory_nbytes"):
-        estimate_model_nbytes(mixle_mixture)
+    mixle_mixture = stats.MixtureDistribution([stats.GaussianDistribution(0.0, 1.0),
+                                               stats.GaussianDistribution(1.0, 2.0)], [0.5, 0.5])
+    ours = MixtureDistribution([GaussianDistribution(0.0, 1.0), GaussianDistribution(1.0, 2.0)], [0.5, 0.5])
+    assert estimate_model_nbytes(mixle_mixture) == estimate_model_nbytes(ours) == 2 * 2 * 8 + 2 * 2 * 8
+    unlisted = stats.BinomialDistribution(0.3, 10)  # has mixle's decomposition(), no entry in the family table
+    with pytest.raises(UnknownMemoryFootprintError, match="register_mixle_family"):
+        estimate_model_nbytes(unlisted)
