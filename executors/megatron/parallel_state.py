@@ -160,8 +160,16 @@ def describe_megatron_updates(plan: ParallelPlan, *, sharded_data_parallel: bool
         updates.append(DistributedUpdate(
             "act:tp", PayloadKind.ACTIVATION, CollectiveKind.ALL_REDUCE, (ParallelAxis.TP,), StateLayout.SHARDED,
             exact=False, notes=("RowParallelLinear output all-reduce; ColumnParallelLinear input-grad all-reduce",)))
+        updates.append(DistributedUpdate(
+            "grad_norm:tp", PayloadKind.MESSAGE, CollectiveKind.ALL_REDUCE, (ParallelAxis.TP,),
+            StateLayout.REPLICATED, exact=False,
+            notes=("the optimizer's global gradient norm, summed over the tensor-parallel shards",)))
     if plan.ep > 1:
         updates.append(DistributedUpdate(
             "token:ep", PayloadKind.TOKEN, CollectiveKind.ALL_GATHER, (ParallelAxis.EP,), StateLayout.EXPERT_LOCAL,
-            exact=False, notes=("megatron MoE allgather token dispatcher; combine by reduce-scatter",)))
+            exact=False, notes=("megatron MoE allgather token dispatcher: tokens to every expert rank",)))
+        updates.append(DistributedUpdate(
+            "token_combine:ep", PayloadKind.TOKEN, CollectiveKind.REDUCE_SCATTER, (ParallelAxis.EP,),
+            StateLayout.EXPERT_LOCAL, exact=False,
+            notes=("the dispatcher's combine: expert outputs reduce-scattered back to the tokens' ranks",)))
     return tuple(updates)
