@@ -2,6 +2,10 @@
 stepwise mini-batch EM on any backend (``minibatches``, ``stochastic_em``); re-exported."""
 
 from mixle_parallel.executors.estimation.engines.lightning import LightningEncodedData
+from mixle_parallel.executors.estimation.minibatch import epoch_seed
 from mixle_parallel.executors.estimation.stochastic import StochasticFit, minibatches, stochastic_em
 
-__all__ = ["LightningEncodedData", "StochasticFit", "minibatches", "stochastic_em"]
+_epoch_seed = epoch_seed
+"""mixle's private name for the seed of one epoch's batch order (mixle's tests import it)."""
+
+__all__ = ["LightningEncodedData", "StochasticFit", "epoch_seed", "minibatches", "stochastic_em"]

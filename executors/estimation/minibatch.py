@@ -31,6 +31,7 @@ __all__ = [
     "StochasticFit",
     "batch_plan",
     "batch_start",
+    "epoch_seed",
     "check_minibatch_options",
     "default_batch_size",
     "minibatch_spec",
@@ -100,6 +101,12 @@ def minibatch_spec(num_rows: int, batch_size: Any = None, shuffle: Any = None, s
                          0 if seed is None else int(seed))
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The 64-bit seed of one epoch's batch order: a pure function of ``(seed, epoch)``, distinct per epoch
+    (NumPy's ``SeedSequence`` mixing, so nearby seeds and epochs give unrelated orders)."""
+    return int(np.random.SeedSequence([int(seed), int(epoch)]).generate_state(1, np.uint64)[0])
+
+
 def batch_plan(num_chunks: int, num_rows: int, batch_size: int | None = None, *, shuffle: bool = True,
                seed: int = 0, epoch: int = 0) -> list[list[int]]:
     """The chunk ids of each mini-batch of one epoch: runs of whole chunks holding about ``batch_size`` rows
@@ -109,7 +116,7 @@ def batch_plan(num_chunks: int, num_rows: int, batch_size: int | None = None, *,
     n = int(num_chunks)
     rows = num_rows / max(1, n)
     per = 1 if batch_size is None or not rows else max(1, round(batch_size / rows))
-    order = (np.random.default_rng(np.random.SeedSequence([int(seed), epoch])).permutation(n)
+    order = (np.random.default_rng(epoch_seed(int(seed), epoch)).permutation(n)
              if shuffle else np.arange(n))
     return [sorted(int(c) for c in order[i:i + per]) for i in range(0, n, per)]
 

@@ -61,3 +61,16 @@ def test_batch_order_and_bits_do_not_depend_on_the_workers():
             stochastic_em(h, EST, START, step_exponent=0.4)
         with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
             minibatches(h, 0)
+
+
+def test_epoch_seed_is_a_pure_function_of_seed_and_epoch() -> None:
+    """The batch order's seed repeats for the same (seed, epoch) and differs across epochs and seeds;
+    mixle's private name ``_epoch_seed`` is the same function."""
+    from mixle_parallel.executors.estimation.minibatch import batch_plan, epoch_seed
+    from mixle_parallel.lightning_data import _epoch_seed
+
+    assert _epoch_seed is epoch_seed
+    assert epoch_seed(11, 3) == epoch_seed(11, 3)
+    assert len({epoch_seed(11, 3), epoch_seed(11, 4), epoch_seed(12, 3)}) == 3
+    assert batch_plan(40, 400, 20, seed=11, epoch=3) == batch_plan(40, 400, 20, seed=11, epoch=3)
+    assert batch_plan(40, 400, 20, seed=11, epoch=3) != batch_plan(40, 400, 20, seed=11, epoch=4)
