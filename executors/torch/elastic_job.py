@@ -113,9 +113,10 @@ class ElasticTrainingJob:
 
     def _check_single_driver(self, method: str) -> None:
         if threading.get_ident() != self._owner_thread_id:
-            raise RuntimeError(f"ElasticTrainingJob.{method}() was called from another thread than the one that "
-                               "built the job; run_step/checkpoint/respawn_rank share state without locks, so "
-                               "drive them all from that one thread (checkpoint between steps)")
+            raise RuntimeError(f"ElasticTrainingJob.{method}() called from thread {threading.current_thread().name!r}, "
+                               "another thread than the one that built the job; run_step/checkpoint/respawn_rank "
+                               "share state without locks, so drive them all from that one thread (checkpoint "
+                               "between steps)")
 
     @property
     def last_step(self) -> int | None:
@@ -232,7 +233,8 @@ class ElasticTrainingJob:
         return self.last_checkpoint_handle
 
     def respawn_rank(self, rank_id: int, checkpoint_path: str | None = None) -> LoaderState:
-        """Bring dead ``rank_id`` back; it joins the current canonical weights at its first uncommitted batch.
+        """Bring ``rank_id`` back (a live one is replaced, as mixle does); it joins the current canonical
+        weights at its first uncommitted batch.
 
         The checkpoint (default ``checkpoint_dir``; a write in flight there is waited for) must hold this
         rank's position, at or behind the committed one; the rank resumes at the committed position, so
@@ -242,8 +244,6 @@ class ElasticTrainingJob:
         rank_id = check_index(rank_id, "rank_id")
         if rank_id >= self.world_size:
             raise ValueError(f"rank_id {rank_id} is outside the world of {self.world_size} ranks")
-        if rank_id not in self.dead_ranks:
-            raise ValueError(f"rank {rank_id} is live; only a dead rank can be respawned")
         path = checkpoint_path or self.checkpoint_dir
         handle = self.last_checkpoint_handle
         if handle is not None and handle.path == path:
@@ -254,6 +254,10 @@ class ElasticTrainingJob:
                 or saved.batch_idx > committed.batch_idx:
             raise RuntimeError(f"the checkpoint at {path} holds rank {rank_id} at {saved}, which is not a past "
                                f"position of this job's rank (committed: {committed}); pass this job's checkpoint")
+        live = self.ranks.get(rank_id) if rank_id not in self.dead_ranks else None
+        if live is not None:  # between steps a live rank is idle: stop its thread before replacing it
+            live.cancel()
+            live.wait_finished(self.step_timeout_s)
         self.dead_ranks.discard(rank_id)
         self._spawn_rank(rank_id)
         self.pending_restart = True

@@ -15,6 +15,7 @@ import torch
 
 import mixle_parallel
 from mixle_parallel.dcp_checkpoint import load_training_metadata
+from mixle_parallel.executors.torch.checkpoint_manifest import CheckpointError
 from mixle_parallel.fault_tolerant_training import (
     ElasticTrainingJob,
     LoaderState,
@@ -183,14 +184,15 @@ def test_respawn_and_constructor_errors(tmp_path: pathlib.Path) -> None:
         ElasticTrainingJob(make_model, 2, batch_fn, str(tmp_path), step_timeout_s=float("inf"))
     job = ElasticTrainingJob(make_model, 2, batch_fn, str(tmp_path / "ck"), step_timeout_s=30)
     try:
-        with pytest.raises(ValueError, match="rank 0 is live"):
-            job.respawn_rank(0)
+        with pytest.raises(CheckpointError, match="no checkpoint at"):
+            job.respawn_rank(0)  # a live rank may be replaced (mixle's behaviour), but only from a checkpoint
         with pytest.raises(ValueError, match=r"kill_ranks \[5\] are outside the world of 2"):
             job.run_step(0, kill_ranks={5})
         errors: list[BaseException] = []
         other = threading.Thread(target=lambda: _capture(errors, job.run_step, 0))
         other.start()
         other.join(30)
+        assert "run_step() called from thread" in str(errors[0])
         assert "another thread than the one that built the job" in str(errors[0])
     finally:
         job.close()
@@ -201,3 +203,18 @@ def _capture(errors: list[BaseException], fn: object, *args: object) -> None:
         fn(*args)  # type: ignore[operator]
     except BaseException as err:  # noqa: BLE001 - the test inspects it
         errors.append(err)
+
+
+def test_a_live_rank_is_replaced_at_the_committed_position(tmp_path: pathlib.Path) -> None:
+    """respawn_rank on a live rank (mixle allows it) replaces its thread; it resumes where it was committed."""
+    job = ElasticTrainingJob(make_model, 2, batch_fn, str(tmp_path / "ck"), step_timeout_s=30)
+    try:
+        job.run_step(0)
+        job.checkpoint().wait()
+        job.run_step(1)
+        before = job.loader_states[0]
+        assert job.respawn_rank(0) == before
+        record = job.run_step(2)
+        assert record["restart"] and record["survivors"] == [0, 1]
+    finally:
+        job.close()
