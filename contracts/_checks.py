@@ -175,3 +175,16 @@ def str_tuple(values: Any) -> tuple[str, ...]:
 def str_frozenset(values: Any) -> frozenset[str]:
     """Convert an iterable of strings to a frozenset."""
     return frozenset(str_tuple(values))
+
+
+def tuple_of(cls: type, where: str) -> Callable[[Any], tuple[Any, ...]]:
+    """A converter to a tuple whose items must all be ``cls`` instances; ``where`` names the field in errors."""
+
+    def convert(values: Any) -> tuple[Any, ...]:
+        out = tuple(values)
+        for v in out:
+            if not isinstance(v, cls):
+                raise TypeError(f"{where} holds {cls.__name__} items, got {type(v).__name__}")
+        return out
+
+    return convert

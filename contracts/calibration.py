@@ -25,6 +25,7 @@ from mixle_parallel.contracts._checks import (
     positive_int,
     to_float,
     to_optional_float,
+    tuple_of,
 )
 from mixle_parallel.contracts.resources import Resources
 from mixle_parallel.contracts.serialization import from_dict, from_json, register_contract, to_dict, to_json
@@ -80,12 +81,7 @@ def _workload(inst: Any, attribute: Any, value: Any) -> None:
         raise ValueError(f"CalibrationRecord.workload={value!r}; one of {list(CALIBRATION_WORKLOADS)}")
 
 
-def _device_results(values: Any) -> tuple[DeviceCalibration, ...]:
-    out = tuple(values)
-    for v in out:
-        if not isinstance(v, DeviceCalibration):
-            raise TypeError(f"CalibrationRecord.device_results holds DeviceCalibration, got {type(v).__name__}")
-    return out
+_device_results = tuple_of(DeviceCalibration, "CalibrationRecord.device_results")
 
 
 @register_contract
@@ -104,7 +100,7 @@ class CalibrationRecord:
     model_bytes: int | None = attrs.field(default=None, validator=optional_non_negative_int)
     statistic_bytes: int | None = attrs.field(default=None, validator=optional_non_negative_int)
     timestamp: float = attrs.field(default=0.0, converter=to_float, validator=finite_non_negative)
-    device_results: tuple[DeviceCalibration, ...] = attrs.field(default=(), converter=_device_results)
+    device_results: tuple[DeviceCalibration, ...] = attrs.field(default=(), converter=_device_results)  # type: ignore[misc]  # a named tuple_of converter
 
     def __attrs_post_init__(self) -> None:
         names = [d.name for d in self.resources.devices]
@@ -132,12 +128,7 @@ class CalibrationRecord:
         return from_dict(payload, cls)
 
 
-def _records(values: Any) -> tuple[CalibrationRecord, ...]:
-    out = tuple(values)
-    for v in out:
-        if not isinstance(v, CalibrationRecord):
-            raise TypeError(f"CalibrationCatalog.records holds CalibrationRecord, got {type(v).__name__}")
-    return out
+_records = tuple_of(CalibrationRecord, "CalibrationCatalog.records")
 
 
 @register_contract
@@ -145,7 +136,7 @@ def _records(values: Any) -> tuple[CalibrationRecord, ...]:
 class CalibrationCatalog:
     """Append-only catalog of calibration records (``add`` appends in place, as mixle's does)."""
 
-    records: tuple[CalibrationRecord, ...] = attrs.field(default=(), converter=_records)
+    records: tuple[CalibrationRecord, ...] = attrs.field(default=(), converter=_records)  # type: ignore[misc]  # a named tuple_of converter
 
     def add(self, record: CalibrationRecord) -> CalibrationRecord:
         """Append ``record`` and return it."""

@@ -6,7 +6,14 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts._checks import exact_bool, non_empty_str, non_negative_int, positive_int, str_tuple
+from mixle_parallel.contracts._checks import (
+    exact_bool,
+    non_empty_str,
+    non_negative_int,
+    positive_int,
+    str_tuple,
+    tuple_of,
+)
 from mixle_parallel.contracts.resources import DeviceSpec
 from mixle_parallel.contracts.serialization import register_contract
 
@@ -18,17 +25,6 @@ def _ordered_range(inst: Any, attribute: Any, value: int) -> None:
     non_negative_int(inst, attribute, value)
     if attribute.name == "stop" and value < inst.start:
         raise ValueError(f"{type(inst).__name__}: stop={value} is below start={inst.start}")
-
-
-def _tuple_of(cls: type) -> Any:
-    def convert(values: Any) -> tuple[Any, ...]:
-        out = tuple(values)
-        for v in out:
-            if not isinstance(v, cls):
-                raise TypeError(f"expected {cls.__name__} items, got {type(v).__name__}")
-        return out
-
-    return convert
 
 
 @register_contract
@@ -54,7 +50,7 @@ class Placement:
     num_chunks: int = attrs.field(validator=positive_int)
     bytes_per_row: int = attrs.field(validator=non_negative_int)
     model_bytes: int = attrs.field(validator=non_negative_int)
-    shards: tuple[RowShard, ...] = attrs.field(converter=_tuple_of(RowShard))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
+    shards: tuple[RowShard, ...] = attrs.field(converter=tuple_of(RowShard, "Placement.shards"))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
     fits: bool = attrs.field(validator=exact_bool)
     notes: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
 
@@ -85,7 +81,7 @@ class ModelShardingPlan:
     axis: str = attrs.field(validator=non_empty_str)
     num_components: int = attrs.field(validator=positive_int)
     model_bytes: int = attrs.field(validator=non_negative_int)
-    shards: tuple[ComponentShard, ...] = attrs.field(converter=_tuple_of(ComponentShard))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
+    shards: tuple[ComponentShard, ...] = attrs.field(converter=tuple_of(ComponentShard, "ModelShardingPlan.shards"))  # type: ignore[misc]  # mypy's attrs plugin reads only named converters
     requires_split: bool = attrs.field(validator=exact_bool)
     fits: bool = attrs.field(validator=exact_bool)
     reason: str = attrs.field(validator=non_empty_str)
