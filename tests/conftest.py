@@ -45,7 +45,7 @@ def _private_trust_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
 @contextmanager
 def _local_dask(n_workers: int) -> Iterator[Any]:
     """A client on a fresh LocalCluster of ``n_workers`` single-threaded worker processes, closed on exit."""
-    distributed = pytest.importorskip("distributed")
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is the optional [dask] extra")
     cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                        dashboard_address=":0", silence_logs=logging.ERROR)
     try:

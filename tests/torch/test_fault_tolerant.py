@@ -68,7 +68,8 @@ def test_async_snapshot_round_trip(tmp_path: pathlib.Path) -> None:
 
 
 def test_stateful_dataloader_state_travels(tmp_path: pathlib.Path) -> None:
-    torchdata = pytest.importorskip("torchdata.stateful_dataloader")
+    torchdata = pytest.importorskip("torchdata.stateful_dataloader",
+                                    reason="torchdata's StatefulDataLoader (the [ci] extra) is not installed")
     loader = torchdata.StatefulDataLoader(list(range(10)), batch_size=2)
     it = iter(loader)
     seen = [next(it).tolist() for _ in range(2)]

@@ -25,7 +25,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def world2() -> list[dict]:
-    pytest.importorskip("mixle")
+    pytest.importorskip("mixle", reason="the mixle extra (mixle==0.8.2) is not installed")
     from mixle_parallel.verification.harness.mesh import run_world
 
     return run_world(sc.streaming_world, 2, _free_port(), torchrun_env=True, timeout=600)

@@ -77,7 +77,7 @@ def test_receipts_are_judged_against_the_traced_counts_and_bytes():
 
 
 def test_phase_tracker_names_forward_backward_micro_steps_and_optimizer():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch is the optional [torch] extra")
     clock = {"id": 0}
 
     def issue() -> int:  # a stand-in flight recorder: each call records one entry

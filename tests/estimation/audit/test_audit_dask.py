@@ -11,7 +11,7 @@ from tests.estimation.audit.audit_cases import clean_fit, flip_trial, same_bits,
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("distributed")
+pytest.importorskip("distributed", reason="dask.distributed is the optional [dask] extra")
 
 
 def test_dask_clean_audits_and_attributed_flips(rows, dask_client):

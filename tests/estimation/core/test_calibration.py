@@ -129,7 +129,7 @@ def test_calibration_records_check_their_evidence() -> None:
 
 
 def test_mixle_objects_calibrate_through_the_interop(gmm_1d: np.ndarray) -> None:
-    stats = pytest.importorskip("mixle.stats")
+    stats = pytest.importorskip("mixle.stats", reason="the mixle extra (mixle==0.8.2) is not installed")
     mixle_model = stats.MixtureDistribution([stats.GaussianDistribution(-4.0, 1.0),
                                              stats.GaussianDistribution(5.0, 1.5)], [0.5, 0.5])
     catalog = CalibrationCatalog()

@@ -59,7 +59,7 @@ def test_declared_sizes_and_decomposition_trees() -> None:
 
 
 def test_torch_modules_count_parameters_and_buffers() -> None:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch is the optional [torch] extra")
     layer = torch.nn.BatchNorm1d(4)  # weight, bias (fp32) + running mean/var (fp32) + num_batches (int64)
     assert estimate_model_nbytes(layer) == 4 * 4 * 4 + 8
 
@@ -94,7 +94,7 @@ def test_estimator_statistic_bytes_are_the_zero_accumulators_value() -> None:
 
 
 def test_mixle_models_are_sized_through_the_family_table_or_refused() -> None:
-    stats = pytest.importorskip("mixle.stats")
+    stats = pytest.importorskip("mixle.stats", reason="the mixle extra (mixle==0.8.2) is not installed")
     mixle_mixture = stats.MixtureDistribution([stats.GaussianDistribution(0.0, 1.0),
                                                stats.GaussianDistribution(1.0, 2.0)], [0.5, 0.5])
     ours = MixtureDistribution([GaussianDistribution(0.0, 1.0), GaussianDistribution(1.0, 2.0)], [0.5, 0.5])

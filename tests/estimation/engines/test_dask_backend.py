@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-pytest.importorskip("distributed")
+pytest.importorskip("distributed", reason="dask.distributed is the optional [dask] extra")
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
 from mixle_parallel.executors.estimation.chunks import (  # noqa: E402

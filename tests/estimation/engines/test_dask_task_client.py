@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("distributed")
+pytest.importorskip("distributed", reason="dask.distributed is the optional [dask] extra")
 
 from mixle_parallel import DaskEncodedData, LocalEncodedData, MPEncodedData, encoded_data  # noqa: E402
 from mixle_parallel.executors.estimation.engines.dask_tasks import (  # noqa: E402

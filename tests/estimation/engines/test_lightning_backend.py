@@ -17,8 +17,8 @@ from mixle_parallel import (
 )
 from mixle_parallel.lightning_data import LightningEncodedData
 
-pl = pytest.importorskip("lightning.pytorch")
-torch_data = pytest.importorskip("torch.utils.data")
+pl = pytest.importorskip("lightning.pytorch", reason="Lightning is the optional [lightning] extra")
+torch_data = pytest.importorskip("torch.utils.data", reason="torch is the optional [torch] extra")
 
 EST = MixtureEstimator([GaussianEstimator()] * 3)
 START = MixtureDistribution([GaussianDistribution(m, 4.0) for m in (-1.5, 0.5, 2.0)], [1 / 3] * 3)
@@ -137,7 +137,7 @@ def test_lightning_refuses_what_it_does_not_honour_and_bad_loader_workers():
 
 
 def test_mixle_objects_fit_by_stochastic_em_and_come_back_as_mixle_distributions():
-    stats = pytest.importorskip("mixle.stats")
+    stats = pytest.importorskip("mixle.stats", reason="the mixle extra (mixle==0.8.2) is not installed")
     x = np.random.default_rng(0).normal(2.0, 3.0, size=5_000)
     with LightningEncodedData(x, stats.GaussianEstimator(), batch_size=500, seed=4) as h:
         model = h.stochastic_em(stats.GaussianEstimator(), epochs=2)

@@ -48,7 +48,7 @@ def test_spark(reference, spark_context):
 
 @pytest.mark.mpi
 def test_mpi(reference):
-    pytest.importorskip("mpi4py")
+    pytest.importorskip("mpi4py", reason="mpi4py is the optional [mpi] extra")
     ours = em_case.reference()
     for row in run_mpi("mixle_fit_check.py", 2):
         assert (row["digest"], tuple(row["history"])) == reference, f"rank {row['rank']} differs"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("mpi4py")
+pytest.importorskip("mpi4py", reason="mpi4py is the optional [mpi] extra")
 
 from tests.estimation.engines.engine_helpers import run_mpi  # noqa: E402
 

@@ -46,7 +46,7 @@ def test_spark(spark_context, n):
 @pytest.mark.mpi
 @pytest.mark.parametrize("n, mode", [(1, "all"), (2, "all"), (3, "all"), (2, "root_only"), (3, "root_only")])
 def test_mpi(n, mode):
-    pytest.importorskip("mpi4py")
+    pytest.importorskip("mpi4py", reason="mpi4py is the optional [mpi] extra")
     digest, history = em_case.reference()
     for row in run_mpi("fit_check.py", n, mode):
         assert row["size"] == n

@@ -49,7 +49,7 @@ def test_spark(spark_context):
 @pytest.mark.mpi
 @pytest.mark.parametrize("n, mode", [(2, "all"), (3, "root_only")])
 def test_mpi(n, mode):
-    pytest.importorskip("mpi4py")
+    pytest.importorskip("mpi4py", reason="mpi4py is the optional [mpi] extra")
     for row in run_mpi("stochastic_check.py", n, mode):
         assert row["size"] == n
         assert (row["plans"], row["model"], tuple(row["fit"])) == REFERENCE, f"rank {row['rank']} differs"
