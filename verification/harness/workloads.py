@@ -129,6 +129,23 @@ def _record_output(outputs: dict[str, np.ndarray], key: str, module: Any, inputs
         outputs[key] = to_numpy(output)
 
 
+
+def _regression_batch(batch: int, in_features: int, out_features: int, step: int, seed: int) -> tuple[Any, Any]:
+    """Seeded normal inputs ``(batch, in_features)`` and targets ``(batch, out_features)`` for ``step``."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    x = torch.randn(batch, in_features, generator=gen)
+    return x, torch.randn(batch, out_features, generator=gen)
+
+
+def _mse(output: Any, target: Any) -> Any:
+    """Mean squared error in the output's dtype."""
+    import torch
+
+    return torch.nn.functional.mse_loss(output, target.to(output.dtype))
+
+
 @attrs.frozen
 class MLPWorkload(_TrainingWorkload):
     """Two-layer MLP regression (mean squared error) on seeded Gaussian inputs."""
@@ -155,17 +172,11 @@ class MLPWorkload(_TrainingWorkload):
 
     def global_batch(self, step: int, seed: int) -> tuple[Any, Any]:
         """Seeded inputs and targets for ``step``."""
-        import torch
-
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        x = torch.randn(self.batch, self.in_features, generator=gen)
-        return x, torch.randn(self.batch, self.out_features, generator=gen)
+        return _regression_batch(self.batch, self.in_features, self.out_features, step, seed)
 
     def loss(self, output: Any, target: Any) -> Any:
         """Mean squared error (a mean, so averaged shard gradients equal the global gradient)."""
-        import torch
-
-        return torch.nn.functional.mse_loss(output, target.to(output.dtype))
+        return _mse(output, target)
 
 
 @attrs.frozen
@@ -301,17 +312,11 @@ class MoEWorkload(_TrainingWorkload):
 
     def global_batch(self, step: int, seed: int) -> tuple[Any, Any]:
         """Seeded tokens and targets for ``step``."""
-        import torch
-
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        x = torch.randn(self.batch, self.hidden, generator=gen)
-        return x, torch.randn(self.batch, self.hidden, generator=gen)
+        return _regression_batch(self.batch, self.hidden, self.hidden, step, seed)
 
     def loss(self, output: Any, target: Any) -> Any:
         """Mean squared error."""
-        import torch
-
-        return torch.nn.functional.mse_loss(output, target.to(output.dtype))
+        return _mse(output, target)
 
 
 @attrs.frozen
