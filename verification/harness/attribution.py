@@ -25,7 +25,7 @@ import attrs
 from mixle_parallel.contracts import CollectiveKind, DistributedUpdate, ObservedCollective, ParallelPlan, PayloadKind
 from mixle_parallel.verification.harness.collectives import (
     axes_of_group,
-    coinciding_axes,
+    axis_aliases,
     collective_kind,
     is_metadata,
     realized_kinds,
@@ -51,11 +51,6 @@ _P2P_PHASES = frozenset({"forward", "backward_early", "backward", "other"})
 
 Pair = tuple[CollectiveKind, tuple[Any, ...]]
 Aliases = dict[tuple[Any, ...], tuple[Any, ...]]
-
-
-def axis_aliases(plan: ParallelPlan) -> Aliases:
-    """Sorted physical axes -> the sorted overlapping axes (ep, etp) whose groups are the same ranks."""
-    return {tuple(sorted(k)): tuple(sorted(v)) for k, v in coinciding_axes(plan).items()}
 
 
 def _same_axes(axes: tuple[Any, ...], update: DistributedUpdate, aliases: Aliases) -> bool:

@@ -199,11 +199,16 @@ def coinciding_axes(plan: ParallelPlan) -> dict[tuple[ParallelAxis, ...], tuple[
     return found
 
 
+def axis_aliases(plan: ParallelPlan) -> dict[tuple[ParallelAxis, ...], tuple[ParallelAxis, ...]]:
+    """Sorted physical axes -> the sorted overlapping axes (ep, etp) whose groups are the same ranks."""
+    return {tuple(sorted(k)): tuple(sorted(v)) for k, v in coinciding_axes(plan).items()}
+
+
 def realign(plan: ParallelPlan, counts: Counter, declared: set[tuple[CollectiveKind, tuple[ParallelAxis, ...]]],
             ) -> Counter:
     """``counts`` keyed by (kind, sorted axes) with a pair that is not declared, but whose groups are also an
     overlapping axis's on which that kind is declared, moved to that axis (see ``coinciding_axes``)."""
-    aliases = {tuple(sorted(k)): tuple(sorted(v)) for k, v in coinciding_axes(plan).items()}
+    aliases = axis_aliases(plan)
     out: Counter = Counter()
     for (kind, axes), n in counts.items():
         alias = aliases.get(axes)
