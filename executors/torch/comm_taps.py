@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -63,6 +64,10 @@ class CommTap:
         """Whether the running micro-step synchronizes gradients (set by the session before backward)."""
         self.ddp_access: DDPGradientAccess | None = None
         """DDP only, with the audit or a fault injector: the on-demand local-gradient hooks."""
+        self.bucket_coef: Callable[[], float] | None = None
+        """DDP with the counting hook: set by the session for a synchronizing backward, the factor each bucket
+        is multiplied by before its all-reduce so the sum is the global mean (1.0: the backward already made
+        it so; nothing is done); None: torch's default pre-division by the group size."""
 
     def reset(self) -> None:
         """Forget what was counted so far."""
@@ -323,12 +328,23 @@ def install_fsdp_taps(root: nn.Module, tap: CommTap, *, hsdp: bool) -> None:
 
 
 def counting_allreduce_hook(tap: CommTap) -> Any:
-    """A DDP comm hook: count the bucket DDP really communicates, then torch's default all-reduce hook."""
+    """A DDP comm hook: count the bucket DDP really communicates, then all-reduce it.
+
+    With ``tap.bucket_coef`` set (by the session, for its exact global mean) the bucket is multiplied by
+    its value first, or left alone at 1.0; otherwise torch's default all-reduce hook divides by the group size.
+    """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     def hook(state: Any, bucket: Any) -> Any:
-        tap.add("all_reduce", _nbytes(bucket.buffer()))
-        return default_hooks.allreduce_hook(state, bucket)
+        buffer = bucket.buffer()
+        tap.add("all_reduce", _nbytes(buffer))
+        coef = tap.bucket_coef
+        if coef is None:
+            return default_hooks.allreduce_hook(state, bucket)
+        factor = coef()
+        if factor != 1.0:
+            buffer.mul_(factor)
+        return dist.all_reduce(buffer, group=state, async_op=True).get_future().then(lambda fut: fut.value()[0])
 
     # DDP checks the hook's annotations as objects; this module's postponed annotations are strings
     hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,

@@ -34,14 +34,13 @@ def weighted_square_sum(grads: list[tuple[torch.Tensor, int]], world_size: int) 
     """Sum over this rank's grads of ||g||^2 / copies, in float64: summed over the world it is the
     squared global norm, since each distinct shard lives on ``world_size / shards`` ranks."""
     total = torch.zeros((), dtype=torch.float64)
-    by_copies: dict[int, list[torch.Tensor]] = defaultdict(list)
+    groups: dict[tuple[int, torch.dtype, torch.device], list[torch.Tensor]] = defaultdict(list)
     for g, shards in grads:
-        if g.numel():
-            by_copies[world_size // shards].append(g)
-    for copies, tensors in by_copies.items():
-        norms = torch._foreach_norm(tensors, 2.0)
-        squares = torch.stack([n.detach().to(torch.float64).cpu() for n in norms]).square().sum()
-        total = total + squares / copies
+        if g.numel():  # grouped so each stack of norms holds one dtype on one device
+            groups[world_size // shards, g.dtype, g.device].append(g)
+    for (copies, _, _), tensors in groups.items():
+        norms = torch.stack(torch._foreach_norm(tensors, 2.0)).detach()  # one stack and one copy, not one per tensor
+        total = total + norms.to(device="cpu", dtype=torch.float64).square().sum() / copies
     return total
 
 

@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 
 LossFn = Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]
 
+def _already_mean() -> float:
+    """The hook's factor when the backward already produced the global mean."""
+    return 1.0
+
+
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 """Mixed precisions: fp32 master weights and gradients, the forward under ``torch.autocast`` at this dtype."""
 
@@ -97,6 +102,16 @@ class TorchDistributedSession:
         self._tap = tap if tap is not None else CommTap(counting=False, rank=0)
         self._meter = self._tap if self._tap.counting else CollectiveMeter()
         self._dispatch_meter = not self._tap.counting
+        # DDP behind the counting hook: the window's counts are all-reduced between the commit micro-step's
+        # forward and its backward, so the reduced gradient comes out as the global mean with no pass of
+        # our own: a one-micro-step window back-propagates loss_sum / global tokens (fp16 excepted: such
+        # small gradients would lose bits) and its buckets are all-reduced as they are; a longer window's
+        # accumulated buckets are multiplied by 1 / global tokens in the hook
+        self._reduce_in_backward = self._distributed and dp_mode.uses_ddp and self._tap.counting
+        self._prescale_ok = self._reduce_in_backward and precision != "fp16" and plan.microbatches == 1
+        self._backward_scale = 1.0 if self._reduce_in_backward else self._grad_scale
+        self._window_reduce: tuple[Any, torch.Tensor] | None = None
+        self._window_coef: float | None = None
         self._params_named: list[tuple[str, nn.Parameter]] | None = None
         self.ledger = ledger
         self._sync_enabled: bool | None = None
@@ -283,23 +298,39 @@ class TorchDistributedSession:
     # ---- micro-steps ----------------------------------------------------------------------
     def _micro_step(self, x: Any, y: Any, *, sync: bool, weight: float) -> None:
         self._last_micro = (x, y)
-        if self._audit is not None:
-            self._audit.note(x, y, sync, weight)
-        loss_sum, count = self.run_micro(x, y, sync=sync, weight=weight)
-        if self._health is not None:
-            self._health.add_forward(self._forward_s)
-        if weight:
-            rows = self._rows(x)
-            count_t = torch.as_tensor(count, dtype=torch.float64).detach().cpu()
-            self._w_loss += loss_sum.detach().to(torch.float64).cpu()
-            self._w_tokens += count_t
-            self._w_examples += rows
-            self._w_calls_tokens += count_t
-            self._w_calls_examples += rows
-            self._w_calls_loss += loss_sum.detach().to(torch.float64).cpu()
 
-    def run_micro(self, x: Any, y: Any, *, sync: bool, weight: float) -> tuple[torch.Tensor, Any]:
-        """One forward/backward of a micro-batch (no clock, no counters): what a step and an audit replay run."""
+        def count(loss_sum: torch.Tensor, counted: Any) -> float:  # after the forward, before the backward
+            if self._health is not None:
+                self._health.add_forward(self._forward_s)
+            if weight:
+                rows = self._rows(x)
+                count_t = torch.as_tensor(counted, dtype=torch.float64).detach().cpu()
+                loss_t = loss_sum.detach().to(torch.float64).cpu()
+                self._w_loss += loss_t
+                self._w_tokens += count_t
+                self._w_examples += rows
+                self._w_calls_tokens += count_t
+                self._w_calls_examples += rows
+                self._w_calls_loss += loss_t
+            factor = 1.0
+            if sync and self._reduce_in_backward:
+                self._start_window_reduce()
+                if self._prescale_ok and self._pending == 0 and weight == 1.0:  # the window's only micro-step
+                    factor = self._bucket_coef()
+                    self._tap.bucket_coef = _already_mean
+            if self._audit is not None:  # a replay back-propagates with the same weight
+                self._audit.note(x, y, sync, weight * factor)
+            return factor
+
+        self.run_micro(x, y, sync=sync, weight=weight, after_forward=count)
+
+    def run_micro(self, x: Any, y: Any, *, sync: bool, weight: float,
+                  after_forward: Callable[[torch.Tensor, Any], float] | None = None) -> tuple[torch.Tensor, Any]:
+        """One forward/backward of a micro-batch (no clock, no counters): what a step and an audit replay run.
+
+        ``after_forward(loss_sum, count)`` runs between the forward and the backward (the step's counters);
+        the backward's weight is multiplied by what it returns.
+        """
         self._tap.syncing = sync
         with self._sync_context(sync), self._cp_context(x, y) as (x, y):
             if self._health is not None:
@@ -312,7 +343,9 @@ class TorchDistributedSession:
             else:
                 with self._autocast():
                     loss_sum, count = self.loss_fn(self.module, x, y)
-            (loss_sum * (self._grad_scale * weight)).backward()
+            if after_forward is not None:
+                weight = weight * after_forward(loss_sum, count)
+            (loss_sum * (self._backward_scale * weight)).backward()
         return loss_sum, count
 
     def trainable(self) -> list[nn.Parameter]:
@@ -372,7 +405,6 @@ class TorchDistributedSession:
 
     # ---- commit ---------------------------------------------------------------------------
     def _commit(self) -> StepReceipt:
-        tp, cp = self.plan.tp, self.plan.cp
         audit_extra: dict[str, Any] = {}
         if self._audit is not None:
             audited = self._audit.is_audited(self._step)
@@ -397,39 +429,40 @@ class TorchDistributedSession:
                                         window=True, extra={"reason": "sdc_audit", **audit_extra})
                 self._clear_gradients()
                 return receipt
-        grads = local_grads(self._params)
-        nonfinite_local = 0.0 if bool(torch.isfinite(self._w_loss)) else 1.0
-        # One all-reduce over the world; TP (and, for examples, CP) ranks hold copies, so divide them out.
-        stats = torch.stack([
-            self._w_loss / tp,
-            self._w_examples.to(torch.float64) / (tp * cp),
-            self._w_tokens / tp,
-            torch.tensor(nonfinite_local, dtype=torch.float64),
-            weighted_square_sum(grads, self._world),
-        ])
-        if self._health is not None and self._distributed:  # per-rank step times ride the same all-reduce
+        if self._health is not None and self._distributed:
             self._health.phase("commit")
-            stats = torch.cat([stats, self._health.rank_slots()])
-        stats = stats.to(self._comm_device())
-        if self._distributed:
-            dist.all_reduce(stats)
-            self._tap.add("all_reduce", stats.numel() * stats.element_size())
-        values = stats.cpu().tolist()
-        loss_sum, examples, tokens, nonfinite, square = (float(v) for v in values[:5])
-        rank_seconds = [float(v) for v in values[5:]] if len(values) > 5 else None
+        if self._window_reduce is not None:
+            # DDP: the counts were all-reduced during the backward and the reduced gradients, identical on
+            # every rank, are already the global mean: the local norm is the global norm
+            values = self._finish_window_reduce()
+            square = float(weighted_square_sum(local_grads(self._params), 1))
+            grads_are_means = True
+        else:
+            # one all-reduce over the world of the counts and the gradients' squared norm
+            stats = torch.cat([self._window_stats(), weighted_square_sum(local_grads(self._params), self._world)[None]])
+            if self._distributed:
+                stats = stats.to(self._comm_device())
+                dist.all_reduce(stats)
+                self._tap.add("all_reduce", stats.numel() * stats.element_size())
+            values = stats.cpu().tolist()
+            square = values.pop()
+            grads_are_means = False
+        loss_sum, examples, tokens, nonfinite = (float(v) for v in values[:4])
+        rank_seconds = [float(v) for v in values[4:]] if len(values) > 4 else None
         examples_i, tokens_i = int(round(examples)), int(round(tokens))
         if tokens <= 0:
             return self._reject("no_counted_targets", examples_i, tokens_i, math.nan, math.nan)
         loss = loss_sum / tokens
-        norm = math.sqrt(square) / tokens if square >= 0 else math.nan
+        coef = 1.0 if grads_are_means else 1.0 / tokens
+        norm = math.sqrt(square) * coef if square >= 0 else math.nan
         if nonfinite or not (math.isfinite(norm) and math.isfinite(loss)):
             return self._reject("nonfinite", examples_i, tokens_i, loss, norm)
-        coef = 1.0 / tokens
         clipped = False
         if self.max_grad_norm is not None and norm > self.max_grad_norm:
             clipped = True
             coef *= self.max_grad_norm / (norm + 1e-6)
-        scale_grads(self._params, coef)
+        if coef != 1.0:
+            scale_grads(self._params, coef)
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
@@ -444,6 +477,42 @@ class TorchDistributedSession:
                                 extra=extra)
         self._clear_gradients()
         return receipt
+
+    def _window_stats(self) -> torch.Tensor:
+        """This rank's window counts to sum over the world: loss sum, examples, tokens, a non-finite-loss flag,
+        then (health on) its step time in its rank's slot. TP (and, for examples, CP) ranks hold copies of the
+        same counts, so they are divided out."""
+        tp, cp = self.plan.tp, self.plan.cp
+        nonfinite = 0.0 if bool(torch.isfinite(self._w_loss)) else 1.0
+        stats = torch.tensor([float(self._w_loss) / tp, float(self._w_examples) / (tp * cp),
+                              float(self._w_tokens) / tp, nonfinite], dtype=torch.float64)
+        if self._health is not None and self._distributed:  # per-rank step times ride the same all-reduce
+            stats = torch.cat([stats, self._health.rank_slots()])
+        return stats
+
+    def _start_window_reduce(self) -> None:
+        """DDP: start the window counts' all-reduce before the synchronizing backward; its hook waits for it."""
+        stats = self._window_stats().to(self._comm_device())
+        work = dist.all_reduce(stats, async_op=True)
+        self._tap.add("all_reduce", stats.numel() * stats.element_size())
+        self._window_reduce, self._window_coef = (work, stats), None
+        self._tap.bucket_coef = self._bucket_coef
+
+    def _bucket_coef(self) -> float:
+        """1 / the window's global token count (0 when none was counted: the commit then refuses the step)."""
+        if self._window_coef is None:
+            work, stats = cast("tuple[Any, torch.Tensor]", self._window_reduce)
+            work.wait()
+            tokens = float(stats[2])
+            self._window_coef = 1.0 / tokens if tokens > 0 else 0.0
+        return self._window_coef
+
+    def _finish_window_reduce(self) -> list[float]:
+        """The summed window counts (waits for their all-reduce) and the end of the hook's scaling."""
+        work, stats = cast("tuple[Any, torch.Tensor]", self._window_reduce)
+        work.wait()
+        self._window_reduce, self._tap.bucket_coef = None, None
+        return [float(v) for v in stats.cpu().tolist()]
 
     def _reject(self, reason: str, examples: int, tokens: int, loss: float, norm: float) -> StepReceipt:
         extra: dict[str, Any] = {"reason": reason, "grad_norm": norm if math.isfinite(norm) else None}
@@ -464,6 +533,8 @@ class TorchDistributedSession:
         return receipt
 
     def _clear_gradients(self) -> None:
+        if self._window_reduce is not None:  # a commit that stopped early: finish the started all-reduce
+            self._finish_window_reduce()
         self.optimizer.zero_grad(set_to_none=True)
         self._pending = 0
         self._reset_window()

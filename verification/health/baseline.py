@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from typing import Any
-
-import numpy as np
 
 MAD_TO_STD = 1.4826  # the MAD of a normal sample times this estimates its standard deviation
 _MIN_SPREAD = 1e-12
@@ -24,6 +23,7 @@ class RollingBaseline:
             raise ValueError(f"min_periods={min_periods} must not exceed window={window}")
         self.window, self.min_periods = window, min_periods
         self._values: deque[float] = deque(maxlen=window)
+        self._cached: tuple[float, float] | None = None
 
     def __len__(self) -> int:
         return len(self._values)
@@ -32,9 +32,10 @@ class RollingBaseline:
         """``(median, scaled MAD)`` of the window, or None while it holds fewer than ``min_periods`` values."""
         if len(self._values) < self.min_periods:
             return None
-        arr = np.fromiter(self._values, dtype=float)
-        med = float(np.median(arr))
-        return med, float(np.median(np.abs(arr - med))) * MAD_TO_STD
+        if self._cached is None:  # scoring asks several times per step; a window is a few dozen floats
+            med = statistics.median(self._values)
+            self._cached = med, statistics.median([abs(v - med) for v in self._values]) * MAD_TO_STD
+        return self._cached
 
     def z_score(self, value: float) -> float | None:
         """The robust z-score of ``value`` against the current window; None during warm-up."""
@@ -50,6 +51,7 @@ class RollingBaseline:
         if not math.isfinite(value):
             raise ValueError(f"a baseline takes finite values only, got {value}")
         self._values.append(value)
+        self._cached = None
 
     def state(self) -> dict[str, Any]:
         """A JSON-ready snapshot to carry across a checkpoint (restart continuity)."""
