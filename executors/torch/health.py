@@ -2,7 +2,7 @@
 
 ``HealthOptions`` is what ``prepare(health=...)`` takes. ``SessionHealth`` times each rank's own
 work in a step (the wait for its batch since the last commit plus its forward passes: the parts no
-peer holds up under DDP), ships it in the commit's one all-reduce (a slot per rank, so no new
+peer holds up under DDP), ships it in the commit's all-reduce of its counts (a slot per rank, so no new
 collective), and turns the committed step into a ``health`` dict for the receipt.
 """
 
@@ -147,7 +147,7 @@ class SessionHealth:
             self.heartbeat.set_phase(name, step)
 
     def rank_slots(self) -> torch.Tensor:
-        """This rank's own time in its slot of a world-long vector (summed by the commit's all-reduce)."""
+        """This rank's own time in its slot of a world-long vector (summed by the all-reduce of the commit's counts)."""
         slots = torch.zeros(self.world, dtype=torch.float64)
         slots[self.rank] = self._busy
         return slots

@@ -140,11 +140,16 @@ def fsdp_mesh(mode: DataParallelMode, dp_mesh: DeviceMesh) -> DeviceMesh:
 
 
 def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh, device: torch.device) -> DistributedDataParallel:
-    """DistributedDataParallel over the 1-D dp_replicate mesh (the plan has no sharded or model axis)."""
+    """DistributedDataParallel over the 1-D dp_replicate mesh (the plan has no sharded or model axis).
+
+    The gradients are views of DDP's buckets (``gradient_as_bucket_view``): no second gradient-sized
+    buffer, and no copy back out of the buckets after the all-reduce, which pays for the commit's norm.
+    """
     device_ids = [device.index] if device.type == "cuda" and device.index is not None else None
     has_buffers = any(True for _ in module.buffers())  # nothing to broadcast otherwise: skip the per-forward call
     return DistributedDataParallel(
-        module, device_ids=device_ids, device_mesh=dp_mesh, broadcast_buffers=has_buffers
+        module, device_ids=device_ids, device_mesh=dp_mesh, broadcast_buffers=has_buffers,
+        gradient_as_bucket_view=True,
     )
 
 

@@ -53,7 +53,8 @@ class TorchDistributedSession:
 
     The committed gradient is the exact global mean: every micro-step back-propagates its loss
     *sum* times the gradient-averaging group size (so DDP's/FSDP2's averaging cancels), and the
-    commit divides by the global count taken from one small all-reduce.
+    commit divides by the global count taken from one small all-reduce. Under DDP that count is
+    all-reduced before the commit's backward, which then yields the mean itself (docs/training.md).
     """
 
     def __init__(
