@@ -31,6 +31,7 @@ from mixle_parallel.executors.torch.dp_mode import DataParallelMode
 from mixle_parallel.executors.torch.grads import local_grads, scale_grads, weighted_square_sum
 from mixle_parallel.executors.torch.health import SessionHealth
 from mixle_parallel.executors.torch.sdc_audit import SessionAudit, trainable
+from mixle_parallel.executors.torch.window_counts import WindowCounts
 from mixle_parallel.verification.sdc.schedule import SDCDetectedError
 
 if TYPE_CHECKING:
@@ -118,8 +119,6 @@ class TorchDistributedSession:
                                     and device.type in COUNTS_BEFORE_BACKWARD_DEVICES)
         self._prescale_ok = self._reduce_in_backward and precision != "fp16" and plan.microbatches == 1
         self._backward_scale = 1.0 if self._reduce_in_backward else self._grad_scale
-        self._window_reduce: tuple[Any, torch.Tensor] | None = None
-        self._window_coef: float | None = None
         self._params_named: list[tuple[str, nn.Parameter]] | None = None
         self.ledger = ledger
         self._sync_enabled: bool | None = None
@@ -127,7 +126,7 @@ class TorchDistributedSession:
         self._pending = 0
         self._last_micro: tuple[Any, Any] | None = None
         self._closed = False
-        self._reset_window()
+        self._counts = WindowCounts(tp=plan.tp, cp=plan.cp, tap=self._tap, comm_device=self._comm_device())
         self._health = health
         if health is not None:
             health.on_fatal = self._log_fatal  # the health monitor reports; this session writes the ledger
@@ -162,7 +161,7 @@ class TorchDistributedSession:
             )
         self._step = state.step
         self._pending = 0
-        self._reset_window()
+        self._counts.reset()
         if self._audit is not None:
             self._audit.prime(self._step)
 
@@ -311,20 +310,12 @@ class TorchDistributedSession:
             if self._health is not None:
                 self._health.add_forward(self._forward_s)
             if weight:
-                rows = self._rows(x)
-                count_t = torch.as_tensor(counted, dtype=torch.float64).detach().cpu()
-                loss_t = loss_sum.detach().to(torch.float64).cpu()
-                self._w_loss += loss_t
-                self._w_tokens += count_t
-                self._w_examples += rows
-                self._w_calls_tokens += count_t
-                self._w_calls_examples += rows
-                self._w_calls_loss += loss_t
+                self._counts.add(loss_sum, counted, self._rows(x))
             factor = 1.0
             if sync and self._reduce_in_backward:
-                self._start_window_reduce()
+                self._counts.start_reduce(self._rank_slots())
                 if self._prescale_ok and self._pending == 0 and weight == 1.0:  # the window's only micro-step
-                    factor = self._bucket_coef()
+                    factor = self._counts.mean_coef()
                     self._tap.bucket_coef = _already_mean
             if self._audit is not None:  # a replay back-propagates with the same weight
                 self._audit.note(x, y, sync, weight * factor)
@@ -430,24 +421,25 @@ class TorchDistributedSession:
             if records:
                 audit_extra["sdc_audit"] = [to_dict(r)["data"] for r in records]
             if skip:
-                tokens = float(self._w_tokens)
+                tokens = float(self._counts.tokens)
                 if self._health is not None:
                     self._health.on_skip()
-                receipt = self._receipt(skipped=True, loss=float(self._w_loss) / tokens if tokens else math.nan,
+                receipt = self._receipt(skipped=True, loss=float(self._counts.loss) / tokens if tokens else math.nan,
                                         window=True, extra={"reason": "sdc_audit", **audit_extra})
                 self._clear_gradients()
                 return receipt
         if self._health is not None and self._distributed:
             self._health.phase("commit")
-        if self._window_reduce is not None:
+        if self._counts.reducing:
             # DDP: the counts were all-reduced during the backward and the reduced gradients, identical on
             # every rank, are already the global mean: the local norm is the global norm
-            values = self._finish_window_reduce()
+            values = self._counts.finish_reduce()
             square = float(weighted_square_sum(local_grads(self._params), 1))
             grads_are_means = True
         else:
             # one all-reduce over the world of the counts and the gradients' squared norm
-            stats = torch.cat([self._window_stats(), weighted_square_sum(local_grads(self._params), self._world)[None]])
+            square_t = weighted_square_sum(local_grads(self._params), self._world)
+            stats = torch.cat([self._counts.stats(self._rank_slots()), square_t[None]])
             if self._distributed:
                 stats = stats.to(self._comm_device())
                 dist.all_reduce(stats)
@@ -486,41 +478,9 @@ class TorchDistributedSession:
         self._clear_gradients()
         return receipt
 
-    def _window_stats(self) -> torch.Tensor:
-        """This rank's window counts to sum over the world: loss sum, examples, tokens, a non-finite-loss flag,
-        then (health on) its step time in its rank's slot. TP (and, for examples, CP) ranks hold copies of the
-        same counts, so they are divided out."""
-        tp, cp = self.plan.tp, self.plan.cp
-        nonfinite = 0.0 if bool(torch.isfinite(self._w_loss)) else 1.0
-        stats = torch.tensor([float(self._w_loss) / tp, float(self._w_examples) / (tp * cp),
-                              float(self._w_tokens) / tp, nonfinite], dtype=torch.float64)
-        if self._health is not None and self._distributed:  # per-rank step times ride the same all-reduce
-            stats = torch.cat([stats, self._health.rank_slots()])
-        return stats
-
-    def _start_window_reduce(self) -> None:
-        """DDP: start the window counts' all-reduce before the synchronizing backward; its hook waits for it."""
-        stats = self._window_stats().to(self._comm_device())
-        work = dist.all_reduce(stats, async_op=True)
-        self._tap.add("all_reduce", stats.numel() * stats.element_size())
-        self._window_reduce, self._window_coef = (work, stats), None
-        self._tap.bucket_coef = self._bucket_coef
-
-    def _bucket_coef(self) -> float:
-        """1 / the window's global token count (0 when none was counted: the commit then refuses the step)."""
-        if self._window_coef is None:
-            work, stats = cast("tuple[Any, torch.Tensor]", self._window_reduce)
-            work.wait()
-            tokens = float(stats[2])
-            self._window_coef = 1.0 / tokens if tokens > 0 else 0.0
-        return self._window_coef
-
-    def _finish_window_reduce(self) -> list[float]:
-        """The summed window counts (waits for their all-reduce) and the end of the hook's scaling."""
-        work, stats = cast("tuple[Any, torch.Tensor]", self._window_reduce)
-        work.wait()
-        self._window_reduce, self._tap.bucket_coef = None, None
-        return [float(v) for v in stats.cpu().tolist()]
+    def _rank_slots(self) -> torch.Tensor | None:
+        """Health's per-rank step times, which ride the counts' all-reduce (None without health or peers)."""
+        return self._health.rank_slots() if self._health is not None and self._distributed else None
 
     def _reject(self, reason: str, examples: int, tokens: int, loss: float, norm: float) -> StepReceipt:
         extra: dict[str, Any] = {"reason": reason, "grad_norm": norm if math.isfinite(norm) else None}
@@ -541,31 +501,28 @@ class TorchDistributedSession:
         return receipt
 
     def _clear_gradients(self) -> None:
-        if self._window_reduce is not None:  # a commit that stopped early: finish the started all-reduce
-            self._finish_window_reduce()
+        if self._counts.reducing:  # a commit that stopped early: finish the started all-reduce
+            self._counts.finish_reduce()
         self.optimizer.zero_grad(set_to_none=True)
         self._pending = 0
-        self._reset_window()
+        self._counts.reset()
 
     # ---- receipts -------------------------------------------------------------------------
-    def _reset_window(self) -> None:
-        zero = lambda: torch.zeros((), dtype=torch.float64)  # noqa: E731
-        self._w_loss, self._w_tokens, self._w_examples = zero(), zero(), zero()
-        self._w_calls_loss, self._w_calls_tokens, self._w_calls_examples = zero(), zero(), zero()
-
     def _skipped_receipt(self, *, reason: str, window: bool = False) -> StepReceipt:
-        loss_t, tokens_t = (self._w_loss, self._w_tokens) if window else (self._w_calls_loss, self._w_calls_tokens)
+        c = self._counts
+        loss_t, tokens_t = (c.loss, c.tokens) if window else (c.calls_loss, c.calls_tokens)
         tokens = float(tokens_t)
         receipt = self._receipt(
             skipped=True, loss=float(loss_t) / tokens if tokens else math.nan, window=window,
             extra={"reason": reason, "pending_accumulation": self._pending},
         )
-        self._w_calls_loss.zero_(), self._w_calls_tokens.zero_(), self._w_calls_examples.zero_()
+        c.reset_calls()
         return receipt
 
     def _receipt(self, *, skipped: bool, loss: float, window: bool, examples: int | None = None,
                  tokens: int | None = None, extra: dict[str, Any]) -> StepReceipt:
-        ex_t, tok_t = (self._w_examples, self._w_tokens) if window else (self._w_calls_examples, self._w_calls_tokens)
+        c = self._counts
+        ex_t, tok_t = (c.examples, c.tokens) if window else (c.calls_examples, c.calls_tokens)
         nbytes, counts = self._meter.snapshot()
         receipt = StepReceipt(
             step=self._step,
