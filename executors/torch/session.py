@@ -315,8 +315,10 @@ class TorchDistributedSession:
             if sync and self._reduce_in_backward:
                 self._counts.start_reduce(self._rank_slots())
                 if self._prescale_ok and self._pending == 0 and weight == 1.0:  # the window's only micro-step
-                    factor = self._counts.mean_coef()
+                    factor = self._counts.mean_coef()  # the backward makes the mean; the hook leaves it alone
                     self._tap.bucket_coef = _already_mean
+                else:  # the hook scales the accumulated buckets
+                    self._tap.bucket_coef = self._counts.mean_coef
             if self._audit is not None:  # a replay back-propagates with the same weight
                 self._audit.note(x, y, sync, weight * factor)
             return factor
@@ -433,7 +435,7 @@ class TorchDistributedSession:
         if self._counts.reducing:
             # DDP: the counts were all-reduced during the backward and the reduced gradients, identical on
             # every rank, are already the global mean: the local norm is the global norm
-            values = self._counts.finish_reduce()
+            values = self._finish_counts()
             square = float(weighted_square_sum(local_grads(self._params), 1))
             grads_are_means = True
         else:
@@ -478,6 +480,11 @@ class TorchDistributedSession:
         self._clear_gradients()
         return receipt
 
+    def _finish_counts(self) -> list[float]:
+        """The window's global counts (DDP, counts reduced before the backward); the hook's scaling ends here."""
+        self._tap.bucket_coef = None
+        return self._counts.finish_reduce()
+
     def _rank_slots(self) -> torch.Tensor | None:
         """Health's per-rank step times, which ride the counts' all-reduce (None without health or peers)."""
         return self._health.rank_slots() if self._health is not None and self._distributed else None
@@ -502,7 +509,7 @@ class TorchDistributedSession:
 
     def _clear_gradients(self) -> None:
         if self._counts.reducing:  # a commit that stopped early: finish the started all-reduce
-            self._counts.finish_reduce()
+            self._finish_counts()
         self.optimizer.zero_grad(set_to_none=True)
         self._pending = 0
         self._counts.reset()

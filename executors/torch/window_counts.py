@@ -59,12 +59,11 @@ class WindowCounts:
         return self._reduce is not None
 
     def start_reduce(self, rank_slots: torch.Tensor | None) -> None:
-        """Start the window counts' all-reduce over the world; the DDP hook's ``bucket_coef`` then waits for it."""
+        """Start the window counts' all-reduce over the world (``mean_coef`` and ``finish_reduce`` wait for it)."""
         stats = self.stats(rank_slots).to(self.comm_device)
         work = dist.all_reduce(stats, async_op=True)
         self.tap.add("all_reduce", stats.numel() * stats.element_size())
         self._reduce, self._coef = (work, stats), None
-        self.tap.bucket_coef = self.mean_coef
 
     def mean_coef(self) -> float:
         """1 / the window's global token count (0 when none was counted: the commit then refuses the step)."""
@@ -78,10 +77,10 @@ class WindowCounts:
         return self._coef
 
     def finish_reduce(self) -> list[float]:
-        """The summed window counts (waits for their all-reduce); the hook's scaling ends here."""
+        """The summed window counts (waits for their all-reduce)."""
         if self._reduce is None:
             raise RuntimeError("no window all-reduce was started; call start_reduce() first")
         work, stats = self._reduce
         work.wait()
-        self._reduce, self.tap.bucket_coef = None, None
+        self._reduce = None
         return [float(v) for v in stats.cpu().tolist()]

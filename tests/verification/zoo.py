@@ -108,10 +108,8 @@ class _FusedMetricTrial:
         self.module = None
 
 
-class SkipsRowwiseAllReduce:
-    """torch_native TP whose row-wise layers skip their all-reduce (``RowwiseParallel(output_layouts=Partial())``:
-    each rank hands on its partial sum); gradients, parameters and loss are patched from a correct shadow
-    session, so only the TP layers' outputs give it away."""
+class _WrapsTorchNative:
+    """A broken variant of the built-in torch_native adapter: its capabilities, version and declared updates."""
 
     verification_launch = "gloo"
 
@@ -123,6 +121,12 @@ class SkipsRowwiseAllReduce:
 
     def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
         return self._inner.describe_updates(plan)
+
+
+class SkipsRowwiseAllReduce(_WrapsTorchNative):
+    """torch_native TP whose row-wise layers skip their all-reduce (``RowwiseParallel(output_layouts=Partial())``:
+    each rank hands on its partial sum); gradients, parameters and loss are patched from a correct shadow
+    session, so only the TP layers' outputs give it away."""
 
     def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
                    world_size: int) -> _PatchedTPTrial:
@@ -151,20 +155,9 @@ class _PatchedTPTrial:
         self.shadow.close()
 
 
-class ReceiptsCountElements:
+class ReceiptsCountElements(_WrapsTorchNative):
     """torch_native whose comm taps count elements instead of bytes: at fp32 its receipts under-report the
     bytes that crossed the wire four times (the numbers and the collectives are right)."""
-
-    verification_launch = "gloo"
-
-    def __init__(self) -> None:
-        from mixle_parallel.executors.torch.verifiable import VerifiableTorchNative
-
-        self._inner = VerifiableTorchNative()
-        self.capabilities, self.version = self._inner.capabilities, self._inner.version
-
-    def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
-        return self._inner.describe_updates(plan)
 
     def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
                    world_size: int) -> Any:

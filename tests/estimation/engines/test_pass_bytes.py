@@ -6,6 +6,9 @@ Reuses the session's engine fixtures (tests/conftest.py); slow like every engine
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from tests.estimation.engines import chunk_probes as probes
@@ -15,18 +18,23 @@ from tests.estimation.engines.engine_helpers import by_value
 pytestmark = pytest.mark.slow
 
 
-def test_dask_passes_count_channel_frames_and_rpc_blobs(dask_client):
-    from mixle_parallel.executors.estimation.engines.dask import DaskRunner
-
-    by_value(probes)
-    wire_case.assert_em_receipts(wire_case.em_receipt_bytes("dask", client=dask_client, num_workers=2))
-    for direct in (True, False):  # the holders' sockets, and dask's own RPC
-        runner = DaskRunner(dask_client, num_workers=2, direct_channel=direct)
+def _check_both_channels(make_runner: Callable[[bool], Any]) -> None:
+    """A driver pass counts its bytes over the holders' direct sockets and over the engine's own RPC."""
+    for direct in (True, False):
+        runner = make_runner(direct)
         try:
             wire_case.assert_driver_pass(runner, workers=2)
             assert bool(runner._channels) is direct
         finally:
             runner.close()
+
+
+def test_dask_passes_count_channel_frames_and_rpc_blobs(dask_client):
+    from mixle_parallel.executors.estimation.engines.dask import DaskRunner
+
+    by_value(probes)
+    wire_case.assert_em_receipts(wire_case.em_receipt_bytes("dask", client=dask_client, num_workers=2))
+    _check_both_channels(lambda direct: DaskRunner(dask_client, num_workers=2, direct_channel=direct))
 
 
 def test_ray_passes_count_channel_frames_and_rpc_blobs(ray_session):
@@ -34,13 +42,7 @@ def test_ray_passes_count_channel_frames_and_rpc_blobs(ray_session):
 
     by_value(probes)
     wire_case.assert_em_receipts(wire_case.em_receipt_bytes("ray", num_workers=2))
-    for direct in (True, False):
-        runner = RayRunner(2, direct_channel=direct)
-        try:
-            wire_case.assert_driver_pass(runner, workers=2)
-            assert bool(runner._channels) is direct
-        finally:
-            runner.close()
+    _check_both_channels(lambda direct: RayRunner(2, direct_channel=direct))
 
 
 def test_spark_passes_count_task_closures_and_collected_records(spark_context):
