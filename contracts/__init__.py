@@ -1,6 +1,14 @@
 """Contracts: pure data and rules (attrs/cattrs/stdlib only), shared by every executor."""
 
-from mixle_parallel.contracts.admission import (
+from .calibration import (
+    CALIBRATION_WORKLOADS,
+    CalibrationCatalog,
+    CalibrationRecord,
+    DeviceCalibration,
+    ResourceCalibrationError,
+)
+from .capabilities import BackendCapabilities
+from .certificate import (
     ADMISSION_CHECKS,
     DEFAULT_MAX_AGE,
     IN_TOTO_PAYLOAD_TYPE,
@@ -11,15 +19,7 @@ from mixle_parallel.contracts.admission import (
     admission_problems,
     check_admission,
 )
-from mixle_parallel.contracts.calibration import (
-    CALIBRATION_WORKLOADS,
-    CalibrationCatalog,
-    CalibrationRecord,
-    DeviceCalibration,
-    ResourceCalibrationError,
-)
-from mixle_parallel.contracts.capabilities import BackendCapabilities
-from mixle_parallel.contracts.enums import (
+from .enums import (
     ALL_AXES,
     DERIVED_AXES,
     KNOWN_PRECISIONS,
@@ -29,7 +29,7 @@ from mixle_parallel.contracts.enums import (
     PayloadKind,
     StateLayout,
 )
-from mixle_parallel.contracts.errors import (
+from .errors import (
     CapabilityError,
     ContractError,
     ContractTypeError,
@@ -38,7 +38,7 @@ from mixle_parallel.contracts.errors import (
     UnknownBackendError,
     UnknownMemoryFootprintError,
 )
-from mixle_parallel.contracts.estimation import (
+from .estimation import (
     Accumulator,
     AccumulatorFactory,
     EncodedDataHandle,
@@ -52,9 +52,16 @@ from mixle_parallel.contracts.estimation import (
     statistic_digest,
     statistics_equal,
 )
-from mixle_parallel.contracts.evidence import NumericsEvidence, ObservedCollective, SDCAuditRecord, Tolerance
-from mixle_parallel.contracts.frozen_mapping import FrozenDict
-from mixle_parallel.contracts.placement import (
+from .evidence import NumericsEvidence, ObservedCollective, SDCAuditRecord, Tolerance
+from .frozen_mapping import FrozenDict
+from .harness_protocol import (
+    VERIFICATION_LAUNCHES,
+    EstimationWorkload,
+    TrainingWorkload,
+    VerifiableExecutor,
+    VerificationTrial,
+)
+from .placement import (
     ComponentShard,
     DeviceCapacityError,
     ModelShard,
@@ -63,22 +70,22 @@ from mixle_parallel.contracts.placement import (
     PlacementShard,
     RowShard,
 )
-from mixle_parallel.contracts.plan import (
+from .plan import (
     MeshCoordinate,
     MeshShape,
     ParallelPlan,
     WorkerTopologyAttestation,
     attest_worker_coordinate,
 )
-from mixle_parallel.contracts.protocols import (
+from .protocols import (
     AdmissibleExecutor,
     DistributedTrainingBackend,
     DistributedTrainingSession,
     TrainingBackend,
 )
-from mixle_parallel.contracts.receipts import StepReceipt, TorchSessionState
-from mixle_parallel.contracts.resources import DeviceSpec, Resources
-from mixle_parallel.contracts.serialization import (
+from .receipts import StepReceipt, TorchSessionState
+from .resources import DeviceSpec, Resources
+from .serialization import (
     CONTRACT_TYPES,
     SCHEMA_VERSION,
     canonical_json,
@@ -91,14 +98,7 @@ from mixle_parallel.contracts.serialization import (
     to_dict,
     to_json,
 )
-from mixle_parallel.contracts.updates import DistributedUpdate, ParameterLayout
-from mixle_parallel.contracts.verifiable import (
-    VERIFICATION_LAUNCHES,
-    EstimationWorkload,
-    TrainingWorkload,
-    VerifiableExecutor,
-    VerificationTrial,
-)
+from .updates import DistributedUpdate, ParameterLayout
 
 __all__ = [
     "Accumulator", "AccumulatorFactory", "ComponentShard", "EncodedDataHandle", "Encoder", "Estimator",

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts._checks import (
+from ._checks import (
     exact_bool,
     finite_non_negative,
     non_empty_str,
@@ -27,8 +27,8 @@ from mixle_parallel.contracts._checks import (
     to_optional_float,
     tuple_of,
 )
-from mixle_parallel.contracts.resources import Resources
-from mixle_parallel.contracts.serialization import from_dict, from_json, register_contract, to_dict, to_json
+from .resources import Resources
+from .serialization import from_dict, from_json, register_contract, to_dict, to_json
 
 __all__ = ["CALIBRATION_WORKLOADS", "CalibrationCatalog", "CalibrationRecord", "DeviceCalibration",
            "ResourceCalibrationError"]

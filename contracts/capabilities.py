@@ -6,11 +6,11 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts._checks import enum_frozenset, exact_bool, non_empty_str, str_frozenset, str_tuple
-from mixle_parallel.contracts.enums import KNOWN_PRECISIONS, ParallelAxis
-from mixle_parallel.contracts.errors import CapabilityError
-from mixle_parallel.contracts.plan import ParallelPlan
-from mixle_parallel.contracts.serialization import register_contract
+from ._checks import enum_frozenset, exact_bool, non_empty_str, str_frozenset, str_tuple
+from .enums import KNOWN_PRECISIONS, ParallelAxis
+from .errors import CapabilityError
+from .plan import ParallelPlan
+from .serialization import register_contract
 
 
 def _precisions(inst: object, attribute: attrs.Attribute, value: frozenset[str]) -> None:

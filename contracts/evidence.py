@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from mixle_parallel.contracts._checks import (
+from ._checks import (
     enum_converter,
     enum_tuple,
     exact_bool,
@@ -19,9 +19,9 @@ from mixle_parallel.contracts._checks import (
     str_tuple,
     to_float,
 )
-from mixle_parallel.contracts.enums import KNOWN_PRECISIONS, CollectiveKind, ParallelAxis, PayloadKind
-from mixle_parallel.contracts.plan import ParallelPlan
-from mixle_parallel.contracts.serialization import SCHEMA_METADATA, content_digest, register_contract
+from .enums import KNOWN_PRECISIONS, CollectiveKind, ParallelAxis, PayloadKind
+from .plan import ParallelPlan
+from .serialization import SCHEMA_METADATA, content_digest, register_contract
 
 
 @register_contract

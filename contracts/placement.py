@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts._checks import (
+from ._checks import (
     exact_bool,
     non_empty_str,
     non_negative_int,
@@ -14,8 +14,8 @@ from mixle_parallel.contracts._checks import (
     str_tuple,
     tuple_of,
 )
-from mixle_parallel.contracts.resources import DeviceSpec
-from mixle_parallel.contracts.serialization import register_contract
+from .resources import DeviceSpec
+from .serialization import register_contract
 
 __all__ = ["ComponentShard", "DeviceCapacityError", "ModelShard", "ModelShardingPlan", "Placement", "PlacementShard",
            "RowShard"]

@@ -9,10 +9,10 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from mixle_parallel.contracts._checks import non_negative_int, positive_int
-from mixle_parallel.contracts.enums import ALL_AXES, PHYSICAL_AXES, ParallelAxis
-from mixle_parallel.contracts.errors import ContractTypeError
-from mixle_parallel.contracts.serialization import SCHEMA_METADATA, register_contract
+from ._checks import non_negative_int, positive_int
+from .enums import ALL_AXES, PHYSICAL_AXES, ParallelAxis
+from .errors import ContractTypeError
+from .serialization import SCHEMA_METADATA, register_contract
 
 MAX_AXIS_SIZE = 2**31
 """Largest size of one axis (and of microbatches / accumulation steps): far beyond any real mesh."""

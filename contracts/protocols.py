@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from mixle_parallel.contracts.capabilities import BackendCapabilities
-from mixle_parallel.contracts.plan import ParallelPlan
-from mixle_parallel.contracts.updates import DistributedUpdate
+from .capabilities import BackendCapabilities
+from .plan import ParallelPlan
+from .updates import DistributedUpdate
 
 
 @runtime_checkable

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from mixle_parallel.contracts._checks import (
+from ._checks import (
     exact_bool,
     non_empty_str,
     non_negative_int,
@@ -13,8 +13,8 @@ from mixle_parallel.contracts._checks import (
     real_number,
     to_float,
 )
-from mixle_parallel.contracts.frozen_mapping import FrozenDict, to_frozen_dict
-from mixle_parallel.contracts.serialization import register_contract
+from .frozen_mapping import FrozenDict, to_frozen_dict
+from .serialization import register_contract
 
 
 @register_contract

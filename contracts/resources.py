@@ -11,14 +11,14 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts._checks import (
+from ._checks import (
     non_empty_str,
     optional_non_negative_int,
     optional_str,
     positive_finite,
     to_float,
 )
-from mixle_parallel.contracts.serialization import from_dict, from_json, register_contract, to_dict, to_json
+from .serialization import from_dict, from_json, register_contract, to_dict, to_json
 
 DEVICE_KINDS = frozenset({"cpu", "cuda", "gpu", "mps", "xpu", "tpu", "rocm"})
 """``gpu`` is mixle 0.8.2's generic accelerator kind (no vendor named)."""

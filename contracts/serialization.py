@@ -21,8 +21,8 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn
 from cattrs.v import format_exception
 
-from mixle_parallel.contracts.errors import ContractError
-from mixle_parallel.contracts.frozen_mapping import FrozenDict, thaw_json
+from .errors import ContractError
+from .frozen_mapping import FrozenDict, thaw_json
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts._checks import (
+from ._checks import (
     enum_converter,
     enum_tuple,
     exact_bool,
@@ -19,8 +19,8 @@ from mixle_parallel.contracts._checks import (
     str_tuple,
     to_optional_float,
 )
-from mixle_parallel.contracts.enums import PHYSICAL_AXES, CollectiveKind, ParallelAxis, PayloadKind, StateLayout
-from mixle_parallel.contracts.serialization import register_contract
+from .enums import PHYSICAL_AXES, CollectiveKind, ParallelAxis, PayloadKind, StateLayout
+from .serialization import register_contract
 
 
 def _unique_axes(inst: object, attribute: attrs.Attribute, value: tuple[ParallelAxis, ...]) -> None:

@@ -2,11 +2,11 @@
 
 from typing import Any
 
-from mixle_parallel.executors import (
+from . import (
     estimation,  # numpy only; registers the built-in encoded-data backends (lazy factories)
     registry,
 )
-from mixle_parallel.executors.registry import *  # noqa: F403 - re-exported through __all__
+from .registry import *  # noqa: F403 - re-exported through __all__
 
 # Heavy executors load on first attribute access, so importing this package stays torch-free.
 # They stay out of __all__: ``from mixle_parallel.executors import *`` (the facade) must not import
@@ -47,9 +47,9 @@ LAZY_EXECUTORS = {
     "cpu_compat": "mixle_parallel.executors.megatron.cpu_compat",
     "HealthOptions": "mixle_parallel.executors.torch.health",
     "RankFailureError": "mixle_parallel.executors.torch.health",
-    "VerifiableTorchNative": "mixle_parallel.executors.torch.verifiable",
-    "VerifiableEncodedData": "mixle_parallel.executors.estimation.verifiable",
-    "em_capabilities": "mixle_parallel.executors.estimation.verifiable",
+    "VerifiableTorchNative": "mixle_parallel.executors.torch.harness_adapter",
+    "VerifiableEncodedData": "mixle_parallel.executors.estimation.harness_adapter",
+    "em_capabilities": "mixle_parallel.executors.estimation.harness_adapter",
     "LaunchContext": "mixle_parallel.executors.launchers.base",
     "bind_launched_rank": "mixle_parallel.executors.launchers.base",
     "TorchrunLauncher": "mixle_parallel.executors.launchers.torchrun",

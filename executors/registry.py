@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mixle_parallel.contracts.errors import UnknownBackendError
+from ..contracts.errors import UnknownBackendError
 
 __all__ = [
     "available_encoded_data_backends",
@@ -201,21 +201,21 @@ def verification_target(name: str) -> Any:
 # ---- built-in training backends: lazy factories, nothing heavy is imported here ----------------
 def _megatron_factory() -> Any:
     """Import the megatron backend (torch, megatron-core) on first use."""
-    from mixle_parallel.executors.megatron.backend import create_megatron_backend
+    from .megatron.backend import create_megatron_backend
 
     return create_megatron_backend()
 
 
 def _megatron_bridge_factory() -> Any:
     """The Megatron Bridge adapter (imports megatron.bridge only when a method needs it)."""
-    from mixle_parallel.executors.megatron.bridge import MegatronBridgeBackend
+    from .megatron.bridge import MegatronBridgeBackend
 
     return MegatronBridgeBackend()
 
 
 def _torch_native_factory() -> Any:
     """Import the torch_native backend (torch) on first use."""
-    from mixle_parallel.executors.torch.backend import TorchDistributedBackend
+    from .torch.backend import TorchDistributedBackend
 
     return TorchDistributedBackend()
 
@@ -223,5 +223,5 @@ def _torch_native_factory() -> Any:
 register_training_backend("megatron", _megatron_factory)
 register_training_backend("megatron_bridge", _megatron_bridge_factory)
 register_training_backend("torch_native", _torch_native_factory)
-register_verification_target("torch_native", "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative")
-register_verification_target("megatron", "mixle_parallel.executors.megatron.verifiable:VerifiableMegatron")
+register_verification_target("torch_native", "mixle_parallel.executors.torch.harness_adapter:VerifiableTorchNative")
+register_verification_target("megatron", "mixle_parallel.executors.megatron.harness_adapter:VerifiableMegatron")

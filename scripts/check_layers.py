@@ -23,6 +23,14 @@ def layer_of_module(name: str):
     return parts[0] if parts[0] in LAYERS[:3] else None
 
 
+def resolve_relative(root: Path, path: Path, level: int, module: str | None) -> str:
+    """The dotted name a relative import in ``path`` reaches: the layer folders are siblings on disk, as the
+    subpackages of ``mixle_parallel`` are once installed, so ``..contracts`` from ``executors/x.py`` is contracts."""
+    package = list(path.relative_to(root).parent.parts)
+    base = package[: len(package) - level + 1]
+    return ".".join(base + ([module] if module else [])) or "mixle_parallel"
+
+
 def main() -> int:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
     broken, heavy, big = [], [], []
@@ -47,6 +55,8 @@ def main() -> int:
                     names = [a.name for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     names = [node.module]
+                elif isinstance(node, ast.ImportFrom) and node.level:
+                    names = [resolve_relative(root, path, node.level, node.module)]
                 else:
                     continue
                 for name in names:

@@ -2,19 +2,19 @@
 
 ``admission`` (the gate), ``certification``, ``attestation`` (DSSE envelopes), ``cert_store``,
 ``capability`` (the harness's), ``keys`` (the trust store), ``strategies`` (hypothesis strategies for
-every contract) and ``cli`` sit here; ``harness/``, ``sdc/``, ``ledger/`` and ``conformance/`` are
+every contract) and ``cli_commands`` sit here; ``harness/``, ``sdc/``, ``ledger/`` and ``conformance/`` are
 one part each; ``health/`` holds the training-health monitor (FLOPs, MFU, anomalies).
 Nothing here imports torch at import time; the harness, the workloads and the torch
 helpers of the SDC audit import it when they run. The public names are those of the parts' ``__all__``.
 """
 
-from mixle_parallel.verification import (
+from . import (
     admission,
     attestation,
     capability,
     cert_store,
     certification,
-    cli,
+    cli_commands,
     conformance,
     harness,
     health,
@@ -22,21 +22,21 @@ from mixle_parallel.verification import (
     ledger,
     sdc,
 )
-from mixle_parallel.verification.admission import *  # noqa: F403 - re-exported through __all__
-from mixle_parallel.verification.attestation import *  # noqa: F403
-from mixle_parallel.verification.capability import *  # noqa: F403
-from mixle_parallel.verification.cert_store import *  # noqa: F403
-from mixle_parallel.verification.cli import *  # noqa: F403
-from mixle_parallel.verification.conformance import *  # noqa: F403
-from mixle_parallel.verification.harness import *  # noqa: F403
-from mixle_parallel.verification.health import *  # noqa: F403
-from mixle_parallel.verification.keys import *  # noqa: F403
-from mixle_parallel.verification.ledger import *  # noqa: F403
-from mixle_parallel.verification.sdc import *  # noqa: F403
-from mixle_parallel.verification.sdc.digest import digest
+from .admission import *  # noqa: F403 - re-exported through __all__
+from .attestation import *  # noqa: F403
+from .capability import *  # noqa: F403
+from .cert_store import *  # noqa: F403
+from .cli_commands import *  # noqa: F403
+from .conformance import *  # noqa: F403
+from .harness import *  # noqa: F403
+from .health import *  # noqa: F403
+from .keys import *  # noqa: F403
+from .ledger import *  # noqa: F403
+from .sdc import *  # noqa: F403
+from .sdc.digest import digest
 
 __all__ = sorted({
     *admission.__all__, *attestation.__all__, *capability.__all__, *cert_store.__all__,
-    *cli.__all__, *conformance.__all__, *harness.__all__, *health.__all__, *keys.__all__, *ledger.__all__,
+    *cli_commands.__all__, *conformance.__all__, *harness.__all__, *health.__all__, *keys.__all__, *ledger.__all__,
     *sdc.__all__, "digest",
 })

@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import (
+from ..contracts import (
     DEFAULT_MAX_AGE,
     AdmissibleExecutor,
     AdmissionCertificate,
@@ -36,7 +36,7 @@ from mixle_parallel.contracts import (
     Tolerance,
     check_admission,
 )
-from mixle_parallel.verification.attestation import (
+from .attestation import (
     current_library_versions,
     executor_source_digest,
     load_certificate,
@@ -44,11 +44,11 @@ from mixle_parallel.verification.attestation import (
     reissue_hint,
     save_certificate,
 )
-from mixle_parallel.verification.capability import active_harness_capability
-from mixle_parallel.verification.cert_store import CertificateStore
-from mixle_parallel.verification.certification import CertificationError, certify
-from mixle_parallel.verification.harness.tolerance import default_tolerance
-from mixle_parallel.verification.keys import TrustStore
+from .capability import active_harness_capability
+from .cert_store import CertificateStore
+from .certification import CertificationError, certify
+from .harness.tolerance import default_tolerance
+from .keys import TrustStore
 
 __all__ = [
     "ADMISSION_MODES", "CERTIFICATE_ENV", "AdmissionDecision", "CertificationError", "certify",

@@ -29,7 +29,7 @@ import rfc8785
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import Signature, Signer
 
-from mixle_parallel.contracts import (
+from ..contracts import (
     IN_TOTO_PAYLOAD_TYPE,
     AdmissionCertificate,
     CertificateEnvelope,
@@ -40,7 +40,7 @@ from mixle_parallel.contracts import (
     to_dict,
     to_json,
 )
-from mixle_parallel.verification.keys import TrustStore, TrustStoreError
+from .keys import TrustStore, TrustStoreError
 
 __all__ = [
     "PREDICATE_TYPE", "STATEMENT_TYPE", "current_library_versions", "executor_source_digest", "load_certificate",

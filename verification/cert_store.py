@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mixle_parallel.contracts import (
+from ..contracts import (
     AdmissibleExecutor,
     AdmissionCertificate,
     AdmissionContext,
@@ -19,8 +19,8 @@ from mixle_parallel.contracts import (
     ParallelPlan,
     admission_problems,
 )
-from mixle_parallel.verification.attestation import load_certificate, open_envelope, save_certificate
-from mixle_parallel.verification.keys import TrustStore
+from .attestation import load_certificate, open_envelope, save_certificate
+from .keys import TrustStore
 
 __all__ = ["CertificateStore"]
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from mixle_parallel.contracts import (
+from ..contracts import (
     AdmissibleExecutor,
     AdmissionCertificate,
     CertificateEnvelope,
@@ -20,13 +20,13 @@ from mixle_parallel.contracts import (
     ParallelPlan,
     Tolerance,
 )
-from mixle_parallel.verification.attestation import (
+from .attestation import (
     current_library_versions,
     executor_source_digest,
     sign_certificate,
 )
-from mixle_parallel.verification.cert_store import CertificateStore
-from mixle_parallel.verification.keys import TrustStore
+from .cert_store import CertificateStore
+from .keys import TrustStore
 
 __all__ = ["CertificationError", "certify"]
 

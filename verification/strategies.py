@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
-from mixle_parallel.contracts import (
+from ..contracts import (
     CALIBRATION_WORKLOADS,
     IN_TOTO_PAYLOAD_TYPE,
     KNOWN_PRECISIONS,
@@ -46,8 +46,8 @@ from mixle_parallel.contracts import (
     WorkerTopologyAttestation,
     attest_worker_coordinate,
 )
-from mixle_parallel.contracts.evidence import AUDIT_ACTIONS, AUDIT_FAMILIES, AUDIT_REPLAYS
-from mixle_parallel.contracts.resources import DEVICE_KINDS
+from ..contracts.evidence import AUDIT_ACTIONS, AUDIT_FAMILIES, AUDIT_REPLAYS
+from ..contracts.resources import DEVICE_KINDS
 
 _names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_:.-/", min_size=1, max_size=16)
 _small = st.integers(min_value=1, max_value=4)

@@ -6,23 +6,23 @@ import dataclasses
 import warnings
 from typing import Any
 
-from mixle_parallel.contracts.estimation import EncodedDataHandle
-from mixle_parallel.executors.estimation.admission import admit_encoded_data, canonical_backend, planned_world
-from mixle_parallel.executors.estimation.builtin_backends import (
+from ...contracts.estimation import EncodedDataHandle
+from ..registry import available_encoded_data_backends, get_encoded_data_backend
+from .builtin_backends import (
     BUILTIN_ENCODED_DATA_BACKENDS,
     register_builtin_encoded_data_backends,
 )
-from mixle_parallel.executors.estimation.data_checks import check_rows
-from mixle_parallel.executors.estimation.engine_choice import resolve_engine
-from mixle_parallel.executors.estimation.minibatch import minibatch_spec
-from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects
-from mixle_parallel.executors.estimation.options import (
+from .data_checks import check_rows
+from .em_admission import admit_encoded_data, canonical_backend, planned_world
+from .engine_choice import resolve_engine
+from .minibatch import minibatch_spec
+from .mixle_interop import adapt_mixle_objects
+from .options import (
     EncodedDataOptions,
     check_backend_options,
     sub_chunked,
 )
-from mixle_parallel.executors.estimation.options import backend_options as backend_options_of
-from mixle_parallel.executors.registry import available_encoded_data_backends, get_encoded_data_backend
+from .options import backend_options as backend_options_of
 
 __all__ = ["EncodedDataControlConflictError", "EncodedDataOptions", "encoded_data", "is_encoded_data_handle"]
 
@@ -225,7 +225,7 @@ def _checked_engine(opts: EncodedDataOptions) -> EncodedDataOptions:
     """The torch engine's device resolved and the model checked for kernels, before any worker starts."""
     if opts.engine is None:
         return opts
-    from mixle_parallel.executors.estimation.engines.torch_engine import check_engine  # torch: only when asked
+    from .engines.torch_engine import check_engine  # torch: only when asked
 
     return dataclasses.replace(opts, engine=check_engine(opts.engine, opts.estimator, opts.model))
 

@@ -14,16 +14,16 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import SDCAuditRecord
-from mixle_parallel.executors.estimation.chunks import WorkerTask, chunk_estep
-from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
-from mixle_parallel.executors.estimation.finite_guard import (
+from ...contracts import SDCAuditRecord
+from ...verification.sdc.inject import BitFlip, FaultInjector
+from .chunks import WorkerTask, chunk_estep
+from .engines.mp import MPChunkRunner
+from .finite_guard import (
     NonFiniteStatisticError,
     check_chunk_result,
     guarded_fold_pass,
 )
-from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
-from mixle_parallel.verification.sdc.inject import BitFlip, FaultInjector
+from .handle import ChunkedEncodedData
 
 __all__ = ["AuditedMPEncodedData", "SDCAuditReceipt", "audit_receipts", "inject_bit_flip"]
 

@@ -16,16 +16,16 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts.placement import ComponentShard, ModelShardingPlan
-from mixle_parallel.contracts.resources import Resources
-from mixle_parallel.executors.estimation.model_decomposition import (
+from ...contracts.placement import ComponentShard, ModelShardingPlan
+from ...contracts.resources import Resources
+from .model_decomposition import (
     DecompAxis,
     ModelCut,
     best_parallel_axis,
     compute_cost,
     work_partition,
 )
-from mixle_parallel.executors.estimation.planner import UnrealizedModelPlacementError
+from .planner import UnrealizedModelPlacementError
 
 __all__ = ["BalancePlan", "auto_balanced_estimator", "balance_plan"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from mixle_parallel.executors.registry import register_encoded_data_backend
+from ..registry import register_encoded_data_backend
 
 __all__ = ["BUILTIN_ENCODED_DATA_BACKENDS", "register_builtin_encoded_data_backends"]
 

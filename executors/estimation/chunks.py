@@ -49,7 +49,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.combine_order import (
+from .combine_order import (
     DEFAULT_CHUNK_MULTIPLE,
     GroupFold,
     GroupStats,

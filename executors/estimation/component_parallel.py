@@ -17,18 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.chunks import EStepResult
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
-from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
-from mixle_parallel.executors.estimation.mixle_interop import (
+from .chunks import EStepResult
+from .engines.local import LocalChunkRunner
+from .handle import ChunkedEncodedData
+from .mixle_interop import (
     MixleAccumulator,
     MixleEstimator,
     as_estimator,
     unwrap_mixle,
     wrap_mixle_model,
 )
-from mixle_parallel.executors.estimation.models._base import as_weights
-from mixle_parallel.executors.estimation.models.combinators import (
+from .models._base import as_weights
+from .models.combinators import (
     MixtureAccumulator,
     MixtureDistribution,
     _stacked_kernel,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mixle_parallel.executors.estimation.mixle_interop import MixleEstimator, MixleModel
-from mixle_parallel.executors.estimation.models import (
+from .mixle_interop import MixleEstimator, MixleModel
+from .models import (
     CategoricalDistribution,
     CategoricalEstimator,
     DiagonalGaussianDistribution,

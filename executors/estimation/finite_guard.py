@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.combine_order import GroupStats, combine_groups
+from .combine_order import GroupStats, combine_groups
 
 __all__ = [
     "NonFiniteStatisticError", "check_chunk_result", "finite_guarded_fold", "first_non_finite", "guarded_fold_pass",

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from mixle_parallel.contracts import ParallelPlan
-from mixle_parallel.contracts.estimation import statistic_digest
-from mixle_parallel.executors.estimation.chunks import (
+from ...contracts import ParallelPlan
+from ...contracts.estimation import statistic_digest
+from ...verification.ledger.chain import Ledger
+from .chunks import (
     ChunkResult,
     ChunkRunner,
     EStepResult,
@@ -30,16 +31,16 @@ from mixle_parallel.executors.estimation.chunks import (
     resolve_encoder,
     seed_from,
 )
-from mixle_parallel.executors.estimation.em_observability import (
+from .em_observability import (
     FitReport,
     RankRecord,
     fit_report,
     json_ready_report,
     round_summary,
 )
-from mixle_parallel.executors.estimation.engine_choice import EngineChoice, resolve_engine
-from mixle_parallel.executors.estimation.metering import MeteredRunner
-from mixle_parallel.executors.estimation.minibatch import (
+from .engine_choice import EngineChoice, resolve_engine
+from .metering import MeteredRunner
+from .minibatch import (
     DEFAULT_STEP_EXPONENT,
     DEFAULT_STEP_OFFSET,
     batch_plan,
@@ -47,10 +48,9 @@ from mixle_parallel.executors.estimation.minibatch import (
     step_gains,
     stepwise_em,
 )
-from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
-from mixle_parallel.executors.estimation.placing import check_placement
-from mixle_parallel.executors.estimation.sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt
-from mixle_parallel.verification.ledger.chain import Ledger
+from .mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
+from .placement_check import check_placement
+from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt
 
 __all__ = ["STRAGGLER_MIN_EXCESS_S", "ChunkedEncodedData", "handle_from_runner"]
 
@@ -187,7 +187,7 @@ class ChunkedEncodedData:
         """``(estimator, model)`` bound to the handle's compute engine (unchanged for the numpy engine)."""
         if self.engine is None:
             return estimator, model
-        from mixle_parallel.executors.estimation.engines.torch_engine import bind
+        from .engines.torch_engine import bind
 
         return bind(estimator, model, self.engine)
 
@@ -477,7 +477,7 @@ class ChunkedEncodedData:
                 if self._owns_runner:
                     self.runner.close()
                 if self.engine is not None:
-                    from mixle_parallel.executors.estimation.engines.torch_engine import clear_device_cache
+                    from .engines.torch_engine import clear_device_cache
 
                     clear_device_cache()
 
@@ -548,6 +548,6 @@ def _engine_of(engine: Any, precision: Any, estimator: Any, model: Any) -> Engin
     choice = resolve_engine(engine, precision) if not isinstance(engine, EngineChoice) else engine
     if choice is None:
         return None
-    from mixle_parallel.executors.estimation.engines.torch_engine import check_engine
+    from .engines.torch_engine import check_engine
 
     return check_engine(choice, estimator, model)

@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.chunks import (
+from .chunks import (
     EncodedChunk,
     chunk_rng,
     combine_in_chunk_order,
     ordered_sum,
     seed_from,
 )
-from mixle_parallel.executors.estimation.models.combinators import _stacked_kernel
+from .models.combinators import _stacked_kernel
 
 __all__ = [
     "INIT_STRATEGIES",

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.contracts.errors import UnknownMemoryFootprintError
-from mixle_parallel.executors.estimation.mixle_decomposition import MIXLE_FAMILIES
-from mixle_parallel.executors.estimation.mixle_interop import MixleModel, as_estimator
-from mixle_parallel.executors.estimation.model_decomposition import decomposition_of, has_declared_decomposition
+from ...contracts.errors import UnknownMemoryFootprintError
+from .mixle_decomposition import MIXLE_FAMILIES
+from .mixle_interop import MixleModel, as_estimator
+from .model_decomposition import decomposition_of, has_declared_decomposition
 
 __all__ = ["UnknownMemoryFootprintError", "estimate_estimator_stat_nbytes", "estimate_model_nbytes"]
 

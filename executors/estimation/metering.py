@@ -21,9 +21,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.chunks import WorkerTask
-from mixle_parallel.executors.estimation.combine_order import apply_chunk_fn
-from mixle_parallel.executors.estimation.em_observability import RankRecord
+from .chunks import WorkerTask
+from .combine_order import apply_chunk_fn
+from .em_observability import RankRecord
 
 __all__ = ["IN_PROCESS_RUNNERS", "Metered", "MeteredFn", "MeteredRunner", "WorkMeta"]
 

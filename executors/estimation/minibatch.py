@@ -20,9 +20,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.chunks import chunk_initialize, combine_in_chunk_order, ordered_sum
-from mixle_parallel.executors.estimation.combine_order import fold_group
-from mixle_parallel.executors.estimation.initialization import initial_model
+from .chunks import chunk_initialize, combine_in_chunk_order, ordered_sum
+from .combine_order import fold_group
+from .initialization import initial_model
 
 __all__ = [
     "DEFAULT_STEP_EXPONENT",

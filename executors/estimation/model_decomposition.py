@@ -21,9 +21,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from mixle_parallel.contracts.resources import DeviceSpec, Resources
-from mixle_parallel.executors.estimation.mixle_decomposition import is_mixle_decomposition, view_mixle_node
-from mixle_parallel.executors.estimation.models import CompositeDistribution, MixtureDistribution
+from ...contracts.resources import DeviceSpec, Resources
+from .mixle_decomposition import is_mixle_decomposition, view_mixle_node
+from .models import CompositeDistribution, MixtureDistribution
 
 __all__ = [
     "AxisCandidate", "DecompAxis", "Decomposition", "ModelCut", "ModelDecomposition", "NodeSize", "ReductionOp",

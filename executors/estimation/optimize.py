@@ -10,10 +10,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.api import encoded_data, is_encoded_data_handle
-from mixle_parallel.executors.estimation.chunks import seed_from
-from mixle_parallel.executors.estimation.initialization import initial_model, resolve_init
-from mixle_parallel.executors.estimation.mixle_interop import (
+from .api import encoded_data, is_encoded_data_handle
+from .chunks import seed_from
+from .initialization import initial_model, resolve_init
+from .mixle_interop import (
     as_estimator,
     unwrap_mixle,
     wrap_mixle_model,

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from mixle_parallel.executors.estimation.chunks import chunk_bounds
+from .chunks import chunk_bounds
 
 __all__ = [
     "EM_PRECISIONS",

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.contracts.placement import ComponentShard, ModelShardingPlan, Placement, RowShard
-from mixle_parallel.contracts.resources import Resources
-from mixle_parallel.executors.estimation.chunks import DEFAULT_CHUNK_SIZE, chunk_bounds, resolve_encoder
+from ...contracts.placement import ComponentShard, ModelShardingPlan, Placement, RowShard
+from ...contracts.resources import Resources
+from .chunks import DEFAULT_CHUNK_SIZE, chunk_bounds, resolve_encoder
 
 __all__ = ["UnrealizedModelPlacementError", "auto_parallel_estimator", "model_sharding_plan", "plan"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mixle_parallel.executors.estimation.api import encoded_data
-from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
+from .api import encoded_data
+from .handle import ChunkedEncodedData
 
 __all__ = ["BuiltByEncodedData", "DaskEncodedData", "LocalEncodedData", "MPEncodedData", "SparkEncodedData"]
 

@@ -20,12 +20,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from mixle_parallel.contracts.estimation import canonical_statistic_bytes, statistic_digest
-from mixle_parallel.executors.estimation.chunks import GroupFold, chunk_estep
-from mixle_parallel.executors.estimation.combine_order import GroupStats, combine_groups, fold_group
-from mixle_parallel.executors.estimation.engines.resilient_mp import ResilientMPChunkRunner
-from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
-from mixle_parallel.executors.estimation.statistic_codec import statistic_from_bytes
+from ...contracts.estimation import canonical_statistic_bytes, statistic_digest
+from .chunks import GroupFold, chunk_estep
+from .combine_order import GroupStats, combine_groups, fold_group
+from .engines.resilient_mp import ResilientMPChunkRunner
+from .handle import ChunkedEncodedData
+from .statistic_codec import statistic_from_bytes
 
 __all__ = ["CHECKPOINT_KIND", "ResilientMPEncodedData", "checkpointed_fold"]
 

@@ -36,9 +36,12 @@ from typing import Any
 import attrs
 import numpy as np
 
-from mixle_parallel.contracts import SDCAuditRecord, StepReceipt
-from mixle_parallel.contracts.estimation import statistic_digest
-from mixle_parallel.executors.estimation.chunks import (
+from ...contracts import SDCAuditRecord, StepReceipt
+from ...contracts.estimation import statistic_digest
+from ...verification.sdc.em import ChunkAudit, EMAuditor
+from ...verification.sdc.inject import flip_bit
+from ...verification.sdc.schedule import DEFAULT_AUDIT_RATE, audit_uniform
+from .chunks import (
     ChunkResult,
     GroupFold,
     GroupStats,
@@ -50,10 +53,7 @@ from mixle_parallel.executors.estimation.chunks import (
     group_of,
     supports_worker_placement,
 )
-from mixle_parallel.executors.estimation.engines.support import block_assignment
-from mixle_parallel.verification.sdc.em import ChunkAudit, EMAuditor
-from mixle_parallel.verification.sdc.inject import flip_bit
-from mixle_parallel.verification.sdc.schedule import DEFAULT_AUDIT_RATE, audit_uniform
+from .engines.chunk_assignment import block_assignment
 
 __all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic"]
 

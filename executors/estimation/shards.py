@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mixle_parallel.contracts.placement import (
+from ...contracts.placement import (
     ModelShard,
     ModelShardingPlan,
     Placement,
     PlacementShard,
     RowShard,
 )
-from mixle_parallel.contracts.resources import DeviceSpec, Resources
-from mixle_parallel.executors.estimation.chunks import chunk_bounds
+from ...contracts.resources import DeviceSpec, Resources
+from .chunks import chunk_bounds
 
 __all__ = ["ModelShard", "PlacementShard", "model_shards", "placement_from_shards", "placement_shards"]
 

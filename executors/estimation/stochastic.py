@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mixle_parallel.executors.estimation.api import encoded_data, is_encoded_data_handle
-from mixle_parallel.executors.estimation.minibatch import (
+from .api import encoded_data, is_encoded_data_handle
+from .minibatch import (
     DEFAULT_STEP_EXPONENT,
     DEFAULT_STEP_OFFSET,
     StochasticFit,
@@ -23,7 +23,7 @@ from mixle_parallel.executors.estimation.minibatch import (
     step_gains,
     stepwise_em,
 )
-from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects
+from .mixle_interop import adapt_mixle_objects
 
 __all__ = ["StochasticFit", "minibatches", "scale_statistic", "stochastic_em"]
 

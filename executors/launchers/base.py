@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     MeshCoordinate,
     ParallelPlan,
     WorkerTopologyAttestation,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     BackendCapabilities,
     CapabilityError,
     MissingExtraError,
@@ -26,7 +26,7 @@ from mixle_parallel.contracts import (
     ParallelPlan,
     WorkerTopologyAttestation,
 )
-from mixle_parallel.executors.launchers.base import LaunchContext, bind_launched_rank, release_process_group
+from .base import LaunchContext, bind_launched_rank, release_process_group
 
 LAUNCHER = "lightning_fabric"
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from numbers import Real
 from typing import Any
 
-from mixle_parallel.contracts import MissingExtraError, ParallelPlan, WorkerTopologyAttestation
-from mixle_parallel.executors.launchers.base import bind_launched_rank, describe_attestations
+from ...contracts import MissingExtraError, ParallelPlan, WorkerTopologyAttestation
+from .base import bind_launched_rank, describe_attestations
 
 LAUNCHER = "ray_train"
 # the keys RayTrainLauncher.launch adds to a worker's config (mixle 0.8.2's names)

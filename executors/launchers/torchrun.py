@@ -16,8 +16,8 @@ import sys
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 
-from mixle_parallel.contracts import ParallelPlan, Resources
-from mixle_parallel.executors.launchers.base import LaunchContext, bind_launched_rank, release_process_group
+from ...contracts import ParallelPlan, Resources
+from .base import LaunchContext, bind_launched_rank, release_process_group
 
 LAUNCHER = "torchrun"
 _RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")

@@ -15,25 +15,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     BackendCapabilities,
     DistributedUpdate,
     ParallelAxis,
     ParallelPlan,
     attest_worker_coordinate,
 )
-from mixle_parallel.executors.megatron.cpu_compat import cpu_compat
-from mixle_parallel.executors.megatron.parallel_state import (
+from ...verification.admission import AdmissionDecision, require_admission
+from ..torch.comm_meter import CollectiveMeter
+from ..torch.health import SessionHealth, resolve_health
+from .cpu_compat import cpu_compat
+from .parallel_state import (
     check_layout,
     describe_megatron_updates,
     initialize_parallel_state,
     megatron_live_coordinate,
 )
-from mixle_parallel.executors.megatron.session import LossFn, MegatronSession
-from mixle_parallel.executors.megatron.stages import PipelineStage, stage_bounds, transport_shape
-from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
-from mixle_parallel.executors.torch.health import SessionHealth, resolve_health
-from mixle_parallel.verification.admission import AdmissionDecision, require_admission
+from .session import LossFn, MegatronSession
+from .stages import PipelineStage, stage_bounds, transport_shape
 
 BACKEND_NAME = "megatron"
 OPTIMIZERS = ("adam", "sgd")

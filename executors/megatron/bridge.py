@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from mixle_parallel.contracts import BackendCapabilities, MissingExtraError, ParallelAxis, ParallelPlan, StepReceipt
+from ...contracts import BackendCapabilities, MissingExtraError, ParallelAxis, ParallelPlan, StepReceipt
 
 BRIDGE_CAPABILITIES = BackendCapabilities(
     name="megatron_bridge",

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mixle_parallel.executors.megatron.stages import PipelineStage
+from .stages import PipelineStage
 
 
 def _module_sharded_state_dict(module: torch.nn.Module, prefix: str) -> dict[str, Any]:

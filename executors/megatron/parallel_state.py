@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     CapabilityError,
     CollectiveKind,
     DistributedUpdate,

@@ -17,7 +17,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     BackendCapabilities,
     MeshCoordinate,
     ParallelPlan,
@@ -25,10 +25,10 @@ from mixle_parallel.contracts import (
     TorchSessionState,
     WorkerTopologyAttestation,
 )
-from mixle_parallel.executors.megatron.checkpoint import load_stage, save_stage
-from mixle_parallel.executors.megatron.cpu_compat import cpu_compat
-from mixle_parallel.executors.megatron.stages import PipelineStage, transport_shape
-from mixle_parallel.executors.torch.health import SessionHealth
+from ..torch.health import SessionHealth
+from .checkpoint import load_stage, save_stage
+from .cpu_compat import cpu_compat
+from .stages import PipelineStage, transport_shape
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

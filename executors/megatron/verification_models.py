@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from mixle_parallel.contracts import ParallelPlan
-from mixle_parallel.executors.megatron.stages import DropBias
+from ...contracts import ParallelPlan
+from .stages import DropBias
 
 MOE_VERIFICATION_CONFIG = {"add_bias_linear": False, "moe_aux_loss_coeff": 0.0,
                            "moe_router_load_balancing_type": "none"}

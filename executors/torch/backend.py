@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     BackendCapabilities,
     CollectiveKind,
     DistributedUpdate,
@@ -19,23 +19,23 @@ from mixle_parallel.contracts import (
     PayloadKind,
     StateLayout,
 )
-from mixle_parallel.executors.torch.comm_taps import install_taps
-from mixle_parallel.executors.torch.dp_mode import DataParallelMode
-from mixle_parallel.executors.torch.health import SessionHealth, resolve_health
-from mixle_parallel.executors.torch.layouts import describe_parameter_layouts, unwrap
-from mixle_parallel.executors.torch.losses import lm_token_loss
-from mixle_parallel.executors.torch.mesh import (
+from ...verification.admission import AdmissionDecision, require_admission
+from ...verification.sdc.schedule import AUDIT_POLICIES, DEFAULT_AUDIT_RATE
+from .comm_taps import install_taps
+from .device_mesh import (
     axis_mesh,
     build_mesh,
     ensure_process_group,
     require_torch,
     resolve_device,
 )
-from mixle_parallel.executors.torch.parallelize import parallelize, resolve_tp_plan
-from mixle_parallel.executors.torch.sdc_audit import AUDIT_REPLAYS, audit_supported
-from mixle_parallel.executors.torch.session import TorchDistributedSession
-from mixle_parallel.verification.admission import AdmissionDecision, require_admission
-from mixle_parallel.verification.sdc.schedule import AUDIT_POLICIES, DEFAULT_AUDIT_RATE
+from .dp_mode import DataParallelMode
+from .health import SessionHealth, resolve_health
+from .layouts import describe_parameter_layouts, unwrap
+from .losses import lm_token_loss
+from .parallelize import parallelize, resolve_tp_plan
+from .sdc_audit import AUDIT_REPLAYS, audit_supported
+from .session import TorchDistributedSession
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

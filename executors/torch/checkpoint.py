@@ -55,7 +55,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from mixle_parallel.executors.torch.checkpoint_manifest import (
+from .checkpoint_manifest import (
     DCP_DIR,
     FORMAT,
     FORMAT_VERSION,
@@ -79,7 +79,7 @@ from mixle_parallel.executors.torch.checkpoint_manifest import (
     write_json_atomic,
     write_manifest,
 )
-from mixle_parallel.executors.torch.checkpoint_trust import (
+from .checkpoint_trust import (
     CHECKPOINT_TRUST_MODES,
     UntrustedCheckpointError,
     sign_generation,

@@ -21,15 +21,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mixle_parallel.contracts import CertificateEnvelope, ContractError, NotAdmittedError, from_dict, to_dict
-from mixle_parallel.executors.torch.checkpoint_manifest import (
+from ...contracts import CertificateEnvelope, ContractError, NotAdmittedError, from_dict, to_dict
+from ...verification.attestation import STATEMENT_TYPE, open_statement, sign_statement
+from ...verification.keys import TrustStore, TrustStoreError
+from .checkpoint_manifest import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
     CheckpointError,
     CorruptCheckpointError,
 )
-from mixle_parallel.verification.attestation import STATEMENT_TYPE, open_statement, sign_statement
-from mixle_parallel.verification.keys import TrustStore, TrustStoreError
 
 __all__ = ["CHECKPOINT_TRUST_MODES", "MANIFEST_TYPE", "SIGNATURE_NAME", "UntrustedCheckpointError",
            "sign_generation", "verify_generation"]

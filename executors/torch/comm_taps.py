@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
-from mixle_parallel.executors.torch.dp_mode import DataParallelMode
-from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
+from .comm_meter import CollectiveMeter
+from .dp_mode import DataParallelMode
+from .layouts import pre_wrap_fqn, unwrap
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor, Shard

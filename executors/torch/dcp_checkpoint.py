@@ -14,8 +14,8 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import ParallelPlan, from_dict, to_dict
-from mixle_parallel.executors.torch.checkpoint import (
+from ...contracts import ParallelPlan, from_dict, to_dict
+from .checkpoint import (
     CheckpointHandle,
     _from_json,
     _group,
@@ -23,7 +23,7 @@ from mixle_parallel.executors.torch.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from mixle_parallel.executors.torch.checkpoint_manifest import resolve
+from .checkpoint_manifest import resolve
 
 
 def _extra(scaler: Any, parallel_plan: Any, extra: dict[str, Any] | None) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from mixle_parallel.contracts import ParallelAxis, ParallelPlan
+from ...contracts import ParallelAxis, ParallelPlan
 
 A = ParallelAxis
 

@@ -23,21 +23,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from mixle_parallel.executors.torch.checkpoint import save_checkpoint
-from mixle_parallel.executors.torch.fault_tolerant import (
+from ...verification.health import TrainingHealthMonitor
+from .checkpoint import save_checkpoint
+from .fault_tolerant import (
     AsyncCheckpointHandle,
     LoaderState,
     _loader_doc,
     load_checkpoint_extra,
 )
-from mixle_parallel.executors.torch.simulated_rank import (
+from .simulated_rank import (
     LocalLoss,
     SimulatedRank,
     StepResult,
     check_index,
     check_positive_seconds,
 )
-from mixle_parallel.verification.health import TrainingHealthMonitor
 
 BatchForRank = Callable[[int, LoaderState], tuple[Any, Any]]
 

@@ -19,10 +19,10 @@ import attrs
 import numpy as np
 import torch
 
-from mixle_parallel.contracts._checks import non_negative_int, positive_int
-from mixle_parallel.executors.torch.checkpoint import CheckpointHandle, save_checkpoint
-from mixle_parallel.executors.torch.checkpoint import load_checkpoint as _load
-from mixle_parallel.executors.torch.dcp_checkpoint import load_training_metadata
+from ...contracts._checks import non_negative_int, positive_int
+from .checkpoint import CheckpointHandle, save_checkpoint
+from .checkpoint import load_checkpoint as _load
+from .dcp_checkpoint import load_training_metadata
 
 _LOADER_KIND = "mixle_parallel.LoaderState"
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from mixle_parallel.executors.torch.layouts import unwrap
+from .layouts import unwrap
 
 SHARDED_FEATURE_STYLES = frozenset({"colwise"})
 """tp_plan style names whose layer output is this rank's slice of the last dimension (the rest are whole)."""

@@ -7,7 +7,7 @@ from collections import defaultdict
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
-from mixle_parallel.executors.torch.layouts import shard_count
+from .layouts import shard_count
 
 
 @torch.no_grad()  # DTensor.to_local() outside autograd: a quarter of the cost per parameter

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mixle_parallel.executors.torch.heartbeat import Heartbeat
-from mixle_parallel.verification.health import Anomaly, ModelFlopConfig, TrainingHealthMonitor
+from ...verification.health import Anomaly, ModelFlopConfig, TrainingHealthMonitor
+from .heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 HEALTH_EXIT_CODE = 75  # EX_TEMPFAIL: an elastic agent (torchrun --max-restarts) restarts the job
@@ -91,7 +91,7 @@ def dense_flops_per_token(module: nn.Module) -> Callable[[int], float]:
     """FLOPs per token by sequence length: mixle CausalLM's 6N + attention, else 6N over non-embedding
     parameters (counted before any sharding)."""
     if all(hasattr(module, a) for a in ("n_layer", "n_head", "d_model")):
-        from mixle_parallel.verification.health import flop_config_from_causal_lm
+        from ...verification.health import flop_config_from_causal_lm
 
         cfg = flop_config_from_causal_lm(module, 1)
         return lambda seq: attrs.evolve(cfg, seq_len=max(seq, 1)).flops_per_token

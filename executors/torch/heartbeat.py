@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mixle_parallel.verification.health import Anomaly
+from ...verification.health import Anomaly
 
 PHASES = ("idle", "forward", "backward", "commit", "closed")
 WAITING_PHASES = frozenset({"backward", "commit"})

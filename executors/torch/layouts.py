@@ -10,7 +10,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from mixle_parallel.contracts import ParallelPlan, ParameterLayout, StateLayout
+from ...contracts import ParallelPlan, ParameterLayout, StateLayout
 
 _WRAPPER_PARTS = frozenset({"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"})
 

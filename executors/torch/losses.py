@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mixle_parallel.executors.torch.layouts import unwrap
+from .layouts import unwrap
 
 IGNORE_INDEX = -100
 _ALL_LOGITS_FLAG = "return_all_logits"

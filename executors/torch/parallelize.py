@@ -20,9 +20,9 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from mixle_parallel.contracts import ParallelAxis
-from mixle_parallel.executors.torch.dp_mode import DataParallelMode
-from mixle_parallel.executors.torch.mesh import require_axis_mesh
+from ...contracts import ParallelAxis
+from .device_mesh import require_axis_mesh
+from .dp_mode import DataParallelMode
 
 # tp_plan style names a user may write instead of a ParallelStyle object
 _STYLE_NAMES = ("colwise", "colwise_replicate", "rowwise", "sequence")

@@ -36,12 +36,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mixle_parallel.contracts import SDCAuditRecord, from_dict, to_dict
-from mixle_parallel.executors.torch.comm_taps import CommTap, fsdp_taps_supported
-from mixle_parallel.executors.torch.dp_mode import DataParallelMode
-from mixle_parallel.executors.torch.layouts import pre_wrap_fqn, unwrap
-from mixle_parallel.verification.sdc.digest import digest, max_abs_difference
-from mixle_parallel.verification.sdc.schedule import AUDIT_POLICIES, AuditSchedule, SDCDetectedError
+from ...contracts import SDCAuditRecord, from_dict, to_dict
+from ...verification.sdc.digest import digest, max_abs_difference
+from ...verification.sdc.schedule import AUDIT_POLICIES, AuditSchedule, SDCDetectedError
+from .comm_taps import CommTap, fsdp_taps_supported
+from .dp_mode import DataParallelMode
+from .layouts import pre_wrap_fqn, unwrap
 
 AUDIT_REPLAYS = ("peer", "both")
 """``peer``: a peer recomputes each audited gradient, same-rank replays run on a disagreement or

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     SCHEMA_VERSION,
     BackendCapabilities,
     ParallelAxis,
@@ -24,15 +24,15 @@ from mixle_parallel.contracts import (
     from_dict,
     to_dict,
 )
-from mixle_parallel.executors.torch.checkpoint import load_checkpoint, save_checkpoint
-from mixle_parallel.executors.torch.comm_meter import CollectiveMeter
-from mixle_parallel.executors.torch.comm_taps import CommTap
-from mixle_parallel.executors.torch.dp_mode import DataParallelMode
-from mixle_parallel.executors.torch.grads import local_grads, scale_grads, weighted_square_sum
-from mixle_parallel.executors.torch.health import SessionHealth
-from mixle_parallel.executors.torch.sdc_audit import SessionAudit, trainable
-from mixle_parallel.executors.torch.window_counts import WindowCounts
-from mixle_parallel.verification.sdc.schedule import SDCDetectedError
+from ...verification.sdc.schedule import SDCDetectedError
+from .checkpoint import load_checkpoint, save_checkpoint
+from .comm_meter import CollectiveMeter
+from .comm_taps import CommTap
+from .dp_mode import DataParallelMode
+from .grads import local_grads, scale_grads, weighted_square_sum
+from .health import SessionHealth
+from .sdc_audit import SessionAudit, trainable
+from .window_counts import WindowCounts
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule

@@ -22,11 +22,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mixle_parallel.contracts import ParallelPlan, StepReceipt
-from mixle_parallel.executors.torch.backend import TorchDistributedBackend
-from mixle_parallel.executors.torch.layouts import unwrap
-from mixle_parallel.executors.torch.losses import IGNORE_INDEX
-from mixle_parallel.executors.torch.token_windows import (
+from ...contracts import ParallelPlan, StepReceipt
+from .backend import TorchDistributedBackend
+from .layouts import unwrap
+from .losses import IGNORE_INDEX
+from .token_windows import (
     exact_bool,
     exact_int,
     padded_batch,

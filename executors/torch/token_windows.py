@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 import torch
 
-from mixle_parallel.executors.torch.losses import IGNORE_INDEX
+from .losses import IGNORE_INDEX
 
 __all__ = ["WindowSchedule", "padded_batch", "rank_window_schedule", "shard_bounds", "validate_token_ids",
            "window_batches"]

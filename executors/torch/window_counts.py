@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mixle_parallel.executors.torch.comm_taps import CommTap
+from .comm_taps import CommTap
 
 
 class WindowCounts:

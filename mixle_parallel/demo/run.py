@@ -23,7 +23,7 @@ from rich.table import Table
 
 from mixle_parallel.contracts import ParallelPlan
 
-TORCH_SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
+TORCH_SPEC = "mixle_parallel.executors.torch.harness_adapter:VerifiableTorchNative"
 TRAIN_PLAN = ParallelPlan(dp_shard=2, tp=2)
 EM_WORKERS = 2
 TRAIN_TIMEOUT_S = 900.0
@@ -144,7 +144,7 @@ def run_demo(argv: Sequence[str], console: Console) -> int:
 def _run(args: argparse.Namespace, console: Console) -> int:
     """The four phases and the summary (see the module docstring)."""
     from mixle_parallel.demo.train import demo_workload
-    from mixle_parallel.executors.estimation.verifiable import VerifiableEncodedData
+    from mixle_parallel.executors.estimation.harness_adapter import VerifiableEncodedData
     from mixle_parallel.verification import verify_ledger
 
     out = Path(args.out).resolve()

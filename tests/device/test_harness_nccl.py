@@ -24,6 +24,6 @@ def test_torch_native_verifies_on_an_nccl_mesh() -> None:
     from mixle_parallel.verification.harness.mesh import process_group_backend
 
     assert "nccl" in process_group_backend(2)
-    report = verify("mixle_parallel.executors.torch.verifiable:VerifiableTorchNative", ParallelPlan(dp_shard=2),
+    report = verify("mixle_parallel.executors.torch.harness_adapter:VerifiableTorchNative", ParallelPlan(dp_shard=2),
                     precision="fp32", workload="mlp")
     assert report.passed, report.summary()

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("lightning")
 pytest.importorskip("mixle.models.transformer")
 SCRIPT = pathlib.Path(__file__).with_name("mixle_style_train.py")
-SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
+SPEC = "mixle_parallel.executors.torch.harness_adapter:VerifiableTorchNative"
 _DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 

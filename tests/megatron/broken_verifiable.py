@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from mixle_parallel.contracts import ParallelPlan
-from mixle_parallel.executors.megatron.verifiable import VerifiableMegatron
+from mixle_parallel.executors.megatron.harness_adapter import VerifiableMegatron
 from mixle_parallel.executors.megatron.verification_models import MegatronModel
 
 

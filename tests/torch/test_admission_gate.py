@@ -16,7 +16,7 @@ from mixle_parallel.verification import verify
 from mixle_parallel.verification.admission import save_certificate
 from tests.torch._models import make_model
 
-SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
+SPEC = "mixle_parallel.executors.torch.harness_adapter:VerifiableTorchNative"
 NO_LAUNCHER = "torchrun --nproc-per-node"
 
 

@@ -60,7 +60,7 @@ def test_multi_rank_plan_without_launcher_names_torchrun(monkeypatch: pytest.Mon
 
 
 def test_torch_version_gate_names_the_installed_version() -> None:
-    from mixle_parallel.executors.torch.mesh import require_torch
+    from mixle_parallel.executors.torch.device_mesh import require_torch
 
     with pytest.raises(RuntimeError, match=r"torch>=2.6.*torch 2.5.1 is installed"):
         require_torch("2.5.1")

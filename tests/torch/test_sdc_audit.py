@@ -16,7 +16,7 @@ from tests.torch._audit_scenarios import BOTH_STEPS
 from tests.torch._world import run_world
 
 pytestmark = pytest.mark.slow
-SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
+SPEC = "mixle_parallel.executors.torch.harness_adapter:VerifiableTorchNative"
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 from mixle_parallel.contracts import CollectiveKind, DistributedUpdate, ParallelPlan, PayloadKind, StateLayout
 from mixle_parallel.verification.harness.attribution import attribute, unwitnessed_reason
 from mixle_parallel.verification.harness.phases import PhaseTracker
-from mixle_parallel.verification.harness.receipts import judge_receipts
+from mixle_parallel.verification.harness.receipt_check import judge_receipts
 
 PLAN = ParallelPlan(dp_shard=2)
 GRAD = DistributedUpdate("grad:dp_shard", PayloadKind.GRADIENT, CollectiveKind.REDUCE_SCATTER, ("dp_shard",),

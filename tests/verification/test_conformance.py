@@ -74,7 +74,7 @@ def test_pytest_plugin_runs_the_suite(pytester):
 def test_verify_and_certify_commands(tmp_path, capsys):
     from mixle_parallel.verification.admission import load_certificate
     from mixle_parallel.verification.attestation import open_envelope
-    from mixle_parallel.verification.cli import main_certify, main_keys, main_verify
+    from mixle_parallel.verification.cli_commands import main_certify, main_keys, main_verify
 
     spec = f"{TOYS}:ToyEMExecutor"
     common = ["--backend", spec, "--plan", "dp_replicate=2", "--precision", "fp64", "--workload", "gaussian_mixture"]
@@ -131,7 +131,7 @@ def test_prepare_must_refuse_unclaimed_axes_before_any_process_group(mode, passe
 
 def test_torch_native_prepare_refuses_pp_and_a_junit_report_is_written(tmp_path, capsys):
     report = tmp_path / "conformance.xml"
-    code = main_conformance(["--backend", "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative",
+    code = main_conformance(["--backend", "mixle_parallel.executors.torch.harness_adapter:VerifiableTorchNative",
                              "--skip-harness", "--junit-xml", str(report)])
     out = capsys.readouterr().out
     assert code == 0, out

@@ -10,7 +10,7 @@ from mixle_parallel.verification.conformance.suite import main_conformance
 from mixle_parallel.verification.harness.run import verify
 from tests.verification.vhelpers import admits
 
-SPEC = "mixle_parallel.executors.torch.verifiable:VerifiableTorchNative"
+SPEC = "mixle_parallel.executors.torch.harness_adapter:VerifiableTorchNative"
 
 
 def test_torch_native_fsdp_is_verified_and_certified():

@@ -114,7 +114,7 @@ class _WrapsTorchNative:
     verification_launch = "gloo"
 
     def __init__(self) -> None:
-        from mixle_parallel.executors.torch.verifiable import VerifiableTorchNative
+        from mixle_parallel.executors.torch.harness_adapter import VerifiableTorchNative
 
         self._inner = VerifiableTorchNative()
         self.capabilities, self.version = self._inner.capabilities, self._inner.version
@@ -138,7 +138,7 @@ class _PatchedTPTrial:
         from torch.distributed.tensor import Partial
         from torch.distributed.tensor.parallel import RowwiseParallel
 
-        from mixle_parallel.executors.torch.verifiable import TorchNativeTrial
+        from mixle_parallel.executors.torch.harness_adapter import TorchNativeTrial
 
         broken = {path: RowwiseParallel(output_layouts=Partial()) if style == "rowwise" else style
                   for path, style in workload.tp_plan().items()}

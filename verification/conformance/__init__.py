@@ -4,7 +4,7 @@
 (entry point ``pytest11``) and ``checks`` the test module it collects.
 """
 
-from mixle_parallel.verification.conformance.suite import (
+from .suite import (
     CHECKS,
     ConformanceFailure,
     main_conformance,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mixle_parallel.verification.conformance import suite as conformance
+from . import suite as conformance
 
 
 @pytest.mark.parametrize("check", [c for c in conformance.CHECKS if c not in conformance.HARNESS_CHECKS],

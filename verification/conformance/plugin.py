@@ -43,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def mixle_conformance(request: pytest.FixtureRequest) -> Any:
     """The shared ConformanceContext for the backend named by --mixle-backend."""
-    from mixle_parallel.verification.conformance.suite import ConformanceContext, parse_plan
+    from .suite import ConformanceContext, parse_plan
 
     spec = request.config.getoption("mixle_backend")
     if not spec:

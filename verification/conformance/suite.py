@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     PHYSICAL_AXES,
     BackendCapabilities,
     CapabilityError,
@@ -28,10 +28,10 @@ from mixle_parallel.contracts import (
     from_json,
     to_json,
 )
-from mixle_parallel.verification.admission import require_admission
-from mixle_parallel.verification.harness.run import verify
-from mixle_parallel.verification.harness.worker import resolve_executor
-from mixle_parallel.verification.keys import TrustStore
+from ..admission import require_admission
+from ..harness.run import verify
+from ..harness.worker import resolve_executor
+from ..keys import TrustStore
 
 
 class ConformanceFailure(AssertionError):
@@ -195,7 +195,7 @@ def check_verifiable(ctx: ConformanceContext) -> str:
     backend = ctx.executor()
     if not isinstance(backend, VerifiableExecutor):
         raise ConformanceFailure("the backend has no open_trial(workload, plan, *, precision, seed, rank, "
-                                 "world_size); see contracts/verifiable.py")
+                                 "world_size); see contracts/harness_protocol.py")
     launch = getattr(backend, "verification_launch", "gloo")
     if launch not in ("gloo", "self"):
         raise ConformanceFailure(f"verification_launch={launch!r}; expected 'gloo' or 'self'")
@@ -331,7 +331,7 @@ def main_conformance(argv: Sequence[str] | None = None) -> int:
     if args.junit_xml:
         from pathlib import Path
 
-        from mixle_parallel.verification.conformance.junit import junit_xml
+        from .junit import junit_xml
 
         Path(args.junit_xml).write_text(junit_xml(results, backend=args.backend), encoding="utf-8")
     failed = [r.name for r in results if not r.passed]

@@ -5,10 +5,10 @@ process-world spawner, ``tolerance`` the error bounds, ``collectives`` the trace
 ``workloads`` the built-in seeded workloads.
 """
 
-from mixle_parallel.verification.harness.mesh import MeshError, run_on_gloo_mesh
-from mixle_parallel.verification.harness.run import VerificationReport, verify
-from mixle_parallel.verification.harness.tolerance import compare, default_tolerance, tolerance_policy
-from mixle_parallel.verification.harness.workloads import (
+from .mesh import MeshError, run_on_gloo_mesh
+from .run import VerificationReport, verify
+from .tolerance import compare, default_tolerance, tolerance_policy
+from .workloads import (
     BUILTIN_WORKLOADS,
     GaussianMixtureWorkload,
     MLPWorkload,

@@ -22,8 +22,8 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import CollectiveKind, DistributedUpdate, ObservedCollective, ParallelPlan, PayloadKind
-from mixle_parallel.verification.harness.collectives import (
+from ...contracts import CollectiveKind, DistributedUpdate, ObservedCollective, ParallelPlan, PayloadKind
+from .collectives import (
     axes_of_group,
     axis_aliases,
     collective_kind,

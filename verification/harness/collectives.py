@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     PHYSICAL_AXES,
     CollectiveKind,
     ObservedCollective,

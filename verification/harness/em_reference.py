@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixle_parallel.contracts import Tolerance
+from ...contracts import Tolerance
 
 __all__ = ["EM_OBSERVABLE_KEYS", "EM_REFERENCE_TOLERANCE", "MIN_VARIANCE", "gaussian_mixture_reference"]
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     CollectiveKind,
     DistributedUpdate,
     NumericsEvidence,
@@ -38,16 +38,16 @@ from mixle_parallel.contracts import (
     ParallelPlan,
     Tolerance,
 )
-from mixle_parallel.verification.certification import CertificationError, certify
-from mixle_parallel.verification.harness.attribution import Attribution, allowed_phases, attribute, unwitnessed_reason
-from mixle_parallel.verification.harness.collectives import realign, realized_kinds, summarize
-from mixle_parallel.verification.harness.mesh import DEFAULT_TIMEOUT_S, mesh_kind, run_on_gloo_mesh
-from mixle_parallel.verification.harness.receipts import judge_receipts
-from mixle_parallel.verification.harness.tolerance import EM_STATISTICS_TOLERANCE as _BITWISE
-from mixle_parallel.verification.harness.tolerance import MIXED_SCALED, compare, default_tolerance
-from mixle_parallel.verification.harness.worker import gloo_rank_main, resolve_executor, run_trials
-from mixle_parallel.verification.harness.workloads import resolve_workload
-from mixle_parallel.verification.sdc.digest import digest
+from ..certification import CertificationError, certify
+from ..sdc.digest import digest
+from .attribution import Attribution, allowed_phases, attribute, unwitnessed_reason
+from .collectives import realign, realized_kinds, summarize
+from .mesh import DEFAULT_TIMEOUT_S, mesh_kind, run_on_gloo_mesh
+from .receipt_check import judge_receipts
+from .tolerance import EM_STATISTICS_TOLERANCE as _BITWISE
+from .tolerance import MIXED_SCALED, compare, default_tolerance
+from .worker import gloo_rank_main, resolve_executor, run_trials
+from .workloads import resolve_workload
 
 _FLOAT_MAX = sys.float_info.max
 

@@ -16,8 +16,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from mixle_parallel.contracts import KNOWN_PRECISIONS, Tolerance
-from mixle_parallel.verification.harness.em_reference import EM_REFERENCE_TOLERANCE
+from ...contracts import KNOWN_PRECISIONS, Tolerance
+from .em_reference import EM_REFERENCE_TOLERANCE
 
 TORCH_TESTING_SOURCE = (
     "torch.testing.assert_close default for {dtype} (PyTorch docs, torch.testing: "

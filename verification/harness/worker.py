@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.contracts import ParallelPlan
-from mixle_parallel.verification.capability import claim_harness_capability, harness_admitted
-from mixle_parallel.verification.harness.collectives import FlightRecorderTrace, last_record_id, point_to_point_trace
-from mixle_parallel.verification.harness.mesh import fresh_process_group
-from mixle_parallel.verification.harness.phases import PhaseTracker
-from mixle_parallel.verification.harness.receipts import receipt_summary
+from ...contracts import ParallelPlan
+from ..capability import claim_harness_capability, harness_admitted
+from .collectives import FlightRecorderTrace, last_record_id, point_to_point_trace
+from .mesh import fresh_process_group
+from .phases import PhaseTracker
+from .receipt_check import receipt_summary
 
 _HARNESS = claim_harness_capability("mixle_parallel.verification.harness")
 """The harness's capability: ``run_trials`` enters it so the gate admits the trials (mode ``verifying``)."""

@@ -17,10 +17,10 @@ from typing import Any
 import attrs
 import numpy as np
 
-from mixle_parallel.contracts import ParallelPlan
-from mixle_parallel.verification.harness.em_reference import gaussian_mixture_reference
-from mixle_parallel.verification.harness.moe_module import build_tiny_moe
-from mixle_parallel.verification.harness.worker import to_numpy
+from ...contracts import ParallelPlan
+from .em_reference import gaussian_mixture_reference
+from .moe_module import build_tiny_moe
+from .worker import to_numpy
 
 TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """Precision name -> torch dtype name used by the workloads."""

@@ -3,14 +3,14 @@
 Pure (numpy, no torch): torch_native and megatron sessions feed it from their commits.
 """
 
-from mixle_parallel.verification.health.baseline import RollingBaseline
-from mixle_parallel.verification.health.flops import (
+from .baseline import RollingBaseline
+from .flops import (
     MFUSample,
     ModelFlopConfig,
     flop_config_from_causal_lm,
     theoretical_flops_per_iter,
 )
-from mixle_parallel.verification.health.monitor import ANOMALY_KINDS, Anomaly, StepRecord, TrainingHealthMonitor
+from .monitor import ANOMALY_KINDS, Anomaly, StepRecord, TrainingHealthMonitor
 
 __all__ = [
     "ANOMALY_KINDS", "Anomaly", "MFUSample", "ModelFlopConfig", "RollingBaseline", "StepRecord",

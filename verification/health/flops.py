@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts._checks import non_negative_int, positive_int
+from ...contracts._checks import non_negative_int, positive_int
 
 
 def _positive_finite(_: Any, attribute: attrs.Attribute, value: Any) -> None:

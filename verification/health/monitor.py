@@ -16,8 +16,8 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.verification.health.baseline import RollingBaseline
-from mixle_parallel.verification.health.flops import MFUSample, ModelFlopConfig
+from .baseline import RollingBaseline
+from .flops import MFUSample, ModelFlopConfig
 
 ANOMALY_KINDS = frozenset({
     "nan_inf_loss", "nan_inf_grad", "loss_spike", "grad_norm_spike", "loss_plateau", "restart_discontinuity",

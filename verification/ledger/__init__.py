@@ -5,9 +5,9 @@
 (``mixle-parallel audit LEDGER [--since HEAD]``).
 """
 
-from mixle_parallel.verification.ledger.chain import Ledger, LedgerEntry, LedgerError, read_ledger, truncate_torn_tail
-from mixle_parallel.verification.ledger.seal import LEDGER_HEAD_TYPE, head_path, read_head
-from mixle_parallel.verification.ledger.verify import LedgerFault, LedgerReport, main_audit, verify_ledger
+from .chain import Ledger, LedgerEntry, LedgerError, read_ledger, truncate_torn_tail
+from .seal import LEDGER_HEAD_TYPE, head_path, read_head
+from .verify import LedgerFault, LedgerReport, main_audit, verify_ledger
 
 __all__ = [
     "LEDGER_HEAD_TYPE", "Ledger", "LedgerEntry", "LedgerError", "LedgerFault", "LedgerReport", "head_path",

@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     AdmissionCertificate,
     CertificateEnvelope,
     ParallelPlan,
@@ -39,10 +39,10 @@ from mixle_parallel.contracts import (
     StepReceipt,
     to_dict,
 )
-from mixle_parallel.contracts.frozen_mapping import FrozenDict, to_frozen_dict
-from mixle_parallel.verification.attestation import read_unverified
-from mixle_parallel.verification.keys import TrustStore
-from mixle_parallel.verification.ledger.seal import sign_head, write_head
+from ...contracts.frozen_mapping import FrozenDict, to_frozen_dict
+from ..attestation import read_unverified
+from ..keys import TrustStore
+from .seal import sign_head, write_head
 
 GENESIS = "sha256:" + "0" * 64
 """The ``prev`` of a ledger's first entry."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from securesystemslib.signer import Signer
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     CertificateEnvelope,
     ContractError,
     FrozenDict,
@@ -27,8 +27,8 @@ from mixle_parallel.contracts import (
     from_dict,
     to_dict,
 )
-from mixle_parallel.verification.attestation import STATEMENT_TYPE, open_statement, sign_statement
-from mixle_parallel.verification.keys import TrustStore
+from ..attestation import STATEMENT_TYPE, open_statement, sign_statement
+from ..keys import TrustStore
 
 __all__ = ["LEDGER_HEAD_TYPE", "check_head", "check_seal", "head_path", "read_head", "sign_head", "write_head"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     AdmissionCertificate,
     CertificateEnvelope,
     ContractError,
@@ -24,9 +24,9 @@ from mixle_parallel.contracts import (
     StepReceipt,
     from_dict,
 )
-from mixle_parallel.verification.attestation import read_unverified
-from mixle_parallel.verification.keys import KEY_ENV, TrustStore, load_key
-from mixle_parallel.verification.ledger.chain import (
+from ..attestation import read_unverified
+from ..keys import KEY_ENV, TrustStore, load_key
+from .chain import (
     ENTRY_KINDS,
     GENESIS,
     UNVERIFIED,
@@ -34,7 +34,7 @@ from mixle_parallel.verification.ledger.chain import (
     entry_hash,
     read_ledger,
 )
-from mixle_parallel.verification.ledger.seal import check_head, check_seal, head_path
+from .seal import check_head, check_seal, head_path
 
 
 @attrs.frozen

@@ -5,16 +5,16 @@ purpose to prove detection, ``training`` audits training steps, ``em`` audits EM
 The ``digest`` function is not re-exported here, so ``sdc.digest`` stays the module.
 """
 
-from mixle_parallel.verification.sdc.em import ChunkAudit, EMAuditor, audited_fold
-from mixle_parallel.verification.sdc.inject import BitFlip, FaultInjector, flip_bit
-from mixle_parallel.verification.sdc.schedule import (
+from .em import ChunkAudit, EMAuditor, audited_fold
+from .inject import BitFlip, FaultInjector, flip_bit
+from .schedule import (
     AUDIT_POLICIES,
     DEFAULT_AUDIT_RATE,
     AuditSchedule,
     SDCDetectedError,
     audit_uniform,
 )
-from mixle_parallel.verification.sdc.training import AuditVerdict, TrainingAuditor
+from .training import AuditVerdict, TrainingAuditor
 
 __all__ = [
     "AUDIT_POLICIES", "AuditSchedule", "AuditVerdict", "BitFlip", "ChunkAudit", "DEFAULT_AUDIT_RATE",

@@ -17,9 +17,9 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import SDCAuditRecord
-from mixle_parallel.verification.sdc.digest import digest
-from mixle_parallel.verification.sdc.schedule import DEFAULT_AUDIT_RATE, SDCDetectedError, audit_uniform
+from ...contracts import SDCAuditRecord
+from .digest import digest
+from .schedule import DEFAULT_AUDIT_RATE, SDCDetectedError, audit_uniform
 
 EM_POLICIES = ("quarantine", "raise", "warn")
 """What an EM audit does on a mismatch: quarantine the faulty worker, raise, or only record."""

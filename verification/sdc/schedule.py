@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from mixle_parallel.contracts import SDCAuditRecord
+from ...contracts import SDCAuditRecord
 
 AUDIT_POLICIES = ("warn", "raise", "skip_step")
 """What a training audit does on a mismatch."""

@@ -24,9 +24,9 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts import SDCAuditRecord
-from mixle_parallel.verification.sdc.digest import digest, max_abs_difference
-from mixle_parallel.verification.sdc.schedule import (
+from ...contracts import SDCAuditRecord
+from .digest import digest, max_abs_difference
+from .schedule import (
     AUDIT_POLICIES,
     AuditSchedule,
     SDCDetectedError,

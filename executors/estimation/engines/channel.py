@@ -38,10 +38,10 @@ from collections.abc import Callable, Sequence
 from multiprocessing import AuthenticationError, connection
 from typing import Any
 
-from mixle_parallel.contracts.errors import MissingExtraError
-from mixle_parallel.executors.estimation.combine_order import apply_chunk_fn
-from mixle_parallel.executors.estimation.engines.support import yield_on_wakeup
-from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes
+from ....contracts.errors import MissingExtraError
+from ..combine_order import apply_chunk_fn
+from .wire_bytes import WireBytes
+from .worker_process import yield_on_wakeup
 
 __all__ = [
     "HANDSHAKE_TIMEOUT_S", "ChannelAuthenticationError", "ChannelClient", "ChannelOffer", "ChannelServer", "answer",
@@ -185,7 +185,7 @@ class ChannelServer:
             return
         _no_delay(conn)
         if self._batch:
-            yield_on_wakeup()  # this thread computes: do not preempt the driver when woken (see engines.support)
+            yield_on_wakeup()  # this thread computes: do not preempt the driver when woken (see engines.worker_process)
         with conn:
             while True:
                 try:

@@ -30,39 +30,37 @@ import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mixle_parallel.contracts.resources import local_cpu_count
-from mixle_parallel.executors.estimation.chunks import (
+from ....contracts.resources import local_cpu_count
+from ..chunks import (
     WorkerLostError,
     WorkerTask,
     WorkerTimeoutError,
     WorkerUnavailableError,
     check_tasks,
 )
-from mixle_parallel.executors.estimation.engines.channel import ChannelClient, ChannelOffer, collect_replies
-from mixle_parallel.executors.estimation.engines.dask_channel import ACTOR_START_S, POLL_S, DirectPasses, channel_host
-from mixle_parallel.executors.estimation.engines.dask_holder import (
+from ..handle import handle_from_runner
+from ..options import EncodedDataOptions
+from .channel import ChannelClient, ChannelOffer, collect_replies
+from .chunk_assignment import (
+    block_assignment,
+    ordered_results,
+    requested_ids,
+)
+from .dask_channel import ACTOR_START_S, POLL_S, DirectPasses, channel_host
+from .dask_holder import (
     DaskChunkHolder,
     dask_config_for_em,
     pack_for_holder,
     work_for_holder,
 )
-from mixle_parallel.executors.estimation.engines.dask_tasks import (
+from .dask_tasks import (
     DaskTaskRunner,
     is_task_only_client,
     scheduler_workers,
 )
-from mixle_parallel.executors.estimation.engines.support import (
-    DEFAULT_TIMEOUT_S,
-    Deadline,
-    block_assignment,
-    check_timeout,
-    ordered_results,
-    requested_ids,
-    require_engine,
-)
-from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes
-from mixle_parallel.executors.estimation.handle import handle_from_runner
-from mixle_parallel.executors.estimation.options import EncodedDataOptions
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
+from .optional_engine import require_engine
+from .wire_bytes import WireBytes
 
 __all__ = ["DaskChunkHolder", "DaskRunner", "DaskTaskRunner", "channel_host", "dask_config_for_em", "dask_encoded_data"]
 
@@ -113,7 +111,7 @@ class DaskRunner(DirectPasses):
         self._cluster = None
         self._owns_client = client is None
         if client is None:
-            from mixle_parallel.contracts.resources import local_cpu_count
+            from ....contracts.resources import local_cpu_count
 
             n = local_cpu_count() if num_workers is None else int(num_workers)
             if n < 1:

@@ -14,10 +14,11 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError
-from mixle_parallel.executors.estimation.engines.channel import ChannelClient, ChannelOffer, wait_channels
-from mixle_parallel.executors.estimation.engines.support import Deadline, ordered_results
-from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes
+from ..chunks import WorkerTimeoutError
+from .channel import ChannelClient, ChannelOffer, wait_channels
+from .chunk_assignment import ordered_results
+from .deadline import Deadline
+from .wire_bytes import WireBytes
 
 __all__ = ["ACTOR_START_S", "POLL_S", "DirectPasses", "channel_host"]
 

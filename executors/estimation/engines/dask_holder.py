@@ -12,8 +12,8 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
-from mixle_parallel.executors.estimation.engines.channel import ChannelServer, answer, holder_key
-from mixle_parallel.executors.estimation.engines.support import prepare_worker, yield_on_wakeup
+from .channel import ChannelServer, answer, holder_key
+from .worker_process import prepare_worker, yield_on_wakeup
 
 __all__ = ["DaskChunkHolder", "dask_config_for_em", "pack_for_holder", "work_for_holder"]
 

@@ -17,13 +17,13 @@ import operator
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from mixle_parallel.executors.estimation.api import encoded_data
-from mixle_parallel.executors.estimation.chunks import count_rows
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
-from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
-from mixle_parallel.executors.estimation.minibatch import minibatch_spec
-from mixle_parallel.executors.estimation.options import EncodedDataOptions
-from mixle_parallel.executors.estimation.reference_handles import BuiltByEncodedData
+from ..api import encoded_data
+from ..chunks import count_rows
+from ..handle import ChunkedEncodedData, handle_from_runner
+from ..minibatch import minibatch_spec
+from ..options import EncodedDataOptions
+from ..reference_handles import BuiltByEncodedData
+from .local import LocalChunkRunner
 
 __all__ = ["LightningEncodedData", "lightning_encoded_data"]
 

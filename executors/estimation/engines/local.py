@@ -6,11 +6,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mixle_parallel.contracts.resources import local_cpu_count
-from mixle_parallel.executors.estimation.chunks import WorkerTask, apply_chunk_fn, check_tasks
-from mixle_parallel.executors.estimation.engines.support import block_assignment, place_blocks
-from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
-from mixle_parallel.executors.estimation.options import EncodedDataOptions
+from ....contracts.resources import local_cpu_count
+from ..chunks import WorkerTask, apply_chunk_fn, check_tasks
+from ..handle import ChunkedEncodedData, handle_from_runner
+from ..options import EncodedDataOptions
+from .chunk_assignment import block_assignment, place_blocks
 
 __all__ = ["LocalChunkRunner", "local_backend"]
 

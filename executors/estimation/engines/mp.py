@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.contracts.resources import local_cpu_count
-from mixle_parallel.executors.estimation.chunks import (
+from ....contracts.resources import local_cpu_count
+from ..chunks import (
     EncodedChunk,
     WorkerLostError,
     WorkerTask,
@@ -32,14 +32,10 @@ from mixle_parallel.executors.estimation.chunks import (
     apply_chunk_fn,
     check_tasks,
 )
-from mixle_parallel.executors.estimation.engines.support import (
-    block_assignment,
-    keep_freed_memory,
-    place_blocks,
-    yield_on_wakeup,
-)
-from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
-from mixle_parallel.executors.estimation.options import EncodedDataOptions
+from ..handle import ChunkedEncodedData, handle_from_runner
+from ..options import EncodedDataOptions
+from .chunk_assignment import block_assignment, place_blocks
+from .worker_process import keep_freed_memory, yield_on_wakeup
 
 __all__ = ["BLAS_THREAD_VARIABLES", "MPChunkRunner", "WorkerTaskError", "mp_backend"]
 

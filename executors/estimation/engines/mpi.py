@@ -24,21 +24,19 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mixle_parallel.executors.estimation.api import encoded_data
-from mixle_parallel.executors.estimation.chunks import EncodedChunk, WorkerTimeoutError, apply_chunk_fn, resolve_encoder
-from mixle_parallel.executors.estimation.engines.support import (
-    DEFAULT_TIMEOUT_S,
-    Deadline,
+from ..api import encoded_data
+from ..chunks import EncodedChunk, WorkerTimeoutError, apply_chunk_fn, resolve_encoder
+from ..handle import ChunkedEncodedData
+from ..options import EncodedDataOptions
+from ..reference_handles import BuiltByEncodedData
+from .chunk_assignment import (
     block_assignment,
-    check_timeout,
     ordered_results,
     requested_ids,
-    require_engine,
 )
-from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes, dumps
-from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
-from mixle_parallel.executors.estimation.options import EncodedDataOptions
-from mixle_parallel.executors.estimation.reference_handles import BuiltByEncodedData
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
+from .optional_engine import require_engine
+from .wire_bytes import WireBytes, dumps
 
 __all__ = ["MPIChunkError", "MPIEncodedData", "MPIRunner", "mpi_encoded_data", "mpi_out"]
 

@@ -22,8 +22,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mixle_parallel.contracts.resources import local_cpu_count
-from mixle_parallel.executors.estimation.chunks import (
+from ....contracts.resources import local_cpu_count
+from ..chunks import (
     WorkerLostError,
     WorkerTask,
     WorkerTimeoutError,
@@ -31,7 +31,9 @@ from mixle_parallel.executors.estimation.chunks import (
     apply_chunk_fn,
     check_tasks,
 )
-from mixle_parallel.executors.estimation.engines.channel import (
+from ..handle import ChunkedEncodedData, handle_from_runner
+from ..options import EncodedDataOptions
+from .channel import (
     ChannelClient,
     ChannelOffer,
     ChannelServer,
@@ -39,20 +41,16 @@ from mixle_parallel.executors.estimation.engines.channel import (
     holder_key,
     wait_channels,
 )
-from mixle_parallel.executors.estimation.engines.ray_tasks import RayTaskRunner, has_cluster_view
-from mixle_parallel.executors.estimation.engines.support import (
-    DEFAULT_TIMEOUT_S,
-    Deadline,
+from .chunk_assignment import (
     block_assignment,
-    check_timeout,
     ordered_results,
-    prepare_worker,
     requested_ids,
-    require_engine,
 )
-from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes
-from mixle_parallel.executors.estimation.handle import ChunkedEncodedData, handle_from_runner
-from mixle_parallel.executors.estimation.options import EncodedDataOptions
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
+from .optional_engine import require_engine
+from .ray_tasks import RayTaskRunner, has_cluster_view
+from .wire_bytes import WireBytes
+from .worker_process import prepare_worker
 
 __all__ = [
     "INLINE_PAYLOAD_BYTES", "RayChunkWorker", "RayEncodedData", "RayRunner", "pack_payload", "ray_encoded_data",

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mixle_parallel.executors.estimation.chunks import WorkerLostError, WorkerTimeoutError
-from mixle_parallel.executors.estimation.engines.mp import (
+from ..chunks import WorkerLostError, WorkerTimeoutError
+from .mp import (
     _ENV_LOCK,
     BLAS_THREAD_VARIABLES,
     MPChunkRunner,

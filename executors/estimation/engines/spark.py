@@ -17,19 +17,18 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mixle_parallel.contracts.resources import local_cpu_count
-from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError, apply_chunk_fn
-from mixle_parallel.executors.estimation.engines.support import (
-    DEFAULT_TIMEOUT_S,
+from ....contracts.resources import local_cpu_count
+from ..chunks import WorkerTimeoutError, apply_chunk_fn
+from ..handle import handle_from_runner
+from ..options import EncodedDataOptions
+from .chunk_assignment import (
     block_assignment,
-    check_timeout,
     ordered_results,
     requested_ids,
-    require_engine,
 )
-from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes, dumps
-from mixle_parallel.executors.estimation.handle import handle_from_runner
-from mixle_parallel.executors.estimation.options import EncodedDataOptions
+from .deadline import DEFAULT_TIMEOUT_S, check_timeout
+from .optional_engine import require_engine
+from .wire_bytes import WireBytes, dumps
 
 __all__ = ["LOCAL_TASK_ATTEMPTS", "SparkRunner", "spark_encoded_data"]
 
@@ -74,7 +73,7 @@ class SparkRunner:
             spark_context = pyspark.SparkContext._active_spark_context  # reuse a running one
         self._owns_context = spark_context is None
         if spark_context is None:
-            from mixle_parallel.contracts.resources import local_cpu_count
+            from ....contracts.resources import local_cpu_count
 
             n = local_cpu_count() if num_workers is None else int(num_workers)
             settings = {

@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from mixle_parallel.executors.estimation.engine_choice import (
+from ..engine_choice import (
     EngineChoice,
     kernel_kind,
     supported_names,
     torch_kernel_problem,
 )
-from mixle_parallel.executors.estimation.engines.torch_kernels import ChunkTensors, estep, log_density
-from mixle_parallel.executors.estimation.models import MixtureDistribution
+from ..models import MixtureDistribution
+from .torch_kernels import ChunkTensors, estep, log_density
 
 __all__ = [
     "CACHE_BYTES", "TorchEngineAccumulator", "TorchEngineAccumulatorFactory", "TorchEngineEstimator",

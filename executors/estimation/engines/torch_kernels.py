@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from mixle_parallel.executors.estimation.engine_choice import kernel_kind
-from mixle_parallel.executors.estimation.models import MixtureDistribution
+from ..engine_choice import kernel_kind
+from ..models import MixtureDistribution
 
 __all__ = ["ChunkTensors", "estep", "log_density", "stacked_log_density", "stacked_statistics"]
 

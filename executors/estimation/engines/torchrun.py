@@ -26,19 +26,19 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TextIO
 
-from mixle_parallel.executors.estimation.api import encoded_data
-from mixle_parallel.executors.estimation.chunks import apply_chunk_fn, resolve_encoder
-from mixle_parallel.executors.estimation.engines.mpi import MPIEncodedData
-from mixle_parallel.executors.estimation.engines.support import (
-    DEFAULT_TIMEOUT_S,
+from ..api import encoded_data
+from ..chunks import apply_chunk_fn, resolve_encoder
+from ..handle import ChunkedEncodedData
+from ..reference_handles import BuiltByEncodedData
+from .chunk_assignment import (
     block_assignment,
     ordered_results,
     requested_ids,
-    require_engine,
 )
-from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes, dumps
-from mixle_parallel.executors.estimation.handle import ChunkedEncodedData
-from mixle_parallel.executors.estimation.reference_handles import BuiltByEncodedData
+from .deadline import DEFAULT_TIMEOUT_S
+from .mpi import MPIEncodedData
+from .optional_engine import require_engine
+from .wire_bytes import WireBytes, dumps
 
 __all__ = ["TorchRunChunkError", "TorchRunEncodedData", "TorchRunRunner", "torchrun_encoded_data", "torchrun_out"]
 

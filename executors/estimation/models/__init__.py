@@ -1,7 +1,7 @@
 """Built-in EM models (vectorized numpy, float64), named as in mixle's statistics vocabulary."""
 
-from mixle_parallel.executors.estimation.models._base import AccumulatorFactory, model_digest
-from mixle_parallel.executors.estimation.models.combinators import (
+from ._base import AccumulatorFactory, model_digest
+from .combinators import (
     CompositeAccumulator,
     CompositeDistribution,
     CompositeEncoder,
@@ -10,7 +10,7 @@ from mixle_parallel.executors.estimation.models.combinators import (
     MixtureDistribution,
     MixtureEstimator,
 )
-from mixle_parallel.executors.estimation.models.continuous import (
+from .continuous import (
     ExponentialAccumulator,
     ExponentialDistribution,
     ExponentialEstimator,
@@ -19,7 +19,7 @@ from mixle_parallel.executors.estimation.models.continuous import (
     GaussianEstimator,
     ScalarEncoder,
 )
-from mixle_parallel.executors.estimation.models.discrete import (
+from .discrete import (
     CategoricalAccumulator,
     CategoricalDistribution,
     CategoricalEncoder,
@@ -29,7 +29,7 @@ from mixle_parallel.executors.estimation.models.discrete import (
     PoissonEncoder,
     PoissonEstimator,
 )
-from mixle_parallel.executors.estimation.models.multivariate import (
+from .multivariate import (
     DiagonalGaussianAccumulator,
     DiagonalGaussianDistribution,
     DiagonalGaussianEstimator,

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.contracts.estimation import statistic_digest
+from ....contracts.estimation import statistic_digest
 
 LOG_2PI = float(np.log(2.0 * np.pi))
 

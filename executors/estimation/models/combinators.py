@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.models._base import AccumulatorFactory, as_weights
+from ._base import AccumulatorFactory, as_weights
 
 __all__ = [
     "CompositeAccumulator", "CompositeDistribution", "CompositeEncoder", "CompositeEstimator",

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.models._base import LOG_2PI, AccumulatorFactory, as_weights, weighted_sum
+from ._base import LOG_2PI, AccumulatorFactory, as_weights, weighted_sum
 
 __all__ = [
     "ExponentialAccumulator", "ExponentialDistribution", "ExponentialEstimator", "GaussianAccumulator",

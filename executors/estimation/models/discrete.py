@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.models._base import AccumulatorFactory, as_weights, weighted_sum
+from ._base import AccumulatorFactory, as_weights, weighted_sum
 
 __all__ = [
     "CategoricalAccumulator", "CategoricalDistribution", "CategoricalEncoder", "CategoricalEstimator",

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.models._base import LOG_2PI, AccumulatorFactory, as_weights
+from ._base import LOG_2PI, AccumulatorFactory, as_weights
 
 __all__ = [
     "DiagonalGaussianAccumulator", "DiagonalGaussianDistribution", "DiagonalGaussianEstimator",

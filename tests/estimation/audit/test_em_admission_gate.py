@@ -45,7 +45,7 @@ def test_plain_mixle_call_certifies_once_on_a_fresh_machine(rows, tmp_path, monk
 
 
 def test_mpi_without_a_certificate_is_refused_naming_the_command(monkeypatch, tmp_path):
-    from mixle_parallel.executors.estimation.admission import admit_encoded_data
+    from mixle_parallel.executors.estimation.em_admission import admit_encoded_data
 
     monkeypatch.setenv("MIXLE_PARALLEL_HOME", str(tmp_path / "fresh-home"))
     with pytest.raises(NotAdmittedError) as info:

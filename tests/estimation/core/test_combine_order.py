@@ -34,7 +34,7 @@ from mixle_parallel.executors.estimation.chunks import (
     encode_chunks,
     fold_pass,
 )
-from mixle_parallel.executors.estimation.engines.support import block_assignment
+from mixle_parallel.executors.estimation.engines.chunk_assignment import block_assignment
 
 
 def _bits(total: GroupStats) -> bytes:

@@ -53,14 +53,14 @@ def test_missing_engine_names_the_extra(monkeypatch, backend, blocked, extra):
 
 @pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), True, "5"])
 def test_bad_timeout_is_rejected_before_any_engine_starts(timeout):
-    from mixle_parallel.executors.estimation.engines.support import check_timeout
+    from mixle_parallel.executors.estimation.engines.deadline import check_timeout
 
     with pytest.raises(ValueError, match="timeout must be a positive number"):
         check_timeout(timeout)
 
 
 def test_block_assignment_is_contiguous_and_complete():
-    from mixle_parallel.executors.estimation.engines.support import block_assignment
+    from mixle_parallel.executors.estimation.engines.chunk_assignment import block_assignment
 
     for chunks in range(0, 12):
         for workers in range(1, 5):

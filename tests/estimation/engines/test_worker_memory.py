@@ -12,7 +12,7 @@ import pytest
 
 from mixle_parallel.executors.estimation.chunks import EncodedChunk
 from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
-from mixle_parallel.executors.estimation.engines.support import keep_freed_memory
+from mixle_parallel.executors.estimation.engines.worker_process import keep_freed_memory
 from tests.estimation.engines import chunk_probes as probes
 from tests.estimation.engines.engine_helpers import REPO_ROOT
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
 _FRESH = """
 from tests.estimation.engines import chunk_probes
 if {tuned}:
-    from mixle_parallel.executors.estimation.engines.support import keep_freed_memory
+    from mixle_parallel.executors.estimation.engines.worker_process import keep_freed_memory
     assert keep_freed_memory()
 print(chunk_probes.page_faults_per_pass(None, {{}}))
 """

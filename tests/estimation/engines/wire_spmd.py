@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.engines.support import block_assignment
+from mixle_parallel.executors.estimation.engines.chunk_assignment import block_assignment
 from tests.estimation.engines import chunk_probes as probes
 from tests.estimation.engines import wire_case
 

@@ -16,17 +16,21 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.contracts import CollectiveKind, ObservedCollective, ParallelAxis, ParallelPlan
-from mixle_parallel.executors.estimation.api import encoded_data
-from mixle_parallel.executors.estimation.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
-from mixle_parallel.executors.estimation.identity import EM_EXECUTOR_VERSION, EMExecutorIdentity, em_capabilities
-from mixle_parallel.executors.estimation.models import (
+from ...contracts import CollectiveKind, ObservedCollective, ParallelAxis, ParallelPlan
+from ..registry import register_encoded_data_verification, register_verification_target
+from .api import encoded_data
+from .builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
+from .executor_identity import (
+    EM_EXECUTOR_VERSION,
+    EMExecutorIdentity,
+    em_capabilities,
+)
+from .models import (
     GaussianDistribution,
     GaussianEstimator,
     MixtureDistribution,
     MixtureEstimator,
 )
-from mixle_parallel.executors.registry import register_encoded_data_verification, register_verification_target
 
 __all__ = [
     "EM_EXECUTOR_VERSION", "EncodedDataTrial", "VerifiableEncodedData", "em_capabilities",

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from mixle_parallel.contracts import ParallelPlan, PayloadKind
-from mixle_parallel.executors.megatron.backend import MegatronBackend
-from mixle_parallel.executors.megatron.verification_models import MegatronModel, group_mesh, megatron_model, sharded
-from mixle_parallel.executors.torch.verifiable import BackendVerifiable
+from ...contracts import ParallelPlan, PayloadKind
+from ..torch.harness_adapter import BackendVerifiable
+from .backend import MegatronBackend
+from .verification_models import MegatronModel, group_mesh, megatron_model, sharded
 
 
 class VerifiableMegatron(BackendVerifiable):

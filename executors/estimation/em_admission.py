@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mixle_parallel.contracts import NotAdmittedError, ParallelPlan
-from mixle_parallel.executors.estimation.identity import EM_PRECISION, EMExecutorIdentity
-from mixle_parallel.executors.registry import normalize_backend_name
-from mixle_parallel.verification.admission import AdmissionDecision, require_admission
-from mixle_parallel.verification.capability import active_harness_capability
+from ...contracts import NotAdmittedError, ParallelPlan
+from ...verification.admission import AdmissionDecision, require_admission
+from ...verification.capability import active_harness_capability
+from ..registry import normalize_backend_name
+from .executor_identity import EM_PRECISION, EMExecutorIdentity
 
 __all__ = ["EM_PRECISION", "admit_encoded_data", "canonical_backend", "planned_world"]
 
@@ -61,8 +61,8 @@ def _auto_certify(name: str) -> Any:
     """Certify EM on ``name`` on the spot: the harness on 2 workers, the gaussian-mixture workload."""
 
     def run() -> Any:
-        from mixle_parallel.executors.registry import verification_target
-        from mixle_parallel.verification.harness.run import verify
+        from ...verification.harness.run import verify
+        from ..registry import verification_target
 
         target = verification_target(name)
         report = verify(target, ParallelPlan(dp_replicate=2), precision=EM_PRECISION, workload="gaussian_mixture")

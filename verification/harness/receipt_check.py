@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mixle_parallel.contracts import CollectiveKind, DistributedUpdate
-from mixle_parallel.verification.harness.collectives import (
+from ...contracts import CollectiveKind, DistributedUpdate
+from .collectives import (
     GLOO_REALIZATIONS,
     collective_kind,
     is_metadata,

@@ -8,7 +8,7 @@ the harness trial on top of it.
 
 from __future__ import annotations
 
-from mixle_parallel.contracts import (
+from ...contracts import (
     BackendCapabilities,
     CollectiveKind,
     DistributedUpdate,
@@ -17,7 +17,7 @@ from mixle_parallel.contracts import (
     PayloadKind,
     StateLayout,
 )
-from mixle_parallel.executors.registry import normalize_backend_name
+from ..registry import normalize_backend_name
 
 __all__ = ["EM_EXECUTOR_VERSION", "EM_PRECISION", "EMExecutorIdentity", "em_capabilities"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mixle_parallel.contracts.placement import Placement
+from ...contracts.placement import Placement
 
 __all__ = ["check_placement"]
 

@@ -21,10 +21,10 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel
 
-from mixle_parallel.contracts import DistributedUpdate, ParallelPlan, PayloadKind
-from mixle_parallel.executors.torch.backend import TorchDistributedBackend
-from mixle_parallel.executors.torch.forward_capture import SHARDED_FEATURE_STYLES, ForwardCapture, expand_paths
-from mixle_parallel.executors.torch.layouts import unwrap
+from ...contracts import DistributedUpdate, ParallelPlan, PayloadKind
+from .backend import TorchDistributedBackend
+from .forward_capture import SHARDED_FEATURE_STYLES, ForwardCapture, expand_paths
+from .layouts import unwrap
 
 
 class BackendVerifiable:

@@ -15,13 +15,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mixle_parallel.contracts import to_dict
-from mixle_parallel.verification.attestation import open_envelope, save_certificate
-from mixle_parallel.verification.certification import CertificationError
-from mixle_parallel.verification.conformance.suite import parse_plan
-from mixle_parallel.verification.harness.run import verify
-from mixle_parallel.verification.harness.worker import resolve_executor
-from mixle_parallel.verification.keys import TrustStore, TrustStoreError
+from ..contracts import to_dict
+from .attestation import open_envelope, save_certificate
+from .certification import CertificationError
+from .conformance.suite import parse_plan
+from .harness.run import verify
+from .harness.worker import resolve_executor
+from .keys import TrustStore, TrustStoreError
 
 __all__ = ["main_certify", "main_keys", "main_verify"]
 

@@ -18,15 +18,15 @@ from typing import Any
 
 import attrs
 
-from mixle_parallel.contracts._checks import enum_frozenset, non_empty_str
-from mixle_parallel.contracts.capabilities import BackendCapabilities
-from mixle_parallel.contracts.enums import ParallelAxis
-from mixle_parallel.contracts.errors import NotAdmittedError
-from mixle_parallel.contracts.evidence import NumericsEvidence, Tolerance
-from mixle_parallel.contracts.frozen_mapping import FrozenDict, to_frozen_dict
-from mixle_parallel.contracts.plan import ParallelPlan
-from mixle_parallel.contracts.protocols import AdmissibleExecutor
-from mixle_parallel.contracts.serialization import SCHEMA_METADATA, content_digest, register_contract
+from ._checks import enum_frozenset, non_empty_str
+from .capabilities import BackendCapabilities
+from .enums import ParallelAxis
+from .errors import NotAdmittedError
+from .evidence import NumericsEvidence, Tolerance
+from .frozen_mapping import FrozenDict, to_frozen_dict
+from .plan import ParallelPlan
+from .protocols import AdmissibleExecutor
+from .serialization import SCHEMA_METADATA, content_digest, register_contract
 
 __all__ = [
     "ADMISSION_CHECKS", "DEFAULT_MAX_AGE", "IN_TOTO_PAYLOAD_TYPE", "AdmissionCertificate", "AdmissionContext",

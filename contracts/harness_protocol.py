@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from mixle_parallel.contracts.capabilities import BackendCapabilities
-from mixle_parallel.contracts.plan import ParallelPlan
-from mixle_parallel.contracts.updates import DistributedUpdate
+from .capabilities import BackendCapabilities
+from .plan import ParallelPlan
+from .updates import DistributedUpdate
 
 VERIFICATION_LAUNCHES = frozenset({"gloo", "self"})
 """How the harness starts ranks: ``gloo`` (it spawns a CPU mesh) or ``self`` (the executor does)."""

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from mixle_parallel.contracts import ParallelAxis, ParallelPlan, attest_worker_coordinate
+from ...contracts import ParallelAxis, ParallelPlan, attest_worker_coordinate
 
 MIN_TORCH = (2, 6)
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -24,18 +24,18 @@ from typing import Any
 import attrs
 import numpy as np
 
-from mixle_parallel.contracts.calibration import (
+from ...contracts.calibration import (
     CalibrationCatalog,
     CalibrationRecord,
     DeviceCalibration,
     ResourceCalibrationError,
 )
-from mixle_parallel.contracts.errors import UnknownMemoryFootprintError
-from mixle_parallel.contracts.resources import DeviceSpec, Resources
-from mixle_parallel.executors.estimation.chunks import resolve_encoder
-from mixle_parallel.executors.estimation.engines.support import prepare_worker
-from mixle_parallel.executors.estimation.memory import estimate_estimator_stat_nbytes, estimate_model_nbytes
-from mixle_parallel.executors.estimation.mixle_interop import adapt_mixle_objects, as_estimator
+from ...contracts.errors import UnknownMemoryFootprintError
+from ...contracts.resources import DeviceSpec, Resources
+from .chunks import resolve_encoder
+from .engines.worker_process import prepare_worker
+from .memory import estimate_estimator_stat_nbytes, estimate_model_nbytes
+from .mixle_interop import adapt_mixle_objects, as_estimator
 
 __all__ = ["CALIBRATION_BACKENDS", "CalibrationCatalog", "CalibrationRecord", "DeviceCalibration",
            "ResourceCalibrationError", "calibrate_resources"]
