@@ -22,12 +22,18 @@ from .certificate import (
 from .enums import (
     ALL_AXES,
     DERIVED_AXES,
+    EM_AUDIT_POLICIES,
     KNOWN_PRECISIONS,
     PHYSICAL_AXES,
+    TRAINING_AUDIT_POLICIES,
+    AdmissionMode,
+    AuditPolicy,
     CollectiveKind,
     ParallelAxis,
     PayloadKind,
     StateLayout,
+    choose,
+    comm_backend_for,
 )
 from .errors import (
     CapabilityError,
@@ -106,7 +112,8 @@ __all__ = [
     "canonical_statistic_bytes", "statistic_digest", "statistics_equal",
     "EstimationWorkload", "TrainingWorkload", "VERIFICATION_LAUNCHES", "VerifiableExecutor", "VerificationTrial",
     "ADMISSION_CHECKS", "DEFAULT_MAX_AGE", "IN_TOTO_PAYLOAD_TYPE", "AdmissionContext", "CertificateEnvelope",
-    "EnvelopeSignature",
+    "EnvelopeSignature", "AdmissionMode", "AuditPolicy", "EM_AUDIT_POLICIES", "TRAINING_AUDIT_POLICIES",
+    "choose", "comm_backend_for",
     "ALL_AXES", "AdmissibleExecutor", "AdmissionCertificate", "BackendCapabilities", "CONTRACT_TYPES",
     "CapabilityError", "CollectiveKind", "ContractError", "ContractTypeError", "DERIVED_AXES", "DeviceSpec",
     "DistributedUpdate", "FrozenDict", "KNOWN_PRECISIONS", "MeshCoordinate", "MeshShape",
