@@ -26,7 +26,8 @@ from ..verification.ledger import Ledger
 
 __all__ = [
     "AUDIT_KEYWORDS", "MEGATRON", "MEGATRON_BRIDGE", "TORCH_NATIVE", "AuditMode", "AuditOptions", "AuditReplay",
-    "HealthOptions", "NonfinitePolicy", "TrainOptions", "honouring_backends", "refuse_unhonoured", "train_keywords",
+    "HealthOptions", "NonfinitePolicy", "TrainOptions", "UnhonouredOptionError", "honouring_backends",
+    "refuse_unhonoured", "train_keywords",
 ]
 
 TORCH_NATIVE, MEGATRON, MEGATRON_BRIDGE = "torch_native", "megatron", "megatron_bridge"
@@ -36,6 +37,11 @@ DEFAULT_AUDIT_RATE = 0.05
 """Fraction of steps the in-session audit replays by default (plus the run's first step)."""
 FAILURE_POLICIES = ("exit", "raise", "warn")
 """What a rank does when the heartbeat finds a dead or hung peer."""
+
+
+class UnhonouredOptionError(ValueError, TypeError):
+    """A training option this backend does not honour (another does: the message names it). Both a
+    ``ValueError`` and a ``TypeError``: mixle 0.8.2 raised ``TypeError`` for any option it did not take."""
 
 
 class AuditMode(StrEnum):
@@ -324,7 +330,7 @@ def honouring_backends(option: str) -> tuple[str, ...]:
 
 def refuse_unhonoured(backend: str, keywords: Iterable[str], where: str) -> None:
     """Raise for a keyword no training backend knows (``TypeError``) or one ``backend`` does not honour
-    (``ValueError`` naming the option, the backend and the backends that honour it)."""
+    (``UnhonouredOptionError`` naming the option, the backend and the backends that honour it)."""
     known = train_keywords()
     unknown = sorted(k for k in keywords if k not in known)
     if unknown:
@@ -332,6 +338,6 @@ def refuse_unhonoured(backend: str, keywords: Iterable[str], where: str) -> None
                         f"{', '.join(sorted(known))} (see TrainOptions)")
     for key in keywords:
         if backend not in known[key]:
-            raise ValueError(f"option {key}= is not honoured by the {backend!r} backend; it is honoured by "
+            raise UnhonouredOptionError(f"option {key}= is not honoured by the {backend!r} backend; it is honoured by "
                              f"{', '.join(repr(b) for b in known[key])}. Leave it out here, or train with "
                              f"a backend that honours it")
