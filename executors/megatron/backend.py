@@ -9,8 +9,8 @@ parallel state exists, so it can use megatron's tensor-parallel layers and MoE l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 import attrs
 import torch
@@ -34,7 +34,7 @@ from .parallel_state import (
     initialize_parallel_state,
     megatron_live_coordinate,
 )
-from .session import MegatronSession
+from .session import LossFn, MegatronSession
 from .stages import PipelineStage, stage_bounds, transport_shape
 
 BACKEND_NAME = MEGATRON
@@ -108,9 +108,10 @@ class MegatronBackend:
         ``loss(output, target)``, a microbatch's mean loss), ``activation_shape`` (required: one example's
         activation at a stage boundary, ``(hidden,)`` or ``(seq, hidden)``), ``optimizer`` (``"adam"``, the
         default, or ``"sgd"``), ``lr``, ``weight_decay``, ``sgd_momentum``, ``max_grad_norm`` (CUDA only),
-        ``stage_boundaries``, ``precision``, ``device``, ``seed`` (torch's RNG, before a builder runs or an
-        ``nn.Sequential`` trains), ``moe_config``, ``certificate``/``admission`` and ``health`` (MFU needs its
-        ``flop_config`` here). A world larger than one rank needs a certificate or ``admission="unverified"``.
+        ``stage_boundaries``, ``precision``, ``device``, ``seed`` (torch's RNG: before a builder runs, and for
+        what the training draws, such as dropout masks, whatever the module), ``moe_config``,
+        ``certificate``/``admission`` and ``health`` (MFU needs its ``flop_config`` here). A world larger than
+        one rank needs a certificate or ``admission="unverified"``.
         """
         opts = TrainOptions.from_keywords(BACKEND_NAME, options)
         precision = opts.precision or "fp32"
@@ -122,12 +123,15 @@ class MegatronBackend:
         attestation = attest_worker_coordinate(plan, actual_world_size=world, rank=rank)
         with cpu_compat(device):
             stage, model, optimizer = self._build(module, plan, opts, device, attestation)
-        return MegatronSession(
+        session = MegatronSession(
             model=model, stage=stage, optimizer=optimizer, plan=plan, capabilities=self.capabilities,
-            loss_fn=opts.loss_fn, device=device, precision=precision, optimizer_name=f"megatron-{opts.optimizer}",
-            admission=admitted, attestation=attestation,
+            loss_fn=cast(LossFn, opts.loss_fn), device=device, precision=precision,
+            optimizer_name=f"megatron-{opts.optimizer}", admission=admitted, attestation=attestation,
             health=None if opts.health is None else SessionHealth(
                 opts.health, module=None, device=device, rank=rank, world_size=world))
+        if opts.seed is not None:  # last: what the training draws (dropout) follows the seed, whatever was built
+            torch.manual_seed(opts.seed)
+        return session
 
     # ---- steps of prepare ------------------------------------------------------------
     def _build(self, module: Any, plan: ParallelPlan, opts: TrainOptions, device: torch.device,
@@ -151,7 +155,7 @@ class MegatronBackend:
         plan: ParallelPlan,
         activation_shape: Sequence[int],
         device: torch.device,
-        moe_config: dict[str, Any] | None,
+        moe_config: Mapping[str, Any] | None,
     ) -> Any:
         from megatron.core.transformer import TransformerConfig
 
@@ -179,12 +183,10 @@ class MegatronBackend:
 
     def _build_stage(self, module: Any, plan: ParallelPlan, config: Any, pp_rank: int, opts: TrainOptions,
                      device: torch.device) -> PipelineStage:
-        """This rank's contiguous layers of the model. A builder is called seeded (``seed``, or 0); an
-        ``nn.Sequential`` is built already, and ``seed`` (when given) seeds what its training draws (dropout)."""
+        """This rank's contiguous layers of the model: an ``nn.Sequential`` as it is, a builder called seeded
+        (``seed``, or 0, so every rank builds the same weights)."""
         if isinstance(module, torch.nn.Sequential):
             layers = module
-            if opts.seed is not None:
-                torch.manual_seed(opts.seed)
         elif callable(module):
             torch.manual_seed(0 if opts.seed is None else opts.seed)
             layers = module(config)

@@ -154,10 +154,9 @@ def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh, device: torch.device) -> D
     """
     device_ids = [device.index] if device.type == "cuda" and device.index is not None else None
     has_buffers = any(True for _ in module.buffers())  # nothing to broadcast otherwise: skip the per-forward call
-    return DistributedDataParallel(
-        module, device_ids=device_ids, device_mesh=dp_mesh, gradient_as_bucket_view=True,
-        **{BUFFER_SYNC_OPTION: has_buffers},
-    )
+    buffer_sync: dict[str, Any] = {BUFFER_SYNC_OPTION: has_buffers}
+    return DistributedDataParallel(module, device_ids=device_ids, device_mesh=dp_mesh, gradient_as_bucket_view=True,
+                                   **buffer_sync)
 
 
 def parallelize(
