@@ -2,20 +2,22 @@
 
 Every micro-step back-propagates its loss *sum*; the committed gradient is the window's sum over
 every rank divided by the global count of targets N. ``WindowCounts`` keeps this rank's counts
-(float64, on the CPU, so a micro-step never waits for the device). A scheme decides how the
-backward is scaled, where the counts are all-reduced and what the commit still has to do
-(docs/training.md, "Gradients: the exact global mean"):
+(float64, on the CPU). A scheme decides how the backward is scaled, where the counts are
+all-reduced and what the commit still has to do (docs/training.md, "Gradients: the exact global
+mean"):
 
 * ``MeanAtCommit`` (FSDP2, HSDP, TP, CP, one process): each backward is scaled by D, the group
   DDP/FSDP2 average over, so their averaging cancels; at the commit one float64 all-reduce sums
   the counts and the gradients' squared norm, and the commit scales by 1/N.
-* ``DDPMean`` (DDP): the one owner of DDP's comm hook. Counts before the backward (the CPU): the
-  counts are all-reduced between the commit micro-step's forward and its backward, so a window of
-  one micro-step back-propagates ``loss_sum / N`` and its buckets are all-reduced as they are, while
-  a longer window (and fp16) has the hook multiply each bucket by 1/N; the reduced gradients are the
-  mean, the same on every rank, so the commit sends nothing. Counts at the commit (CUDA, where
-  reading a count before the backward would stall the host on the forward): the hook all-reduces
-  the buckets as they are (sums) and the commit goes as ``MeanAtCommit``'s, with one all-reduce.
+* ``DDPMean`` (DDP): the one owner of DDP's comm hook; the backward is not scaled and the hook
+  never divides by the group size. Counts before the backward (the CPU): the window's counts are
+  all-reduced, without waiting, as the commit micro-step's backward starts, and the hook multiplies
+  each bucket by 1/N before its all-reduce (the gradients are still in cache), so the reduced
+  gradients are the global mean, the same on every rank, and the commit sends nothing. Counts at
+  the commit (CUDA, where reading the count in the hook would stall the host on the device): the
+  buckets are all-reduced as they are (sums) and the commit goes as ``MeanAtCommit``'s, with one
+  all-reduce. Either way the hook takes each reduced bucket's squared norm, so the gradients' norm
+  costs no pass of the session's own.
 """
 
 from __future__ import annotations
@@ -85,18 +87,18 @@ def _comm_device(device: torch.device) -> torch.device:
 
 
 def reduce_at_commit(counts: WindowCounts, params: list[torch.nn.Parameter], rank_slots: torch.Tensor | None, *,
-                     world: int, tap: CommTap, device: torch.device) -> WindowTotals:
-    """One all-reduce over the world of the window's counts and the gradients' squared norm (each rank's
-    local shards weighted by 1 / their number of copies, so the sum is the squared global norm)."""
-    square_t = weighted_square_sum(local_grads(params), world)
-    stats = torch.cat([counts.stats(rank_slots), square_t[None]])
+                     world: int, tap: CommTap, device: torch.device, square: torch.Tensor | None = None,
+                     ) -> WindowTotals:
+    """One all-reduce over the world of the window's counts and the gradients' squared norm: this rank's
+    ``square``, or its local shards' weighted by 1 / their number of copies, so the sum is the squared global norm."""
+    square_t = weighted_square_sum(local_grads(params), world) if square is None else square
+    stats = torch.cat([counts.stats(rank_slots), square_t.to(device="cpu", dtype=torch.float64)[None]])
     if world > 1:
         stats = stats.to(_comm_device(device))
         dist.all_reduce(stats)
         tap.add("all_reduce", nbytes(stats))
     values = stats.cpu().tolist()
-    square = values.pop()
-    return WindowTotals.from_values(values, square, grads_are_means=False)
+    return WindowTotals.from_values(values[:-1], values[-1], grads_are_means=False)
 
 
 class MeanAtCommit:
@@ -108,10 +110,8 @@ class MeanAtCommit:
         self.backward_scale = float(plan.dp_replicate * plan.dp_shard * plan.cp)
         self.world, self.tap, self.device = plan.world_size, tap, device
 
-    def before_backward(self, counts: WindowCounts, *, sync: bool, alone: bool,
-                        rank_slots: torch.Tensor | None) -> float:
-        """The factor of a micro-step's backward weight (always 1 here)."""
-        return 1.0
+    def before_backward(self, counts: WindowCounts, *, sync: bool, rank_slots: torch.Tensor | None) -> None:
+        """Nothing happens before the backward: the counts travel at the commit."""
 
     def totals(self, counts: WindowCounts, params: list[torch.nn.Parameter],
                rank_slots: torch.Tensor | None) -> WindowTotals:
@@ -123,46 +123,42 @@ class MeanAtCommit:
 
 
 class DDPMean:
-    """DDP's exact global mean, in one place: the comm hook (its byte count and its factor) and whether the
-    window's counts are all-reduced before the commit micro-step's backward or at the commit (module doc)."""
+    """DDP's exact global mean, in one place: the comm hook (its byte count, its factor, the buckets' norms) and
+    whether the window's counts are all-reduced as the commit micro-step's backward starts or at the commit."""
 
     def __init__(self, ddp: DistributedDataParallel, plan: ParallelPlan, tap: CommTap, device: torch.device, *,
-                 counts_before_backward: bool, prescale: bool) -> None:
+                 counts_before_backward: bool) -> None:
         self.world, self.tap, self.device = plan.world_size, tap, device
         self.counts_before_backward = counts_before_backward
-        self.prescale = prescale
-        """A window of one micro-step may back-propagate ``loss_sum / N`` (not at fp16, whose gradients would lose
-        bits, nor with several micro-steps)."""
         self.backward_scale = 1.0  # the hook never divides by the group size: the buckets are summed
         self._reduce: tuple[Any, torch.Tensor] | None = None
         self._coef: float | None = None
-        self._scale_buckets = False
+        self._squares: dict[int, torch.Tensor] = {}
+        """Each bucket's squared norm once reduced, by bucket index: the gradients' norm with no pass of ours."""
         ddp.register_comm_hook(ddp.process_group, self._hook())
 
-    def before_backward(self, counts: WindowCounts, *, sync: bool, alone: bool,
-                        rank_slots: torch.Tensor | None) -> float:
-        """Counts before the backward, on a synchronizing micro-step: start their all-reduce; the backward of the
-        window's only micro-step is then scaled by 1/N (returned), a longer window's buckets in the hook."""
-        if not (sync and self.counts_before_backward):
-            return 1.0
-        stats = counts.stats(rank_slots).to(_comm_device(self.device))
-        work = dist.all_reduce(stats, async_op=True)
-        self.tap.add("all_reduce", nbytes(stats))
-        self._reduce, self._coef = (work, stats), None
-        if self.prescale and alone:
-            return self._mean_coef()
-        self._scale_buckets = True
-        return 1.0
+    def before_backward(self, counts: WindowCounts, *, sync: bool, rank_slots: torch.Tensor | None) -> None:
+        """A synchronizing micro-step's backward is about to start: its buckets report their norms afresh, and
+        (counts before the backward) the window's counts start their all-reduce, which the hook waits for."""
+        if not sync:
+            return
+        self._squares.clear()
+        if self.counts_before_backward:
+            stats = counts.stats(rank_slots).to(_comm_device(self.device))
+            work = dist.all_reduce(stats, async_op=True)
+            self.tap.add("all_reduce", nbytes(stats))
+            self._reduce, self._coef = (work, stats), None
 
     def totals(self, counts: WindowCounts, params: list[torch.nn.Parameter],
                rank_slots: torch.Tensor | None) -> WindowTotals:
         """The window's global totals. Counts before the backward: the reduced gradients are already the global
         mean and the same on every rank, so the local norm is the global one and nothing is sent."""
-        if self._reduce is None:
-            return reduce_at_commit(counts, params, rank_slots, world=self.world, tap=self.tap, device=self.device)
+        square = self._square()
+        if self._reduce is None:  # the gradients are sums, the same on every rank: each rank adds 1/world of it
+            return reduce_at_commit(counts, params, rank_slots, world=self.world, tap=self.tap, device=self.device,
+                                    square=square / self.world)
         values = self._finish()
-        square = float(weighted_square_sum(local_grads(params), 1))
-        return WindowTotals.from_values(values, square, grads_are_means=True)
+        return WindowTotals.from_values(values, float(square), grads_are_means=True)
 
     def abandon(self) -> None:
         """A commit that stopped early (an audit skip, a failed replay): finish the started all-reduce."""
@@ -185,20 +181,31 @@ class DDPMean:
         assert self._reduce is not None  # callers check
         work, stats = self._reduce
         work.wait()
-        self._reduce, self._scale_buckets = None, False
+        self._reduce = None
         return [float(v) for v in stats.cpu().tolist()]
 
+    def _square(self) -> torch.Tensor:
+        """The reduced gradients' squared norm: the sum of the buckets' (float64, on the buckets' device)."""
+        if not self._squares:
+            raise RuntimeError("no DDP bucket was reduced in the commit's backward")
+        return torch.stack(list(self._squares.values())).sum()
+
     def _hook(self) -> Any:
-        """The DDP comm hook: count the bucket DDP really communicates, scale it by 1/N when the window asks,
-        all-reduce it (a sum: ``backward_scale`` is 1, so there is no division by the group size to undo)."""
+        """The DDP comm hook: count the bucket DDP really communicates, scale it by 1/N when the counts came
+        before the backward, all-reduce it (a sum: no division by the group size), and once reduced take its
+        squared norm (while later buckets are still in flight)."""
+        def reduced(index: int, fut: Any) -> torch.Tensor:
+            tensor = fut.value()[0]
+            self._squares[index] = torch.linalg.vector_norm(tensor).to(torch.float64).square()
+            return tensor
+
         def hook(state: Any, bucket: Any) -> Any:
-            buffer = bucket.buffer()
+            buffer, index = bucket.buffer(), bucket.index()
             self.tap.add("all_reduce", nbytes(buffer))
-            if self._scale_buckets:
-                factor = self._mean_coef()
-                if factor != 1.0:
-                    buffer.mul_(factor)
-            return dist.all_reduce(buffer, group=state, async_op=True).get_future().then(lambda fut: fut.value()[0])
+            if self._reduce is not None:  # counts before the backward: the bucket's share of the global mean
+                buffer.mul_(self._mean_coef())
+            return dist.all_reduce(buffer, group=state, async_op=True).get_future().then(
+                lambda fut: reduced(index, fut))
 
         # DDP checks the hook's annotations as objects; this module's postponed annotations are strings
         hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,

@@ -1,10 +1,11 @@
 """TorchDistributedSession: the training step, readable top to bottom in this module.
 
 ``train_batch`` splits this rank's batch into micro-steps. Each micro-step runs the forward, adds
-its loss sum and counted targets to the window's counts, asks the gradient-mean scheme for the
-backward's weight, and back-propagates. When the accumulation clock fires, ``_commit`` audits the
-window (when it is sampled), takes the window's global totals from the scheme, lets the pure
-``commit.decide`` turn them into the loss, norm, clip and scale, and ``commit.step`` applies them.
+its loss sum and counted targets to the window's counts, lets the gradient-mean scheme act before
+the backward (DDP on the CPU starts the counts' all-reduce there), and back-propagates. When the
+accumulation clock fires, ``_commit`` audits the window (when it is sampled), takes the window's
+global totals from the scheme, lets the pure ``commit.decide`` turn them into the loss, norm, clip
+and scale, and ``commit.step`` applies them.
 Every call returns a ``StepReceipt``. What surrounds the step is built by ``session_wiring``: comm
 taps, the gradient-mean scheme (``gradient_mean``), health, fault strikes, the SDC audit and the
 run's ledger (``run_ledger``); the clocks, metrics, checkpoints and ``close`` are ``session_base``'s.
@@ -107,7 +108,7 @@ class TorchDistributedSession(SessionBase):
             self._faults.begin_window(self._step)
 
     def _micro_step(self, x: Any, y: Any, *, sync: bool, weight: float) -> None:
-        """Forward, the window's counts, the scheme's factor for the backward, backward."""
+        """Forward, the window's counts, what the gradient-mean scheme does before the backward, backward."""
         self._last_micro = (x, y)
         with self._micro_context(x, y, sync) as (xs, ys):
             loss_sum, counted = self._forward(xs, ys)
@@ -115,12 +116,10 @@ class TorchDistributedSession(SessionBase):
                 self._health.add_forward(self._forward_s)
             if weight:
                 self._counts.add(loss_sum, counted, self._rows(x))
-            slots = self._rank_slots() if sync else None
-            factor = self._mean.before_backward(self._counts, sync=sync, alone=self._pending == 0 and weight == 1.0,
-                                                rank_slots=slots)
+            self._mean.before_backward(self._counts, sync=sync, rank_slots=self._rank_slots() if sync else None)
             if self._audit is not None:  # a replay back-propagates with the same weight
-                self._audit.note(x, y, sync, weight * factor)
-            self._backward(loss_sum, weight * factor)
+                self._audit.note(x, y, sync, weight)
+            self._backward(loss_sum, weight)
 
     def run_micro(self, x: Any, y: Any, *, sync: bool, weight: float) -> tuple[torch.Tensor, Any]:
         """One forward/backward of a micro-batch with no clock and no counts: what an audit replay runs."""

@@ -58,8 +58,7 @@ def _gradient_mean(session: Any, tap: CommTap, counts_before_backward: bool) -> 
     if not session.dp_mode.uses_ddp:
         return MeanAtCommit(plan, tap, session.device)
     ddp: DistributedDataParallel = session.module
-    return DDPMean(ddp, plan, tap, session.device, counts_before_backward=counts_before_backward,
-                   prescale=session.precision != "fp16" and plan.microbatches == 1)
+    return DDPMean(ddp, plan, tap, session.device, counts_before_backward=counts_before_backward)
 
 
 def wire_session(session: Any, options: TrainOptions, run: PreparedRun, *,
