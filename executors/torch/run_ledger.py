@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ...contracts import ParallelPlan, SDCAuditRecord, StepReceipt
+from ...contracts import AdmissionMode, ParallelPlan, SDCAuditRecord, StepReceipt
 from ...verification.ledger import Ledger
 
 __all__ = ["RunLedger", "current_rank", "ledger_on_this_rank"]
@@ -60,9 +60,10 @@ class RunLedger:
         """run_start: plan, certificate link, executor, precision, admission mode, rank and audit settings."""
         if self.ledger is None:
             return
-        link = getattr(decision, "envelope", None) or getattr(decision, "ledger_link", "unverified")
+        unverified = AdmissionMode.UNVERIFIED.value  # a session built by hand, without prepare()'s gate
+        link = getattr(decision, "envelope", None) or getattr(decision, "ledger_link", unverified)
         self.ledger.run_start(plan=plan, certificate=link, executor=executor, extra={
-            "precision": precision, "admission": getattr(decision, "mode", "unverified"), "rank": self.rank,
+            "precision": precision, "admission": getattr(decision, "mode", unverified), "rank": self.rank,
             "audit": audit})
 
     def receipt(self, receipt: StepReceipt) -> None:

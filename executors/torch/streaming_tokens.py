@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ...contracts import ParallelPlan, StepReceipt
+from ...contracts import ParallelPlan, StepReceipt, comm_backend_for
 from ..training_options import TORCH_NATIVE, TrainOptions
 from .backend import TorchDistributedBackend
 from .layouts import unwrap
@@ -95,9 +95,9 @@ def _check_session_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
         raise TypeError(f"session_options must be a mapping of prepare() options, got {type(options).__name__}")
     set_here = sorted(set(options) & _HANDLE_SETS)
     if set_here:
-        raise ValueError(f"session_options sets {set_here}, which the handle sets itself (the estimator's module, "
-                         "lr and device, next-token loss, AdamW; precision= and admission= are the handle's own "
-                         "arguments); leave them out")
+        raise ValueError(f"session_options has unknown key(s) {set_here} for this handle: it sets them itself (the "
+                         "estimator's module, lr and device, the next-token loss, AdamW, data parallelism only; "
+                         "precision= and admission= are the handle's own arguments); leave them out")
     TrainOptions.from_keywords(TORCH_NATIVE, options)
     return dict(options)
 
@@ -330,7 +330,7 @@ def _maybe_init_process_group(init: bool, backend: str | None) -> bool:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return False  # not launched by torchrun: one process, no group
     if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = comm_backend_for("cuda" if torch.cuda.is_available() else "cpu")
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise ValueError("backend='nccl' needs CUDA devices; use backend='gloo' on CPU")
