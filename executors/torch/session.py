@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 LossFn = Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]
 
 COUNTS_BEFORE_BACKWARD_DEVICES = frozenset({"cpu"})
-"""Device types on which a DDP session all-reduces the window's counts before the commit's backward."""
+"""Device types on which a DDP session starts the window's counts' all-reduce as the commit micro-step's backward
+starts, and its comm hook scales each bucket to the global mean (elsewhere the commit does, after the backward)."""
 
 
 class TorchDistributedSession(SessionBase):
