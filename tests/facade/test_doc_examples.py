@@ -5,8 +5,9 @@ there with the project's interpreter (``python block.py``). A first line ``# run
 or ``# run: mpiexec -n N`` says how to launch it: ``python -m torch.distributed.run --standalone
 --nproc-per-node N block.py`` or the venv's ``mpiexec -n N python block.py``. A block that starts processes
 (a launch line, a launcher, an EM backend other than ``local``, Ray, Spark, Dask, or the CLI's ``verify``,
-``certify``, ``conformance`` and ``demo``) is ``slow`` (``_STARTS_PROCESSES``). A ```bash block runs in ``bash -e`` from the scratch folder with the venv's ``bin`` first on PATH,
-so ``mixle-parallel ...`` is the venv's console script. Exempt by name, and only these: the README's two
+``certify``, ``conformance`` and ``demo``) is ``slow`` (``_STARTS_PROCESSES``). A ```bash block runs in
+``bash -e`` from the scratch folder with the venv's ``bin`` first on PATH, so ``mixle-parallel ...`` is the
+venv's console script. Exempt by name, and only these: the README's two
 quick-start commands (``QUICK_START``), which CI runs itself (``.ci/run`` runs ``scripts/dev test``, and
 ``tests/facade/test_demo.py`` runs the demo). A block that is not a program is fenced ```text (or json, yaml,
 ...); a fence without a language is refused, so every block says what it is.
