@@ -87,10 +87,10 @@ def cli_prefix(environ: Mapping[str, str]) -> str:
     return environ.get(CLI_ENV, "").strip() or "mixle-parallel"
 
 
-def legend(out: Path, ledger_ok: bool, environ: Mapping[str, str], cwd: Path) -> Table:
-    """What the demo wrote and where, what audits and findings are, and the command that re-checks the ledger."""
-    shown = out.relative_to(cwd) if out.is_relative_to(cwd) else out
-    table = Table(title=f"what the demo wrote into {shown}/", title_justify="left", show_header=False, box=None)
+def legend(out: Path, environ: Mapping[str, str], cwd: Path) -> Table:
+    """What the demo wrote and where, and what audits and findings are."""
+    table = Table(title=f"what the demo wrote into {_shown(out, cwd)}/", title_justify="left", show_header=False,
+                  box=None)
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
     for name, text in LEGEND:
@@ -99,9 +99,16 @@ def legend(out: Path, ledger_ok: bool, environ: Mapping[str, str], cwd: Path) ->
     table.add_row("trust store", f"{_store_home(environ)}: {STORE}")
     for term, text in TERMS:
         table.add_row(term, text)
-    table.add_row("re-check", f"{cli_prefix(environ)} audit {shown / 'ledger.jsonl'}"
-                  + ("" if ledger_ok else "   (it found faults: see above)"))
     return table
+
+
+def recheck_command(out: Path, environ: Mapping[str, str], cwd: Path) -> str:
+    """The command that re-checks the demo's ledger, in the form the user runs the CLI."""
+    return f"{cli_prefix(environ)} audit {_shown(out, cwd) / 'ledger.jsonl'}"
+
+
+def _shown(out: Path, cwd: Path) -> Path:
+    return out.relative_to(cwd) if out.is_relative_to(cwd) else out
 
 
 def _store_home(environ: Mapping[str, str]) -> Path:
@@ -261,7 +268,9 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     (out / "summary.json").write_text(json.dumps({"training": training, "em": em, "timings": timings,
                                                   "ledger_ok": report.ok, "signed_head": report.signed_head},
                                                  indent=2, sort_keys=True))
-    console.print(legend(out, report.ok, os.environ, Path.cwd()))
+    console.print(legend(out, os.environ, Path.cwd()))
+    console.print(f"re-check the ledger any time: {recheck_command(out, os.environ, Path.cwd())}",
+                  soft_wrap=True, markup=False, highlight=False)  # never cropped or folded: it is to be copied
     return 0 if report.ok else 1
 
 

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from mixle_parallel import CertificateEnvelope, StepReceipt, from_dict, from_json, open_envelope, verify_ledger
-from mixle_parallel.demo.run import LEGEND, OUTPUTS, STORE, TERMS, legend
+from mixle_parallel.demo.run import LEGEND, OUTPUTS, STORE, TERMS, legend, recheck_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ def test_demo_runs_certified_audited_and_its_ledger_verifies(tmp_path: Path) -> 
                            "--em-rows", "20000"], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "audit ledger" in done.stdout
-    assert f"mixle-parallel audit {out / 'ledger.jsonl'}" in " ".join(done.stdout.split())  # the closing legend
+    assert f"re-check the ledger any time: mixle-parallel audit {out / 'ledger.jsonl'}\n" in done.stdout
     torch_cert, torch_key = open_envelope(from_json((out / "certificate-torch_native.json").read_text(),
                                                     CertificateEnvelope))  # signed by a trusted key
     em_cert, em_key = open_envelope(from_json((out / "certificate-em_mp.json").read_text(), CertificateEnvelope))
@@ -73,15 +73,14 @@ def _rendered(table: object) -> str:
 
 def test_legend_names_every_file_the_store_and_the_command_as_the_user_runs_it(tmp_path: Path) -> None:
     out = tmp_path / "mixle-parallel-run"
-    via_dev = _rendered(legend(out, True, {"MIXLE_PARALLEL_CLI": "scripts/dev run", "MIXLE_PARALLEL_HOME": "/keys"},
-                               tmp_path))
-    assert "scripts/dev run audit mixle-parallel-run/ledger.jsonl" in via_dev
-    assert "/keys: the signing key" in via_dev
-    for name, text in (*LEGEND, *TERMS):
-        assert name in via_dev and " ".join(text.split()) in via_dev
-    elsewhere = _rendered(legend(out, False, {"XDG_CONFIG_HOME": "/xdg"}, tmp_path / "other"))
-    assert f"mixle-parallel audit {out / 'ledger.jsonl'} (it found faults" in elsewhere
-    assert "/xdg/mixle-parallel: the signing key" in elsewhere
+    via_dev = {"MIXLE_PARALLEL_CLI": "scripts/dev run", "MIXLE_PARALLEL_HOME": "/keys"}
+    text = _rendered(legend(out, via_dev, tmp_path))
+    assert "/keys: the signing key" in text and "into mixle-parallel-run/" in text
+    for name, words in (*LEGEND, *TERMS):
+        assert name in text and " ".join(words.split()) in text
+    assert recheck_command(out, via_dev, tmp_path) == "scripts/dev run audit mixle-parallel-run/ledger.jsonl"
+    assert "/xdg/mixle-parallel: the signing key" in _rendered(legend(out, {"XDG_CONFIG_HOME": "/xdg"}, tmp_path))
+    assert recheck_command(out, {}, tmp_path / "other") == f"mixle-parallel audit {out / 'ledger.jsonl'}"
 
 
 def test_readme_explains_what_the_demo_wrote() -> None:
