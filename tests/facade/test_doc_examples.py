@@ -3,7 +3,8 @@
 A ```python block is a complete program: it is written to ``block.py`` in a fresh scratch folder and run
 there with the project's interpreter (``python block.py``). A first line ``# run: torchrun --nproc-per-node N``
 or ``# run: mpiexec -n N`` says how to launch it: ``python -m torch.distributed.run --standalone
---nproc-per-node N block.py`` or the venv's ``mpiexec -n N python block.py``. A block that starts processes
+--nproc-per-node N block.py`` or the venv's ``mpiexec -n N python block.py``; a first comment that names
+torchrun or mpiexec in another form is refused (it would run as one process). A block that starts processes
 (a launch line, a launcher, an EM backend other than ``local``, Ray, Spark, Dask, or the CLI's ``verify``,
 ``certify``, ``conformance`` and ``demo``) is ``slow`` (``_STARTS_PROCESSES``). A ```bash block runs in
 ``bash -e`` from the scratch folder with the venv's ``bin`` first on PATH, so ``mixle-parallel ...`` is the
@@ -43,8 +44,9 @@ _STARTS_PROCESSES = re.compile(
     r"\bmixle-parallel\s+(verify|certify|conformance|demo)\b", re.MULTILINE)
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\s]*)")
 _LAUNCH = re.compile(r"^#\s*run:\s*(?P<command>.*?)\s*$")
-_TORCHRUN = re.compile(r"^torchrun\s+--nproc-per-node[ =](?P<n>[1-9]\d*)$")
+_TORCHRUN = re.compile(r"^torchrun\s+(--standalone\s+)?--nproc-per-node[ =](?P<n>[1-9]\d*)$")
 _MPIEXEC = re.compile(r"^mpiexec\s+-n\s+(?P<n>[1-9]\d*)$")
+_NAMES_A_LAUNCHER = re.compile(r"^#.*\b(torchrun|mpiexec|mpirun)\b")
 
 
 @attrs.frozen
@@ -115,6 +117,10 @@ def launch_command(example: Example, script: str) -> list[str]:
     """How to start a python block: ``python block.py``, or what its ``# run:`` line says."""
     launch = example.launch_line
     if launch is None:
+        first = example.code.lstrip("\n").split("\n", 1)[0]
+        if _NAMES_A_LAUNCHER.match(first):  # "# x.py -- run with: torchrun ...": would run as one process
+            raise AssertionError(f"{example.id}: the first line names a launcher but is no launch line; write "
+                                 "'# run: torchrun --nproc-per-node N' or '# run: mpiexec -n N'")
         return [sys.executable, script]
     if match := _TORCHRUN.match(launch):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", match["n"], script]
@@ -195,3 +201,11 @@ def test_the_extractor_reads_fences_launch_lines_and_the_exemption(tmp_path: Pat
     bad = attrs.evolve(py, code="# run: torchrun -n 2\n")
     with pytest.raises(AssertionError, match="unknown launch line"):
         launch_command(bad, "b.py")
+    informal = attrs.evolve(py, code="# job.py -- run with: torchrun --standalone --nproc-per-node 2 job.py\n")
+    with pytest.raises(AssertionError, match="no launch line"):
+        launch_command(informal, "b.py")
+    assert launch_command(attrs.evolve(py, code="print(2)\n"), "b.py") == [sys.executable, "b.py"]
+    standalone = attrs.evolve(py, code="# run: torchrun --standalone --nproc-per-node 3\n")
+    assert launch_command(standalone, "b.py")[-2:] == ["3", "b.py"]
+    mpi = attrs.evolve(py, code="# run: mpiexec -n 4\n")
+    assert launch_command(mpi, "b.py") == [str(VENV_BIN / "mpiexec"), "-n", "4", sys.executable, "b.py"]
