@@ -190,6 +190,7 @@ def test_a_third_party_em_backend_by_entry_point(tmp_path: Path) -> None:
     done = _cli(["conformance", "--backend", "acme_em", "--plan", "dp_replicate=2"], env, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "9/9 checks passed" in done.stdout and "PASS  check_harness_admits" in done.stdout
+    assert "stats:data: custom" in done.stdout and "self-reported by the executor" in done.stdout
     unknown = _cli(["verify", "--backend", "acme_typo", "--plan", "dp_replicate=2"], env, tmp_path)
     assert unknown.returncode == 2 and "acme_em" in unknown.stderr  # the whole group was loaded to list names
 

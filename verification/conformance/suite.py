@@ -31,7 +31,7 @@ from ...contracts import (
 )
 from ..admission import require_admission
 from ..backend_names import add_backend_arguments, harness_target, import_modules
-from ..harness.launch import LAUNCHES
+from ..harness.launch import LAUNCHES, launch_for
 from ..harness.run import verify
 from ..harness.worker import resolve_executor
 from ..keys import TrustStore
@@ -250,7 +250,8 @@ def check_updates_on_the_wire(ctx: ConformanceContext) -> str:
         raise ConformanceFailure("\n".join(bad))
     seen = [f"{e.node_id}: " + (", ".join(f"{c.kind.value} x{c.count}" for c in e.collectives_observed) or "none")
             for e in report.evidence]
-    return "; ".join(seen) + " (per rank, attributed by phase)"
+    how = "attributed by phase" if launch_for(ctx.executor()).traced else "self-reported by the executor"
+    return "; ".join(seen) + f" (per rank, {how})"
 
 
 CHECKS: tuple[Callable[[ConformanceContext], Any], ...] = (
