@@ -108,14 +108,16 @@ def local_backend(
     num_workers: int | None = None,
     chunk_workers: int | None = None,
     parallel_chunks: bool = False,
-    resources: Any = None,
     **params: Any,
 ) -> ChunkedEncodedData:
-    """Factory of the ``local`` backend: one thread by default, ``num_workers`` threads on request."""
+    """Factory of the ``local`` backend: one thread by default, ``num_workers`` threads on request.
+
+    ``params`` are the handle's options (``resources=`` gives a thread per device, the chunks placed by
+    the devices' throughput)."""
     workers = num_workers if num_workers is not None else chunk_workers
     if workers is None:
-        if resources is not None:
-            workers = len(resources)
+        if params.get("resources") is not None:
+            workers = len(params["resources"])
         elif parallel_chunks:
             workers = local_cpu_count()
         else:

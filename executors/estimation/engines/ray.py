@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import logging
 import pickle
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ....contracts.resources import local_cpu_count
+from ..api import encoded_data
 from ..chunks import (
     WorkerLostError,
     WorkerTask,
@@ -33,6 +33,7 @@ from ..chunks import (
 )
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
+from ..reference_handles import BuiltByEncodedData
 from .channel import (
     ChannelClient,
     ChannelOffer,
@@ -528,20 +529,21 @@ def one_node_cluster(ray: Any) -> bool:
     return len(alive) == 1 and alive[0].get("NodeManagerAddress") == here
 
 
-class RayEncodedData(ChunkedEncodedData):
-    """Our ray handle under mixle's name (``encoded_data(..., backend="ray")`` returns one); built directly
-    with mixle's arguments it starts a :class:`RayRunner` (``num_partitions`` = chunks)."""
+class RayEncodedData(BuiltByEncodedData, ChunkedEncodedData):
+    """Our ray handle under mixle's name: ``encoded_data(..., backend="ray")`` returns one, and mixle's
+    ``RayEncodedData(data, estimator, model, encoder, num_partitions, num_workers, address)`` is that call
+    (``num_partitions`` the chunks; the option check, admission gate and audit included)."""
 
-    def __init__(self, data: Any, estimator: Any = None, model: Any = None, encoder: Any = None,
-                 num_partitions: int | None = None, num_workers: int | None = None, address: str | None = None,
-                 **options: Any) -> None:
-        runner = _runner(num_workers, address=address, **options)
-        try:
-            super().__init__(runner, data, estimator=estimator, model=model, encoder=encoder,
-                             num_chunks=num_partitions)
-        except BaseException:
-            runner.close()
-            raise
+    backend_name = "ray"
+
+    @classmethod
+    def _build(cls, data: Any, estimator: Any = None, model: Any = None, encoder: Any = None,
+               num_partitions: int | None = None, num_workers: int | None = None, address: str | None = None,
+               **options: Any) -> Any:
+        if address is not None:
+            options["address"] = address
+        return encoded_data(data, estimator=estimator, model=model, encoder=encoder, num_chunks=num_partitions,
+                            num_workers=num_workers, backend="ray", **options)
 
     @property
     def num_chunks(self) -> int:
@@ -558,10 +560,11 @@ WORKER_PROCESSES = True
 
 def planned_workers(options: EncodedDataOptions) -> int:
     """``num_workers``, else the running Ray's CPUs, else the local CPUs."""
-    require_engine("ray", "ray")
+    ray = require_engine("ray", "ray")
     if options.num_workers is not None:
         return int(options.num_workers)
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized() and has_cluster_view(ray):
+    if not has_cluster_view(ray):
+        return 1  # the task runner: RayTaskRunner(num_workers=None) counts one worker
+    if ray.is_initialized():
         return max(1, int(ray.cluster_resources().get("CPU", 1)))
     return local_cpu_count()
