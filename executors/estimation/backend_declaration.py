@@ -28,6 +28,7 @@ __all__ = [
     "capped_workers",
     "check_backend_options",
     "honouring_backends",
+    "refuse_for_runner",
 ]
 
 EM_PRECISIONS = (None, "fp64", "float64", "double")
@@ -123,3 +124,11 @@ def capped_workers(declaration: BackendDeclaration, options: EncodedDataOptions,
     warnings.warn(f"backend {declaration.name!r} cannot use num_workers={asked} here; running {planned} worker(s)",
                   UserWarning, stacklevel=4)
     return options.replace(num_workers=planned)
+
+
+def refuse_for_runner(backend: str, given: Mapping[str, Any], which: str, needed: str) -> None:
+    """Refuse the engine keywords in ``given``, which ``backend`` honours only with ``needed`` (not ``which``)."""
+    if given:
+        names = ", ".join(f"{k}=" for k in sorted(given))
+        raise ValueError(f"option(s) {names} are not honoured by backend {backend!r} over {which}: its task runner "
+                         f"sends one task per chunk and pass; they are honoured with {needed}, or drop them")

@@ -255,7 +255,7 @@ class ChunkedEncodedData:
         estimator, model, _ = adapt_mixle_objects(estimator, model, None)
         estimator, model = self._bound(estimator, model)
         iteration = self.iteration
-        moved_before = self._bytes_moved()
+        moved_before = self._transport_bytes()
         self._metered.begin(iteration, "estep")
         try:
             if self._audit is not None:
@@ -280,7 +280,7 @@ class ChunkedEncodedData:
         self.last_receipt = em_receipt(
             iteration, nobs, ll, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
             quarantined=sorted(self.quarantined),
-            bytes_moved=None if moved_before is None else int(self._bytes_moved() or 0) - moved_before,
+            transport_bytes=None if moved_before is None else int(self._transport_bytes() or 0) - moved_before,
             observability=round_summary(records, min_excess_seconds=STRAGGLER_MIN_EXCESS_S),
         )
         if self.ledger is not None:
@@ -297,9 +297,9 @@ class ChunkedEncodedData:
             else:
                 self.ledger.audit(event)
 
-    def _bytes_moved(self) -> int | None:
-        """The runner's count of bytes through its workers' connections so far (None: it does not count)."""
-        moved = getattr(self.runner, "bytes_moved", None)
+    def _transport_bytes(self) -> int | None:
+        """The runner's count of pass bytes handed to its transport so far (None: it does not count)."""
+        moved = getattr(self.runner, "transport_bytes", None)
         return None if moved is None else int(moved)
 
     def _fold_entries(self, estimator: Any, entries: list[Any]) -> Any:

@@ -400,11 +400,11 @@ def em_receipt(
     outcomes: Sequence[ChunkAudit] = (),
     quarantined: Sequence[int] = (),
     observability: Mapping[str, Any] | None = None,
-    bytes_moved: int | None = None,
+    transport_bytes: int | None = None,
 ) -> StepReceipt:
     """The receipt of one EM iteration: rows, mean negative log-likelihood, admission and audit summary.
 
-    ``bytes_moved`` is what the runner observed crossing process boundaries in the pass (requests with
+    ``transport_bytes`` is what the runner handed its transport in the pass (requests with
     the model, replies with the statistics); None when the runner does not count (``bytes_observed``
     is then false and ``collective_bytes`` 0).
     """
@@ -419,7 +419,7 @@ def em_receipt(
         "audit_mismatches": sum(1 for r in records if not r.matched),
         "quarantined": sorted(int(w) for w in quarantined),
         **({"observability": dict(observability)} if observability is not None else {}),
-        "bytes_observed": bytes_moved is not None,
+        "bytes_observed": transport_bytes is not None,
     }
     rows = int(round(nobs))
     return StepReceipt(
@@ -432,7 +432,7 @@ def em_receipt(
         data_parallel_size=max(1, int(workers)),
         optimizer="em",
         precision="fp64",
-        collective_bytes=int(bytes_moved or 0),
+        collective_bytes=int(transport_bytes or 0),
         extra=extra,
         global_examples_observed=rows,
     )

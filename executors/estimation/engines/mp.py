@@ -178,7 +178,7 @@ class MPChunkRunner:
         self.recovered_chunks: list[int] = []
         """Chunk ids recomputed on a survivor after their worker died (for tests and logs)."""
         self._blocks: list[list[int]] | None = None
-        self.bytes_moved = 0
+        self.transport_bytes = 0
         """Bytes of pass requests (models, functions) and replies (statistics) through the workers' pipes."""
 
     # -- start ----------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ class MPChunkRunner:
             worker.conn.send_bytes(message)
         except (BrokenPipeError, ConnectionError, OSError):
             return False
-        self.bytes_moved += len(message)
+        self.transport_bytes += len(message)
         worker.pending = list(ids)
         return True
 
@@ -385,7 +385,7 @@ class MPChunkRunner:
                     if not w.conn.poll():
                         raise EOFError
                     raw = w.conn.recv_bytes()
-                    self.bytes_moved += len(raw)
+                    self.transport_bytes += len(raw)
                     reply = pickle.loads(raw)
                 except (EOFError, ConnectionError, OSError):
                     lost.append((w.index, list(w.pending)))

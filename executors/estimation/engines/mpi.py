@@ -80,7 +80,7 @@ class MPIRunner:
         """This rank's pass bytes: the pickled payload and every rank's pickled results, as they crossed."""
 
     @property
-    def bytes_moved(self) -> int:
+    def transport_bytes(self) -> int:
         """Pass bytes this rank sent and received so far (the payload broadcast, the results all-gather)."""
         return self.wire.total
 

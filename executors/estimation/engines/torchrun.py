@@ -116,7 +116,7 @@ class TorchRunRunner:
         """This rank's pass bytes: the pickled payload, subtree entries and ordered results, as they crossed."""
 
     @property
-    def bytes_moved(self) -> int:
+    def transport_bytes(self) -> int:
         """Pass bytes this rank sent and received so far (payload and results broadcasts, tree sends)."""
         return self.wire.total
 
