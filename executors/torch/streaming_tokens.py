@@ -132,7 +132,7 @@ def _start_module(module: nn.Module, prev_estimate: Any) -> nn.Module:
 
 def _redraw_parameters(module: nn.Module, seed: int) -> None:
     """Re-initialize every layer with ``reset_parameters`` from a torch generator seeded by ``seed``."""
-    layers = [m for m in module.modules() if callable(getattr(m, "reset_parameters", None))]
+    layers: list[Any] = [m for m in module.modules() if callable(getattr(m, "reset_parameters", None))]
     if not layers:
         raise ValueError(f"rng= draws the start through the layers' reset_parameters(), but {type(module).__name__} "
                          "has none; pass rng=None to start from the module's parameters as they are")

@@ -565,11 +565,11 @@ def dask_encoded_data(data: Any, *, client: Any = None, num_workers: int | None 
     for a client that only submits and gathers. ``timeout=`` and ``direct_channel=`` (``False`` sends every
     data pass through dask's RPC, see ``engines.channel``) are the resident runner's: with a task-only
     client they are refused. ``params`` are the handle's options."""
-    engine = {k: params.pop(k) for k in ("timeout", "direct_channel") if k in params}
+    engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "direct_channel") if k in params}
     runner: Any
     if is_task_only_client(client, require_engine("distributed", "dask")):
         refuse_for_runner("dask", engine, f"a {type(client).__name__} that only submits and gathers",
-                               "a distributed.Client")
+                          "a distributed.Client")
         runner = DaskTaskRunner(client, num_workers=num_workers)
     else:
         runner = DaskRunner(client, num_workers=num_workers, **engine)

@@ -506,7 +506,8 @@ def ray_encoded_data(data: Any, *, num_workers: int | None = None, address: str 
     """
     if client is not None and address is not None and client != address:
         raise ValueError(f"client={client!r} and address={address!r} both name the Ray cluster; give one")
-    engine = {k: params.pop(k) for k in ("timeout", "start_timeout", "init_kwargs", "direct_channel") if k in params}
+    engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "start_timeout", "init_kwargs", "direct_channel")
+                              if k in params}
     runner = _runner(num_workers, address=address if address is not None else client, **engine)
     try:
         return handle_from_runner(runner, data, handle_class=RayEncodedData, **params)
