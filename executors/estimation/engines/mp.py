@@ -35,6 +35,7 @@ from ..chunks import (
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
 from .chunk_assignment import block_assignment, place_blocks
+from .main_guard import require_main_guard
 from .worker_process import keep_freed_memory, yield_on_wakeup
 
 __all__ = ["BLAS_THREAD_VARIABLES", "MPChunkRunner", "WorkerTaskError", "mp_backend"]
@@ -167,6 +168,8 @@ class MPChunkRunner:
             raise ValueError(f"mp backend shutdown_timeout must be >= 0 seconds, got {shutdown_timeout!r}")
         self.shutdown_timeout = float(shutdown_timeout)
         """Seconds ``close`` waits for each worker to exit after asking it to, before killing it."""
+        if start_method != "fork":
+            require_main_guard("mp")
         self.num_workers = n
         self.timeout = timeout
         self.start_timeout = start_timeout
@@ -479,6 +482,8 @@ each worker is a Python interpreter holding its chunks, and more only contend fo
 
 def planned_workers(options: EncodedDataOptions) -> int:
     """Worker processes mp will start: ``num_workers`` (capped), else one per resource or local CPU."""
+    if options.extra.get("start_method", "spawn") != "fork":
+        require_main_guard("mp")  # before the admission gate, which may certify on the spot
     n = options.num_workers
     if n is None:
         n = len(options.resources) if options.resources is not None else local_cpu_count()
