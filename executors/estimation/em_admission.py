@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...contracts import NotAdmittedError, ParallelPlan
+from ...contracts import AdmissionMode, NotAdmittedError, ParallelPlan
 from ...verification.admission import AdmissionDecision, require_admission
 from ...verification.capability import active_harness_capability
 from ..registry import normalize_backend_name
@@ -73,10 +73,11 @@ def admit_encoded_data(
     """
     executor = EMExecutorIdentity(name)
     plan = ParallelPlan(dp_replicate=max(1, workers))
-    explicit = admission is not None and admission not in ("required", "auto", "unverified")
-    if not explicit and admission != "unverified" and world_size <= 1 and active_harness_capability() is None:
+    explicit = admission is not None and admission not in ("required", "auto", AdmissionMode.UNVERIFIED)
+    if not explicit and admission != AdmissionMode.UNVERIFIED and world_size <= 1 \
+            and active_harness_capability() is None:
         return AdmissionDecision(
-            "local",
+            AdmissionMode.LOCAL,
             None,
             executor=executor.capabilities.name,
             plan=plan.describe(),

@@ -36,7 +36,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ...contracts import SDCAuditRecord, StepReceipt
+from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, StepReceipt, choose
 from ...contracts.estimation import statistic_digest
 from ...verification.sdc.em import ChunkAudit, EMAuditor
 from ...verification.sdc.inject import flip_bit
@@ -143,10 +143,11 @@ AuditEvent = SDCAuditRecord | AuditNote
 class EMAudit:
     """The SDC audit state of one handle: the seeded auditor, quarantined and lost workers, injector."""
 
-    def __init__(self, runner: Any, *, rate: float = DEFAULT_AUDIT_RATE, policy: str = "quarantine",
-                 seed: int = 0, fault_injector: Any = None) -> None:
+    def __init__(self, runner: Any, *, rate: float = DEFAULT_AUDIT_RATE,
+                 policy: AuditPolicy | str = AuditPolicy.QUARANTINE, seed: int = 0, fault_injector: Any = None) -> None:
         self.runner = runner
-        self.auditor = EMAuditor(rate=rate, seed=seed, policy=policy, digest=statistic_digest)
+        chosen = choose(AuditPolicy, policy, option="audit_policy", allowed=EM_AUDIT_POLICIES)
+        self.auditor = EMAuditor(rate=rate, seed=seed, policy=chosen, digest=statistic_digest)
         self.injector = fault_injector
         self.placement = supports_worker_placement(runner)
         if fault_injector is not None and not self.placement:
