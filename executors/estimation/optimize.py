@@ -200,13 +200,13 @@ def fit(data: Any, estimator: Any, max_its: int = 10, delta: float | None = 1e-9
     ours = {k: keywords.pop(k) for k in FIT_OPTIONS if k in keywords}
     run = FitOptions(max_its=max_its, delta=delta, init_p=init_p, seed=seed, **ours)
     options, verification = options_from_keywords({"num_workers": num_workers, **keywords})
-    estimator = as_estimator(estimator)
-    prev_estimate = wrap_mixle_model(run.prev_estimate)  # a mixle distribution is adapted (ours unchanged)
     if not is_encoded_data_handle(data):
         if options.estimator is not None or options.model is not None:
             raise ValueError("fit takes the estimator as its second argument and a start as prev_estimate=; "
                              "drop estimator=/model=")
-        options = options.replace(estimator=estimator, model=prev_estimate)
+        options = options.replace(estimator=estimator, model=run.prev_estimate)  # the caller's objects, as given
+    estimator = as_estimator(estimator)
+    prev_estimate = wrap_mixle_model(run.prev_estimate)  # a mixle distribution is adapted (ours unchanged)
     handle, own = handle_for(data, backend, options, verification)
     try:
         return _fit_on(handle, estimator, prev_estimate, run)

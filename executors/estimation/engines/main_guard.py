@@ -42,6 +42,9 @@ def unguarded_main_line() -> int | None:
     path = getattr(main, "__file__", None)
     if main is None or not isinstance(path, str):
         return None
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    if spec_name is not None and (spec_name == "__main__" or spec_name.endswith(".__main__")):
+        return None  # ``python -m package``: spawn does not run a package's __main__ again
     frame = _module_frame(main)
     if frame is None:
         return None

@@ -236,6 +236,9 @@ def test_a_factory_gets_the_callers_objects_and_sub_chunks_as_given(probe):
     theirs = mixle_stats.GaussianEstimator()
     with encoded_data(X, estimator=theirs, backend="probe_backend") as h:
         assert seen["estimator"] is theirs and h.num_rows == len(X)
+    mixture = mixle_stats.MixtureEstimator([mixle_stats.GaussianEstimator()] * 2)
+    fit(X, mixture, max_its=1, backend="probe_backend")
+    assert seen["estimator"] is mixture  # fit passes the caller's object too
 
 
 def test_replacing_a_built_in_leaves_every_other_backend_working(probe):
