@@ -22,7 +22,7 @@ from mixle_parallel.verification import AuditSchedule, TinyLMWorkload, TrainingA
 
 
 def certification_seconds() -> float:
-    spec = "mixle_parallel.executors.torch.harness_adapter:VerifiableTorchNative"
+    spec = "torch_native"  # a registered name: the harness measures its verification target
     started = time.perf_counter()
     report = verify(spec, ParallelPlan(dp_shard=2, tp=2), precision="fp32", workload="tiny_lm")
     report.certify(spec)

@@ -7,12 +7,18 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from ..contracts.errors import UnknownBackendError
+from ..verification.backend_names import BackendDirectory, use_backend_directory
 
 __all__ = [
+    "EncodedDataDeclaration",
     "available_encoded_data_backends",
     "available_training_backends",
+    "encoded_data_declaration",
     "get_encoded_data_backend",
+    "is_encoded_data_backend",
     "get_training_backend",
     "normalize_backend_name",
     "register_encoded_data_backend",
@@ -28,6 +34,7 @@ _lock = threading.RLock()
 _training_backends: dict[str, Any] = {}
 _training_is_factory: dict[str, bool] = {}
 _encoded_data_backends: dict[str, Callable[..., Any]] = {}
+_encoded_data_declarations: dict[str, EncodedDataDeclaration] = {}
 
 
 def normalize_backend_name(name: str) -> str:
@@ -83,22 +90,62 @@ def available_training_backends() -> tuple[str, ...]:
         return tuple(sorted(_training_backends))
 
 
+@attrs.frozen
+class EncodedDataDeclaration:
+    """What an encoded-data backend declares at registration (None: not declared).
+
+    ``options``: the ``encoded_data`` options it honours besides every handle's own (an option set
+    that it does not honour is refused before any worker starts; undeclared: it receives every
+    option, mixle 0.8.2's contract). ``worker_processes``: whether its workers are processes
+    (undeclared counts as yes, so a backend that starts processes is never admitted as one local
+    process). ``planned_workers(options)``: the workers it will run, known before any starts
+    (undeclared: ``num_workers``, else 1).
+    """
+
+    options: frozenset[str] | None = None
+    worker_processes: bool | None = None
+    planned_workers: Callable[[Any], int] | None = None
+
+
+def _declaration(name: str, options: Any, worker_processes: Any, planned_workers: Any) -> EncodedDataDeclaration:
+    if options is not None:
+        if isinstance(options, str) or not all(isinstance(o, str) and o.isidentifier() for o in options):
+            raise TypeError(f"options= of encoded-data backend {name!r} must be a collection of option names "
+                            f"(identifiers), got {options!r}")
+        options = frozenset(options)
+    if worker_processes is not None and not isinstance(worker_processes, bool):
+        raise TypeError(f"worker_processes= of encoded-data backend {name!r} must be True or False, "
+                        f"got {worker_processes!r}")
+    if planned_workers is not None and not callable(planned_workers):
+        raise TypeError(f"planned_workers= of encoded-data backend {name!r} must be a function of the options "
+                        f"returning the worker count, got {planned_workers!r}")
+    return EncodedDataDeclaration(options, worker_processes, planned_workers)
+
+
 def register_encoded_data_backend(
     name: str,
     factory: Callable[..., Any],
     aliases: tuple[str, ...] | list[str] = (),
     *,
     override: bool = False,
+    options: Any = None,
+    worker_processes: bool | None = None,
+    planned_workers: Callable[[Any], int] | None = None,
 ) -> None:
-    """Register ``factory(data, **params) -> handle`` under ``name`` and every alias.
+    """Register ``factory(data, **params) -> handle`` under ``name`` and every alias (mixle's call).
 
-    A name or alias bound to a different factory is a ``ValueError`` unless ``override=True``;
-    re-registering the identical factory is a no-op. Nothing is bound when any key collides.
+    ``params`` are ``encoded_data``'s keywords, with the caller's estimator, model and encoder
+    objects as given. A name or alias bound to a different factory is a ``ValueError`` unless
+    ``override=True``; re-registering the identical factory is a no-op. Nothing is bound when any
+    key collides. The declarations (see :class:`EncodedDataDeclaration`) may also be attributes of
+    the factory (``encoded_data_options``, ``worker_processes``, ``planned_workers``); the keywords
+    here win.
     """
     if not callable(factory):
         raise TypeError(f"encoded-data backend factory for {name!r} must be callable, got {factory!r}")
     if isinstance(aliases, str):
         raise TypeError(f"aliases must be a sequence of names, got the string {aliases!r}")
+    declaration = _declaration(name, options, worker_processes, planned_workers)
     keys = [normalize_backend_name(name)] + [normalize_backend_name(a) for a in aliases]
     with _lock:
         if not override:
@@ -111,6 +158,24 @@ def register_encoded_data_backend(
                     )
         for key in keys:
             _encoded_data_backends[key] = factory
+            _encoded_data_declarations[key] = declaration
+
+
+def encoded_data_declaration(name: str) -> EncodedDataDeclaration:
+    """The declaration of the backend registered under ``name``: the registration's keywords, completed by
+    the factory's attributes (``encoded_data_options``, ``worker_processes``, ``planned_workers``)."""
+    key = normalize_backend_name(name)
+    factory = get_encoded_data_backend(key)
+    with _lock:
+        declared = _encoded_data_declarations.get(key, EncodedDataDeclaration())
+    options = declared.options
+    if options is None and getattr(factory, "encoded_data_options", None) is not None:
+        options = frozenset(factory.encoded_data_options)  # type: ignore[attr-defined]  # checked just above
+    processes = declared.worker_processes
+    if processes is None and isinstance(getattr(factory, "worker_processes", None), bool):
+        processes = factory.worker_processes  # type: ignore[attr-defined]  # checked just above
+    planned = declared.planned_workers or getattr(factory, "planned_workers", None)
+    return EncodedDataDeclaration(options, processes, planned if callable(planned) else None)
 
 
 def get_encoded_data_backend(name: str) -> Callable[..., Any]:
@@ -124,6 +189,12 @@ def get_encoded_data_backend(name: str) -> Callable[..., Any]:
                 f"unknown encoded-data backend {name!r}; available: "
                 f"{', '.join(available_encoded_data_backends()) or '(none)'}"
             ) from None
+
+
+def is_encoded_data_backend(name: str) -> bool:
+    """Whether ``name`` (or an alias) is registered."""
+    with _lock:
+        return normalize_backend_name(name) in _encoded_data_backends
 
 
 def available_encoded_data_backends() -> tuple[str, ...]:
@@ -144,6 +215,7 @@ def unregister_encoded_data_backend(name: str) -> None:
     """Remove one encoded-data backend key (for tests); unknown names are ignored."""
     with _lock:
         _encoded_data_backends.pop(normalize_backend_name(name), None)
+        _encoded_data_declarations.pop(normalize_backend_name(name), None)
 
 
 _verification_targets: dict[str, Any] = {}
@@ -225,3 +297,7 @@ register_training_backend("megatron_bridge", _megatron_bridge_factory)
 register_training_backend("torch_native", _torch_native_factory)
 register_verification_target("torch_native", "mixle_parallel.executors.torch.harness_adapter:VerifiableTorchNative")
 register_verification_target("megatron", "mixle_parallel.executors.megatron.harness_adapter:VerifiableMegatron")
+# verify/certify/conformance take these names: the harness asks the registry through this directory
+use_backend_directory(BackendDirectory(target=verification_target, training=available_training_backends,
+                                       encoded_data=available_encoded_data_backends,
+                                       training_backend=get_training_backend))

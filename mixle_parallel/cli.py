@@ -100,15 +100,16 @@ def _cmd_schema(args: argparse.Namespace, console: Console) -> int:
 
 
 def _pass_through(name: str):  # noqa: ANN202 - handler factory
-    """A handler that hands the remaining arguments to a verification command function."""
+    """A handler that hands the remaining arguments to a verification command function.
+
+    verify, certify and conformance resolve ``--backend NAME`` through the executors' registry (imported
+    with this module), after ``--import MODULE`` and the ``mixle_parallel.backends`` entry points.
+    """
 
     def handler(args: argparse.Namespace, console: Console) -> int:
         from mixle_parallel import verification
 
-        function = getattr(verification, name)
-        if name in ("main_verify", "main_certify"):
-            return int(function(args.rest, resolve=executors.verification_target))
-        return int(function(args.rest))
+        return int(getattr(verification, name)(args.rest))
 
     return handler
 
@@ -126,12 +127,14 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
 
 
 _COMMANDS = {
-    "verify": ("main_verify", "measure a backend (registered name or module:attr) against the single-process "
-                              "reference on a small real mesh"),
+    "verify": ("main_verify", "measure a backend (a registered training or EM backend name, or module:attr; "
+                              "--import MODULE registers a third party's) against the single-process reference "
+                              "on a small real mesh"),
     "certify": ("main_certify", "verify, then sign and store an admission certificate for the plan family"),
     "keys": ("main_keys", "the trust store: keys init | trust PUBKEY | list | revoke KEYID"),
     "audit": ("main_audit", "verify a ledger's hash chain, step order and certificate links"),
-    "conformance": ("main_conformance", "run the standard contract and executor checks against a backend"),
+    "conformance": ("main_conformance", "run the standard contract and executor checks against a backend "
+                                        "(registered name or module:attr, as verify)"),
 }
 """Commands that hand their arguments to a verification command function (name, help)."""
 

@@ -1,7 +1,9 @@
 """The admission gate executors call before a real mesh starts, and the decision they record.
 
-``require_admission(executor, plan, precision, world_size=..., device_kind=..., comm_backend=...)``
-lets a run through in one of these modes (``AdmissionDecision.mode``):
+``require_admission(executor, plan, precision, options, world_size=...)`` decides with an
+``AdmissionOptions`` (the certificate or ``admission=`` value, device kind, communication backend,
+trust store, automatic certification; its fields may also be passed as keywords) and lets a run
+through in one of these modes (``AdmissionDecision.mode``, a ``contracts.AdmissionMode``):
 
 * ``verifying``: the harness's own run, proven by the ``HarnessCapability`` it holds (never by
   the environment); receipts name the holder;
@@ -30,11 +32,14 @@ from ..contracts import (
     AdmissibleExecutor,
     AdmissionCertificate,
     AdmissionContext,
+    AdmissionMode,
     CertificateEnvelope,
     NotAdmittedError,
     ParallelPlan,
     Tolerance,
     check_admission,
+    choose,
+    comm_backend_for,
 )
 from .attestation import (
     current_library_versions,
@@ -51,15 +56,19 @@ from .harness.tolerance import default_tolerance
 from .keys import TrustStore
 
 __all__ = [
-    "ADMISSION_MODES", "CERTIFICATE_ENV", "AdmissionDecision", "CertificationError", "certify",
+    "ADMISSION_MODES", "CERTIFICATE_ENV", "AdmissionDecision", "AdmissionOptions", "CertificationError", "certify",
     "current_library_versions", "load_certificate", "require_admission", "save_certificate",
 ]
 
 CERTIFICATE_ENV = "MIXLE_PARALLEL_CERTIFICATE"
 """Environment variable naming a certificate file the gate uses when none is passed (it must still verify)."""
 
-ADMISSION_MODES = ("certified", "unverified", "local", "verifying")
-"""How a run was let through: a certificate, an explicit opt-out, a single process, the harness."""
+ADMISSION_MODES: tuple[AdmissionMode, ...] = tuple(AdmissionMode)
+"""How a run was let through: a certificate, an explicit opt-out, a single process, the harness
+(``contracts.AdmissionMode``'s members; kept under this name for earlier callers)."""
+
+_REQUESTS = ("required", "auto", AdmissionMode.UNVERIFIED)
+"""The string values ``admission=`` takes besides a certificate or its path (None: automatic)."""
 
 _log = logging.getLogger(__name__)
 
@@ -67,11 +76,16 @@ AutoCertify = Callable[[], CertificateEnvelope]
 """Certifies the executor on the spot (EM backends); returns the signed envelope."""
 
 
+def _mode(value: object) -> AdmissionMode:
+    """A mode from its member or its string (receipts and ledgers hold the string)."""
+    return AdmissionMode(choose(AdmissionMode, value, option="AdmissionDecision.mode"))
+
+
 @attrs.frozen
 class AdmissionDecision:
     """Why a run may proceed; executors copy ``receipt_extra()`` into every receipt and ledger entry."""
 
-    mode: str = attrs.field(validator=attrs.validators.in_(ADMISSION_MODES))
+    mode: AdmissionMode = attrs.field(converter=_mode)
     certificate_id: str | None = None
     executor: str = ""
     plan: str = ""
@@ -83,17 +97,17 @@ class AdmissionDecision:
     @property
     def certified(self) -> bool:
         """True when a certificate admitted the run."""
-        return self.mode == "certified"
+        return self.mode is AdmissionMode.CERTIFIED
 
     @property
     def ledger_link(self) -> str:
         """What ledger entries carry as ``certificate``: the certificate id or 'unverified' (the mode says why)."""
-        return self.certificate_id if self.certificate_id is not None else "unverified"
+        return self.certificate_id if self.certificate_id is not None else AdmissionMode.UNVERIFIED.value
 
     def receipt_extra(self) -> dict[str, str]:
         """The keys to put in ``StepReceipt.extra``: admission mode and certificate link (and who vouched)."""
-        extra = {"admission": self.mode, "certificate": self.ledger_link}
-        if self.notes and self.mode == "verifying":
+        extra = {"admission": self.mode.value, "certificate": self.ledger_link}
+        if self.notes and self.mode is AdmissionMode.VERIFYING:
             extra["admitted_by"] = self.notes[0]
         return extra
 
@@ -132,10 +146,10 @@ def _as_envelope(certificate: Any) -> CertificateEnvelope:
                             f"got {type(certificate).__name__}",))
 
 
-def _split(certificate: Any, admission: Any) -> tuple[Any, str | None]:
+def _split(certificate: Any, admission: Any) -> tuple[Any, AdmissionMode | None]:
     """Executors' one-argument form: ``admission=`` may carry the certificate or its path."""
-    if admission is None or (isinstance(admission, str) and admission in ("required", "unverified", "auto")):
-        return certificate, None if admission in (None, "auto", "required") else admission
+    if admission is None or (isinstance(admission, str) and admission in _REQUESTS):
+        return certificate, AdmissionMode.UNVERIFIED if admission == AdmissionMode.UNVERIFIED else None
     path_like = isinstance(admission, str) and (admission.endswith(".json") or os.path.sep in admission)
     if isinstance(admission, (CertificateEnvelope, AdmissionCertificate, os.PathLike)) or path_like:
         if certificate is not None:
@@ -145,42 +159,95 @@ def _split(certificate: Any, admission: Any) -> tuple[Any, str | None]:
                      "or the path of a certificate document")
 
 
+def _optional(kind: type | tuple[type, ...]) -> Any:
+    return attrs.validators.optional(attrs.validators.instance_of(kind))
+
+
+@attrs.frozen(kw_only=True)
+class AdmissionOptions:
+    """How the gate decides for one run (``require_admission``), beside who asks and the world size.
+
+    Every field is optional: with none the gate admits a single CPU process, else a fitting certificate
+    from the local store, else refuses naming the ``certify`` command.
+    """
+
+    certificate: Any = None
+    """A signed ``CertificateEnvelope`` or the path of one (``MIXLE_PARALLEL_CERTIFICATE`` when None)."""
+    admission: Any = None
+    """None (automatic), ``"unverified"`` (the recorded opt-out), or the certificate / its path."""
+    accelerator: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    """The run uses an accelerator (``device_kind`` ``cuda`` unless given): a real mesh even on one process."""
+    device_kind: str | None = attrs.field(default=None, validator=_optional(str))
+    """The device the run uses (``cpu``, ``cuda``); a certificate must have been measured on the same."""
+    comm_backend: str | None = attrs.field(default=None, validator=_optional(str))
+    """Its communication backend (default: the executor's ``comm_backend``, else ``comm_backend_for(device)``)."""
+    library_versions: Mapping[str, str] | None = attrs.field(default=None, validator=_optional(Mapping))
+    """Versions that override the ones this process reports (what the run really loads)."""
+    max_age: timedelta = attrs.field(default=DEFAULT_MAX_AGE, validator=attrs.validators.instance_of(timedelta))
+    """The oldest certificate admitted."""
+    auto_certify: AutoCertify | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable()))
+    """Certifies on the spot when no stored certificate fits (EM backends driven from one process)."""
+    certify_command: str | None = attrs.field(default=None, validator=_optional(str))
+    """The command a refusal tells the user to run once (default: ``mixle-parallel certify ...``)."""
+    trust_store: TrustStore | None = attrs.field(default=None, validator=_optional(TrustStore))
+    """The trust store to check signatures against (default: the user's)."""
+
+
+_OPTION_NAMES = tuple(field.name for field in attrs.fields(AdmissionOptions))
+
+
+def _admission_options(options: AdmissionOptions | None, keywords: Mapping[str, Any]) -> AdmissionOptions:
+    """``options``, or one built at once from the keyword form (the form executors used before the object)."""
+    unknown = sorted(set(keywords) - set(_OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"require_admission() got unknown option(s) {', '.join(unknown)}; it takes "
+                        f"AdmissionOptions fields: {', '.join(_OPTION_NAMES)}")
+    if options is None:
+        return AdmissionOptions(**keywords)
+    if not isinstance(options, AdmissionOptions):
+        raise TypeError(f"options must be an AdmissionOptions, got {type(options).__name__}")
+    if keywords:
+        raise TypeError("pass AdmissionOptions or its fields as keywords, not both "
+                        f"(got {', '.join(sorted(keywords))})")
+    return options
+
+
 def require_admission(
     executor: AdmissibleExecutor,
     plan: ParallelPlan,
     precision: str,
+    options: AdmissionOptions | None = None,
     *,
-    certificate: Any = None,
-    admission: Any = None,
     world_size: int,
-    accelerator: bool = False,
-    device_kind: str | None = None,
-    comm_backend: str | None = None,
-    library_versions: Mapping[str, str] | None = None,
-    max_age: timedelta = DEFAULT_MAX_AGE,
-    auto_certify: AutoCertify | None = None,
-    certify_command: str | None = None,
-    trust_store: TrustStore | None = None,
+    **keywords: Any,
 ) -> AdmissionDecision:
-    """The admission gate for ``prepare()`` / ``encoded_data()``; raises NotAdmittedError when refused."""
-    certificate, mode = _split(certificate, admission)
-    device = device_kind or ("cuda" if accelerator else "cpu")
-    comm = comm_backend or getattr(executor, "comm_backend", None) or ("nccl" if device == "cuda" else "gloo")
+    """The admission gate for ``prepare()`` / ``encoded_data()``; raises NotAdmittedError when refused.
+
+    ``options`` (``AdmissionOptions``) says how to decide; its fields may be given as keywords instead
+    (``certificate=``, ``admission=``, ``device_kind=``, ...), which build one at once; an unknown keyword is
+    a ``TypeError`` naming it.
+    """
+    opts = _admission_options(options, keywords)
+    certificate, mode = _split(opts.certificate, opts.admission)
+    device = opts.device_kind or ("cuda" if opts.accelerator else "cpu")
+    comm = opts.comm_backend or getattr(executor, "comm_backend", None) or comm_backend_for(device)
     common: dict[str, Any] = {"executor": executor.capabilities.name, "plan": plan.describe(), "precision": precision}
     capability = active_harness_capability()
     if capability is not None:
-        return AdmissionDecision("verifying", None, notes=(capability.receipt_note,), **common)
-    if mode == "unverified":
+        return AdmissionDecision(AdmissionMode.VERIFYING, None, notes=(capability.receipt_note,), **common)
+    if mode is AdmissionMode.UNVERIFIED:
         _log.warning("running %s on %s at %s WITHOUT admission (admission='unverified')",
                      common["executor"], common["plan"], precision)
-        return AdmissionDecision("unverified", None, notes=("admission='unverified' requested",), **common)
+        return AdmissionDecision(mode, None, notes=("admission='unverified' requested",), **common)
     if certificate is None and os.environ.get(CERTIFICATE_ENV):
         certificate = os.environ[CERTIFICATE_ENV]
     real_mesh = world_size > 1 or device != "cpu"
     if certificate is None and not real_mesh:
-        return AdmissionDecision("local", None, notes=("single process on CPU: no certificate needed",), **common)
-    keys = trust_store or TrustStore()
-    context = _context(executor, device, comm, library_versions, max_age)
+        return AdmissionDecision(AdmissionMode.LOCAL, None, notes=("single process on CPU: no certificate needed",),
+                                 **common)
+    keys = opts.trust_store or TrustStore()
+    context = _context(executor, device, comm, opts.library_versions, opts.max_age)
     where = f"this is a real device mesh (world size {world_size}, {device}/{comm})"
     if certificate is not None:
         try:
@@ -189,23 +256,21 @@ def require_admission(
             certificate_id = check_admission(found, executor, plan, precision, context)
         except NotAdmittedError as exc:
             raise NotAdmittedError((*exc.reasons, where)) from None
-        return AdmissionDecision("certified", certificate_id, signer=keyid, envelope=envelope,
-                                 **common)
-    return _automatic(executor, plan, precision, context, keys, auto_certify, certify_command, where, common)
+        return AdmissionDecision(AdmissionMode.CERTIFIED, certificate_id, signer=keyid, envelope=envelope, **common)
+    return _automatic(executor, plan, precision, context, keys, opts, where, common)
 
 
 def _automatic(executor: AdmissibleExecutor, plan: ParallelPlan, precision: str, context: AdmissionContext,
-               keys: TrustStore, auto_certify: AutoCertify | None, certify_command: str | None, where: str,
-               common: dict[str, Any]) -> AdmissionDecision:
+               keys: TrustStore, opts: AdmissionOptions, where: str, common: dict[str, Any]) -> AdmissionDecision:
     """No certificate given: a fitting one from the local store, else certify on the spot, else refuse."""
     store = CertificateStore(keys.home)
     hit = store.find(executor, plan, precision, context)
     if hit is not None:
         stored, found, keyid = hit
-        return AdmissionDecision("certified", found.certificate_id, signer=keyid, envelope=stored,
+        return AdmissionDecision(AdmissionMode.CERTIFIED, found.certificate_id, signer=keyid, envelope=stored,
                                  notes=(f"certificate from the local store {store.folder}",), **common)
-    if auto_certify is None:
-        command = certify_command or (f"mixle-parallel certify --backend {common['executor']} "
+    if opts.auto_certify is None:
+        command = opts.certify_command or (f"mixle-parallel certify --backend {common['executor']} "
                                       f"--plan {_plan_flag(plan)} --precision {precision} --out cert.json")
         raise NotAdmittedError((
             f"check 'certificate' failed: no trusted certificate in {store.folder} fits {common['executor']} "
@@ -214,14 +279,14 @@ def _automatic(executor: AdmissibleExecutor, plan: ParallelPlan, precision: str,
     print(f"mixle-parallel: certifying {common['executor']} for {common['plan']} at {precision} on this machine "
           f"(once; stored in {store.folder})", file=sys.stderr, flush=True)
     try:
-        envelope = auto_certify()
+        envelope = opts.auto_certify()
         found, keyid = open_envelope(envelope, keys)
         certificate_id = check_admission(found, executor, plan, precision, context)
     except (CertificationError, NotAdmittedError) as exc:
         reasons = exc.reasons if isinstance(exc, NotAdmittedError) else (str(exc),)
         raise NotAdmittedError(("automatic certification did not admit the run", *reasons, where)) from None
     store.add(envelope)
-    return AdmissionDecision("certified", certificate_id, signer=keyid, envelope=envelope,
+    return AdmissionDecision(AdmissionMode.CERTIFIED, certificate_id, signer=keyid, envelope=envelope,
                              notes=("certified on the spot and stored for next time",), **common)
 
 

@@ -1,7 +1,8 @@
 """Command functions for the lead's CLI: ``mixle-parallel verify``, ``certify`` and ``keys``.
 
-``verify`` and ``certify`` take a backend as ``module:attr`` (the facade maps registered names to
-such specs), run the harness on a small real mesh and print the per-update table; ``certify`` also
+``verify`` and ``certify`` take a backend as a registered name (training or EM, built-in or
+third-party) or ``module:attr`` (``backend_names``; ``--import MODULE`` first imports a module that
+registers one), run the harness on a small real mesh and print the per-update table; ``certify`` also
 writes the certificate (a DSSE envelope signed with this machine's Ed25519 key, made on first use)
 and keeps it in the local store where automatic admission finds it. ``keys init|trust|list|revoke``
 manages the trust store.
@@ -17,6 +18,7 @@ from typing import Any
 
 from ..contracts import to_dict
 from .attestation import open_envelope, save_certificate
+from .backend_names import add_backend_arguments, harness_target, import_modules
 from .certification import CertificationError
 from .conformance.suite import parse_plan
 from .harness.run import verify
@@ -28,7 +30,7 @@ __all__ = ["main_certify", "main_keys", "main_verify"]
 
 def _parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=doc)
-    parser.add_argument("--backend", required=True, help="backend as 'package.module:attribute'")
+    add_backend_arguments(parser)
     parser.add_argument("--plan", required=True, help="plan, e.g. 'dp_shard=2,tp=2'")
     parser.add_argument("--precision", default=None,
                         help="fp32, fp64, bf16, ... (default: fp32, or the backend's only precision)")
@@ -40,11 +42,7 @@ def _parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
 
 
 Resolver = Callable[[str], Any]
-"""Maps a ``--backend`` value to an executor object or ``module:attr`` spec (the facade maps registry names)."""
-
-
-def _identity(spec: str) -> Any:
-    return spec
+"""Maps a ``--backend`` value to what the harness measures (default: ``backend_names.harness_target``)."""
 
 
 def _run(args: argparse.Namespace, prog: str, resolve: Resolver):  # noqa: ANN202 - report or None
@@ -52,19 +50,21 @@ def _run(args: argparse.Namespace, prog: str, resolve: Resolver):  # noqa: ANN20
         plan = parse_plan(args.plan)
         if plan is None:
             raise ValueError("--plan names no axis; give at least one, e.g. --plan dp_shard=2")
-        target = resolve(args.backend)
+        import_modules(args.imports)
+        target = harness_target(resolve(args.backend))
+        executor = resolve_executor(target)
     except (ValueError, KeyError) as exc:
         print(f"{prog}: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return None
     args.target = target
     if args.precision is None:
-        precisions = resolve_executor(target).capabilities.precisions
+        precisions = executor.capabilities.precisions
         args.precision = "fp32" if "fp32" in precisions or not precisions else sorted(precisions)[0]
     return verify(target, plan, precision=args.precision, workload=args.workload, trials=args.trials,
                   seed=args.seed)
 
 
-def main_verify(argv: Sequence[str] | None = None, *, resolve: Resolver = _identity) -> int:
+def main_verify(argv: Sequence[str] | None = None, *, resolve: Resolver = harness_target) -> int:
     """``mixle-parallel verify``: measure a backend on a plan; exit 1 when a check fails."""
     parser = _parser("mixle-parallel verify", main_verify.__doc__)
     parser.add_argument("--json", action="store_true", help="print the evidence as JSON documents")
@@ -81,7 +81,7 @@ def main_verify(argv: Sequence[str] | None = None, *, resolve: Resolver = _ident
     return 0 if report.passed else 1
 
 
-def main_certify(argv: Sequence[str] | None = None, *, resolve: Resolver = _identity) -> int:
+def main_certify(argv: Sequence[str] | None = None, *, resolve: Resolver = harness_target) -> int:
     """``mixle-parallel certify``: verify, then write the certificate; exit 1 when not certifiable."""
     parser = _parser("mixle-parallel certify", main_certify.__doc__)
     parser.add_argument("--out", default=None, help="also write the certificate document here")

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from ...contracts import SDCAuditRecord
+from ...contracts import AuditPolicy, SDCAuditRecord
 from ...verification.sdc.inject import BitFlip, FaultInjector
 from .chunks import WorkerTask, chunk_estep
 from .engines.mp import MPChunkRunner
@@ -68,7 +68,9 @@ class SDCAuditReceipt:
                 f"status={self.quarantine_status} comparison={self.comparison_mode}")
 
 
-_STATUS = {"quarantine": "quarantined", "raise": "raised", "warn": "warned", "skip_step": "skipped"}
+_STATUS: dict[str, str] = {AuditPolicy.QUARANTINE: "quarantined", AuditPolicy.RAISE: "raised",
+                           AuditPolicy.WARN: "warned", AuditPolicy.SKIP_STEP: "skipped"}
+"""mixle's ``quarantine_status`` of a mismatch, by the policy that handled it (a record's text finds its key)."""
 
 
 def audit_receipts(records: Iterable[SDCAuditRecord]) -> list[SDCAuditReceipt]:
@@ -106,7 +108,8 @@ class AuditedMPEncodedData(ChunkedEncodedData):
                  num_workers: int | None = None, sub_chunks: int = 1, max_retries: int = 2,
                  audit_rate: float = 0.1, audit_rtol: float = 1e-12, audit_atol: float = 1e-12,
                  rng: Any = None, worker_timeout_s: float = 30.0, *, num_chunks: int | None = None,
-                 audit_policy: str = "quarantine", ledger: Any = None, fault_injector: Any = None) -> None:
+                 audit_policy: AuditPolicy | str = AuditPolicy.QUARANTINE, ledger: Any = None,
+                 fault_injector: Any = None) -> None:
         for name, value in (("audit_rtol", audit_rtol), ("audit_atol", audit_atol)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..registry import register_encoded_data_backend
+from ..registry import is_encoded_data_backend, register_encoded_data_backend
 
 __all__ = ["BUILTIN_ENCODED_DATA_BACKENDS", "register_builtin_encoded_data_backends"]
 
@@ -34,7 +34,8 @@ class _LazyFactory:
     """A backend factory that imports its engine module on first use (keeps imports light).
 
     The module declares ``ENCODED_DATA_OPTIONS`` (options it honours), ``WORKER_PROCESSES`` (whether
-    its workers are processes) and ``planned_workers(options)``; importing it starts no worker.
+    its workers are processes) and ``planned_workers(options)``; this factory shows them as the
+    registry's declaration attributes. Importing the module starts no worker.
     """
 
     def __init__(self, name: str, target: str) -> None:
@@ -73,7 +74,11 @@ def _lazy_factory(name: str, target: str) -> _LazyFactory:
 def register_builtin_encoded_data_backends() -> None:
     """Register every built-in encoded-data backend the same way a third party would (idempotent).
 
-    Their verification targets are registered by ``estimation.verifiable`` when the package loads.
+    A name or alias already bound (a third party's ``override=True`` over a built-in) is left as it
+    is, so replacing one built-in never disturbs the others. Their verification targets are
+    registered by ``harness_adapter`` when the package loads.
     """
     for name, (target, aliases) in BUILTIN_ENCODED_DATA_BACKENDS.items():
-        register_encoded_data_backend(name, _lazy_factory(name, target), aliases)
+        for key in (name, *aliases):
+            if not is_encoded_data_backend(key):
+                register_encoded_data_backend(key, _lazy_factory(name, target))

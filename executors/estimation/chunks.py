@@ -6,10 +6,12 @@ The contract (for backend authors: local, mp, mpi, spark, dask, ray, or yours)
   ``n`` and ``num_chunks``/``chunk_size`` -- never on the worker count. Chunk ids are ``0..c-1``.
   Each chunk is encoded once into an :class:`EncodedChunk` (``chunk_id``, ``start``, ``stop``,
   ``data``), so a function running on a worker knows which chunk it holds.
-* A backend is a *chunk runner* (:class:`ChunkRunner`): ``scatter(chunks)`` places the encoded
-  chunks (list index == chunk id) on its workers once; ``map_chunks(fn, payload, chunk_ids=None)``
-  runs ``fn(chunk, payload)`` where each chunk is resident and returns the results **ordered by
-  chunk id**; ``close()`` frees everything. ``fn`` is a module-level function and ``payload``
+* A backend is a *chunk runner* (:class:`ChunkRunner`): ``name`` (the backend's name, in receipts
+  and ledgers), ``num_workers`` (the workers it runs, the SDC audit's and the receipts' count);
+  ``scatter(chunks)`` places the encoded chunks (list index == chunk id) on its workers once;
+  ``map_chunks(fn, payload, chunk_ids=None)`` runs ``fn(chunk, payload)`` where each chunk is
+  resident and returns the results **ordered by chunk id**; ``close()`` frees everything. ``fn`` is
+  a module-level function and ``payload``
   plain data or model objects (both picklable). A runner recomputes the chunks of a dead worker
   on the survivors (raising :class:`WorkerLostError` only when none survive) and raises
   :class:`WorkerTimeoutError` for a worker that does not answer within its timeout.
@@ -37,8 +39,13 @@ The contract (for backend authors: local, mp, mpi, spark, dask, ray, or yours)
   False`` (an SPMD rank / a Spark task cannot be aimed at a chosen worker), so their audits
   recompute a chunk on the same runner (``same_rank`` replays).
 * A backend registers ``factory(data, **params) -> handle`` through
-  ``executors.registry.register_encoded_data_backend``; ``handle.handle_from_runner`` does the
-  encoding and wiring, so an engine backend is a runner plus a few lines.
+  ``executors.registry.register_encoded_data_backend`` and declares there (keywords, or attributes of
+  the factory) the options it honours (``options=``), whether its workers are processes
+  (``worker_processes=``; undeclared counts as yes) and ``planned_workers(options)``, the workers it
+  will run, known before any starts (undeclared: ``num_workers``, else 1); the admission gate takes
+  the world from these. ``handle.handle_from_runner(runner, data, **params)`` does the encoding and
+  wiring (``params``: the options it did not use itself), so an engine backend is a runner plus a few
+  lines. ``examples/em_backend_template.py`` is a complete one.
 """
 
 from __future__ import annotations

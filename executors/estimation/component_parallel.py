@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from .backend_declaration import backend_declaration, builtin_declarations, check_backend_options
+from .builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
 from .chunks import EStepResult
 from .engines.local import LocalChunkRunner
-from .handle import ChunkedEncodedData
+from .handle import ChunkedEncodedData, handle_options
 from .mixle_interop import (
     MixleAccumulator,
     MixleEstimator,
@@ -217,30 +219,22 @@ ComponentParallelAccumulatorFactory = ModelParallelAccumulatorFactory
 
 
 class ModelParallelEncodedData(ChunkedEncodedData):
-    """A fully resident local handle whose E-step threads a mixture's components."""
+    """A fully resident local handle whose E-step threads a mixture's components.
 
-    def __init__(
-        self,
-        data: Any,
-        *,
-        estimator: Any = None,
-        model: Any = None,
-        encoder: Any = None,
-        num_workers: int | None = None,
-        num_chunks: int | None = None,
-        chunk_size: int | None = None,
-        **_: Any,
-    ) -> None:
+    mixle's signature ``(data, *, estimator=None, model=None, encoder=None, num_workers=None, **_)``:
+    ``num_workers`` are the component threads; the other keywords mixle's ``encoded_data`` passes
+    (:class:`EncodedDataOptions`' fields) are accepted when this backend honours them (the chunking)
+    and refused, naming them, when set and not honoured; any other keyword is refused.
+    """
+
+    def __init__(self, data: Any, *, estimator: Any = None, model: Any = None, encoder: Any = None,
+                 num_workers: int | None = None, **mixle_keywords: Any) -> None:
+        options = handle_options(None, dict(mixle_keywords, estimator=estimator, model=model, encoder=encoder,
+                                            num_workers=num_workers), where="ModelParallelEncodedData")
+        declaration = backend_declaration("model_parallel")
+        check_backend_options(declaration, options, True, builtin_declarations(BUILTIN_ENCODED_DATA_BACKENDS))
         self.component_workers = num_workers
-        super().__init__(
-            LocalChunkRunner(1),
-            data,
-            estimator=estimator,
-            model=model,
-            encoder=encoder,
-            num_chunks=num_chunks,
-            chunk_size=chunk_size,
-        )
+        super().__init__(LocalChunkRunner(1), data, options.replace(num_workers=None))
 
     def _wrap(self, estimator: Any) -> Any:
         if isinstance(estimator, ModelParallelEstimator):

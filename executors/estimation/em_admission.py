@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...contracts import NotAdmittedError, ParallelPlan
+from ...contracts import AdmissionMode, NotAdmittedError, ParallelPlan
 from ...verification.admission import AdmissionDecision, require_admission
 from ...verification.capability import active_harness_capability
 from ..registry import normalize_backend_name
 from .executor_identity import EM_PRECISION, EMExecutorIdentity
 
-__all__ = ["EM_PRECISION", "admit_encoded_data", "canonical_backend", "planned_world"]
+__all__ = ["EM_PRECISION", "admit_encoded_data", "canonical_backend"]
 
 _AUTO_CERTIFIABLE = {"mp", "dask", "ray", "spark"}
 """Backends certified on the spot when no stored certificate fits (those that need a cluster
@@ -42,19 +42,6 @@ def canonical_backend(backend: str, builtins: dict[str, tuple[str, tuple[str, ..
         if key == name or key in {normalize_backend_name(a) for a in aliases}:
             return name
     return key
-
-
-def planned_world(factory: Any, options: Any) -> tuple[int, int]:
-    """``(workers, world size)`` the backend will run with, known before any worker starts.
-
-    Each backend answers its own ``planned_workers(options)`` (built-ins: their engine module's);
-    its ``worker_processes`` says whether those workers are processes (a world of that many) or
-    threads in this process (a world of one). A factory that says nothing plans one worker.
-    """
-    planned = getattr(factory, "planned_workers", None)
-    workers = max(1, int(planned(options))) if planned is not None else 1
-    processes = bool(getattr(factory, "worker_processes", True))
-    return workers, workers if processes else 1
 
 
 def _auto_certify(name: str) -> Any:
@@ -86,10 +73,11 @@ def admit_encoded_data(
     """
     executor = EMExecutorIdentity(name)
     plan = ParallelPlan(dp_replicate=max(1, workers))
-    explicit = admission is not None and admission not in ("required", "auto", "unverified")
-    if not explicit and admission != "unverified" and world_size <= 1 and active_harness_capability() is None:
+    explicit = admission is not None and admission not in ("required", "auto", AdmissionMode.UNVERIFIED)
+    if not explicit and admission != AdmissionMode.UNVERIFIED and world_size <= 1 \
+            and active_harness_capability() is None:
         return AdmissionDecision(
-            "local",
+            AdmissionMode.LOCAL,
             None,
             executor=executor.capabilities.name,
             plan=plan.describe(),

@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import attrs
+
 from ...contracts import ParallelPlan
 from ...contracts.estimation import statistic_digest
+from ...contracts.placement import Placement
 from ...verification.ledger.chain import Ledger
 from .chunks import (
     ChunkResult,
@@ -43,13 +46,16 @@ from .metering import MeteredRunner
 from .minibatch import (
     DEFAULT_STEP_EXPONENT,
     DEFAULT_STEP_OFFSET,
+    MinibatchSpec,
     batch_plan,
     minibatch_spec,
     step_gains,
     stepwise_em,
 )
 from .mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
+from .options import EncodedDataOptions, UnknownOptionError, VerificationOptions, option_names, sub_chunked
 from .placement_check import check_placement
+from .planner import placement_for_bounds
 from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt
 
 __all__ = ["STRAGGLER_MIN_EXCESS_S", "ChunkedEncodedData", "handle_from_runner"]
@@ -62,48 +68,39 @@ others' median (besides the ratio and robust-z rule), so scheduling jitter on ti
 class ChunkedEncodedData:
     """An encoded-data handle over any :class:`ChunkRunner`; same bits on every backend."""
 
-    def __init__(
-        self,
-        runner: ChunkRunner,
-        data: Any = None,
-        *,
-        estimator: Any = None,
-        model: Any = None,
-        encoder: Any = None,
-        num_chunks: int | None = None,
-        chunk_size: int | None = None,
-        num_rows: int | None = None,
-        controls: dict[str, Any] | None = None,
-        owns_runner: bool = True,
-        placement: Any = None,
-        batch_size: int | None = None,
-        shuffle: bool | None = None,
-        seed: int | None = None,
-        engine: Any = None,
-        precision: Any = None,
-    ) -> None:
+    def __init__(self, runner: ChunkRunner, data: Any = None, options: EncodedDataOptions | None = None, *,
+                 num_rows: int | None = None, owns_runner: bool = True, **params: Any) -> None:
+        """A handle over ``runner`` for ``data`` (None on a rank that holds no rows: give ``num_rows``).
+
+        ``options`` (an :class:`EncodedDataOptions`) and/or ``params`` (its fields as keywords) are the
+        handle's: the estimator/model/encoder (mixle objects adapted here), the chunking
+        (``num_chunks``/``chunk_size``, every chunk cut into ``sub_chunks``; with ``batch_size``/
+        ``shuffle``/``seed`` and no chunking a mini-batch is one chunk), the ``placement`` or
+        ``resources`` the chunks follow, and the compute engine.
+        """
+        opts = handle_options(options, params, where=type(self).__name__)
+        self.options = opts
+        """The options this handle was built with (what a reuse with conflicting controls is refused against)."""
         self.runner = runner
-        self.engine: EngineChoice | None = _engine_of(engine, precision, estimator, model)
+        estimator, model, encoder = adapt_mixle_objects(opts.estimator, opts.model, opts.encoder)
+        self.engine: EngineChoice | None = _engine_of(opts.engine, opts.precision, estimator, model)
         """The compute engine of the E-step (``engine="torch"``), or None for the numpy engine."""
         self._metered = MeteredRunner(runner)  # every pass measured per worker (em_observability)
         self.rank_records: list[RankRecord] = []
         """One ``RankRecord`` per worker and E-step (round = iteration), emitted by the workers themselves."""
         self._data = data
         self.num_rows = count_rows(data) if num_rows is None else int(num_rows)
-        if placement is not None and num_chunks is None and chunk_size is None:
-            num_chunks = getattr(placement, "num_chunks", None)  # the plan's chunks, unless chunking is given
-        self.bounds = chunk_bounds(self.num_rows, num_chunks, chunk_size)
+        self.bounds, self.minibatch, placement = handle_layout(opts, self.num_rows)
+        """The chunks' row ranges; the ``MinibatchSpec`` of stochastic EM (``batch_size=, shuffle=, seed=``)."""
+        if placement is None and opts.resources is not None:  # rows to workers by the devices' throughput
+            placement = _resource_placement(self.bounds, data, opts.resources, estimator, model, encoder)
         self.placement = check_placement(placement, self.num_rows, self.bounds, runner)
         """The planner's ``Placement`` the chunks follow (rows to workers by its shards), or None."""
-        self.minibatch = minibatch_spec(self.num_rows, batch_size, shuffle, seed, resolve_batch=False)
-        """The ``MinibatchSpec`` of stochastic EM (``encoded_data(batch_size=, shuffle=, seed=)``)."""
         self.last_stochastic_fit: Any = None
         """The ``StochasticFit`` (model, steps, passes) of the last ``stochastic_em`` call."""
-        self.controls = dict(controls or {})
         self._owns_runner = owns_runner
         self._scattered = False
         self._closed = False
-        estimator, model, encoder = adapt_mixle_objects(estimator, model, encoder)  # mixle's seq_* objects too
         self._encoder = encoder if encoder is not None else (
             resolve_encoder(estimator, model) if (estimator is not None or model is not None) else None
         )
@@ -258,7 +255,7 @@ class ChunkedEncodedData:
         estimator, model, _ = adapt_mixle_objects(estimator, model, None)
         estimator, model = self._bound(estimator, model)
         iteration = self.iteration
-        moved_before = self._bytes_moved()
+        moved_before = self._transport_bytes()
         self._metered.begin(iteration, "estep")
         try:
             if self._audit is not None:
@@ -283,7 +280,7 @@ class ChunkedEncodedData:
         self.last_receipt = em_receipt(
             iteration, nobs, ll, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
             quarantined=sorted(self.quarantined),
-            bytes_moved=None if moved_before is None else int(self._bytes_moved() or 0) - moved_before,
+            transport_bytes=None if moved_before is None else int(self._transport_bytes() or 0) - moved_before,
             observability=round_summary(records, min_excess_seconds=STRAGGLER_MIN_EXCESS_S),
         )
         if self.ledger is not None:
@@ -300,9 +297,9 @@ class ChunkedEncodedData:
             else:
                 self.ledger.audit(event)
 
-    def _bytes_moved(self) -> int | None:
-        """The runner's count of bytes through its workers' connections so far (None: it does not count)."""
-        moved = getattr(self.runner, "bytes_moved", None)
+    def _transport_bytes(self) -> int | None:
+        """The runner's count of pass bytes handed to its transport so far (None: it does not count)."""
+        moved = getattr(self.runner, "transport_bytes", None)
         return None if moved is None else int(moved)
 
     def _fold_entries(self, estimator: Any, entries: list[Any]) -> Any:
@@ -357,42 +354,33 @@ class ChunkedEncodedData:
         """Remember why the run failed; ``close`` writes it into the ledger's run_end."""
         self._failure = f"{type(error).__name__}: {error}"[:500]
 
-    def attach_verification(
-        self,
-        *,
-        admission: Any = None,
-        certificate: Any = None,
-        audit: bool | None = None,
-        audit_rate: float | None = None,
-        audit_policy: str = "quarantine",
-        audit_seed: int = 0,
-        ledger: Any = None,
-        fault_injector: Any = None,
-    ) -> None:
+    def attach_verification(self, verification: VerificationOptions | None = None, *, admission: Any = None,
+                            certificate: Any = None, **controls: Any) -> None:
         """Bind the admission decision, the SDC audit and the ledger (``encoded_data`` calls this).
 
-        ``audit=None`` audits when the runner has two workers or more; ``audit_rate`` defaults to
-        0.05. ``ledger`` (a ``verification.Ledger`` or a path) gets run_start now, one receipt per
-        E-step, every audit record, and run_end on ``close``.
+        ``verification`` (a :class:`VerificationOptions`): ``audit=None`` audits when the runner has two
+        workers or more; ``audit_rate`` defaults to 0.05; ``fault_injector`` needs the audit on. ``ledger``
+        (a ``verification.Ledger`` or a path) gets run_start now, one receipt per E-step, every audit
+        record, and run_end on ``close``. ``controls`` are its fields as keywords (made into one at once).
+        ``admission`` is the gate's ``AdmissionDecision``.
         """
+        base = VerificationOptions() if verification is None else verification
+        chosen = attrs.evolve(base, **controls) if controls else base
         self.admission = admission
+        ledger = chosen.ledger
         if ledger is not None and not hasattr(ledger, "receipt"):
             ledger = Ledger(ledger)
-        self.ledger = ledger
-        on = (self.num_workers > 1) if audit is None else bool(audit)
-        if fault_injector is not None and not on:
-            raise ValueError("fault_injector= needs the audit on (audit=True or more than one worker)")
+        on = (self.num_workers > 1) if chosen.audit is None else chosen.audit
+        given = chosen.set_options()
+        shaping = [k for k in ("audit_rate", "audit_policy", "audit_seed", "fault_injector") if k in given]
+        if shaping and not on:
+            raise ValueError(f"{'=, '.join(shaping)}= shape(s) the SDC audit, which is off for {self.num_workers} "
+                             f"worker(s) by default; pass audit=True (or drop {'=, '.join(shaping)}=)")
         if on:
-            rate = DEFAULT_AUDIT_RATE if audit_rate is None else float(audit_rate)
-            self._audit = EMAudit(
-                self._metered,
-                rate=rate,
-                policy=audit_policy,
-                seed=audit_seed,
-                fault_injector=fault_injector,
-            )
-        elif audit_rate is not None and audit is False:
-            raise ValueError("audit=False contradicts audit_rate=; drop one of them")
+            rate = DEFAULT_AUDIT_RATE if chosen.audit_rate is None else float(chosen.audit_rate)
+            self._audit = EMAudit(self._metered, rate=rate, policy=chosen.audit_policy, seed=chosen.audit_seed,
+                                  fault_injector=chosen.fault_injector)
+        self.ledger = ledger
         if ledger is not None:
             self._ledger_start(certificate)
 
@@ -494,50 +482,66 @@ class ChunkedEncodedData:
             pass
 
 
-def handle_from_runner(
-    runner: ChunkRunner,
-    data: Any,
-    *,
-    estimator: Any = None,
-    model: Any = None,
-    encoder: Any = None,
-    num_chunks: int | None = None,
-    chunk_size: int | None = None,
-    num_rows: int | None = None,
-    controls: dict[str, Any] | None = None,
-    placement: Any = None,
-    handle_class: type[ChunkedEncodedData] | None = None,
-    batch_size: int | None = None,
-    shuffle: bool | None = None,
-    seed: int | None = None,
-    engine: Any = None,
-    precision: Any = None,
-    **_: Any,
-) -> ChunkedEncodedData:
+def handle_from_runner(runner: ChunkRunner, data: Any, options: EncodedDataOptions | None = None, *,
+                       num_rows: int | None = None, handle_class: type[ChunkedEncodedData] | None = None,
+                       **params: Any) -> ChunkedEncodedData:
     """Wrap a runner as an encoded-data handle (encoding happens now if an encoder is known).
 
-    ``handle_class`` names a subclass to return (e.g. ``RayEncodedData``), built with this class's
-    constructor whatever its own takes."""
+    ``options`` (an :class:`EncodedDataOptions`) and/or ``params``, its fields as keywords (what a
+    backend factory received from ``encoded_data`` and did not use itself), make the handle's
+    options at once; any other keyword is refused, naming it: an engine keyword is the factory's
+    to use or refuse. ``handle_class`` names a subclass to return (e.g. ``RayEncodedData``), built
+    with this class's constructor whatever its own takes."""
+    opts = handle_options(options, params, where="handle_from_runner")
     handle = ChunkedEncodedData.__new__(handle_class or ChunkedEncodedData)
-    ChunkedEncodedData.__init__(
-        handle,
-        runner,
-        data,
-        estimator=estimator,
-        model=model,
-        encoder=encoder,
-        num_chunks=num_chunks,
-        chunk_size=chunk_size,
-        num_rows=num_rows,
-        controls=controls,
-        placement=placement,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        engine=engine,
-        precision=precision,
-    )
+    ChunkedEncodedData.__init__(handle, runner, data, opts, num_rows=num_rows)
     return handle
+
+
+def handle_options(options: EncodedDataOptions | None, params: dict[str, Any], *, where: str) -> EncodedDataOptions:
+    """``options`` with ``params`` (option names only) applied; an unknown keyword or engine keyword is refused."""
+    known = set(option_names())
+    unknown = sorted(set(params) - known)
+    extra = sorted(options.extra) if options is not None else []
+    if unknown or extra:
+        names = ", ".join(f"{k}=" for k in unknown + extra)
+        raise UnknownOptionError(
+            f"{where} does not take {names}: a handle takes the EncodedDataOptions fields "
+            f"({', '.join(option_names())}); an engine keyword is the backend factory's to use or refuse")
+    if options is None:
+        return EncodedDataOptions(**params)
+    return options.replace(**params) if params else options
+
+
+def handle_layout(opts: EncodedDataOptions, num_rows: int) -> tuple[tuple[tuple[int, int], ...], MinibatchSpec, Any]:
+    """``(bounds, minibatch spec, placement)`` of a handle of ``num_rows`` rows under ``opts``.
+
+    Every chunk is cut into ``sub_chunks``; with a mini-batch option and no chunking given a mini-batch
+    is one chunk (``batch_size`` None: a tenth of the rows); with a placement and no chunking given,
+    the placement's chunks."""
+    num_chunks, chunk_size = sub_chunked(num_rows, opts.num_chunks, opts.chunk_size, opts.sub_chunks)
+    stochastic = opts.batch_size is not None or opts.shuffle is not None or opts.seed is not None
+    spec = minibatch_spec(num_rows, opts.batch_size, opts.shuffle, opts.seed, resolve_batch=stochastic)
+    if stochastic and num_chunks is None and chunk_size is None:
+        chunk_size = spec.batch_size
+    placement = opts.placement
+    if placement is not None and num_chunks is None and chunk_size is None:
+        num_chunks = getattr(placement, "num_chunks", None)  # the plan's chunks, unless chunking is given
+    return chunk_bounds(num_rows, num_chunks, chunk_size), spec, placement
+
+
+def _resource_placement(bounds: Sequence[tuple[int, int]], data: Any, resources: Any, estimator: Any, model: Any,
+                        encoder: Any) -> Placement:
+    """The planner's placement of the chunks over ``resources`` (rows by throughput); one that does not fit a
+    device's memory is refused."""
+    if data is None:
+        raise ValueError("resources= places rows by the devices' throughput, which needs the rows in this process")
+    placement = placement_for_bounds(bounds, data, model=model, estimator=estimator, encoder=encoder,
+                                     resources=resources)
+    if not placement.fits:
+        raise ValueError(f"resources= cannot hold the data: {'; '.join(placement.notes)}; give devices more "
+                         "memory (or more devices), or drop resources=")
+    return placement
 
 
 def _engine_of(engine: Any, precision: Any, estimator: Any, model: Any) -> EngineChoice | None:

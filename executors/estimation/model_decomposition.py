@@ -365,7 +365,12 @@ def decompose_model(model: Any, resources: Resources, *, n_data: int | None = No
                     min_components_per_shard: int = 1, prefer_data_parallel: bool = True,
                     allowed_axes: frozenset[DecompAxis] | None = None) -> ModelDecomposition:
     """Place ``model`` on ``resources``: replicate it (data parallel) when that serves, else cut the best
-    axis into contiguous unit ranges balanced by work and device throughput."""
+    axis into contiguous unit ranges balanced by work and device throughput.
+
+    mixle 0.8.2's rule: replicate when no axis is worth cutting or there is one device, or (with
+    ``prefer_data_parallel``) when the model fits replicated (a device of unknown memory counts as
+    fitting), the best axis has fewer than 2 x devices units and ``n_data`` is None or at least
+    8 x devices rows."""
     if isinstance(min_components_per_shard, bool) or not isinstance(min_components_per_shard, int) \
             or min_components_per_shard < 1:
         raise ValueError(f"min_components_per_shard must be an int >= 1, got {min_components_per_shard!r}")
@@ -380,11 +385,8 @@ def decompose_model(model: Any, resources: Resources, *, n_data: int | None = No
     memories = [d.memory_bytes for d in devices if d.memory_bytes is not None]
     fits = not memories or sized.subtree_param_bytes <= min(memories)
     p = len(devices)
-    rows_fill = n_data is None or n_data >= 8 * p
-    if prefer_data_parallel and fits and rows_fill and (best.num_units < 2 * p or n_data is None
-                                                        or n_data >= 8 * p * best.num_units):
-        # mixle's rule (few units per device, rows to spare), and also when every device gets >= 8 rows
-        # per unit: a replicated model that fits then couples nothing, while a cut couples every row
+    if prefer_data_parallel and fits and best.num_units < 2 * p and (n_data is None or n_data >= 8 * p):
+        # mixle 0.8.2's rule: few units per device and rows to spare, so replicating the model wins
         return ModelDecomposition(DecompAxis.NONE, ReductionOp.REPLICATE, best.num_units, (),
                                   "the model fits replicated and the rows fill the devices: data-parallel")
     shards = max(1, min(len(devices), best.num_units // min_components_per_shard))

@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import attrs
 import numpy as np
 
-from .api import encoded_data, is_encoded_data_handle
+from .api import handle_for, is_encoded_data_handle, options_from_keywords
 from .chunks import seed_from
 from .initialization import initial_model, resolve_init
 from .mixle_interop import (
@@ -19,7 +20,7 @@ from .mixle_interop import (
     wrap_mixle_model,
 )
 
-__all__ = ["EMStep", "FitResult", "as_estimator", "fit", "optimize"]
+__all__ = ["EMStep", "FitOptions", "FitResult", "as_estimator", "fit", "optimize"]
 
 PROGRESS_AUTO_WORK = 20_000_000
 """``progress='auto'`` shows a bar when rows x max_its reaches this and stderr is a terminal."""
@@ -131,85 +132,125 @@ def _restart_seed(seed: Any, restart: int) -> Any:
     return int(np.random.SeedSequence([seed_from(seed), restart]).generate_state(1)[0])
 
 
-def _check_fit_args(max_its: Any, delta: Any, n_init: Any, seed: Any, rng: Any) -> None:
-    if isinstance(max_its, bool) or not isinstance(max_its, int) or max_its < 0:
-        raise ValueError(f"max_its must be an int >= 0, got {max_its!r}")
-    if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float))
-                              or not math.isfinite(delta) or not delta > 0.0):
+def _exact_int(minimum: int, meaning: str = "") -> Any:
+    def check(_: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{attribute.name} must be an int >= {minimum}{meaning}, got {value!r}")
+
+    return check
+
+
+def _delta(_: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value) or not value > 0.0):
         raise ValueError(f"delta must be a finite number > 0 (the smallest log-likelihood gain that keeps EM "
-                         f"going) or None for a fixed max_its, got {delta!r}")
-    if isinstance(n_init, bool) or not isinstance(n_init, int) or n_init < 1:
-        raise ValueError(f"n_init must be an int >= 1 (starts tried, the best log-likelihood kept), got {n_init!r}")
-    if seed is not None and rng is not None:
-        raise ValueError("pass seed= or rng=, not both")
+                         f"going) or None for a fixed max_its, got {value!r}")
 
 
-def fit(
-    data: Any,
-    estimator: Any,
-    max_its: int = 10,
-    delta: float | None = 1e-9,
-    init_p: float = 0.1,
-    seed: int | None = None,
-    backend: str = "local",
-    num_workers: int | None = None,
-    *,
-    prev_estimate: Any = None,
-    init_estimator: Any = None,
-    init: str | None = None,
-    n_init: int = 1,
-    on_step: Callable[[EMStep], Any] | None = None,
-    progress: bool | str = "auto",
-    rng: Any = None,
-    **encoded_data_options: Any,
-) -> FitResult:
-    """Fit ``estimator`` to ``data`` by EM and report the trajectory and why it stopped (see :func:`optimize`)."""
-    _check_fit_args(max_its, delta, n_init, seed, rng)
+def _progress(_: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, bool) and value != "auto":
+        raise ValueError(f"progress must be True, False or 'auto', got {value!r}")
+
+
+def _callback(_: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"on_step must be a callable taking an EMStep, got {type(value).__name__}")
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class FitOptions:
+    """The options of the EM loop itself (``fit``/``optimize``), apart from where the data lives.
+
+    ``max_its``, ``delta``, ``init_p`` and ``seed`` are ``optimize``'s positional parameters; the
+    start is ``prev_estimate`` or ``init`` (``init_estimator`` draws it, ``n_init`` starts are tried),
+    ``rng`` instead of ``seed``, ``on_step`` after each pass, ``progress`` a tqdm bar.
+    """
+
+    max_its: int = attrs.field(default=10, validator=_exact_int(0))
+    delta: float | None = attrs.field(default=1e-9, validator=_delta)
+    init_p: float = 0.1
+    seed: int | None = None
+    prev_estimate: Any = None
+    init_estimator: Any = None
+    init: str | None = None
+    n_init: int = attrs.field(default=1, validator=_exact_int(1, " (starts tried, the best log-likelihood kept)"))
+    on_step: Callable[[EMStep], Any] | None = attrs.field(default=None, validator=_callback)
+    progress: bool | str = attrs.field(default="auto", validator=_progress)
+    rng: Any = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.seed is not None and self.rng is not None:
+            raise ValueError("pass seed= or rng=, not both")
+
+
+FIT_OPTIONS = tuple(a.name for a in attrs.fields(FitOptions))
+"""The keywords of :class:`FitOptions`."""
+
+
+def fit(data: Any, estimator: Any, max_its: int = 10, delta: float | None = 1e-9, init_p: float = 0.1,
+        seed: int | None = None, backend: str | None = None, num_workers: int | None = None,
+        **keywords: Any) -> FitResult:
+    """Fit ``estimator`` to ``data`` by EM and report the trajectory and why it stopped (see :func:`optimize`).
+
+    ``keywords`` are made into the options objects at once: the :class:`FitOptions` fields
+    (``prev_estimate``, ``init``, ``n_init``, ``on_step``, ``progress``, ``rng``, ``init_estimator``) and
+    ``encoded_data``'s options and verification controls (which a handle passed as ``data`` refuses, as
+    it refuses ``backend`` and ``num_workers``: its data is already placed).
+    """
+    ours = {k: keywords.pop(k) for k in FIT_OPTIONS if k in keywords}
+    run = FitOptions(max_its=max_its, delta=delta, init_p=init_p, seed=seed, **ours)
+    options, verification = options_from_keywords({"num_workers": num_workers, **keywords})
+    if not is_encoded_data_handle(data):
+        if options.estimator is not None or options.model is not None:
+            raise ValueError("fit takes the estimator as its second argument and a start as prev_estimate=; "
+                             "drop estimator=/model=")
+        options = options.replace(estimator=estimator, model=run.prev_estimate)  # the caller's objects, as given
     estimator = as_estimator(estimator)
-    prev_estimate = wrap_mixle_model(prev_estimate)  # a mixle distribution is adapted (ours unchanged)
-    init_est = estimator if init_estimator is None else as_estimator(init_estimator)
-    chosen = "prev_estimate" if prev_estimate is not None else resolve_init(init_est, init)
-    own = not is_encoded_data_handle(data)
-    handle = (
-        encoded_data(data, estimator=estimator, model=prev_estimate, backend=backend,
-                     num_workers=num_workers, **encoded_data_options)
-        if own else encoded_data(data, **encoded_data_options)
-    )
-    bar = None
+    prev_estimate = wrap_mixle_model(run.prev_estimate)  # a mixle distribution is adapted (ours unchanged)
+    handle, own = handle_for(data, backend, options, verification)
     try:
-        if hasattr(handle, "begin_fit"):
-            handle.begin_fit()
-        rows = getattr(handle, "num_rows", 0) or 0
-        starts = 1 if prev_estimate is not None else n_init
-        bar = _progress_bar(progress, max_its * starts, rows * max_its * starts)
-        best: _Run | None = None
-        audits: list[Any] = []
-        for r in range(starts):
-            start = prev_estimate
-            if start is None:
-                start, chosen = initial_model(handle, init_est, init=chosen if chosen != "auto" else None,
-                                              seed=_restart_seed(seed if rng is None else rng, r), p=init_p)
-                start = wrap_mixle_model(start)
-            run = _em_loop(handle, estimator, start, max_its, delta, on_step, bar)
-            audits.extend(run.audits)
-            if best is None or (run.history and (not best.history or run.history[-1] > best.history[-1])):
-                best = run
-        assert best is not None
-        model = unwrap_mixle(best.model)  # a mixle fit returns a mixle distribution
-        decision = getattr(handle, "admission", None)
-        return FitResult(model, best.history[-1] if best.history else math.nan, len(best.history),
-                         best.reason == "converged", best.history, tuple(audits),
-                         getattr(decision, "mode", None), getattr(decision, "ledger_link", None),
-                         tuple(sorted(getattr(handle, "quarantined", ()))), best.reason, chosen)
+        return _fit_on(handle, estimator, prev_estimate, run)
     except BaseException as exc:
         if own and hasattr(handle, "record_failure"):
             handle.record_failure(exc)
         raise
     finally:
-        if bar is not None:
-            bar.close()
         if own:
             handle.close()
+
+
+def _fit_on(handle: Any, estimator: Any, prev_estimate: Any, run: FitOptions) -> FitResult:
+    """EM on ``handle`` from each start (``n_init``, or ``prev_estimate``); the best final log-likelihood kept."""
+    init_est = estimator if run.init_estimator is None else as_estimator(run.init_estimator)
+    chosen = "prev_estimate" if prev_estimate is not None else resolve_init(init_est, run.init)
+    if hasattr(handle, "begin_fit"):
+        handle.begin_fit()
+    rows = getattr(handle, "num_rows", 0) or 0
+    starts = 1 if prev_estimate is not None else run.n_init
+    bar = _progress_bar(run.progress, run.max_its * starts, rows * run.max_its * starts)
+    best: _Run | None = None
+    audits: list[Any] = []
+    try:
+        for r in range(starts):
+            start = prev_estimate
+            if start is None:
+                start, chosen = initial_model(handle, init_est, init=chosen if chosen != "auto" else None,
+                                              seed=_restart_seed(run.seed if run.rng is None else run.rng, r),
+                                              p=run.init_p)
+                start = wrap_mixle_model(start)
+            found = _em_loop(handle, estimator, start, run.max_its, run.delta, run.on_step, bar)
+            audits.extend(found.audits)
+            if best is None or (found.history and (not best.history or found.history[-1] > best.history[-1])):
+                best = found
+    finally:
+        if bar is not None:
+            bar.close()
+    assert best is not None
+    decision = getattr(handle, "admission", None)
+    return FitResult(unwrap_mixle(best.model), best.history[-1] if best.history else math.nan, len(best.history),
+                     best.reason == "converged", best.history, tuple(audits), getattr(decision, "mode", None),
+                     getattr(decision, "ledger_link", None), tuple(sorted(getattr(handle, "quarantined", ()))),
+                     best.reason, chosen)
 
 
 def optimize(
@@ -219,7 +260,7 @@ def optimize(
     delta: float | None = 1e-9,
     init_p: float = 0.1,
     seed: int | None = None,
-    backend: str = "local",
+    backend: str | None = None,
     num_workers: int | None = None,
     **kwargs: Any,
 ) -> Any:
@@ -234,12 +275,12 @@ def optimize(
     scikit-learn's ``GaussianMixture``), ``"dirichlet"`` or ``"random"``, on the rows kept with
     probability ``init_p``; ``n_init=`` starts are tried and the best final log-likelihood kept.
     Every draw depends on ``seed`` and the chunk id only (the same bits on every backend and worker
-    count); :func:`fit` says why the fit stopped (``stop_reason``). ``data`` may be
-    raw rows or a handle from :func:`encoded_data`; other keywords (``on_step``, ``progress``,
-    ``prev_estimate``, ``init_estimator``, ``num_chunks``, ``chunk_size``, ``timeout``...) are
-    passed on, among them the verification controls of :func:`encoded_data`: ``admission=`` (a
-    certificate, its path, or ``"unverified"``; required with more than one worker process),
-    ``audit=``, ``audit_rate=``, ``audit_policy=``, ``ledger=`` and ``fault_injector=``.
+    count); :func:`fit` says why the fit stopped (``stop_reason``). ``data`` may be raw rows (put on
+    ``backend``, default ``local``, with ``num_workers``) or a handle from :func:`encoded_data`. Other
+    keywords: the :class:`FitOptions` fields (``on_step``, ``progress``, ``prev_estimate``,
+    ``init_estimator``, ``init``, ``n_init``, ``rng``) and ``encoded_data``'s options (``num_chunks``,
+    ``chunk_size``, ``timeout``...) and verification controls (``admission=``, ``audit=``,
+    ``audit_rate=``, ``audit_policy=``, ``ledger=``, ``fault_injector=``); an unknown one is refused.
     :func:`fit` returns the audit records, admission mode and quarantined workers as well.
     """
     return fit(data, estimator, max_its, delta, init_p, seed, backend, num_workers, **kwargs).model

@@ -8,13 +8,17 @@ a plain estimator serves whenever one copy of the model fits on every device.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ...contracts.placement import ComponentShard, ModelShardingPlan, Placement, RowShard
 from ...contracts.resources import Resources
-from .chunks import DEFAULT_CHUNK_SIZE, chunk_bounds, resolve_encoder
+from .chunks import chunk_bounds, resolve_encoder
+from .engine_choice import resolve_engine
+from .model_decomposition import ModelDecomposition, decompose_model
+from .options import sub_chunked
 
 __all__ = ["UnrealizedModelPlacementError", "auto_parallel_estimator", "model_sharding_plan", "plan"]
 
@@ -23,15 +27,24 @@ WORK_ARRAYS = 3
 
 
 class UnrealizedModelPlacementError(RuntimeError):
-    """The planner would split model storage across devices, which this runtime cannot execute."""
+    """The planner would split model storage across devices, which this runtime cannot execute.
 
-    def __init__(self, plan: ModelShardingPlan) -> None:
+    ``plan`` is the decision that asked for the split: a ``ModelDecomposition`` from
+    :func:`auto_parallel_estimator` (mixle's), or a ``ModelShardingPlan``.
+    """
+
+    def __init__(self, plan: Any) -> None:
         self.plan = plan
+        if isinstance(plan, ModelShardingPlan):
+            what = (f"the model ({plan.model_bytes} bytes, {plan.num_components} components) does not fit on "
+                    f"every device, so the plan splits its components: {plan.reason}")
+        else:
+            what = (f"the planner cuts the model along {getattr(plan.axis, 'value', plan.axis)} into "
+                    f"{len(plan.cuts)} shards: {plan.rationale}")
         super().__init__(
-            f"the model ({plan.model_bytes} bytes, {plan.num_components} components) does not fit on "
-            f"every device, so the plan splits its components: {plan.reason}. This runtime keeps the "
-            "full model resident in each process; add memory per device, shrink the model, or use "
-            "ComponentParallelEstimator explicitly if one copy does fit"
+            f"{what}. This runtime keeps the full model resident in each process: fit data parallel with the "
+            "plain estimator, or thread its components with ComponentParallelEstimator, where one copy fits a "
+            "device; otherwise add memory per device or shrink the model"
         )
 
 
@@ -79,20 +92,49 @@ def plan(
     sample_size: int = 256,
     safety_factor: float = 1.25,
 ) -> Placement:
-    """An advisory placement: whole chunks to devices in proportion to their throughput."""
+    """An advisory placement: whole chunks to devices in proportion to their throughput (mixle's signature).
+
+    The chunks are the handle's (``num_chunks`` and ``sub_chunks`` as ``encoded_data`` cuts them).
+    Per device the bytes resident count its rows of encoded data, a full model copy and one chunk's
+    E-step working memory, whose element size follows ``engine``/``precision`` (8 bytes on the numpy
+    engine, which computes in float64 only; 4 for ``engine="torch", precision="fp32"``).
+    """
+    if isinstance(sub_chunks, bool) or not isinstance(sub_chunks, int) or sub_chunks < 1:
+        raise ValueError(f"sub_chunks must be an int >= 1, got {sub_chunks!r}")
+    n = 0 if data is None else len(data)
+    count, _ = sub_chunked(n, num_chunks, None, sub_chunks)
+    bounds = chunk_bounds(n, num_chunks=count)
+    return placement_for_bounds(bounds, data, model=model, estimator=estimator, encoder=encoder,
+                                resources=resources, element_bytes=element_bytes(engine, precision),
+                                sample_size=sample_size, safety_factor=safety_factor)
+
+
+def element_bytes(engine: Any, precision: Any) -> int:
+    """Bytes of one working-memory element of the E-step on ``engine`` at ``precision`` (refused if it cannot)."""
+    choice = resolve_engine(engine, precision)
+    if choice is None:
+        text = getattr(precision, "__name__", None) or str(precision)
+        if precision is not None and text.lower() not in ("fp64", "float64", "double"):
+            raise ValueError(f"precision={precision!r}: the numpy engine computes in float64 only; drop precision=, "
+                             "pass 'fp64', or plan for engine='torch' (which also computes in 'fp32')")
+        return 8
+    return 4 if choice.precision == "fp32" else 8
+
+
+def placement_for_bounds(bounds: Sequence[tuple[int, int]], data: Any, *, model: Any = None, estimator: Any = None,
+                         encoder: Any = None, resources: Resources | None = None, element_bytes: int = 8,
+                         sample_size: int = 256, safety_factor: float = 1.25) -> Placement:
+    """The placement of these chunk ``bounds`` over ``resources``: whole chunks to devices by throughput."""
     if resources is None:
         resources = Resources.local()
     if safety_factor < 1.0:
         raise ValueError(f"safety_factor must be >= 1, got {safety_factor}")
-    n = 0 if data is None else len(data)
+    n = bounds[-1][1] if bounds else 0
     bytes_per_row = 0
     if n:
         enc = resolve_encoder(estimator, model, encoder)
         sample = data[: max(1, min(sample_size, n))]
         bytes_per_row = max(1, -(-_nbytes(enc.encode(sample)) // len(sample)))
-    if num_chunks is not None:
-        num_chunks = num_chunks * max(1, sub_chunks)
-    bounds = chunk_bounds(n, num_chunks=num_chunks) if num_chunks else chunk_bounds(n)
     k = _num_components(model, estimator)
     model_bytes = _model_bytes(model)
     devices = list(resources.devices)
@@ -106,7 +148,7 @@ def plan(
         start = bounds[first][0] if first < len(bounds) else n
         stop = bounds[last - 1][1] if last > first else start
         rows_per_chunk = max((b - a for a, b in bounds[first:last]), default=0)
-        work = WORK_ARRAYS * 8 * k * min(rows_per_chunk, DEFAULT_CHUNK_SIZE if num_chunks is None else rows_per_chunk)
+        work = WORK_ARRAYS * element_bytes * k * rows_per_chunk
         resident = int(safety_factor * ((stop - start) * bytes_per_row + model_bytes + work))
         if dev.memory_bytes is not None and resident > dev.memory_bytes:
             fits = False
@@ -175,12 +217,20 @@ def auto_parallel_estimator(
     *,
     n_data: int | None = None,
     min_components_per_shard: int = 1,
-) -> tuple[Any, ModelShardingPlan]:
-    """``(estimator, decision)``: the plain estimator and the sharding plan that chose data parallelism
-    (mixle 0.8.2's shape); raises ``UnrealizedModelPlacementError`` when model storage must be split."""
+) -> tuple[Any, ModelDecomposition]:
+    """``(estimator, decision)``: the caller's estimator unchanged and ``decompose_model``'s decision.
+
+    mixle 0.8.2's rule: data parallel (the model replicated) when nothing is worth cutting or there
+    is one device, or when the model fits replicated, the best axis has fewer than 2 x devices units
+    and ``n_data`` is None or at least 8 x devices rows. Otherwise the decision is model parallel
+    and ``UnrealizedModelPlacementError`` is raised with it as ``.plan``: this runtime keeps the whole
+    model in every process.
+    """
     if resources is None:
         resources = Resources.local()
-    sharding = model_sharding_plan(model, resources, estimator, min_components_per_shard=min_components_per_shard)
-    if sharding.requires_split:
-        raise UnrealizedModelPlacementError(sharding)
-    return estimator, sharding
+    if n_data is not None and (isinstance(n_data, bool) or not isinstance(n_data, int) or n_data < 0):
+        raise ValueError(f"n_data must be an int >= 0 (the rows to fit) or None, got {n_data!r}")
+    decision = decompose_model(model, resources, n_data=n_data, min_components_per_shard=min_components_per_shard)
+    if decision.is_model_parallel:
+        raise UnrealizedModelPlacementError(decision)
+    return estimator, decision

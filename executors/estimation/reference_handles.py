@@ -2,8 +2,9 @@
 
 Each is :func:`~mixle_parallel.executors.estimation.api.encoded_data` on its backend (the same
 option check, admission gate, audit and same-bits chunking), returned as an instance of the named
-class so ``isinstance`` works; ``MPIEncodedData`` is in ``engines.mpi``. Where the reference takes
-a keyword we do not honour the call raises ``ValueError`` naming it (see docs/compat.md).
+class so ``isinstance`` works; ``MPIEncodedData``, ``TorchRunEncodedData``, ``RayEncodedData`` and
+``LightningEncodedData`` are in their engine modules. Where the reference takes a keyword we do not
+honour the call raises ``ValueError`` naming it (see docs/compat.md).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class MPEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     """mixle's ``MPEncodedData(data, estimator, encoder, num_workers, sub_chunks)``: the ``mp`` backend.
 
     ``response_timeout`` is our ``timeout`` (seconds a worker may take per pass); ``shutdown_timeout``
-    is accepted and has no effect (workers are joined, then killed, on ``close``).
+    the seconds ``close`` waits for each worker to exit before killing it.
     """
 
     backend_name = "mp"
@@ -79,6 +80,8 @@ class MPEncodedData(BuiltByEncodedData, ChunkedEncodedData):
                **options: Any) -> Any:
         if response_timeout is not None:
             options["timeout"] = response_timeout
+        if shutdown_timeout is not None:
+            options["shutdown_timeout"] = shutdown_timeout
         return encoded_data(data, estimator=estimator, encoder=encoder, num_workers=num_workers,
                             sub_chunks=sub_chunks, backend="mp", **options)
 

@@ -36,7 +36,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ...contracts import SDCAuditRecord, StepReceipt
+from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, StepReceipt, choose
 from ...contracts.estimation import statistic_digest
 from ...verification.sdc.em import ChunkAudit, EMAuditor
 from ...verification.sdc.inject import flip_bit
@@ -143,10 +143,11 @@ AuditEvent = SDCAuditRecord | AuditNote
 class EMAudit:
     """The SDC audit state of one handle: the seeded auditor, quarantined and lost workers, injector."""
 
-    def __init__(self, runner: Any, *, rate: float = DEFAULT_AUDIT_RATE, policy: str = "quarantine",
-                 seed: int = 0, fault_injector: Any = None) -> None:
+    def __init__(self, runner: Any, *, rate: float = DEFAULT_AUDIT_RATE,
+                 policy: AuditPolicy | str = AuditPolicy.QUARANTINE, seed: int = 0, fault_injector: Any = None) -> None:
         self.runner = runner
-        self.auditor = EMAuditor(rate=rate, seed=seed, policy=policy, digest=statistic_digest)
+        chosen = choose(AuditPolicy, policy, option="audit_policy", allowed=EM_AUDIT_POLICIES)
+        self.auditor = EMAuditor(rate=rate, seed=seed, policy=chosen, digest=statistic_digest)
         self.injector = fault_injector
         self.placement = supports_worker_placement(runner)
         if fault_injector is not None and not self.placement:
@@ -400,11 +401,11 @@ def em_receipt(
     outcomes: Sequence[ChunkAudit] = (),
     quarantined: Sequence[int] = (),
     observability: Mapping[str, Any] | None = None,
-    bytes_moved: int | None = None,
+    transport_bytes: int | None = None,
 ) -> StepReceipt:
     """The receipt of one EM iteration: rows, mean negative log-likelihood, admission and audit summary.
 
-    ``bytes_moved`` is what the runner observed crossing process boundaries in the pass (requests with
+    ``transport_bytes`` is what the runner handed its transport in the pass (requests with
     the model, replies with the statistics); None when the runner does not count (``bytes_observed``
     is then false and ``collective_bytes`` 0).
     """
@@ -419,7 +420,7 @@ def em_receipt(
         "audit_mismatches": sum(1 for r in records if not r.matched),
         "quarantined": sorted(int(w) for w in quarantined),
         **({"observability": dict(observability)} if observability is not None else {}),
-        "bytes_observed": bytes_moved is not None,
+        "bytes_observed": transport_bytes is not None,
     }
     rows = int(round(nobs))
     return StepReceipt(
@@ -432,7 +433,7 @@ def em_receipt(
         data_parallel_size=max(1, int(workers)),
         optimizer="em",
         precision="fp64",
-        collective_bytes=int(bytes_moved or 0),
+        collective_bytes=int(transport_bytes or 0),
         extra=extra,
         global_examples_observed=rows,
     )

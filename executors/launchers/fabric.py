@@ -43,6 +43,16 @@ CAPABILITIES = BackendCapabilities(
 )
 
 
+FABRIC_PRECISIONS: dict[object, str] = {
+    "32-true": "fp32", "32": "fp32", 32: "fp32",
+    "64-true": "fp64", "64": "fp64", 64: "fp64",
+    "bf16-mixed": "bf16", "bf16-true": "bf16", "bf16": "bf16",
+    "16-mixed": "fp16", "16-true": "fp16", "16": "fp16", 16: "fp16",
+    "transformer-engine": "fp8", "transformer-engine-float16": "fp8",
+}
+"""Fabric's precision names (``Fabric(precision=...)``) and the precision each one computes in."""
+
+
 def fabric_strategy(plan: ParallelPlan) -> str:
     """The Fabric strategy name for a data-parallel plan: ``ddp`` (replicated) or ``fsdp`` (sharded)."""
     problems = CAPABILITIES.problems(plan)
@@ -52,6 +62,51 @@ def fabric_strategy(plan: ParallelPlan) -> str:
             + ". Run model axes with a torch_native or megatron session under TorchrunLauncher or RayTrainLauncher"
         )
     return "fsdp" if plan.dp_shard > 1 else "ddp"
+
+
+def check_fabric_options(plan: ParallelPlan, *, accelerator: Any, num_nodes: Any, precision: Any,
+                         strategy: Any) -> str:
+    """The launcher's checks, the same for ``LightningFabricLauncher(plan, ...)`` and ``create(plan=, ...)``;
+    returns the strategy the plan derives.
+
+    The plan must be pure data parallelism; ``num_nodes`` divides its world size; ``precision`` is a
+    Fabric name for a precision the launcher claims (fp32: ``'32-true'``); ``strategy`` is None or the
+    one the plan derives (``'ddp'`` for dp_replicate, ``'fsdp'`` for dp_shard); a sharded plan needs a GPU.
+    """
+    derived = fabric_strategy(plan)
+    _check_num_nodes(plan, num_nodes)
+    _check_precision(precision)
+    if strategy is not None and strategy != derived:
+        raise ValueError(
+            f"strategy={strategy!r} is refused by LightningFabricLauncher: the strategy is derived from the plan "
+            f"({derived!r} for {plan.describe()}; 'ddp' for dp_replicate, 'fsdp' for dp_shard). Pass strategy=None "
+            f"or {derived!r}; for another composition run a torch_native session under TorchrunLauncher or "
+            "RayTrainLauncher")
+    if derived == "fsdp" and accelerator == "cpu":
+        raise ValueError(
+            f"plan {plan.describe()} shards parameters, and Fabric runs FSDP only on GPUs; pass "
+            "accelerator='gpu', or run a torch_native session (FSDP2 on CPU) under TorchrunLauncher or "
+            "RayTrainLauncher"
+        )
+    return derived
+
+
+def _check_precision(precision: Any) -> None:
+    """Refuse a Fabric precision the launcher does not claim (CAPABILITIES.precisions), naming the option."""
+    try:
+        ours = FABRIC_PRECISIONS.get(precision)
+    except TypeError:  # unhashable
+        ours = None
+    if ours is None:
+        raise ValueError(f"precision={precision!r} is not a Fabric precision name; LightningFabricLauncher "
+                         "runs at '32-true' (fp32)")
+    if ours not in CAPABILITIES.precisions:
+        raise CapabilityError(
+            f"precision={precision!r} ({ours}) is refused by LightningFabricLauncher, which claims "
+            f"{', '.join(sorted(CAPABILITIES.precisions))} only (precision='32-true'): Fabric's precision acts only "
+            "through fabric.setup(). Set the precision of the session inside the launched function instead "
+            f"(get_training_backend('torch_native').prepare(..., precision='{ours}'); torch_native honours "
+            "fp32, bf16 and fp16)")
 
 
 class LightningFabricLauncher:
@@ -74,18 +129,13 @@ class LightningFabricLauncher:
             return
         if not isinstance(plan, ParallelPlan):
             raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
+        if "devices" in fabric_kwargs:
+            raise ValueError(f"devices is derived from the plan (world size / num_nodes); do not pass "
+                             f"devices={fabric_kwargs['devices']!r}")
         # the gate runs here, before anything imports lightning
-        self.strategy = fabric_strategy(plan)
-        _check_num_nodes(plan, num_nodes)
-        if self.strategy == "fsdp" and accelerator == "cpu":
-            raise ValueError(
-                f"plan {plan.describe()} shards parameters, and Fabric runs FSDP only on GPUs; pass "
-                "accelerator='gpu', or run a torch_native session (FSDP2 on CPU) under TorchrunLauncher or "
-                "RayTrainLauncher"
-            )
-        for key in ("strategy", "devices"):
-            if key in fabric_kwargs:
-                raise ValueError(f"{key} is derived from the plan; do not pass {key}={fabric_kwargs[key]!r}")
+        self.strategy = check_fabric_options(
+            plan, accelerator=accelerator, num_nodes=num_nodes, precision=fabric_kwargs.get("precision", "32-true"),
+            strategy=fabric_kwargs.pop("strategy", None))
         self.plan, self.accelerator, self.num_nodes = plan, accelerator, num_nodes
         self.fabric_kwargs = fabric_kwargs
 
@@ -100,15 +150,16 @@ class LightningFabricLauncher:
         strategy: Any = None,
         **kwargs: Any,
     ) -> TopologyBoundFabric:
-        """mixle's form: a Fabric for ``plan`` (gated to DDP/FSDP first) whose ``launch`` binds each rank.
+        """mixle's form: a Fabric for ``plan`` whose ``launch`` binds each rank.
 
-        ``devices`` is per node ('auto': the plan's world size on one node); ``strategy`` defaults to
-        the plan's ('ddp' or 'fsdp'). The returned object forwards every other attribute to Fabric.
+        ``plan``, ``num_nodes``, ``precision`` and ``strategy`` pass the launcher's own checks first
+        (:func:`check_fabric_options`: DDP/FSDP only, fp32, the plan's strategy). ``devices`` is per node
+        ('auto': the plan's world size on one node). The returned object forwards every other attribute to Fabric.
         """
         if not isinstance(plan, ParallelPlan):
             raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
-        derived = fabric_strategy(plan)
-        _check_num_nodes(plan, num_nodes)
+        derived = check_fabric_options(plan, accelerator=accelerator, num_nodes=num_nodes, precision=precision,
+                                       strategy=strategy)
         if devices == "auto":
             if num_nodes != 1:
                 raise ValueError("a multi-node launch needs an explicit per-node device count (devices=...)")
@@ -121,11 +172,9 @@ class LightningFabricLauncher:
             from lightning.fabric import Fabric
         except ImportError as err:
             raise MissingExtraError("lightning", "lightning") from err
-        if strategy is None:
-            strategy = derived if plan.world_size > 1 else "auto"
         fabric = Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes,
-                        precision=precision,  # type: ignore[arg-type]  # Fabric checks the name itself
-                        strategy=strategy, **kwargs)
+                        precision=precision,  # type: ignore[arg-type]  # a name checked above
+                        strategy=_one_rank_auto(plan, derived), **kwargs)
         return TopologyBoundFabric(fabric, plan, child_timeout_s=self.child_timeout_s)
 
     @property
@@ -144,12 +193,11 @@ class LightningFabricLauncher:
             from lightning.fabric import Fabric
         except ImportError as err:
             raise MissingExtraError("lightning", "lightning") from err
-        strategy = self.strategy if self._plan().world_size > 1 else "auto"
         return Fabric(
             accelerator=self.accelerator,
             devices=self.devices,
             num_nodes=self.num_nodes,
-            strategy=strategy,
+            strategy=_one_rank_auto(self._plan(), self.strategy),
             **self.fabric_kwargs,
         )
 
@@ -163,6 +211,11 @@ class LightningFabricLauncher:
         if not callable(fn):
             raise TypeError(f"fn must be callable as fn(context, ...), got {fn!r}")
         return _launch_and_reap(self.fabric(), self.child_timeout_s, _run_rank, self._plan(), fn, args, kwargs)
+
+
+def _one_rank_auto(plan: ParallelPlan, strategy: str) -> str:
+    """The strategy handed to Fabric: the plan's, or ``auto`` for a single rank (no process group)."""
+    return strategy if plan.world_size > 1 else "auto"
 
 
 def _check_num_nodes(plan: ParallelPlan, num_nodes: Any) -> None:

@@ -13,7 +13,9 @@ megatron), which checks its own capabilities. Ray is imported only inside ``run`
 
 from __future__ import annotations
 
+import copy
 import math
+import re
 import tempfile
 from collections.abc import Callable
 from numbers import Real
@@ -52,6 +54,42 @@ def check_resources_per_worker(resources: Any, *, use_gpu: bool) -> dict[str, fl
         raise ValueError(
             f"use_gpu=False conflicts with resources_per_worker['GPU']={gpu}; pass use_gpu=True or drop it")
     return checked
+
+
+def merge_run_config(given: Any, run_config_type: Callable[..., Any], *, storage_path: str | None,
+                     name: str | None) -> Any:
+    """The ``RunConfig`` for ``RayTrainLauncher.launch``: ``given`` with the launcher's ``storage_path`` and
+    ``name`` merged in, or a new one of ``run_config_type`` when ``given`` is None.
+
+    A field ``given`` leaves at Ray's default (its default storage path; no name, or the name Ray
+    generates from the date) takes the launcher's value; a field set in both places to different values
+    is refused naming both (one of them would otherwise be dropped silently). ``given`` is never changed.
+    """
+    if given is None:
+        return run_config_type(storage_path=storage_path, name=name)
+    defaults = run_config_type()
+    merged = None
+    for option, ours in (("storage_path", storage_path), ("name", name)):
+        theirs = getattr(given, option, None)
+        if ours is None or theirs == ours:
+            continue
+        if not _is_ray_default(theirs, getattr(defaults, option, None)):
+            raise ValueError(
+                f"RayTrainLauncher({option}={ours!r}) conflicts with launch(run_config=RunConfig({option}="
+                f"{theirs!r})); give {option} in one of the two places")
+        merged = merged if merged is not None else copy.copy(given)
+        setattr(merged, option, ours)
+    return merged if merged is not None else given
+
+
+def _is_ray_default(value: Any, default: Any) -> bool:
+    """True when ``value`` is what Ray fills in for a field left unset: the default itself, or a name Ray
+    generates from the date (the same text as a fresh default's, with other digits)."""
+    if value is None or value == default:
+        return True
+    if not (isinstance(value, str) and isinstance(default, str)):
+        return False
+    return re.fullmatch(re.sub(r"\d", r"\\d", re.escape(default)), value) is not None
 
 
 class _ResultBox:
@@ -144,8 +182,7 @@ class RayTrainLauncher:
             torch_config=TorchConfig(timeout_s=self.process_group_timeout_s),
             scaling_config=ScalingConfig(num_workers=plan.world_size, use_gpu=gpu,
                                          resources_per_worker=resources or None),
-            run_config=run_config if run_config is not None else RunConfig(storage_path=self.storage_path,
-                                                                            name=self.name),
+            run_config=merge_run_config(run_config, RunConfig, storage_path=self.storage_path, name=self.name),
         )
         return trainer.fit()
 

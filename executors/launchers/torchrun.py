@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 
-from ...contracts import ParallelPlan, Resources
+from ...contracts import ParallelPlan, Resources, comm_backend_for
 from .base import LaunchContext, bind_launched_rank, release_process_group
 
 LAUNCHER = "torchrun"
@@ -138,9 +138,17 @@ def _init_process_group(backend: str | None, timeout: timedelta) -> bool:
 
     if dist.is_initialized():
         return False
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     if backend is None:
-        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-    if torch.cuda.is_available():
+        backend = default_process_group_backend(device)
+    if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend=backend, timeout=timeout)
     return True
+
+
+def default_process_group_backend(device: str) -> str:
+    """The default group's backend for a rank on ``device``: ``gloo`` on the CPU; on CUDA, nccl for device
+    tensors and gloo for CPU tensors (``cpu:gloo,cuda:nccl``), so CPU-side counts still reduce."""
+    comm = comm_backend_for(device)
+    return f"cpu:gloo,cuda:{comm}" if comm != "gloo" else comm

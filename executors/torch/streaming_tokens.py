@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...contracts import ParallelPlan, StepReceipt, comm_backend_for
+from ..estimation.chunks import seed_from
 from ..training_options import TORCH_NATIVE, TrainOptions
 from .backend import TorchDistributedBackend
 from .layouts import unwrap
@@ -119,6 +120,30 @@ def _estimator_module(estimator: Any) -> tuple[nn.Module, float, torch.device]:
     except (TypeError, RuntimeError) as exc:
         raise ValueError(f"the estimator's device {named!r} is not a torch device") from exc
     return module, float(lr), device
+
+
+def _start_module(module: nn.Module, prev_estimate: Any) -> nn.Module:
+    """The module training starts from: ``prev_estimate``'s (a previous result), else the estimator's."""
+    if prev_estimate is None:
+        return module
+    start = getattr(prev_estimate, "module", None)
+    if not isinstance(start, nn.Module):
+        raise TypeError(f"prev_estimate must carry a torch.nn.Module as .module (what pysp_seq_estimate and "
+                        f"pysp_seq_initialize return), got {type(prev_estimate).__name__}; pass None to start "
+                        "from the estimator's module")
+    return start
+
+
+def _redraw_parameters(module: nn.Module, seed: int) -> None:
+    """Re-initialize every layer with ``reset_parameters`` from a torch generator seeded by ``seed``."""
+    layers: list[Any] = [m for m in module.modules() if callable(getattr(m, "reset_parameters", None))]
+    if not layers:
+        raise ValueError(f"rng= draws the start through the layers' reset_parameters(), but {type(module).__name__} "
+                         "has none; pass rng=None to start from the module's parameters as they are")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for layer in layers:
+            layer.reset_parameters()
 
 
 def _result_for(estimator: Any, module: nn.Module, device: torch.device, lr: float) -> Any:
@@ -232,13 +257,14 @@ class StreamingTokenEncodedData:
         return ParallelPlan(dp_shard=self.world) if mode == "fsdp" else ParallelPlan(dp_replicate=self.world)
 
     def pysp_seq_estimate(self, estimator: Any, prev_estimate: Any) -> Any:
-        """Train the estimator's module on every rank's shard for ``epochs``; returns the trained model.
+        """Train on every rank's shard for ``epochs`` from ``prev_estimate`` (its ``.module``; None: the
+        estimator's module); returns the trained model (the estimator gives the learning rate and device).
 
         Each step every rank feeds one padded batch; the session all-reduces the gradients in backward
         and commits the exact global mean over real targets. ``self.receipts`` holds the step receipts.
         """
         module, lr, device = _estimator_module(estimator)
-        module = module.to(device)
+        module = _start_module(module, prev_estimate).to(device)
         if self.activation_checkpointing:
             _checkpoint_blocks(module)
         session = TorchDistributedBackend().prepare(
@@ -259,10 +285,17 @@ class StreamingTokenEncodedData:
         return _result_for(estimator, unwrap(session.module), device, lr)
 
     def pysp_seq_initialize(self, estimator: Any, rng: Any, p: float) -> Any:
-        """The estimator's module untrained (mixle's initialization: no distributed fitting)."""
+        """The estimator's module untrained (no distributed fitting), its parameters drawn from ``rng``.
+
+        ``rng`` (a numpy RandomState or Generator, or an int) seeds its layers' ``reset_parameters()``, so a
+        start is a function of ``rng`` on every rank; ``rng=None`` keeps the module's parameters as they are.
+        ``p`` is checked as mixle's (no rows are subsampled to start a network).
+        """
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) <= 1.0:
             raise ValueError(f"p must be a probability in [0, 1], got {p!r}")
         module, lr, device = _estimator_module(estimator)
+        if rng is not None:
+            _redraw_parameters(module, seed_from(rng))
         return _result_for(estimator, module, device, lr)
 
     def pysp_seq_log_density_sum(self, estimate: Any) -> tuple[float, float]:

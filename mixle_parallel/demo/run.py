@@ -5,15 +5,17 @@
    with SDC audit replays on, receipts and a hash-chained ledger written by the logging rank;
 3. certify EM on the mp backend (2 workers, bitwise statistics) and fit a Gaussian mixture with
    chunk audits under that certificate;
-4. audit the ledger it wrote and print a summary. Everything lands in ./mixle-parallel-run/.
+4. audit the ledger it wrote, print a summary and a legend of what it wrote, and where.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +30,91 @@ TRAIN_PLAN = ParallelPlan(dp_shard=2, tp=2)
 EM_WORKERS = 2
 TRAIN_TIMEOUT_S = 900.0
 """The training phase as a whole (start, rendezvous, every step) on a loaded 2-core machine."""
-OUTPUTS = ("certificate-torch_native.json", "certificate-em_mp.json", "ledger.jsonl", "ledger.jsonl.head",
-           "receipts.jsonl", "summary.json")
+LEGEND: tuple[tuple[str, str], ...] = (
+    ("certificate-torch_native.json", "admission certificate for torch_native on dp_shard=2 x tp=2 at fp32: the "
+                                      "measured evidence of every update, signed by your key"),
+    ("certificate-em_mp.json", "the same for EM on the mp backend (2 worker processes, fp64, bitwise)"),
+    ("receipts.jsonl", "one StepReceipt per training step (JSON Lines, from rank 0): loss, global example and token "
+                       "counts, bytes moved, the step's audit records, the certificate id"),
+    ("ledger.jsonl", "the ledger of both runs (training, then EM): a run start, a receipt per training step or EM "
+                     "iteration, the audit records, a run end with a signed seal; each entry hash-chained to the one "
+                     "before"),
+    ("ledger.jsonl.head", "the ledger's signed head (entry count, last hash): a later audit proves the ledger only "
+                          "grew since"),
+    ("summary.json", "the final table's figures, as JSON"),
+)
+"""What the demo writes into its run folder, each with a line saying what it is (printed at the end, in --help
+and in README.md)."""
+OUTPUTS = tuple(name for name, _ in LEGEND)
+STORE = ("the signing key made on first use (signing-key.pem, signing-key.pub, trust.json) and a copy of each "
+         "certificate (certificates/<id>.json), where later runs find them")
+"""What the demo writes outside the run folder, into the trust store."""
+STORE_WHERE = "$MIXLE_PARALLEL_HOME, else $XDG_CONFIG_HOME/mixle-parallel, else ~/.config/mixle-parallel"
+TERMS: tuple[tuple[str, str], ...] = (
+    ("audits", "training steps and EM chunks recomputed by another rank or worker and compared bitwise with the "
+               "original"),
+    ("findings", "audits that did not match: a faulty device or a software defect (a healthy run shows 0)"),
+)
+CLI_ENV = "MIXLE_PARALLEL_CLI"
+"""How the user runs the CLI, for the commands the demo prints (``scripts/dev`` sets ``scripts/dev run``)."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mixle-parallel demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="mixle-parallel demo", description=(__doc__ or "").replace("``", ""),
+                                     epilog=_where_it_lands(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="mixle-parallel-run", help="run folder (default ./mixle-parallel-run)")
+    parser.add_argument("--out", default="mixle-parallel-run",
+                        help="run folder for the files listed below (default ./mixle-parallel-run)")
     parser.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
     parser.add_argument("--em-rows", type=int, default=200_000, help="rows of the EM data (default 200000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, model and audits (default 0)")
     return parser
+
+
+def _where_it_lands() -> str:
+    """The --help epilog: every file of the run folder, then what goes to the trust store."""
+    width = max(len(name) for name, _ in LEGEND)
+    lines = ["Written into --out (earlier demo files there are replaced):"]
+    lines += [textwrap.fill(text, 110, initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4))
+              for name, text in LEGEND]
+    lines += ["", textwrap.fill(f"Written into your trust store ({STORE_WHERE}): {STORE}.", 110), ""]
+    lines += [textwrap.fill(f"{term}: {text}.", 110) for term, text in TERMS]
+    return "\n".join(lines)
+
+
+def cli_prefix(environ: Mapping[str, str]) -> str:
+    """How the user runs the CLI: ``$MIXLE_PARALLEL_CLI`` (``scripts/dev run``), else ``mixle-parallel``."""
+    return environ.get(CLI_ENV, "").strip() or "mixle-parallel"
+
+
+def legend(out: Path, environ: Mapping[str, str], cwd: Path) -> Table:
+    """What the demo wrote and where, and what audits and findings are."""
+    table = Table(title=f"what the demo wrote into {_shown(out, cwd)}/", title_justify="left", show_header=False,
+                  box=None)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    for name, text in LEGEND:
+        table.add_row(name, text)
+    table.add_row("", "")
+    table.add_row("trust store", f"{_store_home(environ)}: {STORE}")
+    for term, text in TERMS:
+        table.add_row(term, text)
+    return table
+
+
+def recheck_command(out: Path, environ: Mapping[str, str], cwd: Path) -> str:
+    """The command that re-checks the demo's ledger, in the form the user runs the CLI."""
+    return f"{cli_prefix(environ)} audit {_shown(out, cwd) / 'ledger.jsonl'}"
+
+
+def _shown(out: Path, cwd: Path) -> Path:
+    return out.relative_to(cwd) if out.is_relative_to(cwd) else out
+
+
+def _store_home(environ: Mapping[str, str]) -> Path:
+    from mixle_parallel.verification.keys import config_home
+
+    return config_home(environ)
 
 
 def _fresh_run_folder(out: Path) -> None:
@@ -193,6 +268,9 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     (out / "summary.json").write_text(json.dumps({"training": training, "em": em, "timings": timings,
                                                   "ledger_ok": report.ok, "signed_head": report.signed_head},
                                                  indent=2, sort_keys=True))
+    console.print(legend(out, os.environ, Path.cwd()))
+    console.print(f"re-check the ledger any time: {recheck_command(out, os.environ, Path.cwd())}",
+                  soft_wrap=True, markup=False, highlight=False)  # never cropped or folded: it is to be copied
     return 0 if report.ok else 1
 
 

@@ -6,8 +6,17 @@ import json
 
 import pytest
 
-from mixle_parallel.contracts import CertificateEnvelope, NotAdmittedError, ParallelPlan, Tolerance, from_json
+from mixle_parallel.contracts import (
+    AdmissionMode,
+    CertificateEnvelope,
+    NotAdmittedError,
+    ParallelPlan,
+    Tolerance,
+    from_json,
+)
 from mixle_parallel.verification.admission import (
+    AdmissionDecision,
+    AdmissionOptions,
     CertificationError,
     certify,
     load_certificate,
@@ -201,3 +210,31 @@ def test_compare_matches_torch_testing_rule():
     assert not compare(near, expected, Tolerance.exact()).within
     nan = compare(np.array([np.nan]), np.array([1.0]), tol)
     assert not nan.within and nan.maximum_absolute_error == float("inf")
+
+
+def test_the_gate_takes_an_options_object_or_its_fields_as_keywords(plan):
+    envelope = certify([make_evidence(plan)], executor=StubExecutor(), plan=plan, precision="fp32", store=False)
+    by_options = require_admission(StubExecutor(), plan, "fp32", AdmissionOptions(certificate=envelope),
+                                   world_size=4)
+    by_keywords = require_admission(StubExecutor(), plan, "fp32", certificate=envelope, world_size=4)
+    assert by_options == by_keywords and by_options.mode is AdmissionMode.CERTIFIED
+    with pytest.raises(TypeError, match=r"unknown option\(s\) certificat; .*AdmissionOptions fields: certificate,"):
+        require_admission(StubExecutor(), plan, "fp32", certificat=envelope, world_size=4)
+    with pytest.raises(TypeError, match="not both"):
+        require_admission(StubExecutor(), plan, "fp32", AdmissionOptions(), certificate=envelope, world_size=4)
+    with pytest.raises(TypeError, match="'device_kind' must be"):
+        AdmissionOptions(device_kind=3)
+    with pytest.raises(TypeError, match="'trust_store' must be"):
+        AdmissionOptions(trust_store="home")
+    with pytest.raises(NotAdmittedError, match="cuda/nccl"):  # comm_backend_for(cuda) when none is named
+        require_admission(StubExecutor(), ParallelPlan(), "fp32", AdmissionOptions(device_kind="cuda"), world_size=1)
+
+
+def test_decisions_carry_admission_modes_and_receipts_their_text(plan):
+    local = require_admission(StubExecutor(), ParallelPlan(), "fp32", world_size=1)
+    assert local.mode is AdmissionMode.LOCAL and local.receipt_extra() == {"admission": "local",
+                                                                           "certificate": "unverified"}
+    assert type(local.receipt_extra()["admission"]) is str  # plain text in receipts and ledgers
+    assert AdmissionDecision("unverified").mode is AdmissionMode.UNVERIFIED
+    with pytest.raises(ValueError, match="AdmissionDecision.mode='trusted' is not one of 'certified'"):
+        AdmissionDecision("trusted")

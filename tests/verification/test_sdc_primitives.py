@@ -117,3 +117,16 @@ def test_bounded_comparison_tolerates_small_differences_only():
     assert near.records[0].matched and near.records[0].maximum_absolute_difference == pytest.approx(5e-4, rel=1e-2)
     far = auditor.audit(step=1, rank=0, observed=_grads(1.01), recompute=_grads)
     assert not far.records[0].matched
+
+
+def test_audit_policies_are_the_contracts_vocabulary():
+    from mixle_parallel.contracts import EM_AUDIT_POLICIES, TRAINING_AUDIT_POLICIES, AuditPolicy
+    from mixle_parallel.verification import AUDIT_POLICIES
+    from mixle_parallel.verification.sdc.em import EMAuditor
+
+    assert AUDIT_POLICIES == TRAINING_AUDIT_POLICIES  # the earlier public name, same members
+    assert EMAuditor(policy="warn").policy is AuditPolicy.WARN
+    assert EMAuditor(policy=AuditPolicy.RAISE).policy is AuditPolicy.RAISE
+    assert {p.value for p in EM_AUDIT_POLICIES} == {"quarantine", "raise", "warn"}
+    with pytest.raises(ValueError, match="EMAuditor policy='skip_step' is not one of 'quarantine', 'raise', 'warn'"):
+        EMAuditor(policy="skip_step")  # a training policy, not an EM one

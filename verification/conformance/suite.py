@@ -1,7 +1,8 @@
 """The conformance suite: standard contract and executor checks any backend must pass.
 
-Run it with ``mixle-parallel conformance --backend module:attr`` (``main_conformance``) or
-``pytest --mixle-backend module:attr`` (the pytest plugin in ``conformance.plugin``). Each
+Run it with ``mixle-parallel conformance --backend NAME|module:attr`` (``main_conformance``) or
+``pytest --mixle-backend NAME|module:attr`` (the pytest plugin in ``conformance.plugin``); a name is
+a registered training or EM backend (``backend_names``). Each
 check is a function of a ``ConformanceContext`` that raises ``ConformanceFailure`` with what is
 wrong; the last one runs the verification harness on a small real mesh and requires that its
 evidence certifies the backend.
@@ -29,6 +30,8 @@ from ...contracts import (
     to_json,
 )
 from ..admission import require_admission
+from ..backend_names import add_backend_arguments, harness_target, import_modules
+from ..harness.launch import LAUNCHES, launch_for
 from ..harness.run import verify
 from ..harness.worker import resolve_executor
 from ..keys import TrustStore
@@ -197,8 +200,8 @@ def check_verifiable(ctx: ConformanceContext) -> str:
         raise ConformanceFailure("the backend has no open_trial(workload, plan, *, precision, seed, rank, "
                                  "world_size); see contracts/harness_protocol.py")
     launch = getattr(backend, "verification_launch", "gloo")
-    if launch not in ("gloo", "self"):
-        raise ConformanceFailure(f"verification_launch={launch!r}; expected 'gloo' or 'self'")
+    if launch not in LAUNCHES:
+        raise ConformanceFailure(f"verification_launch={launch!r}; expected {' or '.join(map(repr, LAUNCHES))}")
     return f"open_trial present, verification_launch={launch}"
 
 
@@ -247,7 +250,8 @@ def check_updates_on_the_wire(ctx: ConformanceContext) -> str:
         raise ConformanceFailure("\n".join(bad))
     seen = [f"{e.node_id}: " + (", ".join(f"{c.kind.value} x{c.count}" for c in e.collectives_observed) or "none")
             for e in report.evidence]
-    return "; ".join(seen) + " (per rank, attributed by phase)"
+    how = "attributed by phase" if launch_for(ctx.executor()).traced else "self-reported by the executor"
+    return "; ".join(seen) + f" (per rank, {how})"
 
 
 CHECKS: tuple[Callable[[ConformanceContext], Any], ...] = (
@@ -276,7 +280,7 @@ class CheckResult:
 
 def run_conformance(spec: Any, *, plan: ParallelPlan | None = None, precision: str | None = None,
                     workload: Any = None, skip_harness: bool = False) -> tuple[CheckResult, ...]:
-    """Run every check against the backend ``spec`` (object or 'module:attr'); results in order."""
+    """Run every check against the backend ``spec`` (object, 'module:attr' or registered name); results in order."""
     ctx = ConformanceContext(spec, plan, precision, workload)
     results = []
     for check in CHECKS:
@@ -307,9 +311,9 @@ def parse_plan(text: str | None) -> ParallelPlan | None:
 
 
 def main_conformance(argv: Sequence[str] | None = None) -> int:
-    """``mixle-parallel conformance --backend module:attr``: run the suite, exit 1 when a check fails."""
+    """``mixle-parallel conformance --backend NAME|module:attr``: run the suite, exit 1 when a check fails."""
     parser = argparse.ArgumentParser(prog="mixle-parallel conformance", description=main_conformance.__doc__)
-    parser.add_argument("--backend", required=True, help="the backend as 'package.module:attribute'")
+    add_backend_arguments(parser)
     parser.add_argument("--plan", default=None, help="plan for the harness check, e.g. 'dp_shard=2'")
     parser.add_argument("--precision", default=None, help="precision for the harness check (default fp32)")
     parser.add_argument("--workload", default=None, help="mlp, tiny_lm or gaussian_mixture")
@@ -318,10 +322,12 @@ def main_conformance(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         plan = parse_plan(args.plan)
-    except ValueError as exc:
+        import_modules(args.imports)
+        spec = harness_target(args.backend)
+    except ValueError as exc:  # an UnknownBackendError is one too
         print(f"mixle-parallel conformance: {exc}", file=sys.stderr)
         return 2
-    results = run_conformance(args.backend, plan=plan, precision=args.precision, workload=args.workload,
+    results = run_conformance(spec, plan=plan, precision=args.precision, workload=args.workload,
                               skip_harness=args.skip_harness)
     for result in results:
         first, _, rest = result.detail.partition("\n")

@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from ...contracts import comm_backend_for
+
 __all__ = [
     "DEFAULT_TIMEOUT_S", "MeshError", "fresh_process_group", "mesh_kind", "process_group_backend", "report",
     "run_on_gloo_mesh", "run_world",
@@ -72,20 +74,12 @@ def process_group_backend(world_size: int) -> str:
     return "gloo"
 
 
-def mesh_kind(executor: Any, world_size: int) -> tuple[str, str]:
-    """(device kind, communication backend) the harness measures ``executor`` on: what certificates record.
-
-    An executor that starts its own workers names its transport in ``comm_backend``; a gloo-mesh
-    executor runs on ``process_group_backend`` (NCCL on CUDA when every rank has a GPU).
-    """
-    if getattr(executor, "verification_launch", "gloo") == "self":
-        return "cpu", str(getattr(executor, "comm_backend", "gloo"))
-    backend = os.environ.get(BACKEND_ENV)
-    if backend is None:
-        import torch
-
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
-    return ("cuda", "nccl") if "nccl" in backend else ("cpu", "gloo")
+def mesh_kind(world_size: int) -> tuple[str, str]:
+    """(device kind, communication backend) a harness mesh of ``world_size`` ranks runs on: what certificates
+    record (``cuda``/``nccl`` when every rank has a GPU, else ``cpu``/``gloo``; ``MIXLE_PARALLEL_MESH_BACKEND``
+    overrides). An executor that starts its own workers is measured where it runs (``launch.SelfLaunch``)."""
+    device = "cuda" if "nccl" in process_group_backend(world_size) else "cpu"
+    return device, comm_backend_for(device)
 
 
 def _init_group(rank: int, world_size: int, store_path: str | None, group_timeout_s: float | None) -> None:

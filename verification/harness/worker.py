@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...contracts import ParallelPlan
+from ..backend_names import harness_target
 from ..capability import claim_harness_capability, harness_admitted
 from .collectives import FlightRecorderTrace, last_record_id, point_to_point_trace
 from .mesh import fresh_process_group
@@ -22,7 +23,9 @@ _HARNESS = claim_harness_capability("mixle_parallel.verification.harness")
 
 
 def resolve_executor(spec: Any) -> Any:
-    """An executor from an object, or a ``"module:attr"`` string (a class or factory is called once)."""
+    """An executor from an object, a ``"module:attr"`` string or a registered backend name
+    (``backend_names.harness_target``); a class or factory is called once."""
+    spec = harness_target(spec)
     if isinstance(spec, str):
         module_name, sep, attr = spec.partition(":")
         if not sep or not module_name or not attr:

@@ -20,6 +20,7 @@ import numpy as np
 from ...contracts import ParallelPlan
 from .em_reference import gaussian_mixture_reference
 from .moe_module import build_tiny_moe
+from .tiny_lm_module import tiny_lm_class
 from .worker import to_numpy
 
 TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -199,7 +200,7 @@ class TinyLMWorkload(_TrainingWorkload):
         import torch
 
         torch.manual_seed(seed)
-        return _tiny_lm_class()(self.vocab, self.d_model, self.heads, self.layers, self.seq_len, self.causal)
+        return tiny_lm_class()(self.vocab, self.d_model, self.heads, self.layers, self.seq_len, self.causal)
 
     def tp_plan(self) -> dict[str, str]:
         """Tensor-parallel styles by module path (torchtitan's: q/k/v and w1 column-wise, wo and w2 row-wise)."""
@@ -226,70 +227,6 @@ class TinyLMWorkload(_TrainingWorkload):
         import torch
 
         return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]).float(), target.reshape(-1))
-
-
-@functools.cache
-def _tiny_lm_class() -> type:
-    """The tiny LM module class, defined on first use so this module never imports torch eagerly.
-
-    Parameter names follow torchtitan's: ``tok_embeddings``, ``layers.<i>.attention.{wq,wk,wv,wo}``,
-    ``layers.<i>.feed_forward.{w1,w2}``, ``layers.<i>.{attention_norm,ffn_norm}``, ``norm``, ``output``.
-    """
-    import torch
-    from torch import nn
-
-    class Attention(nn.Module):
-        def __init__(self, d_model: int, heads: int, causal: bool) -> None:
-            super().__init__()
-            self.head_dim = d_model // heads  # local head count follows from it under tensor parallelism
-            self.causal = causal
-            self.wq, self.wk, self.wv, self.wo = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, t, _ = x.shape
-            q, k, v = (w(x).view(b, t, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-            return self.wo(y.transpose(1, 2).reshape(b, t, -1))
-
-    class FeedForward(nn.Module):
-        def __init__(self, d_model: int) -> None:
-            super().__init__()
-            self.w1, self.w2 = nn.Linear(d_model, 4 * d_model), nn.Linear(4 * d_model, d_model)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.w2(nn.functional.gelu(self.w1(x)))
-
-    class Block(nn.Module):
-        def __init__(self, d_model: int, heads: int, causal: bool) -> None:
-            super().__init__()
-            self.attention_norm, self.ffn_norm = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-            self.attention, self.feed_forward = Attention(d_model, heads, causal), FeedForward(d_model)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            x = x + self.attention(self.attention_norm(x))
-            return x + self.feed_forward(self.ffn_norm(x))
-
-    class TinyTransformerLM(nn.Module):
-        """Token embedding + learned positions, pre-norm blocks, final norm, LM head."""
-
-        def __init__(self, vocab: int, d_model: int, heads: int, layers: int, seq_len: int, causal: bool) -> None:
-            super().__init__()
-            self.tok_embeddings = nn.Embedding(vocab, d_model)
-            # learned absolute positions index the whole sequence; under context parallelism a rank
-            # holds only a slice of it, so the bidirectional (CP) variant has none
-            self.pos_embeddings = nn.Parameter(torch.randn(seq_len, d_model) * 0.02) if causal else None
-            self.layers = nn.ModuleList(Block(d_model, heads, causal) for _ in range(layers))
-            self.norm, self.output = nn.LayerNorm(d_model), nn.Linear(d_model, vocab, bias=False)
-
-        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-            x = self.tok_embeddings(tokens)
-            if self.pos_embeddings is not None:
-                x = x + self.pos_embeddings[: tokens.shape[1]]
-            for layer in self.layers:
-                x = layer(x)
-            return self.output(self.norm(x))
-
-    return TinyTransformerLM
 
 
 @attrs.frozen

@@ -17,6 +17,7 @@ import attrs
 
 from ...contracts import (
     AdmissionCertificate,
+    AdmissionMode,
     CertificateEnvelope,
     ContractError,
     NotAdmittedError,
@@ -111,9 +112,9 @@ def _check_payload(entry: LedgerEntry, run: _Run, fault: Any) -> None:
         if linked is not None and linked != run.certificate:
             fault(f"receipt says certificate {linked!r}, the run's is {run.certificate!r}")
         mode = receipt.extra.get("admission")
-        if mode == UNVERIFIED and run.certificate != UNVERIFIED:
+        if mode == AdmissionMode.UNVERIFIED and run.certificate != UNVERIFIED:
             fault(f"receipt says the run is unverified, but it started under certificate {run.certificate}")
-        if mode == "certified" and run.certificate == UNVERIFIED:
+        if mode == AdmissionMode.CERTIFIED and run.certificate == UNVERIFIED:
             fault("receipt says certified, but the run started unverified")
         previous = run.last_step.get(rank)
         if previous is not None and receipt.step < previous:
@@ -168,6 +169,80 @@ def _start_problems(entry: LedgerEntry) -> list[str]:
     return problems
 
 
+class _LedgerWalk:
+    """The state of one pass over a ledger's entries: faults and warnings found, counts, the open run."""
+
+    def __init__(self, key: bytes | None, store: TrustStore) -> None:
+        self.key, self.store = key, store
+        self.faults: list[LedgerFault] = []
+        self.warnings: list[str] = []
+        self.counts = {"run_start": 0, "receipt": 0, "audit": 0}
+        self.run: _Run | None = None
+        self.prev_hash = GENESIS
+
+    def check(self, index: int, line: int, entry: LedgerEntry) -> None:
+        """One entry: its place in the chain and sequence, its hash, then what its kind requires."""
+
+        def fault(message: str) -> None:
+            self.faults.append(LedgerFault(line, entry.seq, message))
+
+        if entry.seq != index:
+            fault(f"sequence number {entry.seq} where {index} was expected (an entry was deleted, inserted or "
+                  "reordered)")
+        if entry.prev != self.prev_hash:
+            fault("chain broken: prev does not match the previous entry's hash "
+                  "(an entry before it was deleted, reordered or edited)")
+        problem = _hash_problem(entry, self.key)
+        if problem:
+            fault(problem)
+        self.prev_hash = entry.hash
+        if entry.kind not in ENTRY_KINDS:
+            fault(f"unknown entry kind {entry.kind!r}")
+            return
+        if entry.kind in self.counts:
+            self.counts[entry.kind] += 1
+        if entry.kind == "run_start":
+            if self.run is not None and not self.run.ended:
+                self.warnings.append(
+                    f"line {line}: a run started while the previous one had no run_end (resumed after a crash?)")
+            self.run = _Run(entry.certificate)
+            for problem in _start_problems(entry):
+                fault(problem)
+        elif self.run is None:
+            fault(f"{entry.kind} entry before any run_start")
+        else:
+            self._in_run(entry, self.run, fault)
+
+    def _in_run(self, entry: LedgerEntry, run: _Run, fault: Any) -> None:
+        """An entry inside a run: after no run_end, linked to the run's certificate, its payload, its seal."""
+        if run.ended:
+            fault(f"{entry.kind} entry after run_end")
+        if entry.certificate != run.certificate:
+            fault(f"certificate link {entry.certificate!r} differs from the run_start's {run.certificate!r}")
+        _check_payload(entry, run, fault)
+        if entry.kind == "run_end":
+            run.ended = True
+            problem = check_seal(entry.payload.get("seal"), entry.seq, entry.prev, self.store) \
+                if entry.payload.get("seal") is not None else "run_end carries no signed seal"
+            if problem:
+                fault(problem)
+
+
+def _end_faults(found: Any, run: _Run | None, require_end: bool) -> list[LedgerFault]:
+    """A torn last line, an empty ledger, or (``require_end``) a last run without run_end."""
+    faults = []
+    if found.torn:
+        faults.append(LedgerFault(found.torn_line or 1, None, found.torn))
+    if not found.entries and not found.problems and not found.torn:
+        faults.append(LedgerFault(1, None, "the ledger is empty"))
+    elif require_end and run is not None and not run.ended:
+        last = found.entries[-1]
+        faults.append(LedgerFault(found.line_numbers[-1] + 1, None,
+                                  f"ledger ends after seq {last.seq} without run_end (truncated, or the run "
+                                  "is still going: pass --allow-open)"))
+    return faults
+
+
 def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None, require_end: bool = True,
                   head: bool = True, since: str | os.PathLike[str] | None = None,
                   trust_store: TrustStore | None = None) -> LedgerReport:
@@ -177,88 +252,16 @@ def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None, req
     """
     store = trust_store or TrustStore()
     found = read_ledger(path)
-    faults: list[LedgerFault] = []
-    warnings: list[str] = []
-    faults += [LedgerFault(number, None, text) for number, text in found.problems]
-    counts = {"run_start": 0, "receipt": 0, "audit": 0}
-    run: _Run | None = None
-    prev_hash = GENESIS
-    keyed = any(e.hash.startswith("hmac-sha256:") for e in found.entries)
+    walk = _LedgerWalk(key, store)
+    walk.faults += [LedgerFault(number, None, text) for number, text in found.problems]
     for index, entry in enumerate(found.entries):
-        line = found.line_numbers[index]
-
-        def fault(message: str, _line: int = line, _seq: int = entry.seq) -> None:
-            faults.append(LedgerFault(_line, _seq, message))
-
-        if entry.seq != index:
-            fault(
-                f"sequence number {entry.seq} where {index} was expected (an entry was deleted, inserted or reordered)"
-            )
-        if entry.prev != prev_hash:
-            fault(
-                "chain broken: prev does not match the previous entry's hash "
-                "(an entry before it was deleted, reordered or edited)"
-            )
-        problem = _hash_problem(entry, key)
-        if problem:
-            fault(problem)
-        prev_hash = entry.hash
-        if entry.kind not in ENTRY_KINDS:
-            fault(f"unknown entry kind {entry.kind!r}")
-            continue
-        if entry.kind in counts:
-            counts[entry.kind] += 1
-        if entry.kind == "run_start":
-            if run is not None and not run.ended:
-                warnings.append(
-                    f"line {line}: a run started while the previous one had no run_end (resumed after a crash?)"
-                )
-            run = _Run(entry.certificate)
-            for problem in _start_problems(entry):
-                fault(problem)
-            continue
-        if run is None:
-            fault(f"{entry.kind} entry before any run_start")
-            continue
-        if run.ended:
-            fault(f"{entry.kind} entry after run_end")
-        if entry.certificate != run.certificate:
-            fault(f"certificate link {entry.certificate!r} differs from the run_start's {run.certificate!r}")
-        _check_payload(entry, run, fault)
-        if entry.kind == "run_end":
-            run.ended = True
-            problem = check_seal(entry.payload.get("seal"), entry.seq, entry.prev, store) \
-                if entry.payload.get("seal") is not None else "run_end carries no signed seal"
-            if problem:
-                fault(problem)
-    if found.torn:
-        faults.append(LedgerFault(found.torn_line or 1, None, found.torn))
-    if not found.entries and not found.problems and not found.torn:
-        faults.append(LedgerFault(1, None, "the ledger is empty"))
-    elif require_end and run is not None and not run.ended:
-        last = found.entries[-1]
-        faults.append(
-            LedgerFault(
-                found.line_numbers[-1] + 1,
-                None,
-                f"ledger ends after seq {last.seq} without run_end (truncated, or the run "
-                "is still going: pass --allow-open)",
-            )
-        )
+        walk.check(index, found.line_numbers[index], entry)
+    walk.faults += _end_faults(found, walk.run, require_end)
     head_faults, signed_head = _head_faults(path, found, head, since, store)
-    faults += head_faults
-    faults.sort(key=lambda f: f.line)
-    return LedgerReport(
-        str(path),
-        len(found.entries),
-        counts["run_start"],
-        counts["receipt"],
-        counts["audit"],
-        keyed,
-        tuple(faults),
-        tuple(warnings),
-        signed_head,
-    )
+    faults = sorted(walk.faults + head_faults, key=lambda f: f.line)
+    keyed = any(e.hash.startswith("hmac-sha256:") for e in found.entries)
+    return LedgerReport(str(path), len(found.entries), walk.counts["run_start"], walk.counts["receipt"],
+                        walk.counts["audit"], keyed, tuple(faults), tuple(walk.warnings), signed_head)
 
 
 def _head_faults(path: str | os.PathLike[str], found: Any, head: bool, since: Any,

@@ -17,12 +17,9 @@ from typing import Any
 
 import attrs
 
-from ...contracts import SDCAuditRecord
+from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, choose
 from .digest import digest
 from .schedule import DEFAULT_AUDIT_RATE, SDCDetectedError, audit_uniform
-
-EM_POLICIES = ("quarantine", "raise", "warn")
-"""What an EM audit does on a mismatch: quarantine the faulty worker, raise, or only record."""
 
 _log = logging.getLogger(__name__)
 
@@ -46,13 +43,13 @@ class ChunkAudit:
 class EMAuditor:
     """Chooses audited chunks (seeded), runs peer/witness replays, and tracks quarantined workers."""
 
-    def __init__(self, *, rate: float = DEFAULT_AUDIT_RATE, seed: int = 0, policy: str = "quarantine",
-                 digest: Callable[[Any], str] = digest) -> None:
+    def __init__(self, *, rate: float = DEFAULT_AUDIT_RATE, seed: int = 0,
+                 policy: AuditPolicy | str = AuditPolicy.QUARANTINE, digest: Callable[[Any], str] = digest) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"EM audit rate={rate} must be within [0, 1]")
-        if policy not in EM_POLICIES:
-            raise ValueError(f"EM audit policy {policy!r}; allowed: {list(EM_POLICIES)}")
-        self.rate, self.seed, self.policy = rate, seed, policy
+        self.rate, self.seed = rate, seed
+        self.policy = AuditPolicy(choose(AuditPolicy, policy, option="EMAuditor policy", allowed=EM_AUDIT_POLICIES))
+        """What a mismatch does (``contracts.EM_AUDIT_POLICIES``): quarantine the faulty worker, raise, or record."""
         self.digest = digest
         """The checksum compared (default ``sdc.digest.digest``; EM handles pass ``statistic_digest``)."""
         self.quarantined: set[int] = set()
@@ -112,7 +109,7 @@ class EMAuditor:
                                   "none", None, injected)
             return self._finish(ChunkAudit(iteration, chunk, (record,), statistic))
         witnesses = [w for w in peers[1:]]
-        action = {"quarantine": "quarantine", "raise": "raise", "warn": "warn"}[self.policy]
+        action = self.policy.value
         if not witnesses:
             record = self._record(iteration, chunk, primary, "peer", auditor, replay_digest, primary_digest,
                                   "raise", None, injected)
@@ -131,7 +128,7 @@ class EMAuditor:
                                    action, faulty, injected)
         witness_record = self._record(iteration, chunk, primary, "witness", witness, witness_digest,
                                       primary_digest, action, faulty, injected)
-        quarantined = faulty if action == "quarantine" else None
+        quarantined = faulty if action == AuditPolicy.QUARANTINE else None
         if quarantined is not None:
             self.quarantined.add(quarantined)
         return self._finish(ChunkAudit(iteration, chunk, (peer_record, witness_record), value, quarantined))
@@ -144,7 +141,7 @@ class EMAuditor:
         ``worker`` and, unless the policy is ``warn``, raises ``SDCDetectedError``.
         """
         expected, observed = self.digest(replayed), self.digest(statistic)
-        action = "warn" if self.policy == "warn" else "raise"
+        action = "warn" if self.policy is AuditPolicy.WARN else "raise"
         record = self._record(
             iteration, chunk, worker, "same_rank", worker, expected, observed, action, worker, injected
         )
@@ -161,9 +158,59 @@ class EMAuditor:
                 bad[0].attributed_rank,
                 bad[0].action,
             )
-            if enforce and (self.policy == "raise" or bad[0].action == "raise"):
+            if enforce and (self.policy is AuditPolicy.RAISE or bad[0].action == "raise"):
                 raise SDCDetectedError(outcome.records)
         return outcome
+
+
+def _compute_chunks(num_chunks: int, owner: dict[int, int], compute: Callable[[int, int], Any], iteration: int,
+                    injector: Any) -> tuple[dict[int, Any], set[int]]:
+    """Every chunk's statistic on its owner, with the injector's strikes; the chunks it struck."""
+    results: dict[int, Any] = {}
+    struck: set[int] = set()
+    for chunk in range(num_chunks):
+        value = compute(owner[chunk], chunk)
+        if injector is not None:
+            if isinstance(value, dict):
+                hit = any(
+                    injector.apply("statistic", f"chunk:{chunk}/{k}", value[k], rank=owner[chunk], step=iteration)
+                    for k in sorted(value)
+                )
+            else:
+                hit = injector.apply("statistic", f"chunk:{chunk}", value, rank=owner[chunk], step=iteration)
+            if hit:
+                struck.add(chunk)
+        results[chunk] = value
+    return results, struck
+
+
+def _recompute_quarantined(auditor: EMAuditor, outcome: ChunkAudit, workers: Sequence[int], owner: dict[int, int],
+                           results: dict[int, Any], compute: Callable[[int, int], Any]) -> None:
+    """Move every other chunk of the worker ``outcome`` quarantined to a survivor and recompute it there."""
+    survivors = auditor.healthy(workers)
+    if not survivors:
+        raise RuntimeError("every worker is quarantined; cannot recompute")
+    for other, worker in owner.items():
+        if worker == outcome.quarantined and other != outcome.chunk:
+            replacement = survivors[other % len(survivors)]
+            results[other] = compute(replacement, other)
+            owner[other] = replacement
+
+
+def _audit_one(auditor: EMAuditor, iteration: int, chunk: int, owner: dict[int, int], results: dict[int, Any],
+               compute: Callable[[int, int], Any], workers: Sequence[int], injected: bool) -> ChunkAudit:
+    """Audit ``chunk`` (recomputed on a peer), keep the statistic the audit decided on, and recompute the
+    chunks of a worker it quarantined."""
+
+    def recompute(worker: int) -> Any:
+        return compute(worker, chunk)
+
+    outcome = auditor.audit_chunk(iteration=iteration, chunk=chunk, primary=owner[chunk], statistic=results[chunk],
+                                  recompute=recompute, workers=workers, injected=injected)
+    results[chunk] = outcome.statistic
+    if outcome.quarantined is not None:
+        _recompute_quarantined(auditor, outcome, workers, owner, results, compute)
+    return outcome
 
 
 def audited_fold(
@@ -187,48 +234,11 @@ def audited_fold(
     if not healthy:
         raise RuntimeError(f"every worker of {list(workers)} is quarantined; nothing can compute")
     owner = {c: healthy[c % len(healthy)] for c in range(num_chunks)}
-    results: dict[int, Any] = {}
-    struck: set[int] = set()
-    for chunk in range(num_chunks):
-        value = compute(owner[chunk], chunk)
-        if injector is not None:
-            if isinstance(value, dict):
-                hit = any(
-                    injector.apply("statistic", f"chunk:{chunk}/{k}", value[k], rank=owner[chunk], step=iteration)
-                    for k in sorted(value)
-                )
-            else:
-                hit = injector.apply("statistic", f"chunk:{chunk}", value, rank=owner[chunk], step=iteration)
-            if hit:
-                struck.add(chunk)
-        results[chunk] = value
+    results, struck = _compute_chunks(num_chunks, owner, compute, iteration, injector)
     outcomes: list[ChunkAudit] = []
     if auditor is not None:
         for chunk in auditor.audited_chunks(iteration, num_chunks):
-
-            def recompute(worker: int, c: int = chunk) -> Any:
-                return compute(worker, c)
-
-            outcome = auditor.audit_chunk(
-                iteration=iteration,
-                chunk=chunk,
-                primary=owner[chunk],
-                statistic=results[chunk],
-                recompute=recompute,
-                workers=workers,
-                injected=chunk in struck,
-            )
-            results[chunk] = outcome.statistic
-            outcomes.append(outcome)
-            if outcome.quarantined is not None:
-                survivors = auditor.healthy(workers)
-                if not survivors:
-                    raise RuntimeError("every worker is quarantined; cannot recompute")
-                for other, worker in owner.items():
-                    if worker == outcome.quarantined and other != chunk:
-                        replacement = survivors[other % len(survivors)]
-                        results[other] = compute(replacement, other)
-                        owner[other] = replacement
+            outcomes.append(_audit_one(auditor, iteration, chunk, owner, results, compute, workers, chunk in struck))
     total = results[0]
     for chunk in range(1, num_chunks):
         total = combine(total, results[chunk])

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import attrs
 
-from ...contracts import SDCAuditRecord
+from ...contracts import TRAINING_AUDIT_POLICIES, SDCAuditRecord
 
-AUDIT_POLICIES = ("warn", "raise", "skip_step")
-"""What a training audit does on a mismatch."""
+AUDIT_POLICIES = TRAINING_AUDIT_POLICIES
+"""What a training audit does on a mismatch (``contracts.TRAINING_AUDIT_POLICIES``; the earlier public name)."""
 
 DEFAULT_AUDIT_RATE = 0.05
 """Default fraction of steps audited (plus the run's first step, so every run audits one)."""

@@ -28,9 +28,10 @@ import itertools
 import logging
 import pickle
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ....contracts.resources import local_cpu_count
+from ..backend_declaration import refuse_for_runner
 from ..chunks import (
     WorkerLostError,
     WorkerTask,
@@ -83,6 +84,16 @@ async def _outcomes(calls: dict[Any, Any], timeout: float | None) -> dict[Any, t
     for task in waiting:
         task.cancel()  # stops waiting only; the call itself goes on and is awaited again next time
     return {tasks[task]: task.result() for task in done}
+
+
+class _PlacedCalls(NamedTuple):
+    """The calls of one placed run: dask calls pending (worker -> (address, future)), pass channels sent to,
+    the chunk ids of each dask call, and the orphaned chunks each worker keeps."""
+
+    pending: dict[int, tuple[str, Any]]
+    direct: dict[int, ChannelClient]
+    sent: dict[int, list[int]]
+    adopted: dict[int, list[int]]
 
 
 class DaskRunner(DirectPasses):
@@ -441,12 +452,14 @@ class DaskRunner(DirectPasses):
         not kept, except a chunk whose holder died, which stays on the (first) worker that computes it.
         A chosen worker that is gone, or dies meanwhile, raises ``WorkerUnavailableError``."""
         checked = check_tasks(tasks, len(self._chunks), self.worker_ids(), self.name)
-        out: dict[int, list[Any]] = {w: [] for w in checked}
         deadline = Deadline(self.timeout)
-        pending: dict[int, tuple[str, Any]] = {}
-        adopted: dict[int, list[int]] = {}  # worker -> orphaned chunks it keeps
-        direct: dict[int, ChannelClient] = {}
-        sent: dict[int, list[int]] = {}  # worker -> chunk ids of its dask call
+        calls = self._send_placed(checked)
+        values = self._collect_placed(checked, calls, deadline)
+        return {w: [values[w][i] for i in t.chunk_ids] for w, t in checked.items()}
+
+    def _send_placed(self, checked: dict[int, WorkerTask]) -> _PlacedCalls:
+        """Send each chosen worker its task: over its pass channel, or as a dask call (orphaned chunks it keeps)."""
+        calls = _PlacedCalls({}, {}, {}, {})
         for w, t in sorted(checked.items()):
             if not t.chunk_ids:
                 continue
@@ -457,23 +470,28 @@ class DaskRunner(DirectPasses):
             orphans = [
                 i
                 for i in dict.fromkeys(borrowed)
-                if not self._alive(self._where[i]) and all(i not in kept for kept in adopted.values())
+                if not self._alive(self._where[i]) and all(i not in kept for kept in calls.adopted.values())
             ]
-            adopted[w] = orphans
+            calls.adopted[w] = orphans
             # over the holder's pass channel, borrowed chunks included, unless a dead holder's chunks are
             # to stay here (that goes through dask); one call either way, so one thread computes
             channel = None if orphans else self._channel_for(address)  # opened here when no plain pass came first
             if channel is not None and channel.send(task, ids, borrowed):
-                direct[w] = channel
-                sent[w] = []
+                calls.direct[w] = channel
+                calls.sent[w] = []
                 continue
-            sent[w] = ids
-            pending[w] = (
+            calls.sent[w] = ids
+            calls.pending[w] = (
                 address,
                 self._invoke(address, "run", task, work_for_holder(ids, orphans), *([borrowed] if borrowed else [])),
             )
+        return calls
+
+    def _collect_placed(self, checked: dict[int, WorkerTask], calls: _PlacedCalls,
+                        deadline: Deadline) -> dict[int, dict[int, Any]]:
+        """Every chosen worker's results by chunk id; lost workers raise ``WorkerUnavailableError``."""
         values: dict[int, dict[int, Any]] = {w: {} for w in checked}
-        got, closed, hung = collect_replies(direct, deadline.remaining)
+        got, closed, hung = collect_replies(calls.direct, deadline.remaining)
         if hung:
             raise WorkerTimeoutError(
                 f"dask worker(s) {[self._workers[w] for w in hung]} did not return chunks "
@@ -486,21 +504,21 @@ class DaskRunner(DirectPasses):
             self._drop_channel(self._workers[w])
 
         def timed_out() -> WorkerTimeoutError:
-            w = min(pending)
+            w = min(calls.pending)
             return WorkerTimeoutError(
                 f"dask worker {self._workers[w]} did not return chunks "
                 f"{list(checked[w].chunk_ids)} within {self.timeout} s; "
                 "raise timeout= (seconds) or restart it"
             )
 
-        for w, (address, _), entries in self._settle(pending, deadline, timed_out):
+        for w, (address, _), entries in self._settle(calls.pending, deadline, timed_out):
             if entries is None:
                 dead.append(w)
                 continue
-            values[w].update(zip(sent[w], entries))
-            for i in adopted[w]:
+            values[w].update(zip(calls.sent[w], entries))
+            for i in calls.adopted[w]:
                 self._where[i] = address
-            self.recoveries += len(adopted[w])
+            self.recoveries += len(calls.adopted[w])
         if dead:
             dead = sorted(set(dead))
             for w in dead:
@@ -508,9 +526,7 @@ class DaskRunner(DirectPasses):
             raise WorkerUnavailableError(
                 dead, f"dask worker(s) {[self._workers[w] for w in dead]} were lost while computing chosen chunks"
             )
-        for w, t in checked.items():
-            out[w] = [values[w][i] for i in t.chunk_ids]
-        return out
+        return values
 
     def compute_on(
         self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
@@ -544,22 +560,19 @@ class DaskRunner(DirectPasses):
                     self._cluster = None
 
 
-def dask_encoded_data(
-    data: Any,
-    *,
-    client: Any = None,
-    num_workers: int | None = None,
-    timeout: float | None = DEFAULT_TIMEOUT_S,
-    direct_channel: bool = True,
-    **params: Any,
-) -> Any:
-    """``encoded_data(..., backend="dask")``: a handle over a :class:`DaskRunner`
-    (``direct_channel=False`` sends every data pass through dask's RPC, see ``engines.channel``)."""
+def dask_encoded_data(data: Any, *, client: Any = None, num_workers: int | None = None, **params: Any) -> Any:
+    """``encoded_data(..., backend="dask")``: a handle over a :class:`DaskRunner`, or a :class:`DaskTaskRunner`
+    for a client that only submits and gathers. ``timeout=`` and ``direct_channel=`` (``False`` sends every
+    data pass through dask's RPC, see ``engines.channel``) are the resident runner's: with a task-only
+    client they are refused. ``params`` are the handle's options."""
+    engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "direct_channel") if k in params}
     runner: Any
     if is_task_only_client(client, require_engine("distributed", "dask")):
+        refuse_for_runner("dask", engine, f"a {type(client).__name__} that only submits and gathers",
+                          "a distributed.Client")
         runner = DaskTaskRunner(client, num_workers=num_workers)
     else:
-        runner = DaskRunner(client, num_workers=num_workers, timeout=timeout, direct_channel=direct_channel)
+        runner = DaskRunner(client, num_workers=num_workers, **engine)
     try:
         return handle_from_runner(runner, data, **params)
     except BaseException:

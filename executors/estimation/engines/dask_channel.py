@@ -61,7 +61,7 @@ class DirectPasses:
     """Pass bytes to and from the holders: channel frames, and the blobs of ``run`` calls through dask."""
 
     @property
-    def bytes_moved(self) -> int:
+    def transport_bytes(self) -> int:
         """Pass bytes sent to and received from the holders so far (models out, statistics back)."""
         return self.wire.total
 

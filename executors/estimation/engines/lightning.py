@@ -180,18 +180,15 @@ class LightningEncodedData(BuiltByEncodedData, ChunkedEncodedData):
 
 
 def lightning_encoded_data(data: Any, *, batch_size: int | None = None, shuffle: bool | None = None,
-                           seed: int | None = None, num_workers: int | None = None, num_chunks: int | None = None,
-                           chunk_size: int | None = None, **params: Any) -> LightningEncodedData:
+                           seed: int | None = None, num_workers: int | None = None,
+                           **params: Any) -> LightningEncodedData:
     """Factory of the ``lightning`` backend: ``batch_size`` defaults to a tenth of the rows (mixle's) and sets
-    the chunking when none is given (a mini-batch is one chunk)."""
+    the chunking when none is given (a mini-batch is one chunk); ``num_workers`` are the DataLoader's."""
     workers = _loader_workers(num_workers)
     _datamodule_class()  # Lightning missing: say so before encoding anything
     spec = minibatch_spec(count_rows(data), batch_size, shuffle, seed)
-    if num_chunks is None and chunk_size is None:
-        chunk_size = spec.batch_size
-    handle = handle_from_runner(LocalChunkRunner(1), data, handle_class=LightningEncodedData, num_chunks=num_chunks,
-                                chunk_size=chunk_size, batch_size=spec.batch_size, shuffle=spec.shuffle,
-                                seed=spec.seed, **params)
+    handle = handle_from_runner(LocalChunkRunner(1), data, handle_class=LightningEncodedData,
+                                batch_size=spec.batch_size, shuffle=spec.shuffle, seed=spec.seed, **params)
     assert isinstance(handle, LightningEncodedData)
     handle._bind_loader(data, workers)
     return handle

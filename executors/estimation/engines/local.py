@@ -20,7 +20,7 @@ class LocalChunkRunner:
 
     name = "local"
     supports_worker_placement = True
-    bytes_moved = 0
+    transport_bytes = 0
     """Threads share the driver's memory: nothing crosses a process boundary."""
 
     def __init__(self, num_workers: int | None = None) -> None:
@@ -108,14 +108,16 @@ def local_backend(
     num_workers: int | None = None,
     chunk_workers: int | None = None,
     parallel_chunks: bool = False,
-    resources: Any = None,
     **params: Any,
 ) -> ChunkedEncodedData:
-    """Factory of the ``local`` backend: one thread by default, ``num_workers`` threads on request."""
+    """Factory of the ``local`` backend: one thread by default, ``num_workers`` threads on request.
+
+    ``params`` are the handle's options (``resources=`` gives a thread per device, the chunks placed by
+    the devices' throughput)."""
     workers = num_workers if num_workers is not None else chunk_workers
     if workers is None:
-        if resources is not None:
-            workers = len(resources)
+        if params.get("resources") is not None:
+            workers = len(params["resources"])
         elif parallel_chunks:
             workers = local_cpu_count()
         else:
@@ -137,8 +139,15 @@ more only contend for the same cores (and 10**6 threads would exhaust the proces
 
 
 def planned_workers(options: EncodedDataOptions) -> int:
-    """Threads the local backend will run: ``num_workers`` (capped), else ``chunk_workers``/``resources``, else 1."""
+    """Threads the local backend will run: ``num_workers`` (capped), else ``chunk_workers``/``resources``, else 1
+    (one per CPU with ``parallel_chunks``); contradicting counts are refused."""
+    if None not in (options.num_workers, options.chunk_workers) and options.num_workers != options.chunk_workers:
+        raise ValueError(f"num_workers={options.num_workers} and chunk_workers={options.chunk_workers} both set the "
+                         "local backend's threads; give one")
     n = options.num_workers if options.num_workers is not None else options.chunk_workers
+    if options.parallel_chunks and n == 1:
+        raise ValueError("parallel_chunks=True asks for chunk threads but the local backend was given one thread; "
+                         "drop parallel_chunks= or give num_workers= above 1")
     if n is None:
         n = len(options.resources) if options.resources is not None else (
             local_cpu_count() if options.parallel_chunks else 1)

@@ -35,6 +35,7 @@ from ..chunks import (
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
 from .chunk_assignment import block_assignment, place_blocks
+from .main_guard import require_main_guard
 from .worker_process import keep_freed_memory, yield_on_wakeup
 
 __all__ = ["BLAS_THREAD_VARIABLES", "MPChunkRunner", "WorkerTaskError", "mp_backend"]
@@ -155,12 +156,20 @@ class MPChunkRunner:
         start_timeout: float = 180.0,
         start_method: str = "spawn",
         blas_threads: int = 1,
+        shutdown_timeout: float = 5.0,
     ) -> None:
         n = local_cpu_count() if num_workers is None else num_workers
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"mp backend num_workers must be an int >= 1, got {num_workers!r}")
         if timeout is not None and not timeout > 0:
             raise ValueError(f"mp backend timeout must be > 0 seconds or None, got {timeout!r}")
+        if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, (int, float)) \
+                or not shutdown_timeout >= 0:
+            raise ValueError(f"mp backend shutdown_timeout must be >= 0 seconds, got {shutdown_timeout!r}")
+        self.shutdown_timeout = float(shutdown_timeout)
+        """Seconds ``close`` waits for each worker to exit after asking it to, before killing it."""
+        if start_method != "fork":
+            require_main_guard("mp")
         self.num_workers = n
         self.timeout = timeout
         self.start_timeout = start_timeout
@@ -172,7 +181,7 @@ class MPChunkRunner:
         self.recovered_chunks: list[int] = []
         """Chunk ids recomputed on a survivor after their worker died (for tests and logs)."""
         self._blocks: list[list[int]] | None = None
-        self.bytes_moved = 0
+        self.transport_bytes = 0
         """Bytes of pass requests (models, functions) and replies (statistics) through the workers' pipes."""
 
     # -- start ----------------------------------------------------------------------------------
@@ -248,7 +257,7 @@ class MPChunkRunner:
             worker.conn.send_bytes(message)
         except (BrokenPipeError, ConnectionError, OSError):
             return False
-        self.bytes_moved += len(message)
+        self.transport_bytes += len(message)
         worker.pending = list(ids)
         return True
 
@@ -379,7 +388,7 @@ class MPChunkRunner:
                     if not w.conn.poll():
                         raise EOFError
                     raw = w.conn.recv_bytes()
-                    self.bytes_moved += len(raw)
+                    self.transport_bytes += len(raw)
                     reply = pickle.loads(raw)
                 except (EOFError, ConnectionError, OSError):
                     lost.append((w.index, list(w.pending)))
@@ -422,7 +431,7 @@ class MPChunkRunner:
             except (OSError, ValueError):
                 pass
         for w in list(self._workers):
-            w.process.join(timeout=5)
+            w.process.join(timeout=self.shutdown_timeout)
             self._drop(w)
         if self._shm is not None:
             try:
@@ -437,15 +446,19 @@ def mp_backend(
     data: Any,
     *,
     num_workers: int | None = None,
-    resources: Any = None,
     timeout: float | None = 300.0,
     start_timeout: float = 180.0,
     start_method: str = "spawn",
+    shutdown_timeout: float = 5.0,
     **params: Any,
 ) -> ChunkedEncodedData:
-    """Factory of the ``mp`` backend (``num_workers`` processes; default: one per local CPU)."""
+    """Factory of the ``mp`` backend (``num_workers`` processes; default: one per resource or local CPU).
+
+    ``params`` are the handle's options (``resources=`` places the chunks by the devices' throughput)."""
+    resources = params.get("resources")
     workers = num_workers if num_workers is not None else (len(resources) if resources is not None else None)
-    runner = MPChunkRunner(workers, timeout=timeout, start_timeout=start_timeout, start_method=start_method)
+    runner = MPChunkRunner(workers, timeout=timeout, start_timeout=start_timeout, start_method=start_method,
+                           shutdown_timeout=shutdown_timeout)
     try:
         return handle_from_runner(runner, data, **params)
     except BaseException:
@@ -454,7 +467,7 @@ def mp_backend(
 
 
 ENCODED_DATA_OPTIONS = frozenset({
-    "num_workers", "resources", "timeout", "start_timeout", "start_method", "placement",
+    "num_workers", "resources", "timeout", "start_timeout", "start_method", "shutdown_timeout", "placement",
     "batch_size", "shuffle", "seed", "engine",
 })
 """The ``encoded_data`` options the mp backend honours besides the handle's own."""
@@ -469,6 +482,8 @@ each worker is a Python interpreter holding its chunks, and more only contend fo
 
 def planned_workers(options: EncodedDataOptions) -> int:
     """Worker processes mp will start: ``num_workers`` (capped), else one per resource or local CPU."""
+    if options.extra.get("start_method", "spawn") != "fork":
+        require_main_guard("mp")  # before the admission gate, which may certify on the spot
     n = options.num_workers
     if n is None:
         n = len(options.resources) if options.resources is not None else local_cpu_count()

@@ -80,7 +80,7 @@ class MPIRunner:
         """This rank's pass bytes: the pickled payload and every rank's pickled results, as they crossed."""
 
     @property
-    def bytes_moved(self) -> int:
+    def transport_bytes(self) -> int:
         """Pass bytes this rank sent and received so far (the payload broadcast, the results all-gather)."""
         return self.wire.total
 
@@ -233,10 +233,11 @@ class MPIEncodedData(BuiltByEncodedData, ChunkedEncodedData):
                             root_only=root_only, backend="mpi", **options)
 
     @classmethod
-    def over_runner(cls, runner: MPIRunner, data: Any, **kwargs: Any) -> MPIEncodedData:
-        """The handle over an existing runner (what ``encoded_data(backend="mpi")`` builds)."""
+    def over_runner(cls, runner: MPIRunner, data: Any, *, num_rows: int, **params: Any) -> MPIEncodedData:
+        """The handle over an existing runner (what ``encoded_data(backend="mpi")`` builds); ``params`` are the
+        handle's options."""
         obj = object.__new__(cls)
-        ChunkedEncodedData.__init__(obj, runner, data, **kwargs)
+        ChunkedEncodedData.__init__(obj, runner, data, num_rows=num_rows, **params)
         return obj
 
     def _ensure_scattered(self, estimator: Any, model: Any) -> None:
@@ -262,10 +263,6 @@ class MPIEncodedData(BuiltByEncodedData, ChunkedEncodedData):
         self._data = None
 
 
-_HANDLE_KEYS = ("estimator", "model", "encoder", "num_chunks", "chunk_size", "controls", "batch_size", "shuffle",
-                "seed")
-
-
 def mpi_encoded_data(
     data: Any,
     *,
@@ -287,9 +284,8 @@ def mpi_encoded_data(
         counts = runner.comm.allgather(num_rows)
         if len(set(counts)) != 1:
             raise ValueError(f"ranks hold different row counts {counts}; pass the same rows on every rank")
-    kwargs = {k: params[k] for k in _HANDLE_KEYS if params.get(k) is not None}
     return MPIEncodedData.over_runner(runner, data if (runner.is_root or not root_only) else None, num_rows=num_rows,
-                                      **kwargs)
+                                      **params)
 
 
 ENCODED_DATA_OPTIONS = frozenset({"comm", "root", "root_only", "timeout", "batch_size", "shuffle", "seed"})

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import logging
 import pickle
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ....contracts.resources import local_cpu_count
+from ..api import encoded_data
+from ..backend_declaration import refuse_for_runner
 from ..chunks import (
     WorkerLostError,
     WorkerTask,
@@ -33,6 +34,7 @@ from ..chunks import (
 )
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
+from ..reference_handles import BuiltByEncodedData
 from .channel import (
     ChannelClient,
     ChannelOffer,
@@ -197,7 +199,7 @@ class RayRunner:
         """Chunks moved to a surviving actor after one died (for tests and logs)."""
 
     @property
-    def bytes_moved(self) -> int:
+    def transport_bytes(self) -> int:
         """Pass bytes sent to and received from the actors so far (models out, statistics back)."""
         return self.wire.total
 
@@ -403,7 +405,30 @@ class RayRunner:
         ray = require_engine("ray", "ray")
         checked = check_tasks(tasks, len(self._refs), self.worker_ids(), self.name)
         deadline = Deadline(self.timeout)
-        refs, direct, sent = {}, {}, {}
+        refs, direct, sent = self._send_placed(ray, checked)
+        values: dict[int, dict[int, Any]] = {w: {} for w in checked}
+        got, closed, hung = collect_replies(direct, deadline.remaining)
+        if hung:
+            raise WorkerTimeoutError(
+                f"ray actor(s) {hung} did not answer within {self.timeout} s; "
+                "a worker is hung or overloaded. Raise timeout= (seconds)."
+            )
+        for w, (ids, entries) in got.items():
+            values[w].update(zip(ids, entries))
+        dead = sorted(set(closed) | set(self._collect_calls(ray, refs, sent, values, deadline)))
+        if dead:
+            for w in dead:
+                self._reassign(w)
+            raise WorkerUnavailableError(dead, f"ray actor(s) {dead} died while computing chosen chunks")
+        return {w: [values[w][i] for i in task.chunk_ids] for w, task in checked.items()}
+
+    def _send_placed(self, ray: Any, checked: dict[int, WorkerTask]) -> tuple[dict[Any, int], dict[int, Any],
+                                                                              dict[int, list[int]]]:
+        """Send each task over its actor's pass channel, or as an actor call: ``(call refs -> worker, channels
+        sent to, chunk ids of each actor call)``."""
+        refs: dict[Any, int] = {}
+        direct: dict[int, Any] = {}
+        sent: dict[int, list[int]] = {}
         for w, task in checked.items():
             if not task.chunk_ids:
                 continue
@@ -421,18 +446,12 @@ class RayRunner:
                 packed, size = pack_payload_sized(task.payload)
                 refs[self._actors[w].run_any.remote(task.fn, packed, rest, borrowed_refs)] = w
                 self.wire.sent += size
-        out: dict[int, list[Any]] = {w: [] for w in checked}
+        return refs, direct, sent
+
+    def _collect_calls(self, ray: Any, refs: dict[Any, int], sent: dict[int, list[int]],
+                       values: dict[int, dict[int, Any]], deadline: Deadline) -> list[int]:
+        """The actor calls' results into ``values``; returns the workers whose actor died."""
         dead: list[int] = []
-        values: dict[int, dict[int, Any]] = {w: {} for w in checked}
-        got, closed, hung = collect_replies(direct, deadline.remaining)
-        if hung:
-            raise WorkerTimeoutError(
-                f"ray actor(s) {hung} did not answer within {self.timeout} s; "
-                "a worker is hung or overloaded. Raise timeout= (seconds)."
-            )
-        dead.extend(closed)
-        for w, (ids, entries) in got.items():
-            values[w].update(zip(ids, entries))
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=deadline.remaining())
@@ -451,15 +470,7 @@ class RayRunner:
                     continue
                 self.wire.count_received(reply)
                 values[w].update(zip(sent[w], pickle.loads(reply)))
-        if dead:
-            for w in sorted(set(dead)):
-                self._reassign(w)
-            raise WorkerUnavailableError(
-                sorted(set(dead)), f"ray actor(s) {sorted(set(dead))} died while computing chosen chunks"
-            )
-        for w, task in checked.items():
-            out[w] = [values[w][i] for i in task.chunk_ids]
-        return out
+        return dead
 
     def compute_on(
         self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
@@ -483,25 +494,21 @@ class RayRunner:
             self._owns_ray = False
 
 
-def ray_encoded_data(
-    data: Any,
-    *,
-    num_workers: int | None = None,
-    address: str | None = None,
-    timeout: float | None = DEFAULT_TIMEOUT_S,
-    start_timeout: float | None = DEFAULT_TIMEOUT_S,
-    init_kwargs: dict[str, Any] | None = None,
-    direct_channel: bool = True,
-    **params: Any,
-) -> Any:
+def ray_encoded_data(data: Any, *, num_workers: int | None = None, address: str | None = None,
+                     client: str | None = None, **params: Any) -> Any:
     """``encoded_data(..., backend="ray")``: a handle over a :class:`RayRunner`.
 
-    ``timeout`` bounds each data pass, ``start_timeout`` the actors' start and chunk placement;
-    ``init_kwargs`` go to ``ray.init`` when no Ray is running yet (the runner then owns it);
-    ``direct_channel=False`` sends every data pass through Ray's RPC (see ``engines.channel``).
+    ``address`` (mixle passes it as ``client=``) is the Ray cluster; ``timeout`` bounds each data pass,
+    ``start_timeout`` the actors' start and chunk placement; ``init_kwargs`` go to ``ray.init`` when no
+    Ray is running yet (the runner then owns it); ``direct_channel=False`` sends every data pass through
+    Ray's RPC (see ``engines.channel``). A Ray module without a cluster view gets the task runner, which
+    honours ``num_workers``, ``address`` and ``init_kwargs`` only. ``params`` are the handle's options.
     """
-    runner = _runner(num_workers, address=address, timeout=timeout, start_timeout=start_timeout,
-                     init_kwargs=init_kwargs, direct_channel=direct_channel)
+    if client is not None and address is not None and client != address:
+        raise ValueError(f"client={client!r} and address={address!r} both name the Ray cluster; give one")
+    engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "start_timeout", "init_kwargs", "direct_channel")
+                              if k in params}
+    runner = _runner(num_workers, address=address if address is not None else client, **engine)
     try:
         return handle_from_runner(runner, data, handle_class=RayEncodedData, **params)
     except BaseException:
@@ -515,6 +522,7 @@ def _runner(num_workers: int | None, *, address: str | None = None, init_kwargs:
     ray = require_engine("ray", "ray")
     if has_cluster_view(ray):
         return RayRunner(num_workers, address=address, init_kwargs=init_kwargs, **options)
+    refuse_for_runner("ray", options, "a Ray module without cluster_resources", "a Ray cluster (ray.init)")
     return RayTaskRunner(ray, num_workers=num_workers, address=address, init_kwargs=init_kwargs)
 
 
@@ -528,20 +536,21 @@ def one_node_cluster(ray: Any) -> bool:
     return len(alive) == 1 and alive[0].get("NodeManagerAddress") == here
 
 
-class RayEncodedData(ChunkedEncodedData):
-    """Our ray handle under mixle's name (``encoded_data(..., backend="ray")`` returns one); built directly
-    with mixle's arguments it starts a :class:`RayRunner` (``num_partitions`` = chunks)."""
+class RayEncodedData(BuiltByEncodedData, ChunkedEncodedData):
+    """Our ray handle under mixle's name: ``encoded_data(..., backend="ray")`` returns one, and mixle's
+    ``RayEncodedData(data, estimator, model, encoder, num_partitions, num_workers, address)`` is that call
+    (``num_partitions`` the chunks; the option check, admission gate and audit included)."""
 
-    def __init__(self, data: Any, estimator: Any = None, model: Any = None, encoder: Any = None,
-                 num_partitions: int | None = None, num_workers: int | None = None, address: str | None = None,
-                 **options: Any) -> None:
-        runner = _runner(num_workers, address=address, **options)
-        try:
-            super().__init__(runner, data, estimator=estimator, model=model, encoder=encoder,
-                             num_chunks=num_partitions)
-        except BaseException:
-            runner.close()
-            raise
+    backend_name = "ray"
+
+    @classmethod
+    def _build(cls, data: Any, estimator: Any = None, model: Any = None, encoder: Any = None,
+               num_partitions: int | None = None, num_workers: int | None = None, address: str | None = None,
+               **options: Any) -> Any:
+        if address is not None:
+            options["address"] = address
+        return encoded_data(data, estimator=estimator, model=model, encoder=encoder, num_chunks=num_partitions,
+                            num_workers=num_workers, backend="ray", **options)
 
     @property
     def num_chunks(self) -> int:
@@ -549,7 +558,7 @@ class RayEncodedData(ChunkedEncodedData):
         return 0 if self._closed else len(self.bounds)
 
 
-ENCODED_DATA_OPTIONS = frozenset({"num_workers", "address", "timeout", "start_timeout", "init_kwargs",
+ENCODED_DATA_OPTIONS = frozenset({"num_workers", "address", "client", "timeout", "start_timeout", "init_kwargs",
                                   "direct_channel", "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the ray backend honours besides the handle's own."""
 
@@ -558,10 +567,11 @@ WORKER_PROCESSES = True
 
 def planned_workers(options: EncodedDataOptions) -> int:
     """``num_workers``, else the running Ray's CPUs, else the local CPUs."""
-    require_engine("ray", "ray")
+    ray = require_engine("ray", "ray")
     if options.num_workers is not None:
         return int(options.num_workers)
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized() and has_cluster_view(ray):
+    if not has_cluster_view(ray):
+        return 1  # the task runner: RayTaskRunner(num_workers=None) counts one worker
+    if ray.is_initialized():
         return max(1, int(ray.cluster_resources().get("CPU", 1)))
     return local_cpu_count()

@@ -110,7 +110,7 @@ class SparkRunner:
         """Pass bytes: the pickled ``(fn, payload)`` in each partition's task, the pickled results collected."""
 
     @property
-    def bytes_moved(self) -> int:
+    def transport_bytes(self) -> int:
         """Pass bytes sent to and collected from the partitions so far (models out, statistics back)."""
         return self.wire.total
 

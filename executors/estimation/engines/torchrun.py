@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import Any, TextIO
 
 from ..api import encoded_data
-from ..chunks import apply_chunk_fn, resolve_encoder
+from ..chunks import apply_chunk_fn
 from ..handle import ChunkedEncodedData
 from ..reference_handles import BuiltByEncodedData
 from .chunk_assignment import (
@@ -116,7 +116,7 @@ class TorchRunRunner:
         """This rank's pass bytes: the pickled payload, subtree entries and ordered results, as they crossed."""
 
     @property
-    def bytes_moved(self) -> int:
+    def transport_bytes(self) -> int:
         """Pass bytes this rank sent and received so far (payload and results broadcasts, tree sends)."""
         return self.wire.total
 
@@ -265,10 +265,11 @@ class TorchRunEncodedData(BuiltByEncodedData, ChunkedEncodedData):
                             init_process_group=init_process_group, **options)
 
     @classmethod
-    def over_runner(cls, runner: TorchRunRunner, data: Any, **kwargs: Any) -> TorchRunEncodedData:
-        """The handle over an existing runner (what ``encoded_data(backend="torchrun")`` builds)."""
+    def over_runner(cls, runner: TorchRunRunner, data: Any, *, num_rows: int, **params: Any) -> TorchRunEncodedData:
+        """The handle over an existing runner (what ``encoded_data(backend="torchrun")`` builds); ``params`` are
+        the handle's options."""
         obj = object.__new__(cls)
-        ChunkedEncodedData.__init__(obj, runner, data, **kwargs)
+        ChunkedEncodedData.__init__(obj, runner, data, num_rows=num_rows, **params)
         return obj
 
     _ensure_scattered = MPIEncodedData._ensure_scattered  # the same SPMD encoding: own block, or root_only
@@ -295,15 +296,11 @@ def torchrun_encoded_data(data: Any, *, group: Any = None, comm: Any = None, roo
     process group, ``backend_name=`` the process-group backend when this call initializes it."""
     runner = TorchRunRunner(group if group is not None else comm, root=root, root_only=root_only,
                             init_process_group=init_process_group, backend=backend_name, timeout=timeout)
-    estimator, model, encoder = params.get("estimator"), params.get("model"), params.get("encoder")
-    if encoder is None and estimator is None and model is None:
+    if all(params.get(k) is None for k in ("estimator", "model", "encoder")):
         raise ValueError("backend='torchrun' needs an estimator, a model or an encoder to encode the rows")
     num_rows = _row_count(runner, data, root_only)
-    kwargs = {k: params[k] for k in ("num_chunks", "chunk_size", "batch_size", "shuffle", "seed")
-              if params.get(k) is not None}
-    return TorchRunEncodedData.over_runner(
-        runner, data if (runner.is_root or not root_only) else None, num_rows=num_rows, estimator=estimator,
-        model=model, encoder=resolve_encoder(estimator, model, encoder), **kwargs)
+    return TorchRunEncodedData.over_runner(runner, data if (runner.is_root or not root_only) else None,
+                                           num_rows=num_rows, **params)
 
 ENCODED_DATA_OPTIONS = frozenset({"comm", "group", "root", "root_only", "timeout", "backend_name",
                                   "init_process_group", "batch_size", "shuffle", "seed"})

@@ -87,7 +87,9 @@ def test_the_heavy_nested_axis_wins_over_a_thin_parent():
 
 def test_decompose_replicates_when_rows_dominate_and_cuts_by_throughput_otherwise():
     mix = _mix(8)
-    assert not decompose_model(mix, _devices(2), n_data=10_000).is_model_parallel
+    # mixle 0.8.2's rule (issue 26): replicate only when the axis has fewer than 2 x devices units
+    assert not decompose_model(_mix(3), _devices(2), n_data=10_000).is_model_parallel
+    assert decompose_model(mix, _devices(2), n_data=10_000).is_model_parallel
     cut = decompose_model(mix, _devices(2, throughputs=[3.0, 1.0]), n_data=1)
     assert cut.is_model_parallel and cut.axis is DecompAxis.COMPONENT
     assert [(c.start, c.stop) for c in cut.cuts] == [(0, 6), (6, 8)]

@@ -76,8 +76,8 @@ def test_mixle_plans_match_mixles_decisions():
     fast = decompose_model(_mix(12), _devices(2, [3.0, 1.0]), n_data=20)
     assert [c.stop - c.start for c in fast.cuts] == [9, 3]
     assert "data-parallel" in decompose_model(_mix(5), _devices(4), n_data=100_000).rationale
-    # ours, documented in docs/compat.md: 8 rows per device per unit keep a fitting model replicated
-    assert not decompose_model(_mix(10), _devices(2), n_data=10**6).is_model_parallel
+    # mixle 0.8.2's rule (issue 26): 10 units on 2 devices are cut whatever the rows
+    assert decompose_model(_mix(10), _devices(2), n_data=10**6).is_model_parallel
     hmm = mstats.HiddenMarkovModelDistribution(
         [mstats.MultivariateGaussianDistribution([0.0] * 4, np.eye(4).tolist()) for _ in range(16)],
         [1 / 16] * 16, (np.ones((16, 16)) / 16).tolist())

@@ -59,8 +59,8 @@ def test_options_object_is_the_same_as_keywords():
 def test_a_third_party_backend_gets_what_it_declares():
     seen = {}
 
-    def factory(data, **params):
-        seen.update(params)
+    def factory(data, colour=None, **params):  # an engine keyword is the factory's: handle_from_runner takes options
+        seen.update(params, colour=colour)
         return handle_from_runner(LocalChunkRunner(1), data, **params)
 
     register_encoded_data_backend("opts_probe", factory, override=True)

@@ -43,7 +43,7 @@ def em_receipt_bytes(backend: str, passes: int = 2, **options: Any) -> dict[str,
         for _ in range(passes):
             model = handle.estep(est, model).model
             receipts.append(handle.last_receipt)
-        moved = int(handle.runner.bytes_moved)
+        moved = int(handle.runner.transport_bytes)
     finally:
         handle.close()
     return {"bytes": [r.collective_bytes for r in receipts], "observed": [r.extra["bytes_observed"] for r in receipts],
@@ -74,7 +74,7 @@ def assert_driver_pass(runner: Any, workers: int, num_chunks: int = 6) -> None:
     assert low_received <= received <= low_received + workers * SLACK_PER_MESSAGE, (received, low_received)
     runner.map_chunks(probes.wide, probes.WIRE_PAYLOAD)
     assert (runner.wire.sent - before[0], runner.wire.received - before[1]) == (2 * sent, 2 * received)
-    assert runner.bytes_moved == runner.wire.sent + runner.wire.received
+    assert runner.transport_bytes == runner.wire.sent + runner.wire.received
 
 
 def assert_em_receipts(found: dict[str, Any]) -> None:

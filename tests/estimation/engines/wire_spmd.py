@@ -49,7 +49,7 @@ def em_receipts(backend: str, **options: Any) -> dict[str, Any]:
         for _ in range(2):
             model = handle.estep(est, model).model
             bytes_.append((handle.last_receipt.collective_bytes, handle.last_receipt.extra["bytes_observed"]))
-        total = int(handle.runner.bytes_moved)
+        total = int(handle.runner.transport_bytes)
     finally:
         handle.close()
     return {"receipts": bytes_, "runner_total": total, "model_pickle": _dumps((est, model))}
