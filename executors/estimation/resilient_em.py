@@ -5,7 +5,7 @@ restarted in its place until it has failed ``max_retries`` times, then blacklist
 ``checkpoint=PATH`` each E-step is computed a batch of combine groups at a time and folded on the
 driver in the canonical order; after every batch the running fold (rows, log-likelihood, the
 statistics' canonical bytes) is written to PATH as JSON, atomically, together with the
-statistics of every finished pass. Nothing is pickled. :meth:`ResilientMPEncodedData.fit` started
+statistics of every finished pass. Nothing written to disk is a pickle. :meth:`ResilientMPEncodedData.fit` started
 again with the same data, estimator and start model after the driver was killed rebuilds the
 model of the interrupted pass from the previous pass's statistics (``estimate`` is deterministic),
 reloads the running fold and computes only the groups that were missing: the fit ends on the bits
@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import pickle  # nosec B403 - mixle's fold payloads (the caller's own, in memory); nothing on disk is a pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from ...contracts.estimation import canonical_statistic_bytes, statistic_digest
 from .chunks import GroupFold, chunk_estep
 from .combine_order import GroupStats, combine_groups, fold_group
 from .engines.resilient_mp import ResilientMPChunkRunner
+from .finite_guard import decode_payload, finish_accumulator
 from .handle import ChunkedEncodedData
 from .statistic_codec import statistic_from_bytes
 
@@ -42,20 +44,36 @@ def _unpack(text: str) -> Any:
 
 def checkpointed_fold(estimator: Any, payloads: Sequence[Any],
                       checkpoint_after: int | None = None) -> tuple[float, Any]:
-    """Fold ``(count, stats)`` / ``(count, log_likelihood, stats)`` payloads in order; with
-    ``checkpoint_after=k`` the running statistic is written to its canonical bytes after payload ``k``,
-    the accumulator dropped and rebuilt from those bytes (``from_value``): the result has the same bits."""
+    """Fold payloads in order into one accumulator and return ``(nobs, value)`` after mixle's
+    ``key_merge``/``key_replace``; with ``checkpoint_after=k`` the running fold is serialized after payload
+    ``k``, the accumulator dropped and rebuilt from the bytes (``from_value``): the result has the same bits.
+
+    Payloads are mixle 0.8.2's pickled ``(count, value)`` bytes (the caller's own, in memory) or
+    ``(count, stats)`` / ``(count, log_likelihood, stats)`` tuples. The checkpoint is the canonical statistic
+    bytes (``pickle`` in memory only for a statistic those cannot carry, such as a mixle dict of labels)."""
     acc = estimator.accumulator_factory().make()
     nobs = 0.0
-    for i, p in enumerate(payloads):
-        count, stats = (p[0], p[-1])
-        nobs += float(count)
-        acc.combine(stats)
+    for i, raw in enumerate(payloads):
+        entry = decode_payload(raw, i)
+        nobs += entry[0]
+        acc.combine(entry[-1])
         if checkpoint_after is not None and i == checkpoint_after:
-            raw = canonical_statistic_bytes(acc.value())
+            nobs, restored = _round_trip(float(nobs), acc.value())
+            del acc  # as after a crash: only the serialized state survives
             acc = estimator.accumulator_factory().make()
-            acc.from_value(statistic_from_bytes(raw))
-    return nobs, acc.value()
+            acc.from_value(restored)
+    return float(nobs), finish_accumulator(acc)
+
+
+def _round_trip(nobs: float, value: Any) -> tuple[float, Any]:
+    """``(nobs, value)`` written to bytes and read back: canonical statistic bytes, else an in-memory pickle."""
+    try:
+        raw = canonical_statistic_bytes(value)
+    except (TypeError, ValueError):
+        blob = pickle.dumps((nobs, value), protocol=pickle.HIGHEST_PROTOCOL)
+        back: tuple[float, Any] = pickle.loads(blob)  # nosec B301 - the bytes made on the line above
+        return back
+    return float.fromhex(nobs.hex()), statistic_from_bytes(raw)
 
 
 class ResilientMPEncodedData(ChunkedEncodedData):
