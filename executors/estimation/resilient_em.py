@@ -15,11 +15,12 @@ of an uninterrupted one.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import pickle  # nosec B403 - mixle's fold payloads (the caller's own, in memory); nothing on disk is a pickle
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from ...contracts.estimation import canonical_statistic_bytes, statistic_digest
 from .chunks import GroupFold, chunk_estep
@@ -32,6 +33,7 @@ from .statistic_codec import statistic_from_bytes
 __all__ = ["CHECKPOINT_KIND", "ResilientMPEncodedData", "checkpointed_fold"]
 
 CHECKPOINT_KIND = "mixle-parallel/em-checkpoint/v1"
+_T = TypeVar("_T")
 
 
 def _pack(stats: Any) -> str:
@@ -96,6 +98,41 @@ class ResilientMPEncodedData(ChunkedEncodedData):
         self.groups_per_batch = groups_per_batch
         self.resumed_from: tuple[int, int] | None = None
         """(iteration, groups already folded) of the checkpoint this handle resumed, if any."""
+        self.last_round_reused_shards: set[int] = set()
+        """Chunks of the last E-step that came back from the worker first sent them (mixle's shards are chunks)."""
+        self.last_round_recomputed_shards: set[int] = set()
+        """Chunks of the last E-step recomputed after their worker died."""
+        self.last_round_failed_workers: set[int] = set()
+        """Workers that failed during the last E-step (restarted, or blacklisted)."""
+        self.last_round_blacklisted_workers: set[int] = set()
+        """Workers blacklisted during the last E-step."""
+
+    # -- rounds and the fault hook (mixle 0.8.2's names) ----------------------------------------------
+    def arm_kill(self, hook: Callable[[int, Any], None] | None) -> None:
+        """Arm a one-shot fault hook for the next E-step: ``hook(worker_id, process)`` is called for every live
+        worker after it acknowledges the E-step and before it is sent any chunk work (a kill there always lands
+        before the worker accumulates). The E-step after it ends on the bits of a clean one. None disarms."""
+        self.runner.arm_kill(hook)  # type: ignore[attr-defined]  # a ResilientMPChunkRunner
+
+    def _in_round(self, run: Callable[[], _T]) -> _T:
+        """``run()`` as one round: the runner's round sets (and an armed kill hook) start fresh, then are copied."""
+        runner: Any = self.runner
+        runner.begin_round()
+        try:
+            return run()
+        finally:
+            self.last_round_reused_shards = set(runner.round_reused)
+            self.last_round_recomputed_shards = set(runner.round_recomputed)
+            self.last_round_failed_workers = set(runner.round_failed)
+            self.last_round_blacklisted_workers = set(runner.round_blacklisted)
+
+    def estep(self, estimator: Any, model: Any) -> Any:
+        """One data pass (``ChunkedEncodedData.estep``) as one round: see the ``last_round_*`` sets."""
+        return self._in_round(lambda: super(ResilientMPEncodedData, self).estep(estimator, model))
+
+    def pysp_stream_accumulate(self, estimator: Any, model: Any) -> tuple[float, Any]:
+        """mixle's streaming fold, as one round."""
+        return self._in_round(lambda: super(ResilientMPEncodedData, self).pysp_stream_accumulate(estimator, model))
 
     @property
     def blacklist(self) -> set[int]:
@@ -183,7 +220,7 @@ class ResilientMPEncodedData(ChunkedEncodedData):
             last = doc["passes"][-1]
             model = estimator.estimate(float.fromhex(last["count"]), _unpack(last["stats"]))
         while int(doc["iteration"]) < max_its:
-            total = self._checkpointed_pass(estimator, model, doc)
+            total = self._in_round(functools.partial(self._checkpointed_pass, estimator, model, doc))
             model = estimator.estimate(total.count, total.stats)
             doc["passes"].append({"count": total.count.hex(), "log_likelihood": total.log_likelihood.hex(),
                                   "stats": _pack(total.stats), "digest": statistic_digest(total.stats)})
