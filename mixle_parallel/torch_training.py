@@ -15,5 +15,6 @@ __getattr__ = lazy_exports(__name__, {
 
 # the torch names resolve through __getattr__ above (ruff cannot see them)
 __all__ = [  # noqa: F822
-    "PendingGradientsError", "TorchDistributedBackend", "TorchDistributedSession", "TorchSessionState", "describe_parameter_layouts",
+    "PendingGradientsError", "TorchDistributedBackend", "TorchDistributedSession", "TorchSessionState",
+    "describe_parameter_layouts",
 ]
