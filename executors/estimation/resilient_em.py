@@ -22,6 +22,8 @@ import pickle  # nosec B403 - mixle's fold payloads (the caller's own, in memory
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
+
 from ...contracts.estimation import canonical_statistic_bytes, statistic_digest
 from .chunks import GroupFold, chunk_estep
 from .combine_order import GroupStats, combine_groups, fold_group
@@ -78,6 +80,26 @@ def _round_trip(nobs: float, value: Any) -> tuple[float, Any]:
     return float.fromhex(nobs.hex()), statistic_from_bytes(raw)
 
 
+def _canonical_shard_payloads(groups: Sequence[tuple[int, bytes]], expected_shards: set[int]) -> list[bytes]:
+    """mixle 0.8.2's private helper, kept for code that imports it: ``(shard id, payload)`` pairs in shard order,
+    refusing a bad, unknown, duplicate or missing shard and a non-bytes payload (``RuntimeError``)."""
+    by_shard: dict[int, bytes] = {}
+    for shard, payload in groups:
+        if isinstance(shard, bool) or not isinstance(shard, (int, np.integer)):
+            raise RuntimeError(f"worker returned invalid shard identity {shard!r}")
+        if int(shard) not in expected_shards:
+            raise RuntimeError(f"worker returned unknown shard {int(shard)}")
+        if int(shard) in by_shard:
+            raise RuntimeError(f"worker returned duplicate payload for shard {int(shard)}")
+        if not isinstance(payload, bytes):
+            raise RuntimeError(f"worker returned a non-bytes payload for shard {int(shard)}")
+        by_shard[int(shard)] = payload
+    missing = sorted(set(expected_shards) - set(by_shard))
+    if missing:
+        raise RuntimeError(f"no payload for shard(s) {missing}")
+    return [by_shard[k] for k in sorted(by_shard)]
+
+
 class ResilientMPEncodedData(ChunkedEncodedData):
     """The mp handle with retries, a blacklist and (``checkpoint=``) resumable mid-fit checkpoints."""
 
@@ -106,6 +128,32 @@ class ResilientMPEncodedData(ChunkedEncodedData):
         """Workers that failed during the last E-step (restarted, or blacklisted)."""
         self.last_round_blacklisted_workers: set[int] = set()
         """Workers blacklisted during the last E-step."""
+
+    # -- mixle 0.8.2's private views (its tests and some callers read them) ----------------------------
+    @property
+    def _blacklist(self) -> set[int]:
+        return self.blacklist
+
+    @property
+    def _conns(self) -> dict[int, None]:
+        """The live, not blacklisted workers (keys only: the pipes are the runner's)."""
+        runner: Any = self.runner
+        return {w: None for w in runner.live_workers if w not in runner.blacklist}
+
+    @property
+    def _failures(self) -> dict[int, int]:
+        runner: Any = self.runner
+        return {w: int(runner.failures.get(w, 0)) for w in range(runner.num_workers)}
+
+    @property
+    def _worker_shards(self) -> dict[int, set[int]]:
+        """Chunks (mixle's shards) each live worker is sent in a plain pass."""
+        runner: Any = self.runner
+        out: dict[int, set[int]] = {}
+        if self._scattered:
+            for chunk, worker in enumerate(runner.chunk_owners()):
+                out.setdefault(int(worker), set()).add(chunk)
+        return out
 
     # -- rounds and the fault hook (mixle 0.8.2's names) ----------------------------------------------
     def arm_kill(self, hook: Callable[[int, Any], None] | None) -> None:

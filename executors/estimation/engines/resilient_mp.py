@@ -58,6 +58,7 @@ class ResilientMPChunkRunner(MPChunkRunner):
         self.restarts: list[int] = []
         """Worker indices restarted, in order."""
         self._layout_blob = b""
+        self._cold = True  # a (re)started worker's first task imports the user's modules
         self._kill_hook: KillHook | None = None
         self._round_hook: KillHook | None = None
         self.round_reused: set[int] = set()
@@ -117,6 +118,7 @@ class ResilientMPChunkRunner(MPChunkRunner):
 
     def _start_workers(self, layout: bytes) -> None:
         self._layout_blob = layout
+        self._cold = True
         super()._start_workers(layout)
 
     def _restart(self, index: int) -> None:
@@ -145,6 +147,7 @@ class ResilientMPChunkRunner(MPChunkRunner):
         self._workers.append(_Worker(index, proc, parent))
         self._workers.sort(key=lambda w: w.index)
         self.restarts.append(index)
+        self._cold = True
 
     def _failed(self, index: int) -> None:
         """Count a failure of worker ``index``; restart it or blacklist it."""
@@ -158,9 +161,24 @@ class ResilientMPChunkRunner(MPChunkRunner):
 
     def map_chunks(self, fn: Callable[[Any, Any], Any], payload: Any,
                    chunk_ids: Sequence[int] | None = None) -> list[Any]:
-        """``fn`` over the chunks; a worker lost meanwhile is restarted or blacklisted and its chunks redone."""
+        """``fn`` over the chunks; a worker lost meanwhile is restarted or blacklisted and its chunks redone.
+
+        The first task after workers (re)started waits up to ``start_timeout`` (it imports the user's modules,
+        e.g. mixle, in each fresh process), the others up to ``timeout``."""
         if self._shm is None:
             raise RuntimeError("map_chunks before scatter(); scatter the chunks first")
+        saved = self.timeout
+        if self._cold and saved is not None:
+            self.timeout = max(saved, self.start_timeout)
+        try:
+            out = self._map_round(fn, payload, chunk_ids)
+        finally:
+            self.timeout = saved
+        self._cold = False
+        return out
+
+    def _map_round(self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None) -> list[Any]:
+        """``map_chunks``'s work: the rendezvous of an armed round, dead workers counted, lost chunks redone."""
         ids = list(range(self._num_chunks)) if chunk_ids is None else sorted(int(i) for i in chunk_ids)
         owners = self._blocks_by_worker()
         hook, self._round_hook = self._round_hook, None
