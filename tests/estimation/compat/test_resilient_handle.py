@@ -70,3 +70,21 @@ def test_arm_kill_refuses_a_non_callable_and_none_disarms():
         h.arm_kill(None)
         _fit(h, rounds=1)
         assert hook.seen == [] and h.last_round_failed_workers == set()
+
+
+def test_the_first_task_after_a_worker_start_waits_up_to_start_timeout(monkeypatch):
+    """A fresh worker's first task imports the user's modules (mixle: seconds): it gets ``start_timeout``."""
+    from mixle_parallel.executors.estimation.engines.resilient_mp import ResilientMPChunkRunner
+
+    runner = ResilientMPChunkRunner(2, timeout=0.5, start_timeout=90.0)
+    seen = []
+    monkeypatch.setattr(runner, "_map_round", lambda fn, payload, ids: seen.append(runner.timeout) or [])
+    runner._shm = object()  # stands for a scattered block: no worker is needed to see the timeout chosen
+    try:
+        runner.map_chunks(None, None)
+        runner.map_chunks(None, None)
+        runner._cold = True  # what _restart sets
+        runner.map_chunks(None, None)
+    finally:
+        runner._shm = None
+    assert seen == [90.0, 0.5, 90.0] and runner.timeout == 0.5
