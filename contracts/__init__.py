@@ -7,6 +7,7 @@ from .calibration import (
     DeviceCalibration,
     ResourceCalibrationError,
 )
+from .bounded_json import DocumentLimitError, DocumentLimits
 from .capabilities import BackendCapabilities
 from .certificate import (
     ADMISSION_CHECKS,
@@ -126,5 +127,5 @@ __all__ = [
     "register_contract", "to_dict", "to_json",
     "CALIBRATION_WORKLOADS", "CalibrationCatalog", "CalibrationRecord", "DeviceCalibration", "DeviceCapacityError",
     "EncodedFold", "MemorySized", "ModelShard", "PlacementShard", "ResourceCalibrationError",
-    "UnknownMemoryFootprintError",
+    "UnknownMemoryFootprintError", "DocumentLimitError", "DocumentLimits",
 ]
