@@ -185,6 +185,8 @@ def _path(parts: tuple[Any, ...] | None, root: str) -> str:
 
 
 def _utf8_fault(value: str) -> str | None:
+    if value.isascii():
+        return None
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -193,6 +195,9 @@ def _utf8_fault(value: str) -> str | None:
 
 
 def _scalar_fault(value: Any) -> str | None:
+    kind = type(value)
+    if kind is float or kind is bool or value is None:
+        return None
     if isinstance(value, str):
         return _utf8_fault(value)
     if isinstance(value, int) and not isinstance(value, bool) and (value > MAX_INT or value < -MAX_INT):
@@ -200,34 +205,54 @@ def _scalar_fault(value: Any) -> str | None:
     return None
 
 
+def _is_container(value: Any) -> bool:
+    kind = type(value)
+    return kind is dict or kind is list or kind is tuple or isinstance(value, (Mapping, list, tuple))
+
+
 def check_shape(document: Any, limits: DocumentLimits = CONTRACT_LIMITS, *, what: str | None = None,
                 path: str = "$") -> None:
     """Depth, item count, integer bounds and UTF-8 of an already-decoded document.
 
     Iterative, and stops at the first fault (an item count over the limit stops the walk at once).
+    Scalars are checked where they stand; only containers are queued, and a path is built only for a fault.
     """
     name = what or limits.what
     items = 0
-    stack: list[tuple[Any, tuple[Any, ...] | None, int]] = [(document, None, 0)]
+    stack: list[tuple[Any, tuple[Any, ...] | None, int]] = [(document, None, 0)] if _is_container(document) else []
+    if not stack:
+        fault = _scalar_fault(document)
+        if fault:
+            raise DocumentLimitError(fault, path=path)
     while stack:
         value, where, depth = stack.pop()
-        if isinstance(value, (Mapping, list, tuple)):
-            if depth >= limits.max_depth:
-                raise DocumentLimitError(f"{name} nests deeper than {limits.max_depth} levels", path=_path(where, path))
-            items += len(value)
-            if items > limits.max_items:
-                raise DocumentLimitError(f"{name} has more than {limits.max_items:,} items (array elements and "
-                                         "object members); refused before decoding its contents", path=path)
-            if isinstance(value, Mapping):
-                for key, item in value.items():
-                    fault = (f"object key {key!r} is not a string" if not isinstance(key, str)
-                             else _utf8_fault(key))
-                    if fault:
-                        raise DocumentLimitError(f"object key: {fault}", path=_path(where, path))
-                    stack.append((item, (where, key), depth + 1))
-            else:
-                stack.extend((item, (where, i), depth + 1) for i, item in enumerate(value))
+        if depth >= limits.max_depth:
+            raise DocumentLimitError(f"{name} nests deeper than {limits.max_depth} levels", path=_path(where, path))
+        items += len(value)
+        if items > limits.max_items:
+            raise DocumentLimitError(f"{name} has more than {limits.max_items:,} items (array elements and "
+                                     "object members); refused before decoding its contents", path=path)
+        if isinstance(value, (list, tuple)):
+            members: Any = enumerate(value)
         else:
-            fault = _scalar_fault(value)
-            if fault:
-                raise DocumentLimitError(fault, path=_path(where, path))
+            members = value.items()
+            for key in value:
+                fault = f"object key {key!r} is not a string" if not isinstance(key, str) else _utf8_fault(key)
+                if fault:
+                    raise DocumentLimitError(f"object key: {fault}", path=_path(where, path))
+        for key, item in members:  # inlined: this loop runs once per item of an untrusted document
+            kind = type(item)
+            if kind is int:
+                if item > MAX_INT or item < -MAX_INT:
+                    raise DocumentLimitError(_scalar_fault(item) or "", path=_path((where, key), path))
+            elif kind is str:
+                if not item.isascii() and _utf8_fault(item):
+                    raise DocumentLimitError(_utf8_fault(item) or "", path=_path((where, key), path))
+            elif kind is float or kind is bool or item is None:
+                continue
+            elif kind is dict or kind is list or kind is tuple or _is_container(item):
+                stack.append((item, (where, key), depth + 1))
+            else:
+                fault = _scalar_fault(item)
+                if fault:
+                    raise DocumentLimitError(fault, path=_path((where, key), path))

@@ -239,12 +239,14 @@ def _errors_as_text(exc: BaseException, root: str) -> tuple[str, str]:
     return str(exc), root
 
 
-def structure(data: Any, cls: type[T], *, path: str = "$", limits: DocumentLimits = CONTRACT_LIMITS) -> T:
+def structure(data: Any, cls: type[T], *, path: str = "$", limits: DocumentLimits | None = CONTRACT_LIMITS) -> T:
     """Build a contract from its plain JSON data (no envelope); ContractError on the first fault.
 
-    The shape (depth, item count, integer bounds, UTF-8) is checked against ``limits`` before any hook runs.
+    The shape (depth, item count, integer bounds, UTF-8) is checked against ``limits`` before any hook runs
+    (``None``: the caller already checked it, e.g. ``parse_json``).
     """
-    check_shape(data, limits, path=path)
+    if limits is not None:
+        check_shape(data, limits, path=path)
     try:
         return converter.structure(data, cls)
     except (BaseValidationError, ValueError, TypeError, KeyError) as exc:
@@ -259,7 +261,7 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return {"kind": _kind_of(type(obj)), "version": SCHEMA_VERSION, "data": unstructure(obj)}
 
 
-def from_dict(document: Any, cls: type[T], *, limits: DocumentLimits = CONTRACT_LIMITS) -> T:
+def from_dict(document: Any, cls: type[T], *, limits: DocumentLimits | None = CONTRACT_LIMITS) -> T:
     """Inverse of ``to_dict``: check the envelope, then the shape against ``limits``, then structure ``data``."""
     kind = _kind_of(cls)
     if not isinstance(document, Mapping):
@@ -290,7 +292,7 @@ def to_json(obj: Any, **kwargs: Any) -> str:
 def from_json(text: str | bytes, cls: type[T], *, limits: DocumentLimits = CONTRACT_LIMITS) -> T:
     """Parse a JSON document produced by ``to_json``: size, strict JSON and shape under ``limits`` first
     (``bounded_json.parse_json``), then the envelope and the contract; ``ContractError`` for any input, of any type."""
-    return from_dict(parse_json(text, limits), cls, limits=limits)
+    return from_dict(parse_json(text, limits), cls, limits=None)  # parse_json checked the shape
 
 
 def canonical_json(obj: Any) -> str:
