@@ -26,6 +26,7 @@ from mixle_parallel.contracts import (
     NotAdmittedError,
     ParallelPlan,
 )
+from mixle_parallel.contracts.bounded_json import MANIFEST_LIMITS
 from mixle_parallel.verification.admission import require_admission
 from mixle_parallel.verification.attestation import (
     PREDICATE_TYPE,
@@ -138,7 +139,7 @@ def test_a_3mb_checkpoint_manifest_signature_is_refused(tmp_path):
     (generation / "MANIFEST.json").write_text("{}")
     _write_bad(generation / "MANIFEST.sig")
     text, peak = _refused(lambda: verify_generation(generation))
-    assert "MANIFEST.sig is not a manifest signature" in text and "more than 1,000,000 items" in text
+    assert "MANIFEST.sig is not a manifest signature" in text and "refused before decoding" in text
     assert peak < PEAK_BOUND
     with pytest.raises(UntrustedCheckpointError):
         verify_generation(generation)
@@ -151,3 +152,25 @@ def test_a_well_formed_envelope_still_opens():
     statement, keyid = open_statement(sign_statement(document, TrustStore().signer()))
     assert statement == document and keyid == TrustStore().keys()[0].keyid
     assert base64.b64decode(sign_statement(document, TrustStore().signer()).payload)
+
+
+def test_a_ledger_line_with_a_duplicate_key_is_not_an_entry(tmp_path):
+    from mixle_parallel.verification.ledger.chain import read_ledger
+
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"seq": 0, "seq": 1}\n')
+    result = read_ledger(path)
+    assert not result.entries and "duplicate key 'seq'" in result.problems[0][1]
+
+
+def test_a_checkpoint_manifest_with_a_duplicate_key_is_refused(tmp_path):
+    from mixle_parallel.executors.torch.checkpoint_manifest import CorruptCheckpointError, read_manifest
+
+    generation = tmp_path / "gen-00000001"
+    generation.mkdir()
+    (generation / "MANIFEST.json").write_text('{"format": "mixle-parallel-checkpoint", "format": "other"}')
+    with pytest.raises(CorruptCheckpointError, match="duplicate key 'format'"):
+        read_manifest(generation, None)
+    (generation / "MANIFEST.json").write_text(" " * (MANIFEST_LIMITS.max_bytes + 1))
+    with pytest.raises(CorruptCheckpointError, match="refused before decoding"):
+        read_manifest(generation, None)
