@@ -116,7 +116,7 @@ def test_a_signed_payload_with_duplicate_keys_is_refused_under_a_valid_signature
 
 def test_a_3mb_ledger_seal_is_refused_at_the_item_limit():
     text, peak = _refused(lambda: check_seal(_bad_envelope(), 3, "sha256:" + "0" * 64, TrustStore()))
-    assert text.startswith("run_end seal does not verify") and "more than 1,000,000 items" in text
+    assert text.startswith("run_end seal does not verify") and "more than 100,000 items" in text
     assert peak < PEAK_BOUND
     nine = _bad_envelope()
     nine["data"]["signatures"] = [{"keyid": "ab" * 32, "sig": "AAAA"}] * 9

@@ -28,13 +28,13 @@ from ...contracts import (
     to_dict,
 )
 from ...contracts.bounded_json import SIGNED_LIMITS, parse_json, read_limited
-from ..attestation import STATEMENT_TYPE, open_statement, sign_statement
+from ..attestation import LEDGER_HEAD_PREDICATE, STATEMENT_TYPE, open_statement, sign_statement
 from ..keys import TrustStore
 from ..safe_files import write_atomic
 
 __all__ = ["LEDGER_HEAD_TYPE", "check_head", "check_seal", "head_path", "read_head", "sign_head", "write_head"]
 
-LEDGER_HEAD_TYPE = "https://mixle-parallel.dev/attestation/ledger-head/v1"
+LEDGER_HEAD_TYPE = LEDGER_HEAD_PREDICATE
 """Predicate type of a ledger seal / signed head."""
 
 
@@ -64,7 +64,7 @@ def _open(document: Any, store: TrustStore) -> tuple[int, str, str]:
     if isinstance(document, FrozenDict):
         document = document.to_dict()
     try:
-        envelope = from_dict(document, CertificateEnvelope)
+        envelope = from_dict(document, CertificateEnvelope, limits=SIGNED_LIMITS)
         statement, keyid = open_statement(envelope, store, predicate_type=LEDGER_HEAD_TYPE)
         predicate = statement["predicate"]
         entries, head = predicate["entries"], predicate["head"]
