@@ -263,6 +263,12 @@ def _looser(tolerance: Tolerance, bound: Tolerance) -> bool:
 def _error_problem(record: NumericsEvidence, tol: Tolerance) -> list[str]:
     """The record's own numbers against the certificate's tolerance: a 'passed' that its errors contradict."""
     largest = record.largest_passing_error(tol)
+    scale = record.reference_magnitude
+    if scale and record.maximum_absolute_error / scale > record.maximum_relative_error * (1 + 1e-9):
+        return [_failed("evidence", f"update {record.node_id!r}: max abs error {record.maximum_absolute_error:.3g} "
+                                    f"at reference magnitude {scale:.3g} means a relative error of at least "
+                                    f"{record.maximum_absolute_error / scale:.3g}, above the recorded max relative "
+                                    f"error {record.maximum_relative_error:.3g}; the record contradicts itself")]
     if record.maximum_absolute_error <= largest:
         return []
     scale = ("no recorded reference magnitude, so only atol counts" if record.reference_magnitude is None
