@@ -1,5 +1,6 @@
 """Contracts: pure data and rules (attrs/cattrs/stdlib only), shared by every executor."""
 
+from .bounded_json import DocumentLimitError, DocumentLimits
 from .calibration import (
     CALIBRATION_WORKLOADS,
     CalibrationCatalog,
@@ -7,7 +8,6 @@ from .calibration import (
     DeviceCalibration,
     ResourceCalibrationError,
 )
-from .bounded_json import DocumentLimitError, DocumentLimits
 from .capabilities import BackendCapabilities
 from .certificate import (
     ADMISSION_CHECKS,

@@ -271,11 +271,11 @@ def _error_problem(record: NumericsEvidence, tol: Tolerance) -> list[str]:
                                     f"error {record.maximum_relative_error:.3g}; the record contradicts itself")]
     if record.maximum_absolute_error <= largest:
         return []
-    scale = ("no recorded reference magnitude, so only atol counts" if record.reference_magnitude is None
-             else f"reference magnitude {record.reference_magnitude:.3g}")
+    described = ("no recorded reference magnitude, so only atol counts" if scale is None
+                 else f"reference magnitude {scale:.3g}")
     return [_failed("evidence", f"update {record.node_id!r}: max abs error {record.maximum_absolute_error:.3g} "
                                 f"cannot pass atol={tol.atol} rtol={tol.rtol}{' bitwise' if tol.bitwise else ''} "
-                                f"({scale}: a passing element differs by at most {largest:.3g}); the record's "
+                                f"({described}: a passing element differs by at most {largest:.3g}); the record's "
                                 "verdict contradicts its own numbers")]
 
 

@@ -1,4 +1,4 @@
-"""The one strict parser (contracts.bounded_json) and the converter under it: bounded before decoding, first fault stops.
+"""The one strict parser (contracts.bounded_json) and the converter under it: bounded first, first fault stops.
 
 Each test is the attack of issue 24 item 5 on a contract document: before this change a 3 MB document
 with 10^6 bad items took ~30 s and ~2 GB to be refused (the converter collected one exception per
