@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 import attrs
 
 from ._checks import (
@@ -13,8 +17,14 @@ from ._checks import (
     real_number,
     to_float,
 )
+from .errors import ContractError
 from .frozen_mapping import FrozenDict, to_frozen_dict
-from .serialization import register_contract
+from .serialization import converter, register_contract
+
+NONFINITE_LOSS_KEY = "nonfinite_loss"
+"""How a non-finite loss is written: ``"loss": null`` and ``extra["nonfinite_loss"]`` = ``"nan"``, ``"inf"``
+or ``"-inf"`` (strict JSON has no NaN or Infinity); reading turns it back into the float."""
+_NONFINITE_TEXT = ("nan", "inf", "-inf")
 
 
 @register_contract
@@ -28,6 +38,7 @@ class StepReceipt:
 
     step: int = attrs.field(validator=non_negative_int)
     loss: float = attrs.field(converter=to_float, validator=real_number)
+    """Mean loss; a step skipped for a non-finite loss holds NaN/inf here (written as null, ``NONFINITE_LOSS_KEY``)."""
     local_examples: int = attrs.field(validator=non_negative_int)
     local_tokens: int = attrs.field(validator=non_negative_int)
     microbatches: int = attrs.field(validator=positive_int)
@@ -77,3 +88,33 @@ class TorchSessionState:
     step: int = attrs.field(validator=non_negative_int)
     pending_accumulation: int = attrs.field(validator=non_negative_int)
     optimizer_receipt: FrozenDict = attrs.field(factory=FrozenDict, converter=to_frozen_dict)
+
+
+def _unstructure_receipt(receipt: StepReceipt) -> dict[str, Any]:
+    """A receipt's JSON data; a non-finite loss is written as null with its text in ``extra``."""
+    data = {field.name: converter.unstructure(getattr(receipt, field.name))
+            for field in attrs.fields(StepReceipt)}
+    if not math.isfinite(receipt.loss):
+        data["loss"] = None
+        data["extra"] = {**data["extra"], NONFINITE_LOSS_KEY: repr(receipt.loss)}
+    return data
+
+
+_structure_fields = converter.get_structure_hook(StepReceipt)
+
+
+def _structure_receipt(data: Any, cls: type[StepReceipt]) -> StepReceipt:
+    """Inverse of ``_unstructure_receipt``: a null loss needs its ``extra["nonfinite_loss"]`` text."""
+    if isinstance(data, Mapping) and "loss" in data and data["loss"] is None:
+        extra = data.get("extra")
+        text = extra.get(NONFINITE_LOSS_KEY) if isinstance(extra, Mapping) else None
+        if text not in _NONFINITE_TEXT:
+            raise ContractError(f"StepReceipt.loss is null but extra[{NONFINITE_LOSS_KEY!r}] is {text!r}, not one of "
+                                f"{_NONFINITE_TEXT}: a non-finite loss is written as null with its text", path="$.loss")
+        assert isinstance(extra, Mapping)
+        data = {**data, "loss": float(text), "extra": {k: v for k, v in extra.items() if k != NONFINITE_LOSS_KEY}}
+    return _structure_fields(data, cls)  # type: ignore[no-any-return]
+
+
+converter.register_unstructure_hook(StepReceipt, _unstructure_receipt)
+converter.register_structure_hook(StepReceipt, _structure_receipt)
