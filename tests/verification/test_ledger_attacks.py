@@ -14,6 +14,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from benchmarks.ledger_audit import build_ledger
 from mixle_parallel.contracts import StepReceipt, from_dict, to_dict
 from mixle_parallel.verification.ledger.chain import Ledger, LedgerError, entry_hash, read_ledger
 from mixle_parallel.verification.ledger.seal import head_path
@@ -142,8 +143,8 @@ def _audit_peak(path: Path) -> int:
         tracemalloc.stop()
 
 
-def test_audit_memory_does_not_grow_with_the_ledger(tmp_path, plan):
+def test_audit_memory_does_not_grow_with_the_ledger(tmp_path):
     small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
-    write_run(small, plan, steps=300)
-    write_run(large, plan, steps=3000)
+    build_ledger(small, 500, runs=2)
+    build_ledger(large, 5000, runs=2)
     assert _audit_peak(large) < 2 * _audit_peak(small)  # 10x the entries, not 10x the memory

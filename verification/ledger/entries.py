@@ -132,25 +132,47 @@ def truncate_torn_tail(path: str | os.PathLike[str]) -> int:
     return len(raw) - keep
 
 
+@attrs.frozen(slots=True)
+class RawEntry:
+    """A ledger entry as parsed, its payload left as plain JSON (not frozen): for one-pass checks like the audit."""
+
+    seq: int
+    kind: str
+    time: str
+    certificate: str
+    payload: dict[str, Any]
+    prev: str
+    hash: str
+
+    def body(self) -> dict[str, Any]:
+        """Every field but ``hash``: what the hash covers."""
+        return {"seq": self.seq, "kind": self.kind, "time": self.time, "certificate": self.certificate,
+                "payload": self.payload, "prev": self.prev}
+
+
 @attrs.frozen
 class LedgerLine:
     """One line of a ledger as read: its 1-based number, the entry (None if it is not one) and the problem."""
 
     number: int
-    entry: LedgerEntry | None
+    entry: Any
     problem: str | None
     torn: bool = False
 
 
-def iter_ledger(path: str | os.PathLike[str]) -> Iterator[LedgerLine]:
-    """Every line of the ledger in order, one at a time; a last line without newline is ``torn``."""
+def iter_ledger(path: str | os.PathLike[str], *, raw: bool = False) -> Iterator[LedgerLine]:
+    """Every line of the ledger in order, one at a time; a last line without newline is ``torn``.
+
+    Entries are ``LedgerEntry`` objects, or ``RawEntry`` (payload not frozen, cheaper) with ``raw=True``.
+    """
+    make = RawEntry if raw else LedgerEntry
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, start=1):
             complete = line.endswith(b"\n")
             try:
                 record = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
                 _check_record(record)
-                entry = LedgerEntry(**record)
+                entry = make(**record)
             except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as exc:
                 if complete:
                     yield LedgerLine(number, None, f"not a ledger entry: {exc}")

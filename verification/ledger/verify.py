@@ -20,11 +20,12 @@ from ...contracts import (
     AdmissionMode,
     CertificateEnvelope,
     ContractError,
+    FrozenDict,
     NotAdmittedError,
     SDCAuditRecord,
-    StepReceipt,
     from_dict,
 )
+from ...contracts.receipts import receipt_from_document
 from ..attestation import read_unverified
 from ..keys import KEY_ENV, TrustStore, load_key
 from .entries import (
@@ -33,6 +34,7 @@ from .entries import (
     UNVERIFIED,
     LedgerEntry,
     LedgerError,
+    RawEntry,
     entry_hash,
     iter_ledger,
 )
@@ -101,11 +103,16 @@ class _Run:
         self.last_committed: dict[int, int] = {}
 
 
-def _check_payload(entry: LedgerEntry, run: _Run, fault: Any) -> None:
+def _plain(value: Any) -> Any:
+    """A payload value as plain JSON data (a ``LedgerEntry``'s payload is frozen, a ``RawEntry``'s is not)."""
+    return value.to_dict() if isinstance(value, FrozenDict) else value
+
+
+def _check_payload(entry: LedgerEntry | RawEntry, run: _Run, fault: Any) -> None:
     payload = entry.payload
     if entry.kind == "receipt":
         try:
-            receipt = from_dict(payload["receipt"].to_dict(), StepReceipt)
+            receipt = receipt_from_document(_plain(payload["receipt"]))
         except (KeyError, AttributeError, ContractError) as exc:
             fault(f"receipt payload is not a StepReceipt document: {exc}")
             return
@@ -131,12 +138,12 @@ def _check_payload(entry: LedgerEntry, run: _Run, fault: Any) -> None:
         run.last_step[rank] = max(receipt.step, previous if previous is not None else receipt.step)
     elif entry.kind == "audit":
         try:
-            from_dict(payload["record"].to_dict(), SDCAuditRecord)
+            from_dict(_plain(payload["record"]), SDCAuditRecord)
         except (KeyError, AttributeError, ContractError) as exc:
             fault(f"audit payload is not an SDCAuditRecord document: {exc}")
 
 
-def _hash_problem(entry: LedgerEntry, key: bytes | None) -> str | None:
+def _hash_problem(entry: LedgerEntry | RawEntry, key: bytes | None) -> str | None:
     """Why the entry's hash does not cover its contents (plain sha256 or legacy HMAC), or None."""
     if entry.hash.startswith("hmac-sha256:"):
         if key is None:
@@ -155,7 +162,7 @@ def _hash_problem(entry: LedgerEntry, key: bytes | None) -> str | None:
     return None
 
 
-def _start_problems(entry: LedgerEntry) -> list[str]:
+def _start_problems(entry: LedgerEntry | RawEntry) -> list[str]:
     """A run_start's certificate link and the certificate document it embeds."""
     problems = []
     if entry.certificate != UNVERIFIED and not entry.certificate.startswith("sha256:"):
@@ -163,7 +170,7 @@ def _start_problems(entry: LedgerEntry) -> list[str]:
     document = entry.payload.get("certificate_document")
     if document is not None:
         try:
-            raw = document.to_dict()
+            raw = _plain(document)
             cert = (read_unverified(from_dict(raw, CertificateEnvelope))
                     if raw.get("kind") == "CertificateEnvelope" else from_dict(raw, AdmissionCertificate))
             if cert.certificate_id != entry.certificate:
@@ -195,7 +202,7 @@ class _LedgerWalk:
         else:
             self.dropped += 1
 
-    def check(self, index: int, line: int, entry: LedgerEntry) -> None:
+    def check(self, index: int, line: int, entry: LedgerEntry | RawEntry) -> None:
         """One entry: its place in the chain and sequence, its hash, then what its kind requires."""
 
         def fault(message: str) -> None:
@@ -229,7 +236,7 @@ class _LedgerWalk:
         else:
             self._in_run(entry, self.run, fault)
 
-    def _in_run(self, entry: LedgerEntry, run: _Run, fault: Any) -> None:
+    def _in_run(self, entry: LedgerEntry | RawEntry, run: _Run, fault: Any) -> None:
         """An entry inside a run: after no run_end, linked to the run's certificate, its payload, its seal."""
         if run.ended:
             fault(f"{entry.kind} entry after run_end")
@@ -272,7 +279,7 @@ class _Head:
         except ValueError as exc:
             self.problem = str(exc)
 
-    def see(self, index: int, entry: LedgerEntry) -> None:
+    def see(self, index: int, entry: LedgerEntry | RawEntry) -> None:
         """Remember the (hash, kind) of the entry the head ends at."""
         if index == self.entries - 1:
             self.covered = (entry.hash, entry.kind)
@@ -294,7 +301,7 @@ def _walk(path: str | os.PathLike[str], key: bytes | None, require_end: bool, he
     torn: tuple[int, str] | None = None
     problems = 0
     if os.path.exists(path):
-        for line in iter_ledger(path):
+        for line in iter_ledger(path, raw=True):
             walk.last_line = line.number
             if line.torn:
                 torn = (line.number, line.problem or "torn last line")
