@@ -23,7 +23,8 @@ from .serialization import MAX_INT, SCHEMA_VERSION, _check_tree, converter, from
 
 NONFINITE_LOSS_KEY = "nonfinite_loss"
 """How a non-finite loss is written: ``"loss": null`` and ``extra["nonfinite_loss"]`` = ``"nan"``, ``"inf"``
-or ``"-inf"`` (strict JSON has no NaN or Infinity); reading turns it back into the float."""
+or ``"-inf"`` (strict JSON has no NaN or Infinity); reading turns it back into the float. A non-finite
+number elsewhere in ``extra`` (a health anomaly's value) is written as that text too, and read as text."""
 _NONFINITE_TEXT = ("nan", "inf", "-inf")
 
 
@@ -94,10 +95,22 @@ def _unstructure_receipt(receipt: StepReceipt) -> dict[str, Any]:
     """A receipt's JSON data; a non-finite loss is written as null with its text in ``extra``."""
     data = {field.name: converter.unstructure(getattr(receipt, field.name))
             for field in attrs.fields(StepReceipt)}
+    data["extra"] = _finite_json(data["extra"])
     if not math.isfinite(receipt.loss):
         data["loss"] = None
         data["extra"] = {**data["extra"], NONFINITE_LOSS_KEY: repr(receipt.loss)}
     return data
+
+
+def _finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its text ("nan", "inf", "-inf"): strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_json(v) for v in value]
+    return value
 
 
 _structure_fields = converter.get_structure_hook(StepReceipt)

@@ -148,3 +148,31 @@ def test_audit_memory_does_not_grow_with_the_ledger(tmp_path):
     build_ledger(small, 500, runs=2)
     build_ledger(large, 5000, runs=2)
     assert _audit_peak(large) < 2 * _audit_peak(small)  # 10x the entries, not 10x the memory
+
+
+def test_a_session_skips_a_nonfinite_step_records_it_and_trains_on(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is the optional [torch] extra")
+    from mixle_parallel.contracts import ParallelPlan
+    from mixle_parallel.executors.torch.backend import TorchDistributedBackend
+    from tests.torch._models import global_batches, make_model
+
+    path = tmp_path / "run.jsonl"
+    session = TorchDistributedBackend().prepare(make_model(), plan=ParallelPlan(), optimizer="SGD", lr=0.1,
+                                                ledger=str(path), health=False, nonfinite="skip")
+    x, y = global_batches(1, [4])[0][0]
+    real = session.loss_fn
+
+    def poisoned(module, inputs, targets):  # this step's loss is NaN
+        out = real(module, inputs, targets)
+        return (out[0] * torch.nan, *out[1:])
+
+    session.loss_fn = poisoned
+    skipped = session.train_batch(x, y)
+    session.loss_fn = real
+    committed = session.train_batch(x, y)
+    session.close()
+    assert skipped.skipped and math.isnan(skipped.loss) and not committed.skipped
+    receipts = [e.payload["receipt"]["data"] for e in read_ledger(path).entries if e.kind == "receipt"]
+    assert receipts[0]["loss"] is None and receipts[0]["extra"]["nonfinite_loss"] == "nan"
+    assert receipts[0]["extra"]["reason"] == "nonfinite" and receipts[1]["loss"] is not None
+    assert verify_ledger(path).ok
