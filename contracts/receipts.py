@@ -126,7 +126,7 @@ def _structure_receipt(data: Any, cls: type[StepReceipt]) -> StepReceipt:
                                 f"{_NONFINITE_TEXT}: a non-finite loss is written as null with its text", path="$.loss")
         assert isinstance(extra, Mapping)
         data = {**data, "loss": float(text), "extra": {k: v for k, v in extra.items() if k != NONFINITE_LOSS_KEY}}
-    return _structure_fields(data, cls)  # type: ignore[no-any-return]
+    return _structure_fields(data, cls)
 
 
 converter.register_unstructure_hook(StepReceipt, _unstructure_receipt)

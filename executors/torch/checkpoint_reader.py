@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable, Generator, Mapping
-from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -24,6 +23,7 @@ from typing import Any, cast
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata
+from torch.futures import Future
 
 from .checkpoint_manifest import CorruptCheckpointError, read_verified
 
@@ -79,7 +79,7 @@ class VerifiedReader(FileSystemReader):
         """The first file refused during the load, if any."""
         return cast(_VerifiedFileSystem, self.fs).failure
 
-    def read_metadata(self) -> Metadata:  # type: ignore[override]  # no per-rank metadata fallback
+    def read_metadata(self) -> Metadata:  # no **kwargs: DCP then never falls back to per-rank metadata
         """DCP's index, unpickled from the checked bytes of ``.metadata`` only."""
         return super().read_metadata()
 

@@ -16,12 +16,9 @@ liveness and recovery stay Ray's.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import pickle
-import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ....contracts.resources import local_cpu_count
@@ -53,6 +50,7 @@ from .chunk_assignment import (
 )
 from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
 from .optional_engine import require_engine
+from .ray_loopback import loopback_ray_start
 from .ray_tasks import RayTaskRunner, has_cluster_view
 from .wire_bytes import WireBytes
 from .worker_process import prepare_worker
@@ -68,33 +66,6 @@ _log = logging.getLogger(__name__)
 INLINE_PAYLOAD_BYTES = 100 * 1024
 """A pickled payload up to this size travels inside the actor call (Ray inlines small arguments);
 a larger one is put in the object store once per pass and shared by every actor."""
-
-
-_SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-
-
-@contextlib.contextmanager
-def loopback_ray_start(ray: Any) -> Iterator[None]:
-    """While a local Ray starts: every server it starts (GCS, raylet, workers, agents) listens on 127.0.0.1.
-
-    Ray replaces a node IP of 127.0.0.1 with the machine's reachable address unless clustering is off
-    (its ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read by every Ray process at import: the processes Ray
-    starts inherit it, the driver's already-read flag is set for the start). Both are restored afterwards.
-    """
-    constants = sys.modules.get("ray._private.ray_constants")
-    before_env, before_flag = os.environ.get(_SINGLE_NODE_ENV), getattr(constants, "ENABLE_RAY_CLUSTER", None)
-    os.environ[_SINGLE_NODE_ENV] = "0"
-    if constants is not None:
-        constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        if before_env is None:
-            os.environ.pop(_SINGLE_NODE_ENV, None)
-        else:
-            os.environ[_SINGLE_NODE_ENV] = before_env
-        if constants is not None:
-            constants.ENABLE_RAY_CLUSTER = before_flag
 
 
 def pack_payload(payload: Any) -> Any:
