@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 import attrs
 
 from ._checks import (
@@ -13,8 +17,15 @@ from ._checks import (
     real_number,
     to_float,
 )
+from .errors import ContractError
 from .frozen_mapping import FrozenDict, to_frozen_dict
-from .serialization import register_contract
+from .serialization import MAX_INT, SCHEMA_VERSION, _check_tree, converter, from_dict, register_contract
+
+NONFINITE_LOSS_KEY = "nonfinite_loss"
+"""How a non-finite loss is written: ``"loss": null`` and ``extra["nonfinite_loss"]`` = ``"nan"``, ``"inf"``
+or ``"-inf"`` (strict JSON has no NaN or Infinity); reading turns it back into the float. A non-finite
+number elsewhere in ``extra`` (a health anomaly's value) is written as that text too, and read as text."""
+_NONFINITE_TEXT = ("nan", "inf", "-inf")
 
 
 @register_contract
@@ -28,6 +39,7 @@ class StepReceipt:
 
     step: int = attrs.field(validator=non_negative_int)
     loss: float = attrs.field(converter=to_float, validator=real_number)
+    """Mean loss; a step skipped for a non-finite loss holds NaN/inf here (written as null, ``NONFINITE_LOSS_KEY``)."""
     local_examples: int = attrs.field(validator=non_negative_int)
     local_tokens: int = attrs.field(validator=non_negative_int)
     microbatches: int = attrs.field(validator=positive_int)
@@ -77,3 +89,72 @@ class TorchSessionState:
     step: int = attrs.field(validator=non_negative_int)
     pending_accumulation: int = attrs.field(validator=non_negative_int)
     optimizer_receipt: FrozenDict = attrs.field(factory=FrozenDict, converter=to_frozen_dict)
+
+
+def _unstructure_receipt(receipt: StepReceipt) -> dict[str, Any]:
+    """A receipt's JSON data; a non-finite loss is written as null with its text in ``extra``."""
+    data = {field.name: converter.unstructure(getattr(receipt, field.name))
+            for field in attrs.fields(StepReceipt)}
+    data["extra"] = _finite_json(data["extra"])
+    if not math.isfinite(receipt.loss):
+        data["loss"] = None
+        data["extra"] = {**data["extra"], NONFINITE_LOSS_KEY: repr(receipt.loss)}
+    return data
+
+
+def _finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its text ("nan", "inf", "-inf"): strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_json(v) for v in value]
+    return value
+
+
+_structure_fields = converter.get_structure_hook(StepReceipt)
+
+
+def _structure_receipt(data: Any, cls: type[StepReceipt]) -> StepReceipt:
+    """Inverse of ``_unstructure_receipt``: a null loss needs its ``extra["nonfinite_loss"]`` text."""
+    if isinstance(data, Mapping) and "loss" in data and data["loss"] is None:
+        extra = data.get("extra")
+        text = extra.get(NONFINITE_LOSS_KEY) if isinstance(extra, Mapping) else None
+        if text not in _NONFINITE_TEXT:
+            raise ContractError(f"StepReceipt.loss is null but extra[{NONFINITE_LOSS_KEY!r}] is {text!r}, not one of "
+                                f"{_NONFINITE_TEXT}: a non-finite loss is written as null with its text", path="$.loss")
+        assert isinstance(extra, Mapping)
+        data = {**data, "loss": float(text), "extra": {k: v for k, v in extra.items() if k != NONFINITE_LOSS_KEY}}
+    return _structure_fields(data, cls)
+
+
+converter.register_unstructure_hook(StepReceipt, _unstructure_receipt)
+converter.register_structure_hook(StepReceipt, _structure_receipt)
+
+
+_RECEIPT_FIELDS = frozenset(field.name for field in attrs.fields(StepReceipt))
+_INT_FIELDS = ("step", "local_examples", "local_tokens", "microbatches", "accumulation_steps", "data_parallel_size",
+               "collective_bytes", "global_examples_observed", "global_tokens_observed")
+
+
+def receipt_from_document(document: Any) -> StepReceipt:
+    """``from_dict(document, StepReceipt)``, faster for a well-formed receipt (the ledger audit reads millions).
+
+    A document with exactly the envelope, the fields and JSON scalar values is built directly (the
+    field validators check every value, ``extra`` gets the tree checks); anything else goes through
+    ``from_dict``, so what is refused, and the error, are the same.
+    """
+    data = document.get("data") if isinstance(document, dict) else None
+    if (isinstance(data, dict) and len(document) == 3 and document.get("kind") == "StepReceipt"
+            and document.get("version") == SCHEMA_VERSION and data.keys() == _RECEIPT_FIELDS
+            and isinstance(data["extra"], dict) and isinstance(data["loss"], (int, float))
+            and not isinstance(data["loss"], bool)
+            and all(not isinstance(data[name], int) or abs(data[name]) <= MAX_INT for name in _INT_FIELDS)):
+        try:
+            if data["extra"]:
+                _check_tree(data["extra"], "$.data.extra")
+            return StepReceipt(**data)
+        except (ValueError, TypeError):
+            pass  # from_dict says what is wrong, in its words
+    return from_dict(document, StepReceipt)

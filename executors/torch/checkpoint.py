@@ -12,8 +12,8 @@ Where it goes (layout and publication: ``checkpoint_manifest``): tensors go thro
 ``torch.save`` into ``__R_0.distcp`` files and read back with ``torch.load(weights_only=True)``
 (the restricted unpickler); its ``.metadata`` index is a ``pickle.dump`` of its ``Metadata``
 dataclass, read with ``pickle.load``. Because only tensors reach DCP, its files hold no
-user objects, and a load unpickles ``.metadata`` only after the file's sha256 matched the
-manifest that the pointer vouches for.
+user objects, and a load hands DCP only bytes it read once and checked against the signed
+manifest (``checkpoint_reader.VerifiedReader``): nothing is reopened by path after its check.
 
 Rank-local state rule (also in docs/checkpoints.md):
 
@@ -36,10 +36,8 @@ when the write completes; ``handle.wait()`` (collective) returns once it is publ
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
-import random
 import threading
 import time
 import warnings
@@ -48,12 +46,12 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
+import attrs
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
 
 from ...contracts import SCHEMA_VERSION, TorchSessionState, from_dict, to_dict
 from .checkpoint_manifest import (
@@ -61,28 +59,38 @@ from .checkpoint_manifest import (
     FORMAT,
     FORMAT_VERSION,
     STATE_NAME,
-    TAG,
     CheckpointError,
     CorruptCheckpointError,
     WorldSizeChangeError,
     create_generation,
     derive_seed,
-    from_json_value,
     manifest_problems,
     next_generation,
+    parse_json,
     publish,
     rank_file,
-    read_json,
     read_manifest,
+    read_verified,
     rederived_loader_state,
     resolve,
-    to_json_value,
     write_json_atomic,
     write_manifest,
 )
+from .checkpoint_reader import VerifiedReader
+from .checkpoint_state import (
+    _capture_rng,
+    _from_json,
+    _reseed_rng,
+    _restore_rng,
+    _shape_record,
+    _split,
+    _to_json,
+)
 from .checkpoint_trust import (
     CHECKPOINT_TRUST_MODES,
+    Lineage,
     UntrustedCheckpointError,
+    lineage_for_save,
     sign_generation,
     verify_generation,
 )
@@ -169,57 +177,6 @@ def _async_group(pg: Any) -> Any:
     return _ASYNC_GROUPS[key]
 
 
-# ---- tensors inside JSON --------------------------------------------------------------------
-def _inline_tensor(value: Any, where: str) -> Any:
-    """Encode a small plain CPU/GPU tensor (scheduler scalars, RNG states) inside JSON."""
-    if not isinstance(value, torch.Tensor):
-        return NotImplemented
-    if isinstance(value, DTensor):
-        raise TypeError(f"{where} is a DTensor; distributed tensors belong in the model/optimizer state")
-    flat = value.detach().cpu().contiguous().reshape(-1)
-    raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-    return {TAG: "tensor", "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape),
-            "data": base64.b64encode(raw).decode("ascii")}
-
-
-def _decode_inline_tensor(doc: dict[str, Any], where: str) -> torch.Tensor:
-    dtype = getattr(torch, doc["dtype"], None)
-    if not isinstance(dtype, torch.dtype):
-        raise CheckpointError(f"{where}: unknown tensor dtype {doc['dtype']!r}")
-    raw = base64.b64decode(doc["data"])
-    if not raw:
-        return torch.empty(doc["shape"], dtype=dtype)
-    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(doc["shape"]).clone()
-
-
-def _to_json(value: Any, where: str) -> Any:
-    return to_json_value(value, where=where, default=_inline_tensor)
-
-
-def _from_json(doc: Any, where: str, tensors: dict[str, torch.Tensor] | None = None) -> Any:
-    decoders: dict[str, Any] = {"tensor": _decode_inline_tensor}
-    if tensors is not None:
-        decoders["dcp"] = lambda d, _w: tensors[d["key"]]
-    return from_json_value(doc, where=where, decoders=decoders)
-
-
-def _split(tree: Any, where: str) -> tuple[Any, dict[str, torch.Tensor]]:
-    """JSON of ``tree`` with every tensor replaced by a reference to a DCP key (its path)."""
-    tensors: dict[str, torch.Tensor] = {}
-
-    def collect(value: Any, path: str) -> Any:
-        if not isinstance(value, torch.Tensor):
-            return NotImplemented
-        tensors[path] = value
-        return {TAG: "dcp", "key": path}
-
-    return to_json_value(tree, where=where, default=collect), tensors
-
-
-def _shape_record(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    return {k: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for k, t in tensors.items()}
-
-
 def _state_dicts(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Model and optimizer state dicts keyed by FQN, without creating optimizer state as a side effect."""
     fresh = not optimizer.state
@@ -228,30 +185,6 @@ def _state_dicts(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, 
         optimizer.state.clear()
         osd = {"state": {}, "param_groups": osd["param_groups"]}
     return msd, osd
-
-
-# ---- RNG ------------------------------------------------------------------------------------
-def _capture_rng() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch_cpu": torch.get_rng_state(), "torch_initial_seed": torch.initial_seed(),
-                             "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        device = torch.cuda.current_device()
-        state["torch_cuda"] = {"device": device, "state": torch.cuda.get_rng_state(device)}
-    return state
-
-
-def _restore_rng(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch_cpu"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "torch_cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["torch_cuda"]["state"], torch.cuda.current_device())
-
-
-def _reseed_rng(seed: int) -> None:
-    torch.manual_seed(seed)  # also seeds every CUDA device
-    random.seed(seed)
-    np.random.seed(seed % (1 << 32))
 
 
 # ---- save -----------------------------------------------------------------------------------
@@ -334,14 +267,19 @@ def _encode_state(model: Any, optimizer: Any, scheduler: Any, *, session_state: 
 
 
 def _new_generation(root: Path, global_doc: dict[str, Any], rank_doc: dict[str, Any], pg: Any, rank: int,
-                    world: int) -> Path:
-    """Collective: rank 0 creates the next generation folder with the global state; every rank writes its own."""
+                    world: int) -> tuple[Path, Lineage | None]:
+    """Collective: rank 0 creates the next generation folder with the global state; every rank writes its own.
+
+    Rank 0 also returns the lineage the generation will be signed with (the run ``LATEST`` names, continued).
+    """
     error: BaseException | None = None
-    generation = ""
+    generation, lineage = "", None
     if rank == 0:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            generation = next_generation(root)
+            lineage = lineage_for_save(root)
+            generation = next_generation(root, after=lineage.number - 1)
+            lineage = attrs.evolve(lineage, number=int(generation.removeprefix("gen-")))
             create_generation(root, generation)
             write_json_atomic(root / generation / STATE_NAME, global_doc)
         except OSError as err:
@@ -353,15 +291,16 @@ def _new_generation(root: Path, global_doc: dict[str, Any], rank_doc: dict[str, 
     except OSError as err:
         error = CheckpointError(f"cannot write {rank_file(gen_dir, rank)}: {err}")
     _agree(error, pg, world, what=f"writing rank-local state into {gen_dir}")
-    return gen_dir
+    return gen_dir, lineage
 
 
-def _write_tensors(tensors: dict[str, torch.Tensor], root: Path, gen_dir: Path, *, asynchronous: bool, pg: Any,
-                   rank: int, world: int) -> CheckpointHandle:
+def _write_tensors(tensors: dict[str, torch.Tensor], root: Path, gen_dir: Path, lineage: Lineage | None, *,
+                   asynchronous: bool, pg: Any, rank: int, world: int) -> CheckpointHandle:
     """DCP writes the tensors (now, or on a background thread); rank 0 then signs and publishes the generation."""
     def finalize() -> None:
         digest = write_manifest(gen_dir, world_size=world, info={"torch_version": torch.__version__})
-        sign_generation(gen_dir, digest)  # before publishing: a reader never sees an unsigned LATEST
+        assert lineage is not None  # rank 0 always has one
+        sign_generation(gen_dir, digest, lineage)  # before publishing: a reader never sees an unsigned LATEST
         publish(root, gen_dir.name, digest)
 
     writer = dcp.FileSystemWriter(str(gen_dir / DCP_DIR))
@@ -413,8 +352,8 @@ def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
     except Exception as err:  # noqa: BLE001 - every rank must learn of it, or the others would hang
         error = err
     _agree(error, pg, world, what=f"encoding checkpoint state for {root}")
-    gen_dir = _new_generation(root, docs[0], docs[1], pg, rank, world)
-    return _write_tensors(tensors, root, gen_dir, asynchronous=asynchronous, pg=pg, rank=rank, world=world)
+    gen_dir, lineage = _new_generation(root, docs[0], docs[1], pg, rank, world)
+    return _write_tensors(tensors, root, gen_dir, lineage, asynchronous=asynchronous, pg=pg, rank=rank, world=world)
 
 
 def save_session(path: str | Path, session: Any, *, loader_state: Any = None, typed_scheduler_state: Any = None,
@@ -434,11 +373,14 @@ def save_session(path: str | Path, session: Any, *, loader_state: Any = None, ty
 
 
 # ---- load -----------------------------------------------------------------------------------
-def _read_documents(gen_dir: Path, digest: str | None, rank: int, world: int,
-                    allow_world_size_change: bool) -> tuple[dict[str, Any], dict[str, Any], Any, int]:
-    """Verify this rank's share of files and read the JSON documents; nothing is changed yet."""
+def _read_documents(gen_dir: Path, digest: str | None, rank: int, world: int, allow_world_size_change: bool,
+                    ) -> tuple[dict[str, Any], dict[str, Any], Any, int, dict[str, Any]]:
+    """Check this rank's share of files and read the JSON documents from checked bytes; nothing is changed yet.
+
+    Returns the documents and the manifest (every later read, DCP's included, is checked against it).
+    """
     manifest = read_manifest(gen_dir, digest)
-    problems = manifest_problems(gen_dir, manifest, shard=rank, shards=world)
+    problems = manifest_problems(gen_dir, manifest, shard=rank, shards=world, contents=False)
     if problems:
         file, problem = problems[0]
         more = f"; {len(problems) - 1} more file(s) fail too" if len(problems) > 1 else ""
@@ -450,15 +392,20 @@ def _read_documents(gen_dir: Path, digest: str | None, rank: int, world: int,
             f"world size {world}; pass allow_world_size_change=True to reshard the model and "
             "optimizer state through DCP and re-derive the rank-local state (RNG seeds, loader "
             "position) by the rule in docs/checkpoints.md")
-    state = read_json(gen_dir / STATE_NAME, what="global state")
+
+    def document(path: Path, what: str) -> Any:
+        rel = path.relative_to(gen_dir).as_posix()
+        return parse_json(read_verified(gen_dir, manifest, rel), path, what=what)
+
+    state = document(gen_dir / STATE_NAME, "global state")
     if saved_world == world:
-        own = read_json(rank_file(gen_dir, rank), what="rank-local state")
-        return state, _from_json(own["rng"], "rng"), _from_json(own["loader_state"], "loader_state"), saved_world
-    loaders = [_from_json(read_json(rank_file(gen_dir, r), what="rank-local state")["loader_state"],
-                          f"rank {r} loader_state") for r in range(saved_world)]
-    rank0_rng = read_json(rank_file(gen_dir, 0), what="rank-local state")["rng"]
-    return state, {"rederive_from": rank0_rng["torch_initial_seed"]}, \
-        rederived_loader_state(loaders, new_world_size=world), saved_world
+        own = document(rank_file(gen_dir, rank), "rank-local state")
+        return (state, _from_json(own["rng"], "rng"), _from_json(own["loader_state"], "loader_state"), saved_world,
+                manifest)
+    ranks = [document(rank_file(gen_dir, r), "rank-local state") for r in range(saved_world)]
+    loaders = [_from_json(doc["loader_state"], f"rank {r} loader_state") for r, doc in enumerate(ranks)]
+    return (state, {"rederive_from": ranks[0]["rng"]["torch_initial_seed"]},
+            rederived_loader_state(loaders, new_world_size=world), saved_world, manifest)
 
 
 def _locate(root: Path, *, trust: str, allow_rollback: bool, pg: Any, world: int, rank: int) -> tuple[Path, Any]:
@@ -468,7 +415,13 @@ def _locate(root: Path, *, trust: str, allow_rollback: bool, pg: Any, world: int
     if rank == 0:
         try:
             gen_dir, digest = resolve(root)
-            verify_generation(gen_dir, trust=trust, allow_rollback=allow_rollback or digest is None)
+            signed = verify_generation(gen_dir, trust=trust, allow_rollback=allow_rollback or digest is None)
+            if signed["manifest_sha256"] is not None:
+                if digest is not None and digest != signed["manifest_sha256"]:
+                    raise UntrustedCheckpointError(
+                        f"{gen_dir / 'MANIFEST.json'} that LATEST names differs from the manifest its signature "
+                        "covers: the checkpoint was changed after it was signed")
+                digest = signed["manifest_sha256"]  # every rank checks the manifest's bytes against the signed one
             located = json.dumps([str(gen_dir), digest])
         except Exception as err:  # noqa: BLE001 - every rank must learn of it
             error = err
@@ -478,10 +431,10 @@ def _locate(root: Path, *, trust: str, allow_rollback: bool, pg: Any, world: int
 
 
 def _read_verified(gen_dir: Path, digest: Any, *, scheduler: Any, allow_world_size_change: bool, pg: Any,
-                   world: int, rank: int) -> tuple[dict[str, Any], dict[str, Any], Any, int]:
+                   world: int, rank: int) -> tuple[dict[str, Any], dict[str, Any], Any, int, dict[str, Any]]:
     """Collective: every rank checks its share of the files and reads the documents (nothing changes yet)."""
     error: BaseException | None = None
-    found: tuple[dict[str, Any], dict[str, Any], Any, int] = ({}, {}, None, 0)
+    found: tuple[dict[str, Any], dict[str, Any], Any, int, dict[str, Any]] = ({}, {}, None, 0, {})
     try:
         found = _read_documents(gen_dir, digest, rank, world, allow_world_size_change)
         if scheduler is not None and found[0].get("scheduler") is None:
@@ -532,13 +485,12 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
     pg, rank, world = _group(process_group)
     _drain_in_flight()
     gen_dir, digest = _locate(Path(path), trust=trust, allow_rollback=allow_rollback, pg=pg, world=world, rank=rank)
-    state, rng, loader_state, saved_world = _read_verified(
+    state, rng, loader_state, saved_world, manifest = _read_verified(
         gen_dir, digest, scheduler=scheduler, allow_world_size_change=allow_world_size_change, pg=pg, world=world,
         rank=rank)
+    fresh = not optimizer.state
     targets = _template(model, optimizer, state["tensors"], gen_dir, pg, world)
-    with _single_process_quiet(pg):
-        dcp.load(targets, storage_reader=dcp.FileSystemReader(str(gen_dir / DCP_DIR)), process_group=pg,
-                 no_dist=pg is None)
+    _load_tensors(targets, gen_dir, manifest, pg, world, optimizer, fresh)
     set_state_dict(model, optimizer, model_state_dict=_from_json(state["model"], "model", targets),
                    optim_state_dict=_from_json(state["optimizer"], "optimizer", targets), options=_OPTIONS)
     if scheduler is not None:
@@ -554,6 +506,30 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
             "extra": _from_json(state["extra"], "extra"), "saved_world_size": saved_world,
             "world_size": world, "generation": gen_dir.name,
             "rng": "rederived" if "rederive_from" in rng else "restored"}
+
+
+def _load_tensors(targets: dict[str, torch.Tensor], gen_dir: Path, manifest: dict[str, Any], pg: Any,
+                  world: int, optimizer: Any, fresh: bool) -> None:
+    """Collective: DCP loads ``targets`` through a reader that uses only bytes checked against ``manifest``.
+
+    Every rank checks its files before any rank copies a tensor; on a refusal nothing was copied, and an
+    optimizer state created for the template is dropped again.
+    """
+    def agree(err: BaseException | None) -> None:
+        _agree(err, pg, world, what=f"checking the tensor files of checkpoint {gen_dir}")
+
+    reader = VerifiedReader(gen_dir, manifest, DCP_DIR, agree)
+    error: BaseException | None = None
+    try:
+        with _single_process_quiet(pg):
+            dcp.load(targets, storage_reader=reader, process_group=pg, no_dist=pg is None)
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP wraps the reader's refusal (a BaseException)
+        failures = getattr(err, "failures", {}).values()  # rank -> (exception, stack) in DCP's wrapping
+        wrapped = [e for f in failures for e in (f if isinstance(f, tuple) else (f,)) if isinstance(e, CheckpointError)]
+        error = reader.failure or (wrapped[0] if wrapped else err)
+        if fresh:
+            optimizer.state.clear()
+    _agree(error, pg, world, what=f"loading the tensors of checkpoint {gen_dir}")
 
 
 def load_session(path: str | Path, session: Any, *, allow_world_size_change: bool = False, trust: str = "signed",

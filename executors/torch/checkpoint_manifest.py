@@ -21,6 +21,7 @@ JSON (no pickle); non-JSON values use a small tagged encoding (``to_json_value``
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import math
@@ -35,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from ...contracts import ContractError
-from ...contracts.bounded_json import MANIFEST_LIMITS, DocumentLimits, parse_json, read_limited
+from ...contracts.bounded_json import MANIFEST_LIMITS, DocumentLimits
+from ...contracts.bounded_json import parse_json as parse_bounded_json
 
 FORMAT = "mixle-parallel-checkpoint"
 """Value of the ``format`` field of every JSON document a checkpoint holds."""
@@ -72,6 +74,10 @@ class CorruptCheckpointError(CheckpointError):
             f"checkpoint file {self.path}: {problem}. The checkpoint is incomplete or corrupted "
             "and was refused; load an earlier generation (pass its gen-* folder) or save again"
         )
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        """Picklable with its fields (DCP gathers its readers' errors across ranks)."""
+        return (type(self), (self.path, self.problem))
 
 
 class WorldSizeChangeError(CheckpointError):
@@ -198,21 +204,69 @@ def write_json_atomic(path: str | os.PathLike[str], doc: Any) -> bytes:
     return data
 
 
-def read_json(path: str | os.PathLike[str], *, what: str, limits: DocumentLimits | None = None) -> Any:
-    """Read a checkpoint JSON document; a missing or unparsable file is a ``CorruptCheckpointError``.
+def parse_json(data: bytes, path: str | os.PathLike[str], *, what: str, limits: DocumentLimits | None = None) -> Any:
+    """Decode checkpoint JSON from bytes already read (and checked); unparsable is a ``CorruptCheckpointError``.
 
-    With ``limits`` (the manifest and the pointer: ``MANIFEST_LIMITS``) the size is checked before decoding
-    and the JSON is strict (no duplicate keys, no NaN) and bounded in depth and items.
+    With ``limits`` (the manifest and the pointer: ``MANIFEST_LIMITS``) the JSON is strict (no duplicate keys,
+    no NaN) and bounded in size, depth and items.
     """
     try:
         if limits is not None:
-            return parse_json(read_limited(path, limits), limits, what=f"{what} {path}")
-        data = Path(path).read_bytes()
+            return parse_bounded_json(data, limits, what=f"{what} {path}")
         return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ContractError) as err:
+        raise CorruptCheckpointError(path, f"the {what} is not valid JSON, likely a torn write ({err})") from None
+
+
+def read_json(path: str | os.PathLike[str], *, what: str, limits: DocumentLimits | None = None) -> Any:
+    """Read a checkpoint JSON document that no manifest covers (the pointer); missing or torn is refused."""
+    try:
+        data = _read_no_follow(Path(path), _MAX_POINTER_BYTES)
     except FileNotFoundError:
         raise CorruptCheckpointError(path, f"the {what} is missing") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, ContractError) as err:
-        raise CorruptCheckpointError(path, f"the {what} is not valid JSON, likely a torn write ({err})") from None
+    return parse_json(data, path, what=what, limits=limits)
+
+
+_MAX_POINTER_BYTES = 1 << 16
+_MAX_MANIFEST_BYTES = 64 << 20
+
+
+def _read_no_follow(path: Path, limit: int) -> bytes:
+    """All bytes of the regular file ``path`` (never through a symlink), at most ``limit`` of them."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise CorruptCheckpointError(path, f"{size} bytes where at most {limit} are expected (truncated or "
+                                               "rewritten)")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
+def read_verified(generation_dir: Path, manifest: Mapping[str, Any], rel: str) -> bytes:
+    """The bytes of file ``rel`` of a generation, read once and checked against the manifest's size and sha256.
+
+    The caller uses exactly these bytes (nothing reopens the file by path afterwards), so a file swapped at
+    any moment is either the checked one or refused. A symlink or an unlisted file is refused.
+    """
+    path = generation_dir / rel
+    entry = manifest["files"].get(rel)
+    if not isinstance(entry, dict):
+        raise CorruptCheckpointError(path, "not listed in the manifest")
+    try:
+        data = _read_no_follow(path, int(entry.get("bytes", -1)) if isinstance(entry.get("bytes"), int) else 0)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(path, "missing (the manifest lists it)") from None
+    except OSError as err:  # ELOOP: a symlink where the file should be
+        raise CorruptCheckpointError(path, f"cannot be read as a regular file ({err})") from None
+    if len(data) != entry.get("bytes"):
+        raise CorruptCheckpointError(path, f"{len(data)} bytes where the manifest records {entry.get('bytes')} "
+                                           "(truncated or rewritten)")
+    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        raise CorruptCheckpointError(path, "its sha256 differs from the manifest's (corrupted or swapped)")
+    return data
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -239,12 +293,31 @@ def generation_name(number: int) -> str:
     return f"{GENERATION_PREFIX}{number:08d}"
 
 
-def next_generation(root: str | os.PathLike[str]) -> str:
-    """Name for a new generation: one past every existing ``gen-*`` folder, published or not."""
+def generation_number(name: str) -> int | None:
+    """The number of a ``gen-%08d`` folder name, or None for any other name."""
+    match = _GENERATION_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def next_generation(root: str | os.PathLike[str], *, after: int | None = None) -> str:
+    """Name for a new generation: the first free ``gen-*`` name past ``after``.
+
+    ``after`` defaults to the generation the pointer names (0 without one), so stray or planted folders
+    (``gen-99999999``) never push the number out of range; a name already taken is skipped.
+    """
     root = Path(root)
-    numbers = [int(m.group(1)) for p in (root.iterdir() if root.is_dir() else ())
-               if (m := _GENERATION_RE.match(p.name))]
-    return generation_name(max(numbers, default=0) + 1)
+    if after is None:
+        after = 0
+        if (root / POINTER_NAME).is_file():
+            with contextlib.suppress(CheckpointError, OSError):
+                after = generation_number(resolve(root)[0].name) or 0
+    for number in range(after + 1, _LAST_GENERATION + 1):
+        if not os.path.lexists(root / generation_name(number)):
+            return generation_name(number)
+    raise CheckpointError(f"no free generation name past gen-{after:08d} under {root}; start a new checkpoint root")
+
+
+_LAST_GENERATION = 99_999_999
 
 
 def create_generation(root: str | os.PathLike[str], name: str) -> Path:
@@ -323,16 +396,13 @@ def resolve(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
 def read_manifest(generation_dir: Path, expected_sha256: str | None) -> dict[str, Any]:
     """Read and check the manifest (its own sha256 against the pointer's record)."""
     path = generation_dir / MANIFEST_NAME
-    try:  # read once, size-bounded; the bytes hashed are the bytes parsed (strictly, under MANIFEST_LIMITS)
-        data = read_limited(path, MANIFEST_LIMITS)
-        if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
-            raise CorruptCheckpointError(path, "the manifest's sha256 differs from the one the pointer records")
-        document = parse_json(data, MANIFEST_LIMITS, what=f"manifest {path}")
+    try:
+        data = _read_no_follow(path, _MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise CorruptCheckpointError(path, "the manifest is missing (the save never finished?)") from None
-    except ContractError as err:
-        raise CorruptCheckpointError(path, f"the manifest is not valid JSON, likely a torn write ({err})") from None
-    doc = _check_header(document, path, "manifest")
+    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
+        raise CorruptCheckpointError(path, "the manifest's sha256 differs from the one the pointer records")
+    doc = _check_header(parse_json(data, path, what="manifest", limits=MANIFEST_LIMITS), path, "manifest")
     if doc.get("generation") != generation_dir.name or not isinstance(doc.get("files"), dict) \
             or not isinstance(doc.get("world_size"), int):
         raise CorruptCheckpointError(path, "the manifest names another generation or lacks files/world_size")
@@ -340,8 +410,12 @@ def read_manifest(generation_dir: Path, expected_sha256: str | None) -> dict[str
 
 
 def manifest_problems(generation_dir: Path, manifest: Mapping[str, Any], *,
-                      shard: int = 0, shards: int = 1) -> list[tuple[str, str]]:
-    """``(file, problem)`` pairs for the files of share ``shard`` of ``shards`` (file i: i % shards)."""
+                      shard: int = 0, shards: int = 1, contents: bool = True) -> list[tuple[str, str]]:
+    """``(file, problem)`` pairs for the files of share ``shard`` of ``shards`` (file i: i % shards).
+
+    ``contents=False`` checks presence, size and unlisted files only: a load hashes each file on the bytes
+    it uses (``read_verified``), so it reads every file once.
+    """
     problems: list[tuple[str, str]] = []
     listed = manifest["files"]
     for index, rel in enumerate(sorted(listed)):
@@ -353,7 +427,7 @@ def manifest_problems(generation_dir: Path, manifest: Mapping[str, Any], *,
         elif file.stat().st_size != entry.get("bytes"):
             problems.append((str(file), f"{file.stat().st_size} bytes where the manifest records "
                                         f"{entry.get('bytes')} (truncated or rewritten)"))
-        elif sha256_file(file) != entry.get("sha256"):
+        elif contents and sha256_file(file) != entry.get("sha256"):
             problems.append((str(file), "its sha256 differs from the manifest's (corrupted)"))
     if shard == 0:
         for rel in _listed_files(generation_dir):

@@ -1,13 +1,18 @@
 """Signed checkpoint manifests and rollback protection (torch-free).
 
 At save, rank 0 signs ``MANIFEST.json`` before publishing: ``MANIFEST.sig`` beside it is a DSSE
-envelope (in-toto Statement, subject the generation, predicate the manifest's sha256) signed with
-the trust store's Ed25519 key, and the generation number is recorded as this checkpoint root's
-high-water mark under the trust store (``<home>/checkpoints/<sha256 of the root path>.json``).
+envelope (in-toto Statement, subject the generation) whose predicate binds the manifest's sha256,
+the run id, the generation number and the previous generation's name and manifest sha256 (a save
+continues the run ``LATEST`` names; a root without one starts a new run id). The trust store keeps,
+per run id, the highest generation signed or loaded here and its manifest sha256
+(``<home>/checkpoints/run-<sha256 of the run id>.json``), and per root path the run it held
+(``root-<sha256 of the path>.json``); both are raised on every save and every load.
 At load, before any file of the checkpoint is unpickled or any state changes, ``verify_generation``
-checks the signature against trusted, unrevoked keys and refuses a ``LATEST`` that points below the
-high-water mark or below a newer signed generation in the folder (a rollback) unless
-``allow_rollback=True``. ``trust="unsigned"`` is the explicit opt-out for checkpoints of an older
+checks the signature against trusted, unrevoked keys, that the generation folder is no symlink and
+its name is the signed number, and (unless ``allow_rollback=True``) its lineage: the root held no
+other run here, the previous generation, if present, is the signed one of the same run, and no
+newer generation of the run was signed or seen here (a rollback). ``trust="unsigned"`` is the
+explicit opt-out for checkpoints of an older
 release or a machine whose key is not trusted here; it is logged.
 """
 
@@ -18,8 +23,11 @@ import json
 import logging
 import os
 import re
+import uuid
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from ...contracts import CertificateEnvelope, ContractError, NotAdmittedError, from_dict, to_dict
 from ...contracts.bounded_json import SIGNED_LIMITS, parse_json, read_limited
@@ -27,16 +35,18 @@ from ...verification.attestation import STATEMENT_TYPE, open_statement, sign_sta
 from ...verification.keys import TrustStore, TrustStoreError
 from .checkpoint_manifest import (
     MANIFEST_NAME,
+    POINTER_NAME,
     SIGNATURE_NAME,
     CheckpointError,
     CorruptCheckpointError,
+    write_json_atomic,
 )
 
-__all__ = ["CHECKPOINT_TRUST_MODES", "MANIFEST_TYPE", "SIGNATURE_NAME", "UntrustedCheckpointError",
-           "sign_generation", "verify_generation"]
+__all__ = ["CHECKPOINT_TRUST_MODES", "MANIFEST_TYPE", "SIGNATURE_NAME", "Lineage", "UntrustedCheckpointError",
+           "lineage_for_save", "sign_generation", "verify_generation"]
 
 
-MANIFEST_TYPE = "https://mixle-parallel.dev/attestation/checkpoint-manifest/v1"
+MANIFEST_TYPE = "https://mixle-parallel.dev/attestation/checkpoint-manifest/v2"
 """Predicate type of a checkpoint manifest signature."""
 
 CHECKPOINT_TRUST_MODES = ("signed", "unsigned")
@@ -47,7 +57,17 @@ _log = logging.getLogger(__name__)
 
 
 class UntrustedCheckpointError(CheckpointError):
-    """A checkpoint is unsigned, signed by an untrusted key, altered since signing, or a rollback."""
+    """A checkpoint is unsigned, signed by an untrusted key, altered since signing, foreign, or a rollback."""
+
+
+@attrs.frozen
+class Lineage:
+    """What a generation's signature binds besides its manifest: run, number, and the generation before it."""
+
+    run_id: str
+    number: int
+    previous: str | None = None
+    previous_manifest_sha256: str | None = None
 
 
 def _number(generation: str) -> int:
@@ -57,89 +77,164 @@ def _number(generation: str) -> int:
     return int(match.group(1))
 
 
-def _mark_file(store: TrustStore, root: Path) -> Path:
-    key = hashlib.sha256(str(root.resolve()).encode("utf-8")).hexdigest()
-    return store.home / "checkpoints" / f"{key}.json"
+def _record(store: TrustStore, kind: str, key: str) -> Path:
+    return store.home / "checkpoints" / f"{kind}-{hashlib.sha256(key.encode('utf-8')).hexdigest()}.json"
 
 
-def _high_water(store: TrustStore, root: Path) -> int:
+def _read_record(path: Path) -> dict[str, Any]:
     try:
-        doc = json.loads(_mark_file(store, root).read_text(encoding="utf-8"))
-        value = doc["generation"]
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise UntrustedCheckpointError(f"the checkpoint record {path} is unreadable ({exc}); delete it only if "
+                                       "you know no newer generation was seen here") from None
+    return doc if isinstance(doc, dict) else {}
 
 
-def _raise_mark(store: TrustStore, root: Path, number: int) -> None:
-    if number <= _high_water(store, root):
-        return
-    target = _mark_file(store, root)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps({"root": str(root.resolve()), "generation": number}) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+def _write_record(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, doc)
 
 
-def sign_generation(generation_dir: str | os.PathLike[str], manifest_sha256: str, *,
+def _run_mark(store: TrustStore, run_id: str) -> tuple[int, str | None]:
+    doc = _read_record(_record(store, "run", run_id))
+    number, digest = doc.get("generation", 0), doc.get("manifest_sha256")
+    if isinstance(number, bool) or not isinstance(number, int):
+        number = 0
+    return number, digest if isinstance(digest, str) else None
+
+
+def _raise_marks(store: TrustStore, root: Path, lineage: Lineage, digest: str) -> None:
+    """Record generation ``lineage.number`` of its run (if higher) and the run this root holds."""
+    if lineage.number > _run_mark(store, lineage.run_id)[0]:
+        _write_record(_record(store, "run", lineage.run_id),
+                      {"run_id": lineage.run_id, "generation": lineage.number, "manifest_sha256": digest})
+    _write_record(_record(store, "root", str(root.resolve())), {"root": str(root.resolve()), "run_id": lineage.run_id})
+
+
+def lineage_for_save(root: Path, *, trust_store: TrustStore | None = None) -> Lineage:
+    """The lineage of the next generation under ``root``: continue the run ``LATEST`` names when its
+    signature verifies here, else start a new run id. ``number`` is the least it may be (past the pointer's
+    generation and past every generation of the run signed or seen here)."""
+    store = trust_store or TrustStore()
+    try:
+        pointer = json.loads((root / POINTER_NAME).read_text(encoding="utf-8"))
+        previous = root / pointer["generation"]
+        digest, lineage = _signed(previous, store)
+    except (OSError, ValueError, KeyError, TypeError, CheckpointError):
+        return Lineage(run_id=uuid.uuid4().hex, number=1)
+    after = max(lineage.number, _run_mark(store, lineage.run_id)[0])
+    return Lineage(run_id=lineage.run_id, number=after + 1, previous=previous.name, previous_manifest_sha256=digest)
+
+
+def sign_generation(generation_dir: str | os.PathLike[str], manifest_sha256: str, lineage: Lineage, *,
                     trust_store: TrustStore | None = None) -> Path:
-    """Write ``MANIFEST.sig`` over the manifest's sha256 and raise the root's high-water mark."""
+    """Write ``MANIFEST.sig`` over the manifest's sha256 and ``lineage``; raise the run's high-water mark."""
     gen = Path(generation_dir)
     store = trust_store or TrustStore()
+    if _number(gen.name) != lineage.number:
+        raise CheckpointError(f"{gen} is not generation {lineage.number}")
     statement = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": gen.name, "digest": {"sha256": manifest_sha256}}],
         "predicateType": MANIFEST_TYPE,
-        "predicate": {"generation": gen.name, "manifest_sha256": manifest_sha256},
+        "predicate": {"generation": gen.name, "manifest_sha256": manifest_sha256, "run_id": lineage.run_id,
+                      "number": lineage.number, "previous": lineage.previous,
+                      "previous_manifest_sha256": lineage.previous_manifest_sha256},
     }
     envelope = sign_statement(statement, store.ensure_signer())
     target = gen / SIGNATURE_NAME
-    target.write_text(json.dumps(to_dict(envelope), sort_keys=True) + "\n", encoding="utf-8")
-    _raise_mark(store, gen.parent, _number(gen.name))
+    write_json_atomic(target, to_dict(envelope))
+    _raise_marks(store, gen.parent, lineage, manifest_sha256)
     return target
 
 
-def _signed_digest(generation_dir: Path, store: TrustStore) -> str:
-    """The manifest sha256 a trusted key signed for this generation; ``UntrustedCheckpointError`` otherwise."""
+_HINT = ("load it with trust='unsigned' if you know where it came from, or trust its signer's key "
+         "(`mixle-parallel keys trust PUBKEY`)")
+
+
+def _signed(generation_dir: Path, store: TrustStore) -> tuple[str, Lineage]:
+    """(manifest sha256, lineage) a trusted key signed for this generation; ``UntrustedCheckpointError`` otherwise."""
     path = generation_dir / SIGNATURE_NAME
-    hint = ("load it with trust='unsigned' if you know where it came from, or trust its signer's key "
-            "(`mixle-parallel keys trust PUBKEY`)")
+    if generation_dir.is_symlink():
+        raise UntrustedCheckpointError(f"{generation_dir} is a symlink; a generation is a folder of its own root")
     try:
         document = parse_json(read_limited(path, SIGNED_LIMITS), SIGNED_LIMITS, what=f"manifest signature {path}")
         envelope = from_dict(document, CertificateEnvelope, limits=SIGNED_LIMITS)
         statement, _ = open_statement(envelope, store, predicate_type=MANIFEST_TYPE)
         predicate = statement["predicate"]
         digest, generation = predicate["manifest_sha256"], predicate["generation"]
+        lineage = Lineage(run_id=predicate["run_id"], number=predicate["number"], previous=predicate["previous"],
+                          previous_manifest_sha256=predicate["previous_manifest_sha256"])
     except FileNotFoundError:
         raise UntrustedCheckpointError(f"checkpoint {generation_dir} is unsigned (no {SIGNATURE_NAME}); "
-                                       + hint) from None
+                                       + _HINT) from None
     except NotAdmittedError as exc:
-        raise UntrustedCheckpointError(f"{path}: {'; '.join(exc.reasons)}; " + hint) from None
+        raise UntrustedCheckpointError(f"{path}: {'; '.join(exc.reasons)}; " + _HINT) from None
     except (OSError, ValueError, UnicodeDecodeError, RecursionError, ContractError, KeyError, TypeError) as exc:
-        raise UntrustedCheckpointError(f"{path} is not a manifest signature ({exc}); " + hint) from None
-    if generation != generation_dir.name or not isinstance(digest, str):
-        raise UntrustedCheckpointError(f"{path} signs generation {generation!r}, not {generation_dir.name}")
-    return digest
+        raise UntrustedCheckpointError(f"{path} is not a manifest signature of this release ({exc}); "
+                                       + _HINT) from None
+    if generation != generation_dir.name or not isinstance(digest, str) or lineage.number != _number(generation) \
+            or not isinstance(lineage.run_id, str):
+        raise UntrustedCheckpointError(f"{path} signs generation {generation!r} (number {lineage.number!r}), "
+                                       f"not {generation_dir.name}")
+    return digest, lineage
 
 
-def _newest_signed(root: Path, store: TrustStore) -> int:
+def _newest_signed(root: Path, store: TrustStore, run_id: str) -> int:
+    """The highest generation of run ``run_id`` validly signed in ``root`` (other runs' folders are ignored)."""
     newest = 0
     for candidate in root.iterdir() if root.is_dir() else ():
         if _GENERATION.match(candidate.name) and (candidate / SIGNATURE_NAME).is_file():
             try:
-                _signed_digest(candidate, store)
+                _, lineage = _signed(candidate, store)
             except UntrustedCheckpointError:
                 continue
-            newest = max(newest, _number(candidate.name))
+            if lineage.run_id == run_id:
+                newest = max(newest, lineage.number)
     return newest
+
+
+def _check_lineage(gen: Path, digest: str, lineage: Lineage, store: TrustStore) -> None:
+    """Refuse a generation of another run than the root held, a broken chain, or a rollback."""
+    held = _read_record(_record(store, "root", str(gen.parent.resolve()))).get("run_id")
+    if held is not None and held != lineage.run_id:
+        raise UntrustedCheckpointError(
+            f"{gen} belongs to run {lineage.run_id}, but {gen.parent} held run {held} when it was last saved or "
+            "loaded here: another run's generation was copied in or swapped for ours; pass allow_rollback=True "
+            "to load it on purpose")
+    previous = gen.parent / lineage.previous if lineage.previous else None
+    if previous is not None and os.path.lexists(previous):
+        try:
+            prev_digest, prev_lineage = _signed(previous, store)
+        except UntrustedCheckpointError as exc:
+            raise UntrustedCheckpointError(f"{gen}: its previous generation is not the signed one ({exc})") from None
+        if prev_lineage.run_id != lineage.run_id or prev_digest != lineage.previous_manifest_sha256:
+            raise UntrustedCheckpointError(
+                f"{gen} (run {lineage.run_id}) does not follow {previous} (run {prev_lineage.run_id}): a generation "
+                "of another run or lineage was copied in; pass allow_rollback=True to load it on purpose")
+    mark, mark_digest = _run_mark(store, lineage.run_id)
+    newest = max(mark, _newest_signed(gen.parent, store, lineage.run_id))
+    if lineage.number < newest:
+        raise UntrustedCheckpointError(
+            f"{gen} is generation {lineage.number}, but generation {newest} of this checkpoint was signed or "
+            f"seen here (run {lineage.run_id}): LATEST was rolled back; pass allow_rollback=True to load "
+            "an older generation on purpose")
+    if lineage.number == mark and mark_digest is not None and mark_digest != digest:
+        raise UntrustedCheckpointError(
+            f"{gen} is generation {mark} of run {lineage.run_id}, but another generation {mark} of that run was "
+            "signed or seen here: it was swapped; pass allow_rollback=True to load it on purpose")
 
 
 def verify_generation(generation_dir: str | os.PathLike[str], *, trust: str = "signed",
                       allow_rollback: bool = False, trust_store: TrustStore | None = None) -> dict[str, Any]:
-    """Check a generation before anything in it is read: trusted signature over its manifest, no rollback.
+    """Check a generation before anything in it is read: trusted signature over its manifest and lineage.
 
-    Returns what was checked (``signed_by_trusted_key``, ``rollback_checked``); raises
-    ``UntrustedCheckpointError`` naming the problem and the opt-out.
+    Returns what was checked (``signed_by_trusted_key``, ``rollback_checked``) and the signed
+    ``manifest_sha256`` (None when unsigned) that every later read is checked against; raises
+    ``UntrustedCheckpointError`` naming the problem and the opt-out. A verified generation raises the
+    run's high-water mark here, as a save does.
     """
     if trust not in CHECKPOINT_TRUST_MODES:
         raise ValueError(f"trust={trust!r}; expected one of {CHECKPOINT_TRUST_MODES}")
@@ -147,23 +242,15 @@ def verify_generation(generation_dir: str | os.PathLike[str], *, trust: str = "s
     store = trust_store or TrustStore()
     if trust == "unsigned":
         _log.warning("loading checkpoint %s WITHOUT checking its signature (trust='unsigned')", gen)
-        return {"signed_by_trusted_key": False, "rollback_checked": False}
+        return {"signed_by_trusted_key": False, "rollback_checked": False, "manifest_sha256": None}
+    if not (gen / MANIFEST_NAME).is_file():
+        raise CorruptCheckpointError(gen / MANIFEST_NAME, "the manifest is missing (the save never finished?)")
     try:
-        manifest = (gen / MANIFEST_NAME).read_bytes()
-    except FileNotFoundError:
-        raise CorruptCheckpointError(gen / MANIFEST_NAME, "the manifest is missing (the save never finished?)"
-                                     ) from None
-    if hashlib.sha256(manifest).hexdigest() != _signed_digest(gen, store):
-        raise UntrustedCheckpointError(f"{gen / MANIFEST_NAME} differs from the manifest its signature covers: "
-                                       "the checkpoint was changed after it was signed")
-    if not allow_rollback:
-        number = _number(gen.name)
-        try:
-            newest = max(_high_water(store, gen.parent), _newest_signed(gen.parent, store))
-        except TrustStoreError as exc:
-            raise UntrustedCheckpointError(str(exc)) from None
-        if number < newest:
-            raise UntrustedCheckpointError(
-                f"{gen} is generation {number}, but generation {newest} of this checkpoint was signed or seen "
-                "here: LATEST was rolled back; pass allow_rollback=True to load an older generation on purpose")
-    return {"signed_by_trusted_key": True, "rollback_checked": not allow_rollback}
+        digest, lineage = _signed(gen, store)
+        if not allow_rollback:
+            _check_lineage(gen, digest, lineage, store)
+        _raise_marks(store, gen.parent, lineage, digest)
+    except TrustStoreError as exc:
+        raise UntrustedCheckpointError(str(exc)) from None
+    return {"signed_by_trusted_key": True, "rollback_checked": not allow_rollback, "manifest_sha256": digest,
+            "run_id": lineage.run_id, "number": lineage.number}

@@ -88,7 +88,7 @@ def load_training_metadata(path: str, *, rank_local_transform: Any = None) -> di
     _check_transform(rank_local_transform)
     _, rank, world = _group(None)
     gen_dir, digest = resolve(Path(path))
-    state, _, loader_state, saved_world = _read_documents(gen_dir, digest, rank, world, True)
+    state, _, loader_state, saved_world, _ = _read_documents(gen_dir, digest, rank, world, True)
     decoded = {k: _from_json(state.get(k), k) for k in ("session_state", "scheduler", "typed_scheduler_state",
                                                          "extra")}
     return _payload(decoded, None, loader_state, saved_world)

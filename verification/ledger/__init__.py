@@ -5,11 +5,11 @@
 (``mixle-parallel audit LEDGER [--since HEAD]``).
 """
 
-from .chain import Ledger, LedgerEntry, LedgerError, read_ledger, truncate_torn_tail
+from .chain import Ledger, LedgerEntry, LedgerError, iter_ledger, read_ledger, truncate_torn_tail
 from .seal import LEDGER_HEAD_TYPE, head_path, read_head
 from .verify import LedgerFault, LedgerReport, main_audit, verify_ledger
 
 __all__ = [
     "LEDGER_HEAD_TYPE", "Ledger", "LedgerEntry", "LedgerError", "LedgerFault", "LedgerReport", "head_path",
-    "main_audit", "read_head", "read_ledger", "truncate_torn_tail", "verify_ledger",
+    "iter_ledger", "main_audit", "read_head", "read_ledger", "truncate_torn_tail", "verify_ledger",
 ]

@@ -10,16 +10,15 @@ JSON of every other field, ``prev`` is the previous entry's ``hash`` (64 zeros f
 Payload contracts are serialized with the one converter (``contracts.to_dict``). Appends are
 flushed and fsync'd; a crash mid-append leaves a torn last line, which reading reports and
 ``truncate_torn_tail`` removes on purpose. Each ``run_end`` carries a signed seal (entry count and
-chain head) and refreshes the signed head file ``<ledger>.head`` (see ``seal``). ``verify_ledger`` /
+chain head) and every append refreshes the signed head file ``<ledger>.head`` (see ``seal``).
+Opening an existing ledger verifies its whole chain and its signed head first (``verify_for_append``):
+a rewritten, truncated or unvouched tail is refused before anything is appended. ``verify_ledger`` /
 ``main_audit`` check the chain, the seals, the head, step monotonicity per rank and certificate
 links and name the first bad entry.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import os
 import platform
 import socket
@@ -29,8 +28,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from ...contracts import (
     AdmissionCertificate,
     CertificateEnvelope,
@@ -39,65 +36,31 @@ from ...contracts import (
     StepReceipt,
     to_dict,
 )
-from ...contracts.bounded_json import LEDGER_LINE_LIMITS, parse_json
-from ...contracts.frozen_mapping import FrozenDict, to_frozen_dict
+from ...contracts.frozen_mapping import FrozenDict
 from ..attestation import read_unverified
 from ..keys import TrustStore
-from .seal import sign_head, write_head
+from .entries import (
+    ENTRY_KINDS,
+    GENESIS,
+    UNVERIFIED,
+    LedgerEntry,
+    LedgerError,
+    ReadResult,
+    entry_hash,
+    iter_ledger,
+    read_ledger,
+    truncate_torn_tail,
+)
+from .seal import SEAL_ROLE, head_path, sign_head, write_head
+from .verify import verify_for_append
 
-GENESIS = "sha256:" + "0" * 64
-"""The ``prev`` of a ledger's first entry."""
-
-UNVERIFIED = "unverified"
-"""What an entry's ``certificate`` says when the run opted out of admission."""
-
-ENTRY_KINDS = frozenset({"run_start", "receipt", "audit", "checkpoint", "run_end", "note"})
-"""Kinds of ledger entries."""
-
-_FIELDS = ("seq", "kind", "time", "certificate", "payload", "prev", "hash")
-
-
-class LedgerError(RuntimeError):
-    """A ledger file cannot be appended to or read as written (torn line, broken JSON)."""
-
-
-@attrs.frozen
-class LedgerEntry:
-    """One ledger line: sequence number, kind, certificate link, payload, and its chain hashes."""
-
-    seq: int
-    kind: str
-    time: str
-    certificate: str
-    payload: FrozenDict = attrs.field(converter=to_frozen_dict)
-    prev: str
-    hash: str
-
-    def body(self) -> dict[str, Any]:
-        """Every field but ``hash``: what the hash covers."""
-        return {"seq": self.seq, "kind": self.kind, "time": self.time, "certificate": self.certificate,
-                "payload": self.payload.to_dict(), "prev": self.prev}
-
-    def to_line(self) -> str:
-        """The JSON line written to the file."""
-        return json.dumps({**self.body(), "hash": self.hash}, sort_keys=True, separators=(",", ":"))
-
-
-def _canonical(body: Mapping[str, Any]) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
-
-
-def entry_hash(body: Mapping[str, Any], key: bytes | None = None) -> str:
-    """``sha256:<hex>`` of the canonical body, or ``hmac-sha256:<hex>`` under ``key``."""
-    data = _canonical(body)
-    if key:
-        return "hmac-sha256:" + hmac.new(bytes(key), data, hashlib.sha256).hexdigest()
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
+__all__ = ["ENTRY_KINDS", "GENESIS", "UNVERIFIED", "Ledger", "LedgerEntry", "LedgerError", "ReadResult",
+           "entry_hash", "iter_ledger", "library_versions", "read_ledger", "truncate_torn_tail"]
 
 def _now() -> str:
     return datetime.now(UTC).isoformat()
+
+
 
 
 def library_versions() -> dict[str, str]:
@@ -118,74 +81,6 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-@attrs.frozen
-class ReadResult:
-    """Entries parsed from a ledger file, plus a description of a torn last line if there is one."""
-
-    entries: tuple[LedgerEntry, ...]
-    torn: str | None
-    problems: tuple[tuple[int, str], ...]
-    line_numbers: tuple[int, ...] = ()
-    torn_line: int | None = None
-
-
-def _check_record(record: Any) -> None:
-    """Field names and types of one ledger line, before anything trusts them."""
-    if not isinstance(record, dict) or set(record) != set(_FIELDS):
-        raise ValueError(f"expected exactly the fields {sorted(_FIELDS)}")
-    if isinstance(record["seq"], bool) or not isinstance(record["seq"], int) or not 0 <= record["seq"] < 2**53:
-        raise ValueError(f"'seq' must be a non-negative integer, got {record['seq']!r:.40}")
-    for name in ("kind", "time", "certificate", "prev", "hash"):
-        if not isinstance(record[name], str):
-            raise ValueError(f"{name!r} must be a string, got {type(record[name]).__name__}")
-    if not isinstance(record["payload"], dict):
-        raise ValueError(f"'payload' must be an object, got {type(record['payload']).__name__}")
-
-
-def read_ledger(path: str | os.PathLike[str]) -> ReadResult:
-    """Parse every line; malformed lines are reported (a bad final line without newline is 'torn')."""
-    raw = Path(path).read_bytes()
-    entries: list[LedgerEntry] = []
-    numbers: list[int] = []
-    problems: list[tuple[int, str]] = []
-    torn = None
-    lines = raw.split(b"\n")
-    ends_clean = raw.endswith(b"\n") or not raw
-    if ends_clean:
-        lines = lines[:-1]
-    for number, line in enumerate(lines, start=1):
-        is_last = number == len(lines)
-        try:
-            record = parse_json(line, LEDGER_LINE_LIMITS, what=f"ledger line {number}")  # strict, bounded
-            _check_record(record)
-            entries.append(LedgerEntry(**record))
-            numbers.append(number)
-        except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as exc:
-            if is_last and not ends_clean:
-                torn = (f"torn last line (no final newline, {len(line)} bytes: {exc}); "
-                        "a crash during append? `truncate_torn_tail` removes it")
-            else:
-                problems.append((number, f"not a ledger entry: {exc}"))
-    if torn is None and not ends_clean and lines:
-        torn = "torn last line: it has no final newline; the last append may not have completed"
-    torn_line = len(lines) if torn else None
-    return ReadResult(tuple(entries), torn, tuple(problems), tuple(numbers), torn_line)
-
-
-def truncate_torn_tail(path: str | os.PathLike[str]) -> int:
-    """Remove a torn last line (deliberate repair after a crash); returns the bytes removed."""
-    target = Path(path)
-    raw = target.read_bytes()
-    if raw.endswith(b"\n") or not raw:
-        return 0
-    keep = raw.rfind(b"\n") + 1
-    with open(target, "r+b") as handle:
-        handle.truncate(keep)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return len(raw) - keep
-
-
 class Ledger:
     """An append-only, hash-chained JSON Lines ledger; one writer process per file."""
 
@@ -196,22 +91,19 @@ class Ledger:
         self._trust = trust_store
         self._lock = threading.RLock()  # run_end holds it across its seal and its append
         self._certificate: str | None = None
+        self._signer: Any = None
         self._seq = 0
         self._prev = GENESIS
-        if self.path.exists() and self.path.stat().st_size:
-            found = read_ledger(self.path)
-            if found.torn:
-                raise LedgerError(f"{self.path}: {found.torn}; refusing to append after a torn line")
-            if found.problems:
-                number, text = found.problems[0]
-                raise LedgerError(f"{self.path}: line {number} {text}; run `mixle-parallel audit {self.path}`")
-            last = found.entries[-1]
-            self._seq, self._prev = last.seq + 1, last.hash
-            for entry in found.entries:
-                if entry.kind == "run_start":
-                    self._certificate = entry.certificate
+        if (self.path.exists() and self.path.stat().st_size) or os.path.lexists(head_path(self.path)):
+            # the chain and the signed head are verified before anything is appended (one streaming pass)
+            self._seq, self._prev, self._certificate = verify_for_append(self.path, key=key, trust_store=trust_store)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _sign(self) -> Any:
+        if self._signer is None:
+            self._signer = (self._trust or TrustStore()).ensure_signer()
+        return self._signer
 
     @property
     def certificate(self) -> str | None:
@@ -230,13 +122,14 @@ class Ledger:
                     "payload": FrozenDict(payload).to_dict(), "prev": self._prev}
             entry = LedgerEntry(**body, hash=entry_hash(body, self._key))
             line = (entry.to_line() + "\n").encode("utf-8")
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
             try:
                 os.write(fd, line)
                 os.fsync(fd)
             finally:
                 os.close(fd)
             self._seq, self._prev = self._seq + 1, entry.hash
+            write_head(self.path, sign_head(self._sign(), self.path, self._seq, self._prev))  # covers every entry
             return entry
 
     def run_start(
@@ -297,10 +190,7 @@ class Ledger:
         self, *, status: str = "ok", steps: int | None = None, extra: Mapping[str, Any] | None = None
     ) -> LedgerEntry:
         """Close the run: a run_end carrying a signed seal over every entry before it, then the signed head."""
-        signer = (self._trust or TrustStore()).ensure_signer()
         with self._lock:
-            seal = sign_head(signer, self.path, self._seq, self._prev)
-            entry = self.append("run_end", {"status": status, "steps": steps, "extra": dict(extra or {}),
-                                            "seal": seal})
-            write_head(self.path, sign_head(signer, self.path, entry.seq + 1, entry.hash))
-        return entry
+            seal = sign_head(self._sign(), self.path, self._seq, self._prev, role=SEAL_ROLE)
+            return self.append("run_end", {"status": status, "steps": steps, "extra": dict(extra or {}),
+                                           "seal": seal})

@@ -20,22 +20,28 @@ from ...contracts import (
     AdmissionMode,
     CertificateEnvelope,
     ContractError,
+    FrozenDict,
     NotAdmittedError,
     SDCAuditRecord,
-    StepReceipt,
     from_dict,
 )
+from ...contracts.receipts import receipt_from_document
 from ..attestation import read_unverified
 from ..keys import KEY_ENV, TrustStore, load_key
-from .chain import (
+from .entries import (
     ENTRY_KINDS,
     GENESIS,
     UNVERIFIED,
     LedgerEntry,
+    LedgerError,
+    RawEntry,
     entry_hash,
-    read_ledger,
+    iter_ledger,
 )
-from .seal import check_head, check_seal, head_path
+from .seal import check_head, check_seal, head_path, read_head
+
+MAX_FAULTS = 1000
+"""Faults kept in a report (the rest are counted): a report's memory does not grow with the ledger."""
 
 
 @attrs.frozen
@@ -97,11 +103,16 @@ class _Run:
         self.last_committed: dict[int, int] = {}
 
 
-def _check_payload(entry: LedgerEntry, run: _Run, fault: Any) -> None:
+def _plain(value: Any) -> Any:
+    """A payload value as plain JSON data (a ``LedgerEntry``'s payload is frozen, a ``RawEntry``'s is not)."""
+    return value.to_dict() if isinstance(value, FrozenDict) else value
+
+
+def _check_payload(entry: LedgerEntry | RawEntry, run: _Run, fault: Any) -> None:
     payload = entry.payload
     if entry.kind == "receipt":
         try:
-            receipt = from_dict(payload["receipt"].to_dict(), StepReceipt)
+            receipt = receipt_from_document(_plain(payload["receipt"]))
         except (KeyError, AttributeError, ContractError) as exc:
             fault(f"receipt payload is not a StepReceipt document: {exc}")
             return
@@ -127,12 +138,12 @@ def _check_payload(entry: LedgerEntry, run: _Run, fault: Any) -> None:
         run.last_step[rank] = max(receipt.step, previous if previous is not None else receipt.step)
     elif entry.kind == "audit":
         try:
-            from_dict(payload["record"].to_dict(), SDCAuditRecord)
+            from_dict(_plain(payload["record"]), SDCAuditRecord)
         except (KeyError, AttributeError, ContractError) as exc:
             fault(f"audit payload is not an SDCAuditRecord document: {exc}")
 
 
-def _hash_problem(entry: LedgerEntry, key: bytes | None) -> str | None:
+def _hash_problem(entry: LedgerEntry | RawEntry, key: bytes | None) -> str | None:
     """Why the entry's hash does not cover its contents (plain sha256 or legacy HMAC), or None."""
     if entry.hash.startswith("hmac-sha256:"):
         if key is None:
@@ -151,7 +162,7 @@ def _hash_problem(entry: LedgerEntry, key: bytes | None) -> str | None:
     return None
 
 
-def _start_problems(entry: LedgerEntry) -> list[str]:
+def _start_problems(entry: LedgerEntry | RawEntry) -> list[str]:
     """A run_start's certificate link and the certificate document it embeds."""
     problems = []
     if entry.certificate != UNVERIFIED and not entry.certificate.startswith("sha256:"):
@@ -159,7 +170,7 @@ def _start_problems(entry: LedgerEntry) -> list[str]:
     document = entry.payload.get("certificate_document")
     if document is not None:
         try:
-            raw = document.to_dict()
+            raw = _plain(document)
             cert = (read_unverified(from_dict(raw, CertificateEnvelope))
                     if raw.get("kind") == "CertificateEnvelope" else from_dict(raw, AdmissionCertificate))
             if cert.certificate_id != entry.certificate:
@@ -179,12 +190,23 @@ class _LedgerWalk:
         self.counts = {"run_start": 0, "receipt": 0, "audit": 0}
         self.run: _Run | None = None
         self.prev_hash = GENESIS
+        self.count = 0
+        self.keyed = False
+        self.dropped = 0
+        self.last_line = 0
 
-    def check(self, index: int, line: int, entry: LedgerEntry) -> None:
+    def add(self, fault: LedgerFault) -> None:
+        """Keep a fault (the first ``MAX_FAULTS``; later ones are only counted)."""
+        if len(self.faults) < MAX_FAULTS:
+            self.faults.append(fault)
+        else:
+            self.dropped += 1
+
+    def check(self, index: int, line: int, entry: LedgerEntry | RawEntry) -> None:
         """One entry: its place in the chain and sequence, its hash, then what its kind requires."""
 
         def fault(message: str) -> None:
-            self.faults.append(LedgerFault(line, entry.seq, message))
+            self.add(LedgerFault(line, entry.seq, message))
 
         if entry.seq != index:
             fault(f"sequence number {entry.seq} where {index} was expected (an entry was deleted, inserted or "
@@ -195,6 +217,7 @@ class _LedgerWalk:
         problem = _hash_problem(entry, self.key)
         if problem:
             fault(problem)
+        self.keyed = self.keyed or entry.hash.startswith("hmac-sha256:")
         self.prev_hash = entry.hash
         if entry.kind not in ENTRY_KINDS:
             fault(f"unknown entry kind {entry.kind!r}")
@@ -213,7 +236,7 @@ class _LedgerWalk:
         else:
             self._in_run(entry, self.run, fault)
 
-    def _in_run(self, entry: LedgerEntry, run: _Run, fault: Any) -> None:
+    def _in_run(self, entry: LedgerEntry | RawEntry, run: _Run, fault: Any) -> None:
         """An entry inside a run: after no run_end, linked to the run's certificate, its payload, its seal."""
         if run.ended:
             fault(f"{entry.kind} entry after run_end")
@@ -228,19 +251,72 @@ class _LedgerWalk:
                 fault(problem)
 
 
-def _end_faults(found: Any, run: _Run | None, require_end: bool) -> list[LedgerFault]:
+def _end_faults(walk: _LedgerWalk, torn: tuple[int, str] | None, problems: int, require_end: bool,
+                ) -> list[LedgerFault]:
     """A torn last line, an empty ledger, or (``require_end``) a last run without run_end."""
     faults = []
-    if found.torn:
-        faults.append(LedgerFault(found.torn_line or 1, None, found.torn))
-    if not found.entries and not found.problems and not found.torn:
+    if torn is not None:
+        faults.append(LedgerFault(torn[0], None, torn[1]))
+    if not walk.count and not problems and torn is None:
         faults.append(LedgerFault(1, None, "the ledger is empty"))
-    elif require_end and run is not None and not run.ended:
-        last = found.entries[-1]
-        faults.append(LedgerFault(found.line_numbers[-1] + 1, None,
-                                  f"ledger ends after seq {last.seq} without run_end (truncated, or the run "
+    elif require_end and walk.run is not None and not walk.run.ended:
+        faults.append(LedgerFault(walk.last_line + 1, None,
+                                  f"ledger ends after seq {walk.count - 1} without run_end (truncated, or the run "
                                   "is still going: pass --allow-open)"))
     return faults
+
+
+class _Head:
+    """A signed head to check against the ledger: where it is, what it vouches for, what the ledger has there."""
+
+    def __init__(self, where: str | os.PathLike[str], label: str, store: TrustStore) -> None:
+        self.where, self.label = where, label
+        self.problem: str | None = None
+        self.entries, self.head, self.keyid, self.role = 0, "", "", None
+        self.covered: tuple[str, str] | None = None
+        try:
+            self.entries, self.head, self.keyid, self.role = read_head(where, store)
+        except ValueError as exc:
+            self.problem = str(exc)
+
+    def see(self, index: int, entry: LedgerEntry | RawEntry) -> None:
+        """Remember the (hash, kind) of the entry the head ends at."""
+        if index == self.entries - 1:
+            self.covered = (entry.hash, entry.kind)
+
+    def fault(self, count: int, end_line: int) -> LedgerFault | None:
+        """The head's fault against a ledger of ``count`` entries, or None."""
+        problem = self.problem or check_head(self.where, count, self.covered, self.entries, self.head, self.role)
+        return LedgerFault(end_line, None, self.label + problem) if problem else None
+
+    def describe(self) -> str:
+        """The line the report prints for a head that holds."""
+        return f"signed head: {self.entries} entries, head {self.head[:23]}..., key {self.keyid[:16]}..."
+
+
+def _walk(path: str | os.PathLike[str], key: bytes | None, require_end: bool, heads: list[_Head],
+          store: TrustStore) -> tuple[_LedgerWalk, list[LedgerFault]]:
+    """One streaming pass over the ledger (one line in memory at a time): the walk and its end/head faults."""
+    walk = _LedgerWalk(key, store)
+    torn: tuple[int, str] | None = None
+    problems = 0
+    if os.path.exists(path):
+        for line in iter_ledger(path, raw=True):
+            walk.last_line = line.number
+            if line.torn:
+                torn = (line.number, line.problem or "torn last line")
+            if line.entry is None:
+                if not line.torn:
+                    problems += 1
+                    walk.add(LedgerFault(line.number, None, line.problem or "not a ledger entry"))
+                continue
+            for head in heads:
+                head.see(walk.count, line.entry)
+            walk.check(walk.count, line.number, line.entry)
+            walk.count += 1
+    faults = _end_faults(walk, torn, problems, require_end)
+    faults += [f for f in (head.fault(walk.count, walk.last_line + 1) for head in heads) if f is not None]
+    return walk, faults
 
 
 def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None, require_end: bool = True,
@@ -249,36 +325,43 @@ def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None, req
     """Check every entry of the ledger at ``path``, its seals and (``head``) its signed head; see ``LedgerReport``.
 
     ``since``: a signed head recorded earlier (a copy of ``<ledger>.head``); the ledger must extend it.
+    The ledger is read one line at a time: memory does not grow with it.
     """
     store = trust_store or TrustStore()
-    found = read_ledger(path)
-    walk = _LedgerWalk(key, store)
-    walk.faults += [LedgerFault(number, None, text) for number, text in found.problems]
-    for index, entry in enumerate(found.entries):
-        walk.check(index, found.line_numbers[index], entry)
-    walk.faults += _end_faults(found, walk.run, require_end)
-    head_faults, signed_head = _head_faults(path, found, head, since, store)
-    faults = sorted(walk.faults + head_faults, key=lambda f: f.line)
-    keyed = any(e.hash.startswith("hmac-sha256:") for e in found.entries)
-    return LedgerReport(str(path), len(found.entries), walk.counts["run_start"], walk.counts["receipt"],
-                        walk.counts["audit"], keyed, tuple(faults), tuple(walk.warnings), signed_head)
+    heads = ([_Head(head_path(path), "", store)] if head else []) + \
+        ([_Head(since, "--since ", store)] if since is not None else [])
+    walk, end_faults = _walk(path, key, require_end, heads, store)
+    faults = sorted(walk.faults + end_faults, key=lambda f: f.line)
+    warnings = list(walk.warnings)
+    if walk.dropped:
+        warnings.append(f"{walk.dropped} more fault(s) not listed (a report keeps the first {MAX_FAULTS})")
+    own = heads[0] if head else None
+    if own is not None and own.problem is None and own.entries < walk.count:
+        warnings.append(f"the last {walk.count - own.entries} entries come after the signed head: no key vouches "
+                        "for them yet (a crash between an append and its head?)")
+    signed_head = own.describe() if own is not None and own.fault(walk.count, 0) is None else ""
+    return LedgerReport(str(path), walk.count, walk.counts["run_start"], walk.counts["receipt"],
+                        walk.counts["audit"], walk.keyed, tuple(faults), tuple(warnings), signed_head)
 
 
-def _head_faults(path: str | os.PathLike[str], found: Any, head: bool, since: Any,
-                 store: TrustStore) -> tuple[list[LedgerFault], str]:
-    """Faults of the signed head beside the ledger (when ``head``) and of an auditor's earlier head (``since``)."""
-    hashes = [e.hash for e in found.entries]
-    end = (found.line_numbers[-1] + 1) if found.line_numbers else 1
-    faults, described = [], ""
-    for wanted, where, label in ((head, head_path(path), ""), (since is not None, since, "--since ")):
-        if not wanted:
-            continue
-        problem, text = check_head(where, hashes, store)
-        if problem:
-            faults.append(LedgerFault(end, None, label + problem))
-        elif not label:
-            described = text
-    return faults, described
+def verify_for_append(path: str | os.PathLike[str], *, key: bytes | None,
+                      trust_store: TrustStore | None = None) -> tuple[int, str, str | None]:
+    """Before a writer appends: the whole chain and the signed head must verify and the head must cover every
+    entry; returns (next seq, last hash, the open run's certificate). ``LedgerError`` otherwise, so a rewritten
+    or truncated ledger is refused before a new run could seal it."""
+    store = trust_store or TrustStore()
+    own = _Head(head_path(path), "", store)
+    walk, end_faults = _walk(path, key, False, [own], store)
+    faults = sorted(walk.faults + end_faults, key=lambda f: f.line)
+    if faults:
+        raise LedgerError(f"{path}: refusing to append: {faults[0]}; run `mixle-parallel audit {path}`")
+    if own.entries != walk.count:
+        raise LedgerError(
+            f"{path}: refusing to append: its last {walk.count - own.entries} entries come after the signed head "
+            f"({head_path(path)}), so no key vouches for them (a crash between an append and its head, or an "
+            "edit); inspect them with `mixle-parallel audit`, and remove them on purpose or start a new ledger")
+    certificate = walk.run.certificate if walk.run is not None else None
+    return walk.count, walk.prev_hash, certificate
 
 
 def main_audit(argv: Sequence[str] | None = None) -> int:

@@ -127,8 +127,10 @@ class DaskRunner(DirectPasses):
             n = local_cpu_count() if num_workers is None else int(num_workers)
             if n < 1:
                 raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
+            # Scheduler, nannies, workers and the scheduler's HTTP endpoint listen on loopback only; no
+            # dashboard (an unauthenticated web UI) unless cluster_kwargs asks for one (dashboard_address=...).
             kwargs: dict[str, Any] = dict(
-                n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
                 silence_logs=logging.ERROR,
             )
             kwargs.update(cluster_kwargs or {})

@@ -50,6 +50,7 @@ from .chunk_assignment import (
 )
 from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
 from .optional_engine import require_engine
+from .ray_loopback import loopback_ray_start
 from .ray_tasks import RayTaskRunner, has_cluster_view
 from .wire_bytes import WireBytes
 from .worker_process import prepare_worker
@@ -183,7 +184,11 @@ class RayRunner:
         if self._owns_ray:
             kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False)
             kwargs.update(init_kwargs or {})
-            ray.init(address=address, **kwargs)
+            if address is None and "_node_ip_address" not in kwargs:
+                with loopback_ray_start(ray):
+                    ray.init(address=address, _node_ip_address="127.0.0.1", **kwargs)
+            else:
+                ray.init(address=address, **kwargs)
         cpus = float(ray.cluster_resources().get("CPU", 1.0))
         n = max(1, int(cpus)) if num_workers is None else int(num_workers)
         if n < 1:
