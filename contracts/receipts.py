@@ -17,9 +17,10 @@ from ._checks import (
     real_number,
     to_float,
 )
+from .bounded_json import CONTRACT_LIMITS, check_shape
 from .errors import ContractError
 from .frozen_mapping import FrozenDict, to_frozen_dict
-from .serialization import MAX_INT, SCHEMA_VERSION, _check_tree, converter, from_dict, register_contract
+from .serialization import MAX_INT, SCHEMA_VERSION, converter, from_dict, register_contract
 
 NONFINITE_LOSS_KEY = "nonfinite_loss"
 """How a non-finite loss is written: ``"loss": null`` and ``extra["nonfinite_loss"]`` = ``"nan"``, ``"inf"``
@@ -153,7 +154,7 @@ def receipt_from_document(document: Any) -> StepReceipt:
             and all(not isinstance(data[name], int) or abs(data[name]) <= MAX_INT for name in _INT_FIELDS)):
         try:
             if data["extra"]:
-                _check_tree(data["extra"], "$.data.extra")
+                check_shape(data["extra"], CONTRACT_LIMITS, path="$.data.extra")
             return StepReceipt(**data)
         except (ValueError, TypeError):
             pass  # from_dict says what is wrong, in its words
