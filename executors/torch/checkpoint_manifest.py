@@ -228,7 +228,7 @@ def read_json(path: str | os.PathLike[str], *, what: str, limits: DocumentLimits
 
 
 _MAX_POINTER_BYTES = 1 << 16
-_MAX_MANIFEST_BYTES = 64 << 20
+_MAX_MANIFEST_BYTES = MANIFEST_LIMITS.max_bytes
 
 
 def _read_no_follow(path: Path, limit: int) -> bytes:
@@ -238,7 +238,7 @@ def _read_no_follow(path: Path, limit: int) -> bytes:
         size = os.fstat(fd).st_size
         if size > limit:
             raise CorruptCheckpointError(path, f"{size} bytes where at most {limit} are expected (truncated or "
-                                               "rewritten)")
+                                               "rewritten): refused before decoding")
         with os.fdopen(fd, "rb", closefd=False) as handle:
             return handle.read(limit + 1)
     finally:
