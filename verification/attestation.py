@@ -58,7 +58,7 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://mixle-parallel.dev/attestation/admission/v1"
 LEDGER_HEAD_PREDICATE = "https://mixle-parallel.dev/attestation/ledger-head/v1"
 """Predicate type of a ledger seal / signed head (``ledger.seal.LEDGER_HEAD_TYPE``)."""
-CHECKPOINT_MANIFEST_PREDICATE = "https://mixle-parallel.dev/attestation/checkpoint-manifest/v1"
+CHECKPOINT_MANIFEST_PREDICATE = "https://mixle-parallel.dev/attestation/checkpoint-manifest/v2"
 """Predicate type of a checkpoint manifest signature (``executors.torch.checkpoint_trust.MANIFEST_TYPE``)."""
 
 PURPOSE_OF_PREDICATE: dict[str, KeyPurpose] = {

@@ -31,7 +31,7 @@ import attrs
 
 from ...contracts import CertificateEnvelope, ContractError, NotAdmittedError, from_dict, to_dict
 from ...contracts.bounded_json import SIGNED_LIMITS, parse_json, read_limited
-from ...verification.attestation import STATEMENT_TYPE, open_statement, sign_statement
+from ...verification.attestation import CHECKPOINT_MANIFEST_PREDICATE, STATEMENT_TYPE, open_statement, sign_statement
 from ...verification.keys import TrustStore, TrustStoreError
 from .checkpoint_manifest import (
     MANIFEST_NAME,
@@ -46,7 +46,7 @@ __all__ = ["CHECKPOINT_TRUST_MODES", "MANIFEST_TYPE", "SIGNATURE_NAME", "Lineage
            "lineage_for_save", "sign_generation", "verify_generation"]
 
 
-MANIFEST_TYPE = "https://mixle-parallel.dev/attestation/checkpoint-manifest/v2"
+MANIFEST_TYPE = CHECKPOINT_MANIFEST_PREDICATE
 """Predicate type of a checkpoint manifest signature."""
 
 CHECKPOINT_TRUST_MODES = ("signed", "unsigned")
