@@ -25,7 +25,7 @@ from mixle_parallel.verification.attestation import (
     sign_statement,
 )
 from mixle_parallel.verification.keys import KEY_PURPOSES, KeyPurpose, TrustStore, TrustStoreError
-from mixle_parallel.verification.ledger.seal import LEDGER_HEAD_TYPE, check_seal, sign_head
+from mixle_parallel.verification.ledger.seal import LEDGER_HEAD_TYPE, SEAL_ROLE, check_seal, sign_head
 from tests.verification.vhelpers import StubExecutor, make_evidence
 
 PLAN = ParallelPlan(dp_shard=2, tp=2)
@@ -140,7 +140,7 @@ def test_each_purpose_is_checked_for_its_own_documents(ci):
                 "predicate": {"manifest_sha256": "0" * 64, "generation": "gen-00000001"}}
     with pytest.raises(NotAdmittedError, match="not to checkpoint"):
         open_statement(sign_statement(manifest, ci.signer()), ours, predicate_type=CHECKPOINT_MANIFEST_PREDICATE)
-    seal = sign_head(ci.signer(), "run.jsonl", 3, "sha256:" + "0" * 64)
+    seal = sign_head(ci.signer(), "run.jsonl", 3, "sha256:" + "0" * 64, role=SEAL_ROLE)
     problem = check_seal(seal, 3, "sha256:" + "0" * 64, ours)
     assert problem is not None and "not to ledger" in problem
     ours.trust(str(ci.public_key_path), purposes="ledger,checkpoint")
