@@ -60,6 +60,7 @@ from .dask_tasks import (
     scheduler_workers,
 )
 from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
+from .main_guard import require_main_guard
 from .optional_engine import require_engine
 from .wire_bytes import WireBytes
 
@@ -132,6 +133,8 @@ class DaskRunner(DirectPasses):
                 silence_logs=logging.ERROR,
             )
             kwargs.update(cluster_kwargs or {})
+            if kwargs.get("processes", True):
+                require_main_guard("dask")  # a LocalCluster's nannies spawn workers that re-run the main script
             with dask_config_for_em():
                 self._cluster = distributed.LocalCluster(**kwargs)
             # Actor calls go straight to the worker instead of through the scheduler's proxy.
@@ -590,6 +593,8 @@ WORKER_PROCESSES = True
 def planned_workers(options: EncodedDataOptions) -> int:
     """``num_workers``, else the client's workers (any client with ``scheduler_info()``), else the local CPUs."""
     require_engine("distributed", "dask")
+    if options.client is None and (options.extra.get("cluster_kwargs") or {}).get("processes", True):
+        require_main_guard("dask")  # before the admission gate, which may certify on the spot
     if options.num_workers is not None:
         return int(options.num_workers)
     if options.client is None:
