@@ -71,9 +71,10 @@ def unguarded_main_line() -> int | None:
     return line
 
 
-def require_main_guard(backend: str) -> None:
-    """Refuse to start ``backend``'s workers from an unguarded top level of the main script."""
-    line = unguarded_main_line()
+def require_main_guard(backend: str, *, processes: Any = True) -> None:
+    """Refuse to start ``backend``'s worker processes from an unguarded top level of the main script
+    (nothing to refuse when ``processes`` is false: threads re-run nothing)."""
+    line = unguarded_main_line() if processes else None
     if line is not None:
         path = getattr(sys.modules.get("__main__"), "__file__", "the script")
         raise RuntimeError(f"backend {backend!r} starts worker processes, which re-import {path}: put the code that "
