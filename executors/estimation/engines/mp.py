@@ -38,10 +38,11 @@ from ..chunks import (
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
 from .chunk_assignment import block_assignment, place_blocks
+from .deadline import straggler_deadline
 from .main_guard import dumps_for_workers, main_left_out
 from .worker_process import keep_freed_memory, yield_on_wakeup
 
-__all__ = ["BLAS_THREAD_VARIABLES", "MPChunkRunner", "WorkerTaskError", "mp_backend", "straggler_deadline"]
+__all__ = ["BLAS_THREAD_VARIABLES", "MPChunkRunner", "WorkerTaskError", "mp_backend"]
 
 BLAS_THREAD_VARIABLES = (
     "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
@@ -51,22 +52,6 @@ BLAS_THREAD_VARIABLES = (
 
 _ENV_LOCK = threading.Lock()
 _ALIGN = 64
-
-
-STRAGGLER_MIN_S = 5.0
-STRAGGLER_FACTOR = 10.0
-STRAGGLER_TIMEOUT_SHARE = 0.25
-
-
-def straggler_deadline(first_answer_s: float, timeout: float | None) -> float:
-    """Seconds after a pass's requests went out at which a worker still silent, while another has answered,
-    is a straggler: ``STRAGGLER_FACTOR`` times the first answer's time, at least ``STRAGGLER_MIN_S``, at most
-    ``STRAGGLER_TIMEOUT_SHARE`` of ``timeout`` (well below it: a fit's timeout is for when no worker answers).
-
-    A straggler (SIGSTOPped, a hung node) is terminated and its chunks recomputed by the others; a chunk's
-    result depends only on the chunk, so the fit ends on the same bits, with one worker fewer."""
-    after = max(STRAGGLER_MIN_S, STRAGGLER_FACTOR * first_answer_s)
-    return after if timeout is None else min(after, STRAGGLER_TIMEOUT_SHARE * timeout)
 
 
 class WorkerTaskError(RuntimeError):

@@ -13,7 +13,7 @@ import pytest
 
 from mixle_parallel.contracts.estimation import canonical_statistic_bytes
 from mixle_parallel.executors.estimation import GaussianEstimator, MixtureEstimator, encoded_data, fit
-from mixle_parallel.executors.estimation.engines.mp import STRAGGLER_MIN_S, straggler_deadline
+from mixle_parallel.executors.estimation.engines.deadline import STRAGGLER_MIN_S, straggler_deadline
 
 
 def _data() -> np.ndarray:
@@ -59,3 +59,4 @@ def test_a_sigstopped_worker_is_outrun_and_the_fit_ends_on_the_same_bits():
     assert took < 120.0  # ended by the straggler deadline, not by the fit's timeout (which would have raised)
     assert canonical_statistic_bytes(got.model.params()) == canonical_statistic_bytes(reference.model.params())
     assert got.history == reference.history
+
