@@ -188,6 +188,7 @@ class MPChunkRunner:
         """Chunk ids recomputed on a survivor after their worker died or straggled (for tests and logs)."""
         self.stragglers: list[int] = []
         """Workers terminated because the others outran them by the straggler deadline (for tests and logs)."""
+        self._answered: set[int] = set()  # workers whose process has answered a task: never straggling when fresh
         self._blocks: list[list[int]] | None = None
         self.transport_bytes = 0
         """Bytes of pass requests (models, functions) and replies (statistics) through the workers' pipes."""
@@ -219,6 +220,7 @@ class MPChunkRunner:
         assert self._shm is not None
         spawned = self._ctx.get_start_method() != "fork"  # a forked child runs nothing of the script again
         started: list[_Worker] = []
+        self._answered.difference_update(indices)
         with _ENV_LOCK, main_left_out() if spawned else contextlib.nullcontext():
             # children inherit the environment at start: cap BLAS threads there
             saved = {k: os.environ.get(k) for k in BLAS_THREAD_VARIABLES}
@@ -387,15 +389,19 @@ class MPChunkRunner:
 
     def _give_up_on_stragglers(self, busy: dict[Any, _Worker], sentinels: dict[Any, _Worker],
                                lost: list[tuple[int, list[int]]]) -> None:
-        """Drop every busy worker as lost (terminated), so its chunks are recomputed by the others."""
+        """Drop every busy worker that has answered before as lost (terminated), so its chunks are recomputed
+        by the others; a fresh process's first task (it imports the user's modules) is waited for up to the
+        timeout."""
         for w in sorted(busy.values(), key=lambda w: w.index):
+            if w.index not in self._answered:
+                continue
             lost.append((w.index, list(w.pending)))
             self.recovered_chunks.extend(w.pending)
             self.stragglers.append(w.index)
             w.pending = []
+            del busy[w.conn]
             sentinels.pop(w.process.sentinel, None)
             self._drop(w)
-        busy.clear()
 
     def _collect(self, store: Callable[[int, int, Any], None]) -> list[tuple[int, list[int]]]:
         """Wait for every busy worker, ``store(worker, chunk id, value)`` each result; return the
@@ -413,7 +419,8 @@ class MPChunkRunner:
             ready = connection.wait(list(busy) + list(sentinels), timeout=wait_for)
             if not ready and straggle_at is not None and time.monotonic() >= straggle_at:
                 self._give_up_on_stragglers(busy, sentinels, lost)
-                break
+                straggle_at = None  # the fresh ones left wait up to the timeout
+                continue
             if not ready:
                 hung = sorted(busy.values(), key=lambda w: w.index)
                 detail = ", ".join(f"worker {w.index} (pid {w.process.pid}, chunks {w.pending})" for w in hung)
@@ -449,6 +456,7 @@ class MPChunkRunner:
                     raise WorkerTaskError(f"mp worker {w.index} failed on chunk {cid}:\n{tb}")
                 for cid, value in reply[1]:
                     store(w.index, cid, value)
+                self._answered.add(w.index)
                 w.pending = []
                 del busy[w.conn]
                 sentinels.pop(w.process.sentinel, None)
