@@ -60,3 +60,17 @@ def test_a_sigstopped_worker_is_outrun_and_the_fit_ends_on_the_same_bits():
     assert canonical_statistic_bytes(got.model.params()) == canonical_statistic_bytes(reference.model.params())
     assert got.history == reference.history
 
+
+
+def test_a_fresh_workers_slow_first_task_is_waited_for():
+    from mixle_parallel.executors.estimation.chunks import EncodedChunk
+    from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
+    from tests.estimation.perf_free.slow_first import slow_first_call
+
+    runner = MPChunkRunner(2, timeout=60.0)
+    try:
+        runner.scatter([EncodedChunk(i, i, i + 1, np.zeros(4)) for i in range(2)])
+        assert runner.map_chunks(slow_first_call, STRAGGLER_MIN_S + 2.0) == [0, 1]
+        assert runner.stragglers == [] and len(runner.worker_pids()) == 2
+    finally:
+        runner.close()
