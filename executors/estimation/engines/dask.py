@@ -60,6 +60,7 @@ from .dask_tasks import (
     scheduler_workers,
 )
 from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
+from .main_guard import require_main_guard
 from .optional_engine import require_engine
 from .wire_bytes import WireBytes
 
@@ -134,6 +135,7 @@ class DaskRunner(DirectPasses):
                 silence_logs=logging.ERROR,
             )
             kwargs.update(cluster_kwargs or {})
+            require_main_guard("dask", processes=kwargs.get("processes", True))  # a LocalCluster's spawn re-runs it
             with dask_config_for_em():
                 self._cluster = distributed.LocalCluster(**kwargs)
             # Actor calls go straight to the worker instead of through the scheduler's proxy.
@@ -592,8 +594,9 @@ WORKER_PROCESSES = True
 def planned_workers(options: EncodedDataOptions) -> int:
     """``num_workers``, else the client's workers (any client with ``scheduler_info()``), else the local CPUs."""
     require_engine("distributed", "dask")
+    if options.client is None:  # a LocalCluster we start: checked before the admission gate, which may certify
+        require_main_guard("dask", processes=(options.extra.get("cluster_kwargs") or {}).get("processes", True))
+        return local_cpu_count() if options.num_workers is None else int(options.num_workers)
     if options.num_workers is not None:
         return int(options.num_workers)
-    if options.client is None:
-        return local_cpu_count()
     return max(1, len(scheduler_workers(options.client)))

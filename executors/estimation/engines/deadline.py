@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 
-__all__ = ['check_timeout', 'Deadline', 'DEFAULT_TIMEOUT_S']
+__all__ = ['check_timeout', 'Deadline', 'DEFAULT_TIMEOUT_S', 'straggler_deadline']
 
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -35,3 +35,22 @@ class Deadline:
     def expired(self) -> bool:
         """Whether the deadline has passed."""
         return self._end is not None and time.monotonic() >= self._end
+
+
+STRAGGLER_MIN_S = 5.0
+"""The straggler deadline's floor (seconds): a worker is never given up sooner."""
+STRAGGLER_FACTOR = 10.0
+"""The straggler deadline in multiples of the pass's first answer."""
+STRAGGLER_TIMEOUT_SHARE = 0.25
+"""The straggler deadline's ceiling, as a share of the pass's timeout."""
+
+
+def straggler_deadline(first_answer_s: float, timeout: float | None) -> float:
+    """Seconds after a pass's requests went out at which an mp worker still silent, while another has answered,
+    is a straggler: ``STRAGGLER_FACTOR`` times the first answer's time, at least ``STRAGGLER_MIN_S``, at most
+    ``STRAGGLER_TIMEOUT_SHARE`` of ``timeout`` (well below it: a fit's timeout is for when no worker answers).
+
+    A straggler (SIGSTOPped, a hung node) is terminated and its chunks recomputed by the others; a chunk's
+    result depends only on the chunk, so the fit ends on the same bits, with one worker fewer."""
+    after = max(STRAGGLER_MIN_S, STRAGGLER_FACTOR * first_answer_s)
+    return after if timeout is None else min(after, STRAGGLER_TIMEOUT_SHARE * timeout)

@@ -4,11 +4,14 @@ Every numpy array of the encoded chunks is copied once into a ``SharedMemory`` s
 attach and build zero-copy views, so any worker can compute any chunk. That is what makes fault
 recovery simple: a dead worker's chunks are re-sent to the survivors, and since a chunk's result
 depends only on the chunk (BLAS capped to one thread per worker), the fit ends on the same bits.
-A worker that does not answer within ``timeout`` seconds is terminated and reported.
+A worker that the others outrun by the straggler deadline (:func:`straggler_deadline`, well below
+``timeout``) is terminated and its chunks recomputed the same way; when no worker answers within
+``timeout`` seconds, the silent ones are terminated and reported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -35,7 +38,8 @@ from ..chunks import (
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
 from .chunk_assignment import block_assignment, place_blocks
-from .main_guard import require_main_guard
+from .deadline import straggler_deadline
+from .main_guard import dumps_for_workers, main_left_out
 from .worker_process import keep_freed_memory, yield_on_wakeup
 
 __all__ = ["BLAS_THREAD_VARIABLES", "MPChunkRunner", "WorkerTaskError", "mp_backend"]
@@ -106,10 +110,14 @@ def _worker_main(conn: Any, shm_name: str, layout: bytes) -> None:
     """Worker loop: attach the shared block, then answer ``map`` requests until ``close``."""
     keep_freed_memory()  # BLAS threads are capped through the environment the worker was started with
     yield_on_wakeup()
-    shm = SharedMemory(name=shm_name)
     try:
+        shm = SharedMemory(name=shm_name)
         assert shm.buf is not None  # an attached block is open until close()
         chunks = [EncodedChunk(c, a, b, _rebuild(d, shm.buf)) for c, a, b, d in pickle.loads(layout)]
+    except BaseException:  # noqa: BLE001 - the driver names the cause in its WorkerLostError
+        conn.send_bytes(pickle.dumps(("failed", traceback.format_exc())))
+        return
+    try:
         conn.send_bytes(pickle.dumps(("ready", os.getpid())))
         while True:
             try:
@@ -125,7 +133,7 @@ def _worker_main(conn: Any, shm_name: str, layout: bytes) -> None:
             except BaseException as exc:  # noqa: BLE001 - reported to the driver with the traceback
                 conn.send_bytes(pickle.dumps(("error", getattr(exc, "chunk_id", ids), traceback.format_exc())))
             else:
-                conn.send_bytes(pickle.dumps(("ok", out), protocol=pickle.HIGHEST_PROTOCOL))
+                conn.send_bytes(dumps_for_workers(("ok", out)))
     finally:
         chunks = []  # noqa: F841 - drop the views before closing the block
         try:
@@ -168,8 +176,6 @@ class MPChunkRunner:
             raise ValueError(f"mp backend shutdown_timeout must be >= 0 seconds, got {shutdown_timeout!r}")
         self.shutdown_timeout = float(shutdown_timeout)
         """Seconds ``close`` waits for each worker to exit after asking it to, before killing it."""
-        if start_method != "fork":
-            require_main_guard("mp")
         self.num_workers = n
         self.timeout = timeout
         self.start_timeout = start_timeout
@@ -179,7 +185,10 @@ class MPChunkRunner:
         self._shm: SharedMemory | None = None
         self._num_chunks = 0
         self.recovered_chunks: list[int] = []
-        """Chunk ids recomputed on a survivor after their worker died (for tests and logs)."""
+        """Chunk ids recomputed on a survivor after their worker died or straggled (for tests and logs)."""
+        self.stragglers: list[int] = []
+        """Workers terminated because the others outran them by the straggler deadline (for tests and logs)."""
+        self._answered: set[int] = set()  # workers whose process has answered a task: never straggling when fresh
         self._blocks: list[list[int]] | None = None
         self.transport_bytes = 0
         """Bytes of pass requests (models, functions) and replies (statistics) through the workers' pipes."""
@@ -198,20 +207,26 @@ class MPChunkRunner:
             dst = np.ndarray(arr.shape, dtype=arr.dtype, buffer=self._shm.buf, offset=offset)
             dst[...] = arr
             del dst
-        blob = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = dumps_for_workers(layout)
         try:
             self._start_workers(blob)
         except BaseException:
             self.close()
             raise
 
-    def _start_workers(self, layout: bytes) -> None:
+    def _spawn(self, indices: Sequence[int], layout: bytes) -> list[_Worker]:
+        """Start worker processes ``indices`` on the shared block (not yet waited for). They never run the
+        user's main module: spawn/forkserver get none to re-run, and what it defines travels by value."""
         assert self._shm is not None
-        with _ENV_LOCK:  # children inherit the environment at start: cap BLAS threads there
+        spawned = self._ctx.get_start_method() != "fork"  # a forked child runs nothing of the script again
+        started: list[_Worker] = []
+        self._answered.difference_update(indices)
+        with _ENV_LOCK, main_left_out() if spawned else contextlib.nullcontext():
+            # children inherit the environment at start: cap BLAS threads there
             saved = {k: os.environ.get(k) for k in BLAS_THREAD_VARIABLES}
             os.environ.update({k: str(self.blas_threads) for k in BLAS_THREAD_VARIABLES})
             try:
-                for i in range(self.num_workers):
+                for i in indices:
                     parent, child = self._ctx.Pipe(duplex=True)
                     proc = self._ctx.Process(  # type: ignore[attr-defined]  # get_context(str) -> BaseContext
                         target=_worker_main, args=(child, self._shm.name, layout),
@@ -219,28 +234,39 @@ class MPChunkRunner:
                     )
                     proc.start()
                     child.close()
-                    self._workers.append(_Worker(i, proc, parent))
+                    started.append(_Worker(i, proc, parent))
             finally:
                 for k, v in saved.items():
                     if v is None:
                         os.environ.pop(k, None)
                     else:
                         os.environ[k] = v
+        return started
+
+    def _await_ready(self, w: _Worker, deadline: float) -> None:
+        """Wait for worker ``w``'s start-up report; a worker that failed or died names the cause."""
+        if not w.conn.poll(max(deadline - time.monotonic(), 0.0)):
+            raise WorkerTimeoutError(
+                f"mp worker {w.index} did not start within {self.start_timeout:.0f} s; the machine may "
+                "be overloaded: raise start_timeout= or lower num_workers="
+            )
+        try:
+            reply = pickle.loads(w.conn.recv_bytes())
+        except EOFError:
+            w.process.join(timeout=5)
+            raise WorkerLostError(
+                f"mp worker {w.index} exited during start-up (exit code {w.process.exitcode}) before it could "
+                "report a cause: killed by the system (memory?) or its interpreter failed to start; see its stderr"
+            ) from None
+        if reply[0] == "failed":
+            cause = reply[1].strip().splitlines()[-1]
+            raise WorkerLostError(f"mp worker {w.index} failed to load the encoded chunks: {cause}\n{reply[1]}")
+
+    def _start_workers(self, layout: bytes) -> None:
+        self._workers.extend(self._spawn(range(self.num_workers), layout))
         deadline = time.monotonic() + self.start_timeout
         for w in self._workers:
-            left = deadline - time.monotonic()
-            if not w.conn.poll(max(left, 0.0)):
-                raise WorkerTimeoutError(
-                    f"mp worker {w.index} did not start within {self.start_timeout:.0f} s; the machine may "
-                    "be overloaded: raise start_timeout= or lower num_workers="
-                )
-            try:
-                pickle.loads(w.conn.recv_bytes())
-            except EOFError:
-                raise WorkerLostError(
-                    f"mp worker {w.index} exited during start-up (exit code {w.process.exitcode}); "
-                    "check that the data and encoder are importable in a fresh process"
-                ) from None
+            self._await_ready(w, deadline)
 
     # -- map --------------------------------------------------------------------------------------
     @property
@@ -322,7 +348,7 @@ class MPChunkRunner:
             if not task.chunk_ids:
                 continue
             request = ("map", task.fn, task.payload, list(task.chunk_ids))
-            message = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+            message = dumps_for_workers(request)
             if not self._send(by_index[index], message, list(task.chunk_ids)):
                 by_index[index].pending = list(task.chunk_ids)
                 sent_to_dead.append(index)
@@ -357,20 +383,44 @@ class MPChunkRunner:
             block = [c for c in planned[j] if c in wanted] if planned else ids[edges[j] : edges[j + 1]]
             if not block:
                 continue
-            message = pickle.dumps(("map", fn, payload, block), protocol=pickle.HIGHEST_PROTOCOL)
+            message = dumps_for_workers(("map", fn, payload, block))
             if not self._send(w, message, block):
                 w.pending = list(block)  # collected as lost below
 
+    def _give_up_on_stragglers(self, busy: dict[Any, _Worker], sentinels: dict[Any, _Worker],
+                               lost: list[tuple[int, list[int]]]) -> None:
+        """Drop every busy worker that has answered before as lost (terminated), so its chunks are recomputed
+        by the others; a fresh process's first task (it imports the user's modules) is waited for up to the
+        timeout."""
+        for w in sorted(busy.values(), key=lambda w: w.index):
+            if w.index not in self._answered:
+                continue
+            lost.append((w.index, list(w.pending)))
+            self.recovered_chunks.extend(w.pending)
+            self.stragglers.append(w.index)
+            w.pending = []
+            del busy[w.conn]
+            sentinels.pop(w.process.sentinel, None)
+            self._drop(w)
+
     def _collect(self, store: Callable[[int, int, Any], None]) -> list[tuple[int, list[int]]]:
         """Wait for every busy worker, ``store(worker, chunk id, value)`` each result; return the
-        (worker, chunk ids) of workers that died meanwhile."""
+        (worker, chunk ids) of workers that died meanwhile, or that other workers outran by the
+        straggler deadline (:func:`straggler_deadline`): those are terminated too."""
         busy = {w.conn: w for w in self._workers if w.pending}
         sentinels = {w.process.sentinel: w for w in busy.values()}
         lost: list[tuple[int, list[int]]] = []
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        started = time.monotonic()
+        deadline = None if self.timeout is None else started + self.timeout
+        straggle_at: float | None = None  # set once a worker has answered: healthy ones remain
         while busy:
-            wait_for = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ends = [t for t in (deadline, straggle_at) if t is not None]
+            wait_for = None if not ends else max(0.0, min(ends) - time.monotonic())
             ready = connection.wait(list(busy) + list(sentinels), timeout=wait_for)
+            if not ready and straggle_at is not None and time.monotonic() >= straggle_at:
+                self._give_up_on_stragglers(busy, sentinels, lost)
+                straggle_at = None  # the fresh ones left wait up to the timeout
+                continue
             if not ready:
                 hung = sorted(busy.values(), key=lambda w: w.index)
                 detail = ", ".join(f"worker {w.index} (pid {w.process.pid}, chunks {w.pending})" for w in hung)
@@ -406,9 +456,12 @@ class MPChunkRunner:
                     raise WorkerTaskError(f"mp worker {w.index} failed on chunk {cid}:\n{tb}")
                 for cid, value in reply[1]:
                     store(w.index, cid, value)
+                self._answered.add(w.index)
                 w.pending = []
                 del busy[w.conn]
                 sentinels.pop(w.process.sentinel, None)
+                if straggle_at is None:
+                    straggle_at = started + straggler_deadline(time.monotonic() - started, self.timeout)
         return lost
 
     def _drain(self, busy: dict[Any, _Worker], failed: _Worker) -> None:
@@ -482,8 +535,6 @@ each worker is a Python interpreter holding its chunks, and more only contend fo
 
 def planned_workers(options: EncodedDataOptions) -> int:
     """Worker processes mp will start: ``num_workers`` (capped), else one per resource or local CPU."""
-    if options.extra.get("start_method", "spawn") != "fork":
-        require_main_guard("mp")  # before the admission gate, which may certify on the spot
     n = options.num_workers
     if n is None:
         n = len(options.resources) if options.resources is not None else local_cpu_count()

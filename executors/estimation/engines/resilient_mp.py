@@ -14,7 +14,6 @@ chunk work is sent, so a kill there always lands before the worker accumulates a
 
 from __future__ import annotations
 
-import os
 import pickle
 import time
 from collections.abc import Callable, Sequence
@@ -23,11 +22,7 @@ from typing import Any
 from ..chunks import WorkerLostError, WorkerTimeoutError
 from .chunk_assignment import block_assignment as _balanced
 from .mp import (
-    _ENV_LOCK,
-    BLAS_THREAD_VARIABLES,
     MPChunkRunner,
-    _Worker,
-    _worker_main,
 )
 
 __all__ = ["KillHook", "ResilientMPChunkRunner"]
@@ -123,28 +118,13 @@ class ResilientMPChunkRunner(MPChunkRunner):
 
     def _restart(self, index: int) -> None:
         """Start a fresh process for worker ``index`` on the shared block and wait until it is ready."""
-        assert self._shm is not None
-        with _ENV_LOCK:
-            saved = {k: os.environ.get(k) for k in BLAS_THREAD_VARIABLES}
-            os.environ.update({k: str(self.blas_threads) for k in BLAS_THREAD_VARIABLES})
-            try:
-                parent, child = self._ctx.Pipe(duplex=True)
-                proc = self._ctx.Process(  # type: ignore[attr-defined]  # get_context(str) -> BaseContext
-                    target=_worker_main, args=(child, self._shm.name, self._layout_blob),
-                    name=f"mixle-em-mp-{index}", daemon=True)
-                proc.start()
-                child.close()
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-        if not parent.poll(self.start_timeout):
-            proc.kill()
-            raise WorkerTimeoutError(f"restarted mp worker {index} did not start within {self.start_timeout:.0f} s")
-        parent.recv_bytes()
-        self._workers.append(_Worker(index, proc, parent))
+        (worker,) = self._spawn([index], self._layout_blob)
+        try:
+            self._await_ready(worker, time.monotonic() + self.start_timeout)
+        except BaseException:
+            worker.process.kill()
+            raise
+        self._workers.append(worker)
         self._workers.sort(key=lambda w: w.index)
         self.restarts.append(index)
         self._cold = True

@@ -85,16 +85,16 @@ class SparkRunner:
                 "spark.ui.showConsoleProgress": "false",
                 "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1",
-                "spark.pyspark.python": sys.executable,
                 "spark.pyspark.driver.python": sys.executable,
                 "spark.executorEnv.OMP_NUM_THREADS": "1",
                 "spark.executorEnv.OPENBLAS_NUM_THREADS": "1",
                 "spark.executorEnv.MKL_NUM_THREADS": "1",
             }
-            settings.update(conf or {})
             # Python workers run PYSPARK_PYTHON (default: "python3" on PATH, which may lack this
-            # package); the driver's interpreter is the one that has it.
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            # package); the driver's interpreter is the one that has it, unless the user named one.
+            python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            settings["spark.pyspark.python"] = python
+            settings.update(conf or {})
             spark_conf = pyspark.SparkConf().setAll(list(settings.items()))
             spark_context = pyspark.SparkContext(conf=spark_conf)
             spark_context.setLogLevel("ERROR")

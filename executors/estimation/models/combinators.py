@@ -25,6 +25,15 @@ def _stacked_kernel(objects: Sequence[Any], name: str) -> Any:
     return getattr(first, name, None)
 
 
+def _shared_rows(model: MixtureDistribution, accumulators: Sequence[Any], enc: Any) -> Any:
+    """The rows prepared once for an E-step whose stacked kernels share them (``stacked_prepare``, e.g. the
+    quadratic features of full-covariance Gaussians), else ``enc`` as it is."""
+    prepare = _stacked_kernel(model.components, "stacked_prepare")
+    if prepare is None or _stacked_kernel(accumulators, "stacked_prepare") is not prepare:
+        return enc
+    return prepare(model.components, enc)
+
+
 def component_log_densities(
     model: MixtureDistribution, enc: Any, components: Sequence[int] | None = None
 ) -> np.ndarray:
@@ -46,19 +55,20 @@ def posterior_from_log_densities(ll: np.ndarray) -> tuple[np.ndarray, np.ndarray
     Rows where every component has -inf get log density -inf and zero responsibilities.
     """
     m = ll.max(axis=0)
-    dead = ~np.isfinite(m)
-    if dead.any():
-        m = np.where(dead, 0.0, m)
+    dead = None if np.isfinite(np.sum(m)) else ~np.isfinite(m)
+    if dead is not None:
+        m[dead] = 0.0
     ll -= m
     np.exp(ll, out=ll)
     s = ll.sum(axis=0)
     with np.errstate(divide="ignore"):
         lse = np.log(s)
     lse += m
-    if dead.any():
+    if dead is not None:
         s[dead] = 1.0
         lse[dead] = -np.inf
-    ll /= s
+    np.reciprocal(s, out=s)
+    ll *= s
     return lse, ll
 
 
@@ -117,14 +127,15 @@ class MixtureAccumulator:
 
     def update(self, enc: Any, weights: np.ndarray | None, model: MixtureDistribution) -> np.ndarray:
         """E-step: responsibilities, component statistics; returns the per-row log density."""
-        lse, resp = posterior_from_log_densities(component_log_densities(model, enc))
+        stacked = _stacked_kernel(self.accumulators, "stacked_update")
+        rows = _shared_rows(model, self.accumulators, enc) if stacked is not None else enc
+        lse, resp = posterior_from_log_densities(component_log_densities(model, rows))
         w = as_weights(weights, resp.shape[1])
         if w is not None:
             resp *= w
         self.counts += np.sum(resp, axis=1)
-        stacked = _stacked_kernel(self.accumulators, "stacked_update")
         if stacked is not None:
-            stacked(self.accumulators, enc, resp)
+            stacked(self.accumulators, rows, resp)
             return lse
         for k, acc in enumerate(self.accumulators):
             acc.update(enc, resp[k], model.components[k])

@@ -262,11 +262,11 @@ def gaussian_stacked_log_density(components: Any, x: np.ndarray) -> np.ndarray:
 
 
 def gaussian_stacked_update(accumulators: Any, x: np.ndarray, resp: np.ndarray) -> None:
-    """Add (K, n) responsibilities to K Gaussian accumulators with one 2-D matrix product."""
-    feats = np.empty((len(x), 2))
-    feats[:, 0] = x
-    feats[:, 1] = x * x
-    sums = resp @ feats  # (K, 2): a GEMM; never split along rows, so the same bits at any thread count
+    """Add (K, n) responsibilities to K Gaussian accumulators with one (K, n) x (n, 2) product."""
+    feats = np.empty((2, len(x)))
+    feats[0] = x
+    np.multiply(x, x, out=feats[1])
+    sums = np.einsum("kn,qn->kq", resp, feats)  # (K, 2), numpy's own loops: the same bits at any BLAS thread count
     sw = np.sum(resp, axis=1)
     for k, acc in enumerate(accumulators):
         acc.sw += float(sw[k])

@@ -1,9 +1,10 @@
-"""Multivariate Gaussians: diagonal and full covariance (vectorized, float64, no BLAS reductions)."""
+"""Multivariate Gaussians: diagonal and full covariance (vectorized, float64, no BLAS: see ``_base``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -151,6 +152,9 @@ class DiagonalGaussianEstimator:
 class MultivariateGaussianDistribution:
     """Gaussian with mean ``mu[d]`` and positive-definite covariance ``covar[d, d]``."""
 
+    stacked_log_density: ClassVar[Callable[[Any, Any], np.ndarray]]  # set below the stacked kernels
+    stacked_prepare: ClassVar[Callable[[Any, np.ndarray], Any]]
+
     def __init__(self, mu: Any, covar: Any) -> None:
         self.mu = np.array(mu, dtype=np.float64).reshape(-1)
         self.covar = np.array(covar, dtype=np.float64)
@@ -163,11 +167,18 @@ class MultivariateGaussianDistribution:
             raise ValueError("MultivariateGaussianDistribution covariance is not positive definite") from None
         self._inv_chol_t = np.ascontiguousarray(np.linalg.inv(chol).T)
         self._c = -0.5 * d * LOG_2PI - float(np.sum(np.log(np.diag(chol))))
+        prec = np.einsum("ij,kj->ik", self._inv_chol_t, self._inv_chol_t)
+        self._prec = 0.5 * (prec + prec.T)
+        """The precision matrix (inverse covariance), exactly symmetric."""
+        upper = _upper(d)
+        self._quad = np.where(upper[0] == upper[1], 1.0, 2.0) * self._prec[upper]
+        """The precision's upper triangle, off-diagonal entries doubled: x^T P x = _quad . (x_i x_j, i <= j)."""
 
     def log_density(self, x: np.ndarray) -> np.ndarray:
         """Per-row log density (Mahalanobis distance through the inverse Cholesky factor)."""
         z = np.einsum("ij,jk->ik", x - self.mu, self._inv_chol_t)
-        out = np.einsum("ij,ij->i", z, z)
+        z *= z
+        out = np.sum(z, axis=1)
         out *= -0.5
         out += self._c
         return out
@@ -190,6 +201,9 @@ class MultivariateGaussianDistribution:
 
 class MultivariateGaussianAccumulator:
     """Statistics (sum w, sum w x [d], sum w x x^T [d, d])."""
+
+    stacked_update: ClassVar[Callable[[Any, Any, np.ndarray], None]]  # set below the stacked kernels
+    stacked_prepare: ClassVar[Callable[[Any, np.ndarray], Any]]
 
     def __init__(self, dim: int) -> None:
         self.sw = 0.0
@@ -271,28 +285,162 @@ class MultivariateGaussianEstimator:
 
 # ---- stacked kernels (used by MixtureDistribution when every component is a diagonal Gaussian) -----
 def diagonal_stacked_log_density(components: Any, x: np.ndarray) -> np.ndarray:
-    """(K, n) log densities of K diagonal Gaussians through one matrix product (as scikit-learn)."""
+    """(K, n) log densities of K diagonal Gaussians through one (K, 2d) x (2d, n) product (as scikit-learn),
+    expanded about 0: sum_j prec_j x_j^2 - 2 mu_j prec_j x_j + mu_j^2 prec_j."""
     prec = np.stack([c._prec for c in components])
     mu = np.stack([c.mu for c in components])
     coef = np.concatenate([prec, -2.0 * mu * prec], axis=1)  # (K, 2d)
-    feats = np.concatenate([x * x, x], axis=1)  # (n, 2d)
-    out = coef @ feats.T
+    coef *= -0.5
+    feats = _squares_and_rows(x)
+    out = np.einsum("kq,qn->kn", coef, feats)
     const = np.array([c._c for c in components]) - 0.5 * np.sum(mu * mu * prec, axis=1)
-    out *= -0.5
     out += const[:, None]
     return out
 
 
+def _squares_and_rows(x: np.ndarray) -> np.ndarray:
+    """(2d, n): the squared coordinates of the rows, then the coordinates."""
+    n, d = x.shape
+    feats = np.empty((2 * d, n))
+    np.copyto(feats[d:], x.T)
+    np.multiply(feats[d:], feats[d:], out=feats[:d])
+    return feats
+
+
 def diagonal_stacked_update(accumulators: Any, x: np.ndarray, resp: np.ndarray) -> None:
-    """Add (K, n) responsibilities to K diagonal-Gaussian accumulators with one 2-D matrix product."""
+    """Add (K, n) responsibilities to K diagonal-Gaussian accumulators: one (K, n) x (n, 2d) product."""
     d = x.shape[1]
-    sums = resp @ np.concatenate([x, x * x], axis=1)  # (K, 2d) GEMM
+    sums = np.einsum("kn,qn->kq", resp, _squares_and_rows(x))  # (K, 2d): sum r x^2, sum r x
     sw = np.sum(resp, axis=1)
     for k, acc in enumerate(accumulators):
         acc.sw += float(sw[k])
-        acc.sx += sums[k, :d]
-        acc.sx2 += sums[k, d:]
+        acc.sx += sums[k, d:]
+        acc.sx2 += sums[k, :d]
 
 
 DiagonalGaussianDistribution.stacked_log_density = staticmethod(diagonal_stacked_log_density)
 DiagonalGaussianAccumulator.stacked_update = staticmethod(diagonal_stacked_update)
+
+
+# ---- stacked kernels (used by MixtureDistribution when every component is a full-covariance Gaussian) --
+@functools.lru_cache(maxsize=64)
+def _upper(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row-major indices of the upper triangle (diagonal included) of a d x d matrix (read-only)."""
+    rows, cols = np.triu_indices(d)
+    rows.flags.writeable = cols.flags.writeable = False
+    return rows, cols
+
+
+class QuadraticRows(NamedTuple):
+    """A chunk's rows prepared once per E-step for the full-covariance kernels: ``feats`` is the
+    (d(d+1)/2 + d, n) array of the products (x_i - c_i)(x_j - c_j), i <= j, then the coordinates
+    x_i - c_i, about the point ``center``; ``dim`` is d."""
+
+    feats: np.ndarray
+    center: np.ndarray
+    dim: int
+
+
+class _Terms(NamedTuple):
+    """The components' side of the stacked log density about ``center``: (K, p + d) coefficients of the
+    features, already times -1/2, and the (K,) constants."""
+
+    center: np.ndarray
+    coef: np.ndarray
+    const: np.ndarray
+
+
+def _terms_about(components: Sequence[Any], center: np.ndarray) -> _Terms:
+    """-1/2 (x - mu)^T P (x - mu) + c = coef . features(x - center) + const, for each component."""
+    k, d = len(components), len(center)
+    p = d * (d + 1) // 2
+    m = np.stack([c.mu for c in components]) - center
+    pm = np.einsum("kij,kj->ki", np.stack([c._prec for c in components]), m)
+    coef = np.empty((k, p + d))
+    np.multiply(np.stack([c._quad for c in components]), -0.5, out=coef[:, :p])
+    coef[:, p:] = pm
+    const = np.array([c._c for c in components]) - 0.5 * np.einsum("ki,ki->k", m, pm)
+    return _Terms(center, coef, const)
+
+
+_LAST_TERMS: list[tuple[Any, _Terms] | None] = [None]
+"""The terms of the last components tuple (a model's components are one tuple for every chunk of a pass)."""
+
+
+def _model_terms(components: Sequence[Any]) -> _Terms:
+    """The terms about the components' mean point, made once per model (components tuple) and process."""
+    last = _LAST_TERMS[0]
+    if last is not None and last[0] is components:
+        return last[1]
+    center = np.sum(np.stack([c.mu for c in components]), axis=0) / len(components)
+    terms = _terms_about(components, center)
+    if isinstance(components, tuple):
+        _LAST_TERMS[0] = (components, terms)
+    return terms
+
+
+def _rows_about(x: np.ndarray, center: np.ndarray) -> QuadraticRows:
+    """The quadratic features of the rows ``x`` about ``center``."""
+    n, d = x.shape
+    p = d * (d + 1) // 2
+    feats = np.empty((p + d, n))
+    lin = feats[p:]
+    np.subtract(x.T, center[:, None], out=lin)
+    for r, (i, j) in enumerate(zip(*_upper(d))):
+        np.multiply(lin[i], lin[j], out=feats[r])
+    return QuadraticRows(feats, center, d)
+
+
+def full_stacked_prepare(components: Any, x: np.ndarray) -> QuadraticRows:
+    """The features of ``x`` about the components' mean point, shared by the log densities and the statistics."""
+    return _rows_about(x, _model_terms(components).center)
+
+
+def full_stacked_log_density(components: Any, x: np.ndarray | QuadraticRows) -> np.ndarray:
+    """(K, n) log densities of K full-covariance Gaussians through one (K, p) x (p, n) product.
+
+    Each Mahalanobis form (x - mu)^T P (x - mu) is expanded about the components' mean point c, so the
+    expansion cancels no more than the distances from c carry: the products (x - c)_i (x - c)_j times P's
+    upper triangle (off-diagonal doubled), (x - c) times -2 P (mu - c), and (mu - c)^T P (mu - c). P comes
+    from each component's Cholesky factor, made once when the component is made (once per M-step).
+    """
+    terms = _model_terms(components)
+    rows = x if isinstance(x, QuadraticRows) else _rows_about(x, terms.center)
+    if rows.center is not terms.center:
+        terms = _terms_about(components, rows.center)
+    out = np.einsum("kq,qn->kn", terms.coef, rows.feats)
+    out += terms.const[:, None]
+    return out
+
+
+def full_stacked_update(accumulators: Any, x: np.ndarray | QuadraticRows, resp: np.ndarray) -> None:
+    """Add (K, n) responsibilities to K full-covariance accumulators with one (K, n) x (n, p + d) product.
+
+    The sums are taken about the rows' center c and moved to the accumulators' raw moments:
+    sum w x = s_c + w c, sum w x x^T = S_c + c s_c^T + s_c c^T + w c c^T."""
+    rows = x if isinstance(x, QuadraticRows) else _rows_about(x, np.zeros(x.shape[1]))
+    d, c = rows.dim, rows.center
+    upper = _upper(d)
+    p = len(upper[0])
+    sums = np.einsum("kn,qn->kq", resp, rows.feats)  # (K, p + d)
+    sw = np.sum(resp, axis=1)
+    sxx = np.empty((len(sw), d, d))
+    sxx[:, upper[0], upper[1]] = sums[:, :p]
+    sxx[:, upper[1], upper[0]] = sums[:, :p]
+    sx = sums[:, p:]
+    if c.any():
+        cs = c[None, :, None] * sx[:, None, :]  # c s_c^T per component
+        cs += cs.transpose(0, 2, 1).copy()  # c s^T + s c^T, exactly symmetric
+        cs += sw[:, None, None] * (c[:, None] * c[None, :])
+        sxx += cs
+        sx = sx + sw[:, None] * c
+    for k, acc in enumerate(accumulators):
+        acc.sw += float(sw[k])
+        acc.sx += sx[k]
+        acc.sxx += sxx[k]
+
+
+MultivariateGaussianDistribution.stacked_log_density = staticmethod(full_stacked_log_density)
+MultivariateGaussianDistribution.stacked_prepare = staticmethod(full_stacked_prepare)
+MultivariateGaussianAccumulator.stacked_update = staticmethod(full_stacked_update)
+MultivariateGaussianAccumulator.stacked_prepare = staticmethod(full_stacked_prepare)

@@ -39,12 +39,14 @@ def test_killed_worker_is_recomputed_on_survivors_with_the_same_bits(gmm_1d, tmp
 
 @pytest.mark.timeout(240)
 def test_hung_worker_is_detected_by_timeout(gmm_1d, tmp_path):
+    # one worker: no other answers, so no straggler deadline applies (a straggler among healthy workers is
+    # recomputed by them: tests/estimation/perf_free/test_stragglers.py)
     marker = tmp_path / "hang-now"
     est = FaultyEstimator(MixtureEstimator([GaussianEstimator()] * 2), str(marker), "hang")
-    with encoded_data(gmm_1d, estimator=est, backend="mp", num_workers=2, timeout=4.0,
+    with encoded_data(gmm_1d, estimator=est, backend="mp", num_workers=1, timeout=4.0,
                       admission="unverified") as h:  # a test mesh, no certificate needed to test a hang
         start = h.pysp_seq_initialize(est, 0, 0.5)
         marker.touch()
         with pytest.raises(WorkerTimeoutError, match="no answer within 4.0 s.*timeout="):
             h.pysp_seq_estimate(est, start)
-        assert len(h.runner.worker_pids()) == 1  # the hung worker was terminated
+        assert len(h.runner.worker_pids()) == 0  # the hung worker was terminated

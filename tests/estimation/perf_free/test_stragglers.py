@@ -1,0 +1,76 @@
+"""Stragglers do not fail a fit (issue 25 item 7): an mp worker that stops answering (SIGSTOP) while another
+answers has its chunks recomputed by the others after the straggler deadline, well below the fit's timeout,
+and the fit ends on the same bits as an undisturbed one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from mixle_parallel.contracts.estimation import canonical_statistic_bytes
+from mixle_parallel.executors.estimation import GaussianEstimator, MixtureEstimator, encoded_data, fit
+from mixle_parallel.executors.estimation.engines.deadline import STRAGGLER_MIN_S, straggler_deadline
+
+
+def _data() -> np.ndarray:
+    rng = np.random.default_rng(4)
+    return np.concatenate([rng.normal(-3, 1, 1500), rng.normal(0, 0.5, 1500), rng.normal(4, 1, 1500)])
+
+
+def test_the_straggler_deadline_is_well_below_the_timeout():
+    assert straggler_deadline(0.01, 300.0) == STRAGGLER_MIN_S
+    assert straggler_deadline(2.0, 300.0) == 20.0
+    assert straggler_deadline(30.0, 300.0) == 75.0  # at most a quarter of the fit's timeout
+    assert straggler_deadline(1000.0, None) == 10_000.0
+
+
+@pytest.mark.timeout(240)
+def test_a_sigstopped_worker_is_outrun_and_the_fit_ends_on_the_same_bits():
+    x = _data()
+    est = MixtureEstimator([GaussianEstimator()] * 3)
+    reference = fit(x, est, max_its=4, delta=None, seed=21, chunk_size=500)
+    stopped: list[int] = []
+    # admission="unverified": a test mesh whose point is the recovery, compared bitwise below
+    with encoded_data(x, estimator=est, backend="mp", num_workers=3, chunk_size=500, timeout=120.0,
+                      admission="unverified") as h:
+
+        def stop_one(step):
+            if step.iteration == 1:
+                stopped.append(h.runner.worker_pids()[1])
+                os.kill(stopped[0], signal.SIGSTOP)  # alive, silent: not a death the pipe would report
+
+        began = time.monotonic()
+        try:
+            got = fit(h, est, max_its=4, delta=None, seed=21, on_step=stop_one)
+        finally:
+            if stopped:
+                try:
+                    os.kill(stopped[0], signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        took = time.monotonic() - began
+        assert h.runner.stragglers == [1], "the stopped worker was not given up on"
+        assert h.runner.recovered_chunks, "no chunk was recomputed"
+        assert stopped[0] not in h.runner.worker_pids() and len(h.runner.worker_pids()) == 2
+    assert took < 120.0  # ended by the straggler deadline, not by the fit's timeout (which would have raised)
+    assert canonical_statistic_bytes(got.model.params()) == canonical_statistic_bytes(reference.model.params())
+    assert got.history == reference.history
+
+
+
+def test_a_fresh_workers_slow_first_task_is_waited_for():
+    from mixle_parallel.executors.estimation.chunks import EncodedChunk
+    from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
+    from tests.estimation.perf_free.slow_first import slow_first_call
+
+    runner = MPChunkRunner(2, timeout=60.0)
+    try:
+        runner.scatter([EncodedChunk(i, i, i + 1, np.zeros(4)) for i in range(2)])
+        assert runner.map_chunks(slow_first_call, STRAGGLER_MIN_S + 2.0) == [0, 1]
+        assert runner.stragglers == [] and len(runner.worker_pids()) == 2
+    finally:
+        runner.close()
