@@ -43,7 +43,7 @@ from ..handle import handle_from_runner
 from ..options import EncodedDataOptions
 from .channel import ChannelClient, ChannelOffer, collect_replies
 from .chunk_assignment import (
-    block_assignment,
+    home_blocks,
     ordered_results,
     requested_ids,
 )
@@ -212,7 +212,8 @@ class DaskRunner(DirectPasses):
 
     # -- placement ----------------------------------------------------------------------------
     def scatter(self, chunks: Sequence[Any]) -> None:
-        """Load chunk ``i`` into one worker's actor (contiguous blocks); the driver keeps them for recovery."""
+        """Load chunk ``i`` into one worker's actor (contiguous blocks, or where a recipe's ``home`` is: a recipe
+        is built by the actor); the driver keeps the chunks (or their recipes) for recovery."""
         self._chunks = list(chunks)
         self._where = [""] * len(self._chunks)
         for address in [a for a in self._actors if a not in self._workers]:  # recovery actors of an earlier scatter
@@ -229,7 +230,7 @@ class DaskRunner(DirectPasses):
                 f"within {self.timeout} s; check that the workers are alive and can import mixle_parallel"
             )
         loads = {}
-        for worker, ids in zip(self._workers, block_assignment(len(self._chunks), self.num_workers)):
+        for worker, ids in zip(self._workers, home_blocks(self._chunks, self._workers)):
             loads[worker] = self._invoke(worker, "load", {i: pack_for_holder(self._chunks[i]) for i in ids}, True)
             for i in ids:
                 self._where[i] = worker
