@@ -57,8 +57,11 @@ def hand_written(kind: str, model: nn.Module, mesh, *, bucket_view: bool = False
                  ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """What a user writes by hand: the same DDP / fully_shard transforms, mean loss, backward, step."""
     if kind == "ddp":
-        model = nn.parallel.DistributedDataParallel(model, device_mesh=mesh["dp_replicate"], broadcast_buffers=False,
-                                                    gradient_as_bucket_view=bucket_view)
+        from mixle_parallel.executors.torch.parallelize import BUFFER_SYNC_OPTION
+
+        no_buffer_sync: dict = {BUFFER_SYNC_OPTION: False}  # the model has no buffers (torch's own flag name)
+        model = nn.parallel.DistributedDataParallel(model, device_mesh=mesh["dp_replicate"],
+                                                    gradient_as_bucket_view=bucket_view, **no_buffer_sync)
     else:
         from torch.distributed.fsdp import fully_shard
 

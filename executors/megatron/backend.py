@@ -9,9 +9,10 @@ parallel state exists, so it can use megatron's tensor-parallel layers and MoE l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
+import attrs
 import torch
 import torch.distributed as dist
 
@@ -20,11 +21,12 @@ from ...contracts import (
     DistributedUpdate,
     ParallelAxis,
     ParallelPlan,
+    WorkerTopologyAttestation,
     attest_worker_coordinate,
 )
-from ...verification.admission import AdmissionDecision, require_admission
-from ..torch.comm_meter import CollectiveMeter
-from ..torch.health import SessionHealth, resolve_health
+from ..torch.health import SessionHealth
+from ..training_admission import admit_training
+from ..training_options import MEGATRON, TrainOptions
 from .cpu_compat import cpu_compat
 from .parallel_state import (
     check_layout,
@@ -35,7 +37,7 @@ from .parallel_state import (
 from .session import LossFn, MegatronSession
 from .stages import PipelineStage, stage_bounds, transport_shape
 
-BACKEND_NAME = "megatron"
+BACKEND_NAME = MEGATRON
 OPTIMIZERS = ("adam", "sgd")
 
 
@@ -97,99 +99,63 @@ class MegatronBackend:
         self.capabilities.validate(plan, precision)
         check_layout(plan)
 
-    def prepare(
-        self,
-        module: torch.nn.Sequential | Callable[[Any], torch.nn.Sequential],
-        *,
-        plan: ParallelPlan,
-        loss_fn: LossFn,
-        activation_shape: Sequence[int],
-        optimizer: str = "adam",
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        max_grad_norm: float | None = None,
-        stage_boundaries: Sequence[int] | None = None,
-        precision: str = "fp32",
-        device: torch.device | str | None = None,
-        certificate: Any = None,
-        admission: str | None = None,
-        moe_config: dict[str, Any] | None = None,
-        seed: int = 0,
-        sgd_momentum: float = 0.9,
-        health: Any = None,
-    ) -> MegatronSession:
+    def prepare(self, module: torch.nn.Sequential | Callable[[Any], torch.nn.Sequential], *, plan: ParallelPlan,
+                **options: Any) -> MegatronSession:
         """Build megatron's parallel state, this rank's stage, DDP and optimizer; return the session.
 
-        ``activation_shape`` is one example's activation shape at a stage boundary
-        (``(hidden,)`` or ``(seq, hidden)``). A world larger than one rank needs a
-        ``certificate`` that admits this backend and plan, or ``admission="unverified"``.
-        ``health`` is torch_native's (``HealthOptions``; MFU needs its ``flop_config`` here).
+        mixle's signature: the keywords become a ``TrainOptions`` at once (an unknown one is refused, and
+        so is one only other backends honour, naming them). megatron honours ``loss_fn`` (required:
+        ``loss(output, target)``, a microbatch's mean loss), ``activation_shape`` (required: one example's
+        activation at a stage boundary, ``(hidden,)`` or ``(seq, hidden)``), ``optimizer`` (``"adam"``, the
+        default, or ``"sgd"``), ``lr``, ``weight_decay``, ``sgd_momentum``, ``max_grad_norm`` (CUDA only),
+        ``stage_boundaries``, ``precision``, ``device``, ``seed`` (torch's RNG: before a builder runs, and for
+        what the training draws, such as dropout masks, whatever the module), ``moe_config``,
+        ``certificate``/``admission`` and ``health`` (MFU needs its ``flop_config`` here). A world larger than
+        one rank needs a certificate or ``admission="unverified"``.
         """
+        opts = TrainOptions.from_keywords(BACKEND_NAME, options)
+        precision = opts.precision or "fp32"
         self.validate(plan, precision)
-        health_options = resolve_health(health)
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer={optimizer!r} is not one of {OPTIMIZERS}")
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "MegatronBackend.prepare needs an initialized torch.distributed world; start the ranks "
-                "with torchrun or a launcher from mixle_parallel.executors.launchers.base"
-            )
-        device = torch.device(device) if device is not None else torch.device(
-            f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
-        if device.type == "cpu" and max_grad_norm:
-            raise ValueError(
-                "max_grad_norm needs CUDA with megatron-core: clip_grad_by_total_norm_fp32 asserts "
-                "param.grad.type() == 'torch.cuda.FloatTensor'; leave max_grad_norm=None on the CPU"
-            )
-        admitted = self._admit(plan, precision, certificate, admission, device)
+        opts, device = _check_options(opts)
+        admitted = admit_training(self, plan, precision, certificate=opts.certificate, admission=opts.admission,
+                                  device=device)
         rank, world = dist.get_rank(), dist.get_world_size()
         attestation = attest_worker_coordinate(plan, actual_world_size=world, rank=rank)
         with cpu_compat(device):
-            initialize_parallel_state(plan, gloo_groups=True)
-            coordinate = megatron_live_coordinate(plan)
-            if coordinate != attestation.coordinate:
-                raise RuntimeError(
-                    f"megatron placed rank {rank} at {coordinate.as_dict()}, the plan at "
-                    f"{attestation.coordinate.as_dict()}; refusing to train on a mismatched mesh"
-                )
-            config = self._config(plan, activation_shape, device, moe_config)
-            stage = self._build_stage(module, plan, config, coordinate.pp, activation_shape,
-                                      stage_boundaries, device, seed)
-            model, megatron_optimizer = self._wrap(stage, config, optimizer, lr, weight_decay, max_grad_norm,
-                                                   sgd_momentum)
-        return MegatronSession(
-            model=model, stage=stage, optimizer=megatron_optimizer, plan=plan,
-            capabilities=self.capabilities, loss_fn=loss_fn, device=device, precision=precision,
-            optimizer_name=f"megatron-{optimizer}", admission=admitted, attestation=attestation,
-            coordinate=coordinate, collective_meter=CollectiveMeter,
-            health=None if health_options is None else SessionHealth(
-                health_options, module=None, device=device, rank=rank, world_size=world),
-        )
+            stage, model, optimizer = self._build(module, plan, opts, device, attestation)
+        session = MegatronSession(
+            model=model, stage=stage, optimizer=optimizer, plan=plan, capabilities=self.capabilities,
+            loss_fn=cast(LossFn, opts.loss_fn), device=device, precision=precision,
+            optimizer_name=f"megatron-{opts.optimizer}", admission=admitted, attestation=attestation,
+            health=None if opts.health is None else SessionHealth(
+                opts.health, module=None, device=device, rank=rank, world_size=world))
+        if opts.seed is not None:  # last: what the training draws (dropout) follows the seed, whatever was built
+            torch.manual_seed(opts.seed)
+        return session
 
     # ---- steps of prepare ------------------------------------------------------------
-    def _admit(self, plan: ParallelPlan, precision: str, certificate: Any,
-               admission: str | None, device: torch.device) -> AdmissionDecision:
-        """The same gate as torch_native: ``verification.require_admission``.
-
-        Its modes: certified, unverified, local, verifying.
-        """
-        return require_admission(
-            self,
-            plan,
-            precision,
-            certificate=certificate,
-            admission=admission,
-            world_size=plan.world_size,
-            device_kind=device.type,
-            comm_backend="nccl" if device.type == "cuda" else "gloo",
-        )
+    def _build(self, module: Any, plan: ParallelPlan, opts: TrainOptions, device: torch.device,
+               attestation: WorkerTopologyAttestation) -> tuple[PipelineStage, Any, Any]:
+        """megatron's parallel state (checked against the plan's rank layout), this rank's stage, DDP, optimizer."""
+        initialize_parallel_state(plan, gloo_groups=True)
+        coordinate = megatron_live_coordinate(plan)
+        if coordinate != attestation.coordinate:
+            raise RuntimeError(
+                f"megatron placed rank {attestation.rank} at {coordinate.as_dict()}, the plan at "
+                f"{attestation.coordinate.as_dict()}; refusing to train on a mismatched mesh"
+            )
+        assert opts.activation_shape is not None  # _check_options
+        config = self._config(plan, opts.activation_shape, device, opts.moe_config)
+        stage = self._build_stage(module, plan, config, coordinate.pp, opts, device)
+        model, optimizer = self._wrap(stage, config, opts)
+        return stage, model, optimizer
 
     def _config(
         self,
         plan: ParallelPlan,
         activation_shape: Sequence[int],
         device: torch.device,
-        moe_config: dict[str, Any] | None,
+        moe_config: Mapping[str, Any] | None,
     ) -> Any:
         from megatron.core.transformer import TransformerConfig
 
@@ -215,21 +181,14 @@ class MegatronBackend:
             **extra,
         )
 
-    def _build_stage(
-        self,
-        module: Any,
-        plan: ParallelPlan,
-        config: Any,
-        pp_rank: int,
-        activation_shape: Sequence[int],
-        stage_boundaries: Sequence[int] | None,
-        device: torch.device,
-        seed: int,
-    ) -> PipelineStage:
+    def _build_stage(self, module: Any, plan: ParallelPlan, config: Any, pp_rank: int, opts: TrainOptions,
+                     device: torch.device) -> PipelineStage:
+        """This rank's contiguous layers of the model: an ``nn.Sequential`` as it is, a builder called seeded
+        (``seed``, or 0, so every rank builds the same weights)."""
         if isinstance(module, torch.nn.Sequential):
             layers = module
         elif callable(module):
-            torch.manual_seed(seed)
+            torch.manual_seed(0 if opts.seed is None else opts.seed)
             layers = module(config)
             if not isinstance(layers, torch.nn.Sequential):
                 raise TypeError(f"the model builder returned {type(layers).__name__}; return an nn.Sequential")
@@ -237,27 +196,14 @@ class MegatronBackend:
             raise TypeError(
                 f"module must be an nn.Sequential or a callable(config) -> nn.Sequential, got {type(module).__name__}"
             )
-        start, stop = stage_bounds(len(layers), plan.pp, stage_boundaries)[pp_rank]
+        assert opts.activation_shape is not None  # _check_options
+        start, stop = stage_bounds(len(layers), plan.pp, opts.stage_boundaries)[pp_rank]
         mine = torch.nn.Sequential(*list(layers)[start:stop]).to(device)
-        return PipelineStage(
-            mine,
-            config=config,
-            stage=pp_rank,
-            num_stages=plan.pp,
-            activation_shape=tuple(activation_shape),
-            first_layer_index=start,
-        )
+        return PipelineStage(mine, config=config, stage=pp_rank, num_stages=plan.pp,
+                             activation_shape=tuple(opts.activation_shape), first_layer_index=start)
 
-    def _wrap(
-        self,
-        stage: PipelineStage,
-        config: Any,
-        optimizer: str,
-        lr: float,
-        weight_decay: float,
-        max_grad_norm: float | None,
-        sgd_momentum: float = 0.9,
-    ) -> tuple[Any, Any]:
+    def _wrap(self, stage: PipelineStage, config: Any, opts: TrainOptions) -> tuple[Any, Any]:
+        """megatron's DDP over the stage and its optimizer (distributed with ``sharded_data_parallel``)."""
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -269,20 +215,39 @@ class MegatronBackend:
         )
         opt = get_megatron_optimizer(
             OptimizerConfig(
-                optimizer=optimizer,
-                lr=lr,
-                min_lr=lr,
-                weight_decay=weight_decay,
-                sgd_momentum=float(sgd_momentum),
-                clip_grad=float(max_grad_norm or 0.0),
-                use_distributed_optimizer=sharded,
-                bf16=False,
-                fp16=False,
-                params_dtype=torch.float32,
+                optimizer=opts.optimizer, lr=opts.lr, min_lr=opts.lr, weight_decay=opts.weight_decay,
+                sgd_momentum=opts.sgd_momentum, clip_grad=float(opts.max_grad_norm or 0.0),
+                use_distributed_optimizer=sharded, bf16=False, fp16=False, params_dtype=torch.float32,
             ),
             [ddp],
         )
         return ddp, opt
+
+
+def _check_options(opts: TrainOptions) -> tuple[TrainOptions, torch.device]:
+    """megatron's own checks of its options (after the plan's), before admission: the required ones, the
+    optimizer's name (None: ``"adam"``), the running world, the device and what the CPU cannot run."""
+    if opts.loss_fn is None:
+        raise ValueError("megatron prepare() needs loss_fn=loss(output, target) -> a microbatch's mean loss")
+    if opts.activation_shape is None:
+        raise ValueError("megatron prepare() needs activation_shape=: one example's activation at a stage boundary, "
+                         "(hidden,) or (seq, hidden)")
+    optimizer = "adam" if opts.optimizer is None else opts.optimizer
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} is not one of {OPTIMIZERS}")
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "MegatronBackend.prepare needs an initialized torch.distributed world; start the ranks "
+            "with torchrun or a launcher from mixle_parallel.executors.launchers.base"
+        )
+    device = torch.device(opts.device) if opts.device is not None else torch.device(
+        f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and opts.max_grad_norm:
+        raise ValueError(
+            "max_grad_norm needs CUDA with megatron-core: clip_grad_by_total_norm_fp32 asserts "
+            "param.grad.type() == 'torch.cuda.FloatTensor'; leave max_grad_norm=None on the CPU"
+        )
+    return attrs.evolve(opts, optimizer=optimizer), device
 
 
 def create_megatron_backend() -> MegatronBackend:

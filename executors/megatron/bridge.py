@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...contracts import BackendCapabilities, MissingExtraError, ParallelAxis, ParallelPlan, StepReceipt
+from ..training_options import MEGATRON_BRIDGE, TrainOptions
 
 BRIDGE_CAPABILITIES = BackendCapabilities(
     name="megatron_bridge",
@@ -84,7 +85,7 @@ class MegatronBridgeSession:
 class MegatronBridgeBackend:
     """Map a ParallelPlan onto a Megatron Bridge model provider and its distributed optimizer config."""
 
-    name = "megatron_bridge"
+    name = MEGATRON_BRIDGE
     capabilities = BRIDGE_CAPABILITIES
 
     def _require_bridge(self) -> Any:
@@ -117,15 +118,19 @@ class MegatronBridgeBackend:
                 setattr(config, name, value)
         return config
 
-    def prepare(self, module: Any, *, plan: ParallelPlan, precision: str = "bf16", ddp_config: Any = None,
-                wrap_with_ddp: bool = True, train_batch_fn: Callable[..., Any] | None = None,
-                optimizer: Any = None) -> MegatronBridgeSession:
-        """Configure the provider ``module`` for ``plan``, finalize it and build its distributed model."""
-        precision = str(precision).lower()
+    def prepare(self, module: Any, *, plan: ParallelPlan, **options: Any) -> MegatronBridgeSession:
+        """Configure the provider ``module`` for ``plan``, finalize it and build its distributed model.
+
+        mixle's signature: the keywords become a ``TrainOptions`` at once; megatron_bridge honours
+        ``precision`` (bf16 by default), ``ddp_config``, ``wrap_with_ddp``, ``train_batch_fn`` and ``optimizer``
+        (handed to ``train_batch_fn``); any other is refused, naming the backends that honour it.
+        """
+        opts = TrainOptions.from_keywords(MEGATRON_BRIDGE, options)
+        precision = opts.precision or "bf16"
         self.capabilities.validate(plan, precision=precision)
         self._require_bridge()
         provider = self.configure_provider(module, plan)
-        ddp_config = self.configure_distributed_optimizer(ddp_config, plan)
+        ddp_config = self.configure_distributed_optimizer(opts.ddp_config, plan)
         finalize = getattr(provider, "finalize", None)
         model_config = finalize() if callable(finalize) else provider
         provide = getattr(provider, "provide_distributed_model", None)
@@ -136,11 +141,12 @@ class MegatronBridgeBackend:
                 f"{type(provider).__name__} is not a Megatron Bridge model provider: it has no "
                 "provide_distributed_model(); pass a provider such as megatron.bridge's GPTModelProvider"
             )
-        kwargs: dict[str, Any] = {"wrap_with_ddp": bool(wrap_with_ddp)}
+        kwargs: dict[str, Any] = {"wrap_with_ddp": opts.wrap_with_ddp}
         if ddp_config is not None:
             kwargs["ddp_config"] = ddp_config
         return MegatronBridgeSession(provide(**kwargs), plan=plan, capabilities=self.capabilities,
-                                     train_batch_fn=train_batch_fn, optimizer=optimizer, precision=precision)
+                                     train_batch_fn=opts.train_batch_fn, optimizer=opts.optimizer,
+                                     precision=precision)
 
     def run_pretrain(self, config: Any, forward_step: Callable[..., Any], *, plan: ParallelPlan | None = None) -> Any:
         """Configure ``config.model``/``config.ddp`` for ``plan`` (when given) and run Bridge's ``pretrain``."""

@@ -25,7 +25,9 @@ from ...contracts import (
     TorchSessionState,
     WorkerTopologyAttestation,
 )
+from ..torch.comm_meter import CollectiveMeter
 from ..torch.health import SessionHealth
+from ..training_options import MEGATRON, UnhonouredOptionError
 from .checkpoint import load_stage, save_stage
 from .cpu_compat import cpu_compat
 from .stages import PipelineStage, transport_shape
@@ -44,6 +46,22 @@ def _split(tensor: torch.Tensor | None, parts: int, what: str) -> list[torch.Ten
     return list(torch.chunk(tensor, parts, dim=0))
 
 
+SAVE_OPTIONS = ("loader_state", "typed_scheduler_state", "extra", "asynchronous")
+"""``TorchDistributedSession.save_checkpoint``'s keywords (torch_native honours them, megatron does not)."""
+LOAD_OPTIONS = ("allow_world_size_change", "trust", "allow_rollback")
+"""``TorchDistributedSession.load_checkpoint``'s keywords (torch_native honours them, megatron does not)."""
+
+
+def refuse_session_options(options: dict[str, Any], torch_only: tuple[str, ...], method: str) -> None:
+    """Refuse every keyword of a megatron session method: unknown ones (``TypeError``) and torch_native's
+    (``UnhonouredOptionError`` naming the option, the backend and the backend that honours it)."""
+    for key in options:
+        if key not in torch_only:
+            raise TypeError(f"MegatronSession.{method}() got an unexpected keyword argument {key!r}")
+        raise UnhonouredOptionError(f"option {key}= of {method}() is not honoured by the {MEGATRON!r} backend; it is "
+                         f"honoured by 'torch_native'. Leave it out here")
+
+
 def count_tokens(targets: torch.Tensor | None, examples: int, ignore_index: int = -100) -> int:
     """Token targets (integer tensors) count their entries other than ``ignore_index``; else one per example."""
     if targets is None or targets.is_floating_point():
@@ -54,38 +72,15 @@ def count_tokens(targets: torch.Tensor | None, examples: int, ignore_index: int 
 class MegatronSession:
     """A prepared megatron-core training session with the torch_native session interface."""
 
-    def __init__(
-        self,
-        *,
-        model: Any,
-        stage: PipelineStage,
-        optimizer: Any,
-        plan: ParallelPlan,
-        capabilities: BackendCapabilities,
-        loss_fn: LossFn,
-        device: torch.device,
-        precision: str,
-        optimizer_name: str,
-        admission: Any,
-        attestation: WorkerTopologyAttestation,
-        coordinate: MeshCoordinate,
-        collective_meter: Callable[[], Any] | None = None,
-        health: SessionHealth | None = None,
-    ) -> None:
-        self.model = model
-        self.health = health
-        self.stage = stage
-        self.optimizer = optimizer
-        self.plan = plan
-        self.capabilities = capabilities
-        self.loss_fn = loss_fn
-        self.device = device
-        self.precision = precision
-        self.optimizer_name = optimizer_name
-        self.admission = admission
+    def __init__(self, *, model: Any, stage: PipelineStage, optimizer: Any, plan: ParallelPlan,
+                 capabilities: BackendCapabilities, loss_fn: LossFn, device: torch.device, precision: str,
+                 optimizer_name: str, admission: Any, attestation: WorkerTopologyAttestation,
+                 health: SessionHealth | None = None) -> None:
+        self.model, self.stage, self.optimizer, self.plan = model, stage, optimizer, plan
+        self.capabilities, self.loss_fn, self.device, self.precision = capabilities, loss_fn, device, precision
+        self.optimizer_name, self.admission, self.health = optimizer_name, admission, health
         self.attestation = attestation
-        self.coordinate = coordinate
-        self._meter_factory = collective_meter
+        self.coordinate: MeshCoordinate = attestation.coordinate  # prepare() checked megatron's equals it
         self._step = 0
         self._pending = 0
         self._pending_examples = 0
@@ -161,8 +156,8 @@ class MegatronSession:
         )
         return [float(r["loss"]) for r in results], int(sized.shape[0])
 
-    def _measure(self) -> Any:
-        return self._meter_factory() if self._meter_factory is not None else contextlib.nullcontext()
+    def _measure(self) -> CollectiveMeter:
+        return CollectiveMeter()
 
     def train_batch(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> StepReceipt:
         """Run one local batch through the schedule; commit an optimizer step when the clock fires.
@@ -308,8 +303,13 @@ class MegatronSession:
             dist.all_reduce(tensor, group=ps.get_data_parallel_group())
         return tuple(float(v) for v in tensor)
 
-    def save_checkpoint(self, path: str) -> None:
-        """Save model and optimizer with megatron's dist_checkpointing (reshardable across pp/tp/dp)."""
+    def save_checkpoint(self, path: str, **options: Any) -> None:
+        """Save model and optimizer with megatron's dist_checkpointing (reshardable across pp/tp/dp).
+
+        torch_native's save options (``loader_state``, ``typed_scheduler_state``, ``extra``,
+        ``asynchronous``) are refused by name: this checkpoint holds the model, the optimizer and the step.
+        """
+        refuse_session_options(options, SAVE_OPTIONS, "save_checkpoint")
         self._check_open()
         if self._pending:
             raise RuntimeError(
@@ -319,8 +319,13 @@ class MegatronSession:
         with self._compat():
             save_stage(self.stage, self.optimizer, path, step=self._step, plan=self.plan)
 
-    def load_checkpoint(self, path: str) -> dict[str, Any]:
-        """Load a checkpoint saved by any plan of the same model; returns the saved session clocks."""
+    def load_checkpoint(self, path: str, **options: Any) -> dict[str, Any]:
+        """Load a checkpoint saved by any plan of the same model (resharded to this one); returns the saved clocks.
+
+        torch_native's load options (``allow_world_size_change``, ``trust``, ``allow_rollback``) are refused
+        by name: a megatron checkpoint always reshards, and is not signed.
+        """
+        refuse_session_options(options, LOAD_OPTIONS, "load_checkpoint")
         self._check_open()
         with self._compat():
             info = load_stage(self.stage, self.optimizer, path)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ...contracts import (
@@ -19,26 +17,23 @@ from ...contracts import (
     PayloadKind,
     StateLayout,
 )
-from ...verification.admission import AdmissionDecision, require_admission
-from ...verification.sdc.schedule import AUDIT_POLICIES, DEFAULT_AUDIT_RATE
-from .comm_taps import install_taps
-from .device_mesh import (
-    axis_mesh,
-    build_mesh,
-    ensure_process_group,
-    require_torch,
-    resolve_device,
-)
+from ...verification.ledger import Ledger
+from ..training_admission import admit_training
+from ..training_options import TrainOptions
+from .device_mesh import build_mesh, ensure_process_group, require_torch, resolve_device
 from .dp_mode import DataParallelMode
-from .health import SessionHealth, resolve_health
-from .layouts import describe_parameter_layouts, unwrap
+from .layouts import describe_parameter_layouts
 from .losses import lm_token_loss
 from .parallelize import parallelize, resolve_tp_plan
-from .sdc_audit import AUDIT_REPLAYS, audit_supported
+from .run_ledger import current_rank, ledger_on_this_rank
+from .sdc_audit import resolve_audit
 from .session import TorchDistributedSession
+from .session_wiring import PreparedRun
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["CAPABILITIES", "TorchDistributedBackend", "build_optimizer", "check_prepare", "lm_token_loss"]
 
 EXECUTOR_VERSION = "1.0.0"
 
@@ -101,34 +96,41 @@ def build_optimizer(
 
 
 @attrs.frozen
-class _PrepareSpec:
-    """What the plan check decided, before admission and before any process group exists."""
+class PrepareSpec:
+    """What ``prepare``'s checks decided, before admission and before any process group exists."""
 
+    options: TrainOptions
+    precision: str
     mode: DataParallelMode
     tp_styles: dict[str, Any]
     device: torch.device
-    audit: dict[str, Any] | None
+    ledger: Ledger | None
+    """The ledger this rank writes: rank 0's (a path opened here), None on the other ranks."""
 
 
-def _check_prepare_inputs(module: Any, plan: Any, precision: str, max_grad_norm: float | None,
-                          nonfinite: str) -> None:
-    """``prepare``'s argument checks, before anything is built or any process group exists."""
+def check_prepare(module: Any, plan: Any, options: TrainOptions) -> PrepareSpec:
+    """Every check of ``prepare`` before admission and before any collective: the module and plan, torch's
+    version, the plan against the capabilities, the audit against the plan, the TP plan against the model,
+    the device, and who writes the ledger."""
     if not isinstance(plan, ParallelPlan):
         raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     require_torch()
+    precision = options.precision or "fp32"
     CAPABILITIES.validate(plan, precision=precision)
-    if max_grad_norm is not None and not max_grad_norm > 0:
-        raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
-    if nonfinite not in ("raise", "skip"):
-        raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
+    mode = DataParallelMode.for_plan(plan)
+    resolve_audit(options.audit, plan, mode)
+    styles = resolve_tp_plan(module, options.tp_plan, plan.tp)
+    ledger = ledger_on_this_rank(options.ledger, current_rank())
+    return PrepareSpec(options=attrs.evolve(options, precision=precision), precision=precision, mode=mode,
+                       tp_styles=styles, device=resolve_device(options.device), ledger=ledger)
 
 
-def _materialize_mesh(plan: ParallelPlan, spec: _PrepareSpec, seed: int | None) -> tuple[DeviceMesh | None, bool]:
+def _materialize_mesh(plan: ParallelPlan, spec: PrepareSpec) -> tuple[DeviceMesh | None, bool]:
     """Seed, the process group (created from the torchrun environment when none exists) and the DeviceMesh."""
-    if seed is not None:
-        torch.manual_seed(seed)
+    if spec.options.seed is not None:
+        torch.manual_seed(spec.options.seed)
     owns_pg = ensure_process_group(plan, spec.device)
     return build_mesh(plan, spec.device, unit_shard_dim=spec.mode.unit_shard_dim(plan)), owns_pg
 
@@ -196,152 +198,32 @@ class TorchDistributedBackend:
                                              notes=("single process: no communication",)))
         return tuple(updates)
 
-    def prepare(
-        self,
-        module: nn.Module,
-        *,
-        plan: ParallelPlan,
-        loss_fn: Callable[..., Any] | None = None,
-        optimizer: Any = "AdamW",
-        lr: float = 1e-3,
-        scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
-        max_grad_norm: float | None = None,
-        precision: str = "fp32",
-        tp_plan: dict[str, Any] | None = None,
-        device: Any = None,
-        seed: int | None = None,
-        nonfinite: str = "raise",
-        admission: Any = None,
-        certificate: Any = None,
-        audit: bool | None = None,
-        audit_rate: float = DEFAULT_AUDIT_RATE,
-        audit_policy: str = "warn",
-        audit_bound: float = 0.0,
-        audit_replay: str = "peer",
-        fault_injector: Any = None,
-        ledger: Any = None,
-        health: Any = None,
-    ) -> TorchDistributedSession:
+    def prepare(self, module: nn.Module, *, plan: ParallelPlan, **options: Any) -> TorchDistributedSession:
         """Materialize the mesh, apply TP, CP, FSDP2/HSDP or DDP, build the optimizer, return a session.
 
-        Admission: on a real device mesh (world size > 1 or an accelerator) the run needs a signed
-        certificate (passed as ``certificate``/``admission=``, named by ``MIXLE_PARALLEL_CERTIFICATE``,
-        or found in the local store) that passes every gate check, else ``NotAdmittedError`` (naming
-        the ``mixle-parallel certify`` command) is raised before any process group, mesh or transform
-        exists; ``admission="unverified"`` runs anyway and every receipt says so.
+        mixle's signature: the keywords become a ``TrainOptions`` at once (an unknown one is refused, and
+        so is one only other backends honour, naming them). torch_native honours ``loss_fn``, ``optimizer``
+        (a torch.optim class, its name or ``callable(params)``; AdamW by default), ``lr``, ``scheduler``
+        (``callable(optimizer)``), ``max_grad_norm``, ``precision``, ``tp_plan``, ``device``, ``seed``,
+        ``nonfinite``, ``admission``/``certificate``, the SDC audit's ``audit``, ``audit_rate``,
+        ``audit_policy``, ``audit_bound``, ``audit_replay`` and ``fault_injector``, ``ledger`` and
+        ``health``; docs/training.md says what each does.
 
-        SDC audit (``audit``: None = on where supported, True = required, False = off): at
-        ``audit_rate`` (plus the first step) a step's local gradient is recomputed by a peer of its
-        data-parallel group from the shipped batch and RNG state (and on the same rank when a peer
-        disagreed or none exists; ``audit_replay="both"``: on every audited step) before
-        ``optimizer.step()``; ``audit_policy`` is 'warn', 'raise' or 'skip_step';
-        ``audit_bound`` is the allowed max abs difference (0 = bitwise). ``fault_injector`` (a
-        ``verification.FaultInjector``) strikes planned bit flips in gradients (before reduction) or
-        parameters (at the start of a step). ``ledger`` (a ``verification.Ledger``) receives run_start,
-        every receipt, audit records, checkpoint events and run_end.
-
-        Health (``health``: None/True = on with ``HealthOptions()`` defaults, False = off, a
-        ``HealthOptions`` or a dict of its fields): every committed receipt carries
-        ``extra["health"]`` (step time, tokens/s, MFU against ``peak_flops_per_sec`` or a measured
-        matmul peak, per-rank step times with the straggler named, loss/grad-norm anomalies); on a
-        multi-rank mesh a heartbeat through the process group's store finds a dead or hung rank.
+        Every option is checked, and admission decided (``NotAdmittedError`` names the
+        ``mixle-parallel certify`` command), before any process group, mesh or transform exists.
+        ``ledger`` (a path or a ``verification.Ledger``) is written by rank 0 only (docs/training.md).
         """
-        spec = _plan_check(module, plan, precision=precision, max_grad_norm=max_grad_norm, nonfinite=nonfinite,
-                           tp_plan=tp_plan, device=device, audit=(audit, audit_rate, audit_policy, audit_bound,
-                                                                  seed, audit_replay))
-        health_options = resolve_health(health)
-        decision = self._admission_gate(plan, precision, admission, certificate, spec.device)
-        mesh, owns_pg = _materialize_mesh(plan, spec, seed)
+        spec = check_prepare(module, plan, TrainOptions.from_keywords(self.name, options))
+        decision = admit_training(self, plan, spec.precision, certificate=spec.options.certificate,
+                                  admission=spec.options.admission, device=spec.device)
+        mesh, owns_pg = _materialize_mesh(plan, spec)
         module = parallelize(module, mode=spec.mode, mesh=mesh, tp_styles=spec.tp_styles, device=spec.device)
-        # DDP keeps its built-in all-reduce; the audit or a fault injector arms local-gradient hooks
-        # only on the steps that need them
-        tap = install_taps(module, plan, spec.mode,
-                           gradient_access=spec.audit is not None or fault_injector is not None)
-        opt, receipt = build_optimizer(optimizer, [p for p in module.parameters() if p.requires_grad], lr)
-        monitor = None if health_options is None else SessionHealth(
-            health_options, module=unwrap(module), device=spec.device,
-            rank=dist.get_rank() if dist.is_initialized() else 0, world_size=plan.world_size)
-        session = TorchDistributedSession(
+        opt, receipt = build_optimizer(spec.options.optimizer, [p for p in module.parameters() if p.requires_grad],
+                                       spec.options.lr)
+        scheduler = spec.options.scheduler
+        return TorchDistributedSession(
             module, plan=plan, capabilities=CAPABILITIES, mesh=mesh, device=spec.device, optimizer=opt,
             optimizer_receipt=receipt, parameter_layouts=describe_parameter_layouts(module, plan),
-            precision=precision, max_grad_norm=max_grad_norm,
-            scheduler=scheduler(opt) if scheduler is not None else None, loss_fn=loss_fn or lm_token_loss,
-            dp_mode=spec.mode,
-            cp_mesh=axis_mesh(mesh, A.CP) if plan.cp > 1 else None, nonfinite=nonfinite,
-            admission=decision, owns_process_group=owns_pg, tap=tap, ledger=ledger,
-            audit=None if spec.audit is None else {**spec.audit, "injector": fault_injector},
-            health=monitor,
-        )
-        _ledger_run_start(ledger, self.name, plan, precision, decision, spec.audit)
-        return session
-
-    def _admission_gate(
-        self, plan: ParallelPlan, precision: str, admission: Any, certificate: Any, device: torch.device
-    ) -> AdmissionDecision:
-        """The admission gate: runs before any process group, mesh, transform or optimizer is built."""
-        return require_admission(
-            self,
-            plan,
-            precision,
-            certificate=certificate,
-            admission=admission,
-            world_size=plan.world_size,
-            device_kind=device.type,
-            comm_backend="nccl" if device.type == "cuda" else "gloo",
-        )
-
-
-def _plan_check(module: Any, plan: Any, *, precision: str, max_grad_norm: float | None, nonfinite: str,
-                tp_plan: dict[str, Any] | None, device: Any, audit: tuple[Any, ...]) -> _PrepareSpec:
-    """Step 1 of ``prepare``: every argument, the plan, the TP plan against the model and the audit options,
-    checked before admission and before any collective."""
-    _check_prepare_inputs(module, plan, precision, max_grad_norm, nonfinite)
-    mode = DataParallelMode.for_plan(plan)
-    audit_options = _audit_options(plan, mode, *audit)
-    styles = resolve_tp_plan(module, tp_plan, plan.tp)
-    return _PrepareSpec(mode=mode, tp_styles=styles, device=resolve_device(device), audit=audit_options)
-
-
-def _ledger_run_start(ledger: Any, executor: str, plan: ParallelPlan, precision: str, decision: AdmissionDecision,
-                      audit: dict[str, Any] | None) -> None:
-    """The ledger's run_start entry (when a ledger is given): plan, certificate link, admission mode, audit."""
-    if ledger is None:
-        return
-    audit_extra = {k: v for k, v in (audit or {}).items() if k != "enabled"}
-    ledger.run_start(plan=plan, certificate=decision.envelope or decision.ledger_link, executor=executor, extra={
-        "precision": precision, "admission": decision.mode,
-        "rank": dist.get_rank() if dist.is_initialized() else 0, "audit": audit_extra})
-
-
-def _audit_options(
-    plan: ParallelPlan,
-    mode: DataParallelMode,
-    audit: bool | None,
-    rate: float,
-    policy: str,
-    bound: float,
-    seed: int | None,
-    replay: str = "peer",
-) -> dict[str, Any] | None:
-    """The SessionAudit options, None when the audit is off; raises for a bad option or an unsupported plan."""
-    if audit not in (None, True, False):
-        raise ValueError(f"audit must be None (on where supported), True or False, got {audit!r}")
-    if policy not in AUDIT_POLICIES:
-        raise ValueError(f"audit_policy={policy!r}; allowed: {list(AUDIT_POLICIES)}")
-    if not 0.0 <= float(rate) <= 1.0:
-        raise ValueError(f"audit_rate={rate} must be within [0, 1] (the first step is always audited)")
-    if not float(bound) >= 0.0:
-        raise ValueError(f"audit_bound={bound} must be >= 0 (0 = bitwise)")
-    if replay not in AUDIT_REPLAYS:
-        raise ValueError(
-            f"audit_replay={replay!r}; allowed: {list(AUDIT_REPLAYS)} ('peer': a peer recomputes, "
-            "the same rank on a disagreement; 'both': both on every audited step)"
-        )
-    if audit is False:
-        return None
-    reason = audit_supported(plan, mode)
-    if reason is not None:
-        if audit:
-            raise ValueError(f"audit=True but {reason}")
-        return None
-    return {"rate": float(rate), "policy": policy, "bound": float(bound), "seed": int(seed or 0), "replay": replay}
+            precision=spec.precision, max_grad_norm=spec.options.max_grad_norm,
+            scheduler=scheduler(opt) if scheduler is not None else None, options=spec.options,
+            run=PreparedRun(admission=decision, owns_process_group=owns_pg, ledger=spec.ledger))

@@ -55,6 +55,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
+from ...contracts import SCHEMA_VERSION, TorchSessionState, from_dict, to_dict
 from .checkpoint_manifest import (
     DCP_DIR,
     FORMAT,
@@ -86,7 +87,7 @@ from .checkpoint_trust import (
     verify_generation,
 )
 
-__all__ = ["CheckpointHandle", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointHandle", "load_checkpoint", "load_session", "save_checkpoint", "save_session"]
 
 _OPTIONS = StateDictOptions(full_state_dict=False, cpu_offload=False, strict=True)
 _IN_FLIGHT: list[CheckpointHandle] = []
@@ -309,6 +310,83 @@ def _drain_in_flight() -> None:
         _IN_FLIGHT[0].wait()
 
 
+def _encode_state(model: Any, optimizer: Any, scheduler: Any, *, session_state: dict[str, Any], loader_state: Any,
+                  typed_scheduler_state: Any, extra: Any, rank: int, world: int,
+                  state_dicts: tuple[dict[str, Any], dict[str, Any]] | None,
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """(tensors for DCP, the global JSON document, this rank's JSON document) of the state to save."""
+    msd, osd = state_dicts if state_dicts is not None else _state_dicts(model, optimizer)
+    model_json, model_tensors = _split(msd, "model")
+    optim_json, optim_tensors = _split(osd, "optimizer")
+    tensors = {**model_tensors, **optim_tensors}
+    rank_doc = {"format": FORMAT, "version": FORMAT_VERSION, "kind": "rank", "rank": rank,
+                "world_size": world, "rng": _to_json(_capture_rng(), "rng"),
+                "loader_state": _to_json(loader_state, "loader_state")}
+    global_doc = {"format": FORMAT, "version": FORMAT_VERSION, "kind": "state", "world_size": world,
+                  "saved_unix": time.time(), "torch_version": torch.__version__,
+                  "session_state": _to_json(dict(session_state), "session_state"),
+                  "scheduler": _to_json(scheduler.state_dict(), "scheduler.state_dict()")
+                  if scheduler is not None else None,
+                  "typed_scheduler_state": _to_json(typed_scheduler_state, "typed_scheduler_state"),
+                  "extra": _to_json(extra, "extra"), "model": model_json, "optimizer": optim_json,
+                  "tensors": _shape_record(tensors)}
+    return tensors, global_doc, rank_doc
+
+
+def _new_generation(root: Path, global_doc: dict[str, Any], rank_doc: dict[str, Any], pg: Any, rank: int,
+                    world: int) -> Path:
+    """Collective: rank 0 creates the next generation folder with the global state; every rank writes its own."""
+    error: BaseException | None = None
+    generation = ""
+    if rank == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            generation = next_generation(root)
+            create_generation(root, generation)
+            write_json_atomic(root / generation / STATE_NAME, global_doc)
+        except OSError as err:
+            error = CheckpointError(f"cannot create a checkpoint generation under {root}: {err}")
+    _agree(error, pg, world, what=f"creating a checkpoint generation under {root}")
+    gen_dir = root / _all_gather_text(generation, pg, world)[0]
+    try:
+        write_json_atomic(rank_file(gen_dir, rank), rank_doc)
+    except OSError as err:
+        error = CheckpointError(f"cannot write {rank_file(gen_dir, rank)}: {err}")
+    _agree(error, pg, world, what=f"writing rank-local state into {gen_dir}")
+    return gen_dir
+
+
+def _write_tensors(tensors: dict[str, torch.Tensor], root: Path, gen_dir: Path, *, asynchronous: bool, pg: Any,
+                   rank: int, world: int) -> CheckpointHandle:
+    """DCP writes the tensors (now, or on a background thread); rank 0 then signs and publishes the generation."""
+    def finalize() -> None:
+        digest = write_manifest(gen_dir, world_size=world, info={"torch_version": torch.__version__})
+        sign_generation(gen_dir, digest)  # before publishing: a reader never sees an unsigned LATEST
+        publish(root, gen_dir.name, digest)
+
+    writer = dcp.FileSystemWriter(str(gen_dir / DCP_DIR))
+    if asynchronous:
+        group = _async_group(pg) if pg is not None else None
+        with _single_process_quiet(group):
+            response = dcp.async_save(tensors, storage_writer=writer, process_group=group,
+                                      no_dist=group is None)
+        # a Future, or (newer torch) an AsyncSaveResponse whose upload_completion is the write's Future
+        future = cast(Future, getattr(response, "upload_completion", response))
+        handle = CheckpointHandle(gen_dir, future=future, pg=group, rank=rank, world=world, finalize=finalize)
+        _IN_FLIGHT.append(handle)
+        return handle
+    error: BaseException | None = None
+    try:
+        with _single_process_quiet(pg):
+            dcp.save(tensors, storage_writer=writer, process_group=pg, no_dist=pg is None)
+        if rank == 0:
+            finalize()
+    except Exception as err:  # noqa: BLE001 - shared with every rank
+        error = err
+    _agree(error, pg, world, what=f"saving checkpoint {gen_dir}")
+    return CheckpointHandle(gen_dir)
+
+
 def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: Any = None,
                     session_state: dict[str, Any], loader_state: Any = None,
                     typed_scheduler_state: Any = None, extra: Any = None, asynchronous: bool = False,
@@ -325,69 +403,34 @@ def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
     _drain_in_flight()
     root = Path(path)
     error: BaseException | None = None
+    tensors: dict[str, torch.Tensor] = {}
+    docs: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
     try:
-        msd, osd = state_dicts if state_dicts is not None else _state_dicts(model, optimizer)
-        model_json, model_tensors = _split(msd, "model")
-        optim_json, optim_tensors = _split(osd, "optimizer")
-        tensors = {**model_tensors, **optim_tensors}
-        rank_doc = {"format": FORMAT, "version": FORMAT_VERSION, "kind": "rank", "rank": rank,
-                    "world_size": world, "rng": _to_json(_capture_rng(), "rng"),
-                    "loader_state": _to_json(loader_state, "loader_state")}
-        global_doc = {"format": FORMAT, "version": FORMAT_VERSION, "kind": "state", "world_size": world,
-                      "saved_unix": time.time(), "torch_version": torch.__version__,
-                      "session_state": _to_json(dict(session_state), "session_state"),
-                      "scheduler": _to_json(scheduler.state_dict(), "scheduler.state_dict()")
-                      if scheduler is not None else None,
-                      "typed_scheduler_state": _to_json(typed_scheduler_state, "typed_scheduler_state"),
-                      "extra": _to_json(extra, "extra"), "model": model_json, "optimizer": optim_json,
-                      "tensors": _shape_record(tensors)}
+        tensors, *encoded = _encode_state(model, optimizer, scheduler, session_state=session_state,
+                                          loader_state=loader_state, typed_scheduler_state=typed_scheduler_state,
+                                          extra=extra, rank=rank, world=world, state_dicts=state_dicts)
+        docs = (encoded[0], encoded[1])
     except Exception as err:  # noqa: BLE001 - every rank must learn of it, or the others would hang
         error = err
     _agree(error, pg, world, what=f"encoding checkpoint state for {root}")
+    gen_dir = _new_generation(root, docs[0], docs[1], pg, rank, world)
+    return _write_tensors(tensors, root, gen_dir, asynchronous=asynchronous, pg=pg, rank=rank, world=world)
 
-    generation = ""
-    if rank == 0:
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            generation = next_generation(root)
-            create_generation(root, generation)
-            write_json_atomic(root / generation / STATE_NAME, global_doc)
-        except OSError as err:
-            error = CheckpointError(f"cannot create a checkpoint generation under {root}: {err}")
-    _agree(error, pg, world, what=f"creating a checkpoint generation under {root}")
-    generation = _all_gather_text(generation, pg, world)[0]
-    gen_dir = root / generation
-    try:
-        write_json_atomic(rank_file(gen_dir, rank), rank_doc)
-    except OSError as err:
-        error = CheckpointError(f"cannot write {rank_file(gen_dir, rank)}: {err}")
-    _agree(error, pg, world, what=f"writing rank-local state into {gen_dir}")
 
-    def finalize() -> None:
-        digest = write_manifest(gen_dir, world_size=world, info={"torch_version": torch.__version__})
-        sign_generation(gen_dir, digest)  # before publishing: a reader never sees an unsigned LATEST
-        publish(root, generation, digest)
+def save_session(path: str | Path, session: Any, *, loader_state: Any = None, typed_scheduler_state: Any = None,
+                 extra: Any = None, asynchronous: bool = False) -> CheckpointHandle:
+    """``save_checkpoint`` of a ``TorchDistributedSession``: its module, optimizer, scheduler and clocks.
 
-    writer = dcp.FileSystemWriter(str(gen_dir / DCP_DIR))
-    if asynchronous:
-        group = _async_group(pg) if pg is not None else None
-        with _single_process_quiet(group):
-            response = dcp.async_save(tensors, storage_writer=writer, process_group=group,
-                                      no_dist=group is None)
-        # a Future, or (newer torch) an AsyncSaveResponse whose upload_completion is the write's Future
-        future = cast(Future, getattr(response, "upload_completion", response))
-        handle = CheckpointHandle(gen_dir, future=future, pg=group, rank=rank, world=world, finalize=finalize)
-        _IN_FLIGHT.append(handle)
-        return handle
-    try:
-        with _single_process_quiet(pg):
-            dcp.save(tensors, storage_writer=writer, process_group=pg, no_dist=pg is None)
-        if rank == 0:
-            finalize()
-    except Exception as err:  # noqa: BLE001 - shared with every rank
-        error = err
-    _agree(error, pg, world, what=f"saving checkpoint {gen_dir}")
-    return CheckpointHandle(gen_dir)
+    Refused while gradients are pending (they are not checkpointed): commit, or call
+    ``finish_accumulation()`` / ``discard_accumulation()`` first.
+    """
+    if session.pending_accumulation:
+        raise ValueError(
+            f"cannot save mid-accumulation (pending_accumulation={session.pending_accumulation}): pending gradients "
+            "are not checkpointed; save after a commit or call finish_accumulation()/discard_accumulation() first")
+    return save_checkpoint(path, model=session.module, optimizer=session.optimizer, scheduler=session.scheduler,
+                           session_state=to_dict(session.state())["data"], loader_state=loader_state,
+                           typed_scheduler_state=typed_scheduler_state, extra=extra, asynchronous=asynchronous)
 
 
 # ---- load -----------------------------------------------------------------------------------
@@ -418,6 +461,58 @@ def _read_documents(gen_dir: Path, digest: str | None, rank: int, world: int,
         rederived_loader_state(loaders, new_world_size=world), saved_world
 
 
+def _locate(root: Path, *, trust: str, allow_rollback: bool, pg: Any, world: int, rank: int) -> tuple[Path, Any]:
+    """Collective: rank 0 resolves ``LATEST`` and verifies its signature and rollback rule; every rank gets it."""
+    error: BaseException | None = None
+    located = ""
+    if rank == 0:
+        try:
+            gen_dir, digest = resolve(root)
+            verify_generation(gen_dir, trust=trust, allow_rollback=allow_rollback or digest is None)
+            located = json.dumps([str(gen_dir), digest])
+        except Exception as err:  # noqa: BLE001 - every rank must learn of it
+            error = err
+    _agree(error, pg, world, what=f"locating the checkpoint at {root}")
+    gen_text, digest = json.loads(_all_gather_text(located, pg, world)[0])
+    return Path(gen_text), digest
+
+
+def _read_verified(gen_dir: Path, digest: Any, *, scheduler: Any, allow_world_size_change: bool, pg: Any,
+                   world: int, rank: int) -> tuple[dict[str, Any], dict[str, Any], Any, int]:
+    """Collective: every rank checks its share of the files and reads the documents (nothing changes yet)."""
+    error: BaseException | None = None
+    found: tuple[dict[str, Any], dict[str, Any], Any, int] = ({}, {}, None, 0)
+    try:
+        found = _read_documents(gen_dir, digest, rank, world, allow_world_size_change)
+        if scheduler is not None and found[0].get("scheduler") is None:
+            raise CheckpointError(f"{gen_dir / STATE_NAME} holds no scheduler state but a scheduler was passed")
+    except (KeyError, TypeError, ValueError, AttributeError) as err:  # valid JSON of the wrong shape
+        error = CorruptCheckpointError(gen_dir / STATE_NAME, f"unreadable state ({type(err).__name__}: {err})")
+    except Exception as err:  # noqa: BLE001 - every rank must learn of it
+        error = err
+    _agree(error, pg, world, what=f"verifying checkpoint {gen_dir}")
+    return found
+
+
+def _template(model: Any, optimizer: Any, saved: dict[str, Any], gen_dir: Path, pg: Any,
+              world: int) -> dict[str, torch.Tensor]:
+    """Collective: this model's and optimizer's tensors for DCP to load into, checked against the saved ones."""
+    fresh = not optimizer.state
+    template: dict[str, torch.Tensor] = {}
+    error: BaseException | None = None
+    try:
+        optimizer.zero_grad(set_to_none=True)  # lets get_state_dict create the optimizer state template
+        msd, osd = get_state_dict(model, optimizer, options=_OPTIONS)
+        template = {**_split(msd, "model")[1], **_split(osd, "optimizer")[1]}
+        _check_keys(saved, template, gen_dir)
+    except Exception as err:  # noqa: BLE001 - every rank must learn of it
+        error = err
+        if fresh:
+            optimizer.state.clear()
+    _agree(error, pg, world, what=f"matching checkpoint {gen_dir} to this model and optimizer")
+    return {key: template[key] for key in saved}
+
+
 def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: Any = None,
                     allow_world_size_change: bool = False, process_group: Any = None, trust: str = "signed",
                     allow_rollback: bool = False) -> dict[str, Any]:
@@ -436,45 +531,11 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
         raise ValueError(f"trust={trust!r}; expected one of {CHECKPOINT_TRUST_MODES}")
     pg, rank, world = _group(process_group)
     _drain_in_flight()
-    root = Path(path)
-    error: BaseException | None = None
-    located = ""
-    if rank == 0:
-        try:
-            gen_dir, digest = resolve(root)
-            verify_generation(gen_dir, trust=trust, allow_rollback=allow_rollback or digest is None)
-            located = json.dumps([str(gen_dir), digest])
-        except Exception as err:  # noqa: BLE001 - every rank must learn of it
-            error = err
-    _agree(error, pg, world, what=f"locating the checkpoint at {root}")
-    gen_text, digest = json.loads(_all_gather_text(located, pg, world)[0])
-    gen_dir = Path(gen_text)
-    try:
-        state, rng, loader_state, saved_world = _read_documents(
-            gen_dir, digest, rank, world, allow_world_size_change)
-        if scheduler is not None and state.get("scheduler") is None:
-            raise CheckpointError(f"{gen_dir / STATE_NAME} holds no scheduler state but a scheduler was passed")
-    except (KeyError, TypeError, ValueError, AttributeError) as err:  # valid JSON of the wrong shape
-        error = CorruptCheckpointError(gen_dir / STATE_NAME, f"unreadable state ({type(err).__name__}: {err})")
-    except Exception as err:  # noqa: BLE001 - every rank must learn of it
-        error = err
-    _agree(error, pg, world, what=f"verifying checkpoint {gen_dir}")
-
-    fresh = not optimizer.state
-    template: dict[str, torch.Tensor] = {}
-    saved = state["tensors"]
-    try:
-        optimizer.zero_grad(set_to_none=True)  # lets get_state_dict create the optimizer state template
-        msd, osd = get_state_dict(model, optimizer, options=_OPTIONS)
-        template = {**_split(msd, "model")[1], **_split(osd, "optimizer")[1]}
-        _check_keys(saved, template, gen_dir)
-    except Exception as err:  # noqa: BLE001 - every rank must learn of it
-        error = err
-        if fresh:
-            optimizer.state.clear()
-    _agree(error, pg, world, what=f"matching checkpoint {gen_dir} to this model and optimizer")
-
-    targets = {key: template[key] for key in saved}
+    gen_dir, digest = _locate(Path(path), trust=trust, allow_rollback=allow_rollback, pg=pg, world=world, rank=rank)
+    state, rng, loader_state, saved_world = _read_verified(
+        gen_dir, digest, scheduler=scheduler, allow_world_size_change=allow_world_size_change, pg=pg, world=world,
+        rank=rank)
+    targets = _template(model, optimizer, state["tensors"], gen_dir, pg, world)
     with _single_process_quiet(pg):
         dcp.load(targets, storage_reader=dcp.FileSystemReader(str(gen_dir / DCP_DIR)), process_group=pg,
                  no_dist=pg is None)
@@ -493,6 +554,19 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
             "extra": _from_json(state["extra"], "extra"), "saved_world_size": saved_world,
             "world_size": world, "generation": gen_dir.name,
             "rng": "rederived" if "rederive_from" in rng else "restored"}
+
+
+def load_session(path: str | Path, session: Any, *, allow_world_size_change: bool = False, trust: str = "signed",
+                 allow_rollback: bool = False) -> dict[str, Any]:
+    """``load_checkpoint`` into a ``TorchDistributedSession``: tensors, scheduler, RNG, then its clocks
+    (``restore_state``); returns ``load_checkpoint``'s dict."""
+    loaded = load_checkpoint(path, model=session.module, optimizer=session.optimizer, scheduler=session.scheduler,
+                             allow_world_size_change=allow_world_size_change, trust=trust,
+                             allow_rollback=allow_rollback)
+    session.restore_state(from_dict(
+        {"kind": "TorchSessionState", "version": SCHEMA_VERSION, "data": loaded["session_state"]},
+        TorchSessionState))
+    return loaded
 
 
 def _check_keys(saved: dict[str, Any], template: dict[str, torch.Tensor], gen_dir: Path) -> None:

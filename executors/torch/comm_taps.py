@@ -3,12 +3,12 @@
 Instead of a dispatch mode over every aten op (``comm_meter.CollectiveMeter``, still used for
 tensor and context parallelism), the session taps the only places DDP and FSDP2 communicate:
 
-* DDP: a comm hook (:func:`counting_allreduce_hook`) counts each bucket DDP really hands to its
-  communication (its buffer's bytes) and then runs torch's default all-reduce hook, so receipts show
-  what was issued, including an all-reduce on a micro-step that should not have synchronized; its
-  forward buffer broadcasts are counted as issued (:func:`count_buffer_broadcasts`); the
-  audit arms post-accumulate-grad hooks (:class:`DDPGradientAccess`) only on the steps it audits or
-  a fault is planned for.
+* DDP: every multi-rank DDP session runs a Python comm hook, owned by the session's gradient-mean
+  scheme (``gradient_mean.DDPMean``): it counts each bucket DDP really hands to its communication
+  (its buffer's bytes) through this tap, so receipts show what was issued, including an all-reduce on
+  a micro-step that should not have synchronized; DDP's forward buffer broadcasts are counted as issued
+  (:func:`count_buffer_broadcasts`); the audit and a fault injector arm post-accumulate-grad hooks
+  (:class:`DDPGradientAccess`) only on the steps they need.
 * FSDP2 / HSDP: custom ``AllGather`` / ``ReduceScatter`` comm objects
   (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``) that call the same
   ``torch.distributed`` functions FSDP2's defaults call, and for HSDP an all-reduce hook
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -42,7 +42,15 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor, Shard
     from torch.nn.parallel import DistributedDataParallel
 
-MODES = ("pass", "capture", "replay")
+class TapMode(StrEnum):
+    """What the taps do with the local gradients they see."""
+
+    PASS = "pass"
+    """Count and communicate; look at nothing."""
+    CAPTURE = "capture"
+    """Also keep a copy of each local gradient before its reduction (an audited window)."""
+    REPLAY = "replay"
+    """Keep a copy and do not communicate (the audit's recomputation must not reach other ranks)."""
 
 
 class CommTap:
@@ -53,21 +61,15 @@ class CommTap:
         self.rank = rank
         self.bytes = 0
         self.counts: Counter[str] = Counter()
-        self.mode = "pass"
+        self.mode = TapMode.PASS
         self.captured: dict[str, torch.Tensor] = {}
         self.injector: Any = None
-        self.ddp_sync_bytes: int | None = None
-        """Set when DDP runs its built-in all-reduce: the bytes one synchronized backward all-reduces."""
         self.step = 0
         self.injected: list[str] = []
         self.syncing = True
         """Whether the running micro-step synchronizes gradients (set by the session before backward)."""
         self.ddp_access: DDPGradientAccess | None = None
         """DDP only, with the audit or a fault injector: the on-demand local-gradient hooks."""
-        self.bucket_coef: Callable[[], float] | None = None
-        """DDP with the counting hook: set by the session for a synchronizing backward, the factor each bucket
-        is multiplied by before its all-reduce so the sum is the global mean (1.0: the backward already made
-        it so; nothing is done); None: torch's default pre-division by the group size."""
 
     def reset(self) -> None:
         """Forget what was counted so far."""
@@ -80,14 +82,14 @@ class CommTap:
 
     def add(self, kind: str, nbytes: int, count: int = 1) -> None:
         """Count ``count`` collectives moving ``nbytes`` in all (not while replaying: audit traffic is not counted)."""
-        if self.counting and self.mode != "replay":
+        if self.counting and self.mode is not TapMode.REPLAY:
             self.counts[kind] += count
             self.bytes += int(nbytes)
 
     def wants_flip(self) -> bool:
         """True when a planned gradient flip could strike this rank at this step (cheap pre-check)."""
         injector = self.injector
-        if injector is None or self.mode == "replay":
+        if injector is None or self.mode is TapMode.REPLAY:
             return False
         return any(f.kind == "gradient" and f.rank == self.rank and f.step == self.step for f in injector.pending)
 
@@ -104,15 +106,15 @@ class CommTap:
         return out
 
 
-def _nbytes(t: torch.Tensor) -> int:
+def nbytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor's elements (what a collective moves for it)."""
     return t.numel() * t.element_size()
 
 
 # ---- DDP ---------------------------------------------------------------------------------
 class DDPGradientAccess:
-    """The audit's view of DDP's local gradients, armed only for the windows that need it.
+    """The audit's and the fault injector's view of DDP's local gradients, armed only for the windows that need it.
 
-    DDP keeps its built-in C++ all-reduce (a Python comm hook cost 3-7% of every small step).
     When armed, a post-accumulate-grad hook on each parameter sees ``p.grad`` right after autograd
     accumulated it and before DDP's reducer copies it into its bucket (the reducer runs as a post
     hook of the same AccumulateGrad node, after the tensor's own post-accumulate hooks): on the
@@ -142,11 +144,11 @@ class DDPGradientAccess:
 
         def hook(param: torch.Tensor) -> None:
             grad = param.grad
-            if grad is None or not tap.syncing or tap.mode == "replay":
+            if grad is None or not tap.syncing or tap.mode is TapMode.REPLAY:
                 return  # only the synchronizing micro-step's accumulated gradient is what DDP reduces
             if tap.wants_flip():
                 tap.inject(name, grad)
-            if tap.mode == "capture":
+            if tap.mode is TapMode.CAPTURE:
                 tap.captured[name] = grad.detach().clone()
 
         return hook
@@ -255,7 +257,7 @@ class TapAllGather:
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
                  async_op: bool = False) -> Any:
-        self.tap.add("all_gather", _nbytes(output_tensor))
+        self.tap.add("all_gather", nbytes(output_tensor))
         return _gather_fn()(output_tensor, input_tensor, group=group, async_op=async_op)
 
 
@@ -283,7 +285,7 @@ class TapReduceScatter:
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
                  async_op: bool = False) -> Any:
         tap = self.tap
-        if tap.mode != "pass" or tap.wants_flip():
+        if tap.mode is not TapMode.PASS or tap.wants_flip():
             world = group.size()
             layout = self._layout_for(input_tensor, world)
             grads = layout.unchunk(input_tensor) if layout else {self.fallback_name: input_tensor.clone()}
@@ -294,12 +296,12 @@ class TapReduceScatter:
                             layout.write_back(input_tensor, name, grad)
                         else:
                             input_tensor.copy_(grad)
-            if tap.mode != "pass":
+            if tap.mode is not TapMode.PASS:
                 tap.captured.update(grads)
-        if tap.mode == "replay":
+        if tap.mode is TapMode.REPLAY:
             output_tensor.zero_()  # discarded by the audit; zeros keep FSDP2's bookkeeping finite
             return None
-        tap.add("reduce_scatter", _nbytes(input_tensor))
+        tap.add("reduce_scatter", nbytes(input_tensor))
         return _reduce_scatter(output_tensor, input_tensor, group, op, async_op)
 
 
@@ -324,32 +326,7 @@ def install_fsdp_taps(root: nn.Module, tap: CommTap, *, hsdp: bool) -> None:
         reduce_scatter = TapReduceScatter(tap, managed_parameters(module, prefix), path)
         fsdp.set_custom_reduce_scatter(reduce_scatter)  # type: ignore[arg-type]  # duck-typed ReduceScatter
         if hsdp:
-            fsdp.set_all_reduce_hook(lambda out: tap.add("all_reduce", _nbytes(out)))
-
-
-def counting_allreduce_hook(tap: CommTap) -> Any:
-    """A DDP comm hook: count the bucket DDP really communicates, then all-reduce it.
-
-    With ``tap.bucket_coef`` set (by the session, for its exact global mean) the bucket is multiplied by
-    its value first, or left alone at 1.0; otherwise torch's default all-reduce hook divides by the group size.
-    """
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    def hook(state: Any, bucket: Any) -> Any:
-        buffer = bucket.buffer()
-        tap.add("all_reduce", _nbytes(buffer))
-        coef = tap.bucket_coef
-        if coef is None:
-            return default_hooks.allreduce_hook(state, bucket)
-        factor = coef()
-        if factor != 1.0:
-            buffer.mul_(factor)
-        return dist.all_reduce(buffer, group=state, async_op=True).get_future().then(lambda fut: fut.value()[0])
-
-    # DDP checks the hook's annotations as objects; this module's postponed annotations are strings
-    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
-                            "return": torch.futures.Future[torch.Tensor]}
-    return hook
+            fsdp.set_all_reduce_hook(lambda out: tap.add("all_reduce", nbytes(out)))
 
 
 def count_buffer_broadcasts(ddp: DistributedDataParallel, tap: CommTap) -> None:
@@ -361,9 +338,9 @@ def count_buffer_broadcasts(ddp: DistributedDataParallel, tap: CommTap) -> None:
         meter = CollectiveMeter()
         with meter:
             result = original(*args, **kwargs)
-        nbytes, counts = meter.snapshot()
+        moved, counts = meter.snapshot()
         for kind, n in counts.items():
-            tap.add(kind, nbytes if kind == "broadcast" else 0, n)
+            tap.add(kind, moved if kind == "broadcast" else 0, n)
         return result
 
     ddp._distributed_broadcast_coalesced = counted  # type: ignore[method-assign]  # an instance-level wrapper
@@ -372,22 +349,17 @@ def count_buffer_broadcasts(ddp: DistributedDataParallel, tap: CommTap) -> None:
 def install_taps(module: nn.Module, plan: Any, mode: DataParallelMode, *, gradient_access: bool = True) -> CommTap:
     """The session's CommTap, installed on DDP / FSDP2; it counts bytes unless TP or CP need the dispatch meter.
 
-    DDP gets ``counting_allreduce_hook`` when counting (observed, not computed from the sync flag:
-    a Python hook costs a few percent of a tiny step); ``ddp_sync_bytes`` records what one
-    synchronized backward should all-reduce (every trainable gradient once), for comparisons.
-    With ``gradient_access`` (audit or fault injection) the tap also gets a ``DDPGradientAccess``
-    that the audit arms only for the steps it needs.
+    Under DDP the buckets are counted by the comm hook of the session's ``gradient_mean.DDPMean``,
+    which calls ``tap.add``; here DDP's forward buffer broadcasts are counted, and with
+    ``gradient_access`` (audit or fault injection) the tap gets a ``DDPGradientAccess`` armed only
+    for the steps that need it.
     """
     counting = plan.world_size > 1 and plan.tp == 1 and plan.cp == 1
     if mode.uses_fsdp and not fsdp_taps_supported():
         counting = False  # older FSDP2: the dispatch-mode meter counts; the audit is refused (see torch.sdc_audit)
     tap = CommTap(counting=counting, rank=dist.get_rank() if dist.is_initialized() else 0)
     if mode.uses_ddp:
-        tap.ddp_sync_bytes = sum(_nbytes(p) for p in module.parameters() if p.requires_grad)
-        if counting:
-            ddp = cast("DistributedDataParallel", module)
-            ddp.register_comm_hook(ddp.process_group, counting_allreduce_hook(tap))
-            count_buffer_broadcasts(ddp, tap)
+        count_buffer_broadcasts(cast("DistributedDataParallel", module), tap)
         if gradient_access:
             named = [(pre_wrap_fqn(n), p) for n, p in unwrap(module).named_parameters() if p.requires_grad]
             tap.ddp_access = DDPGradientAccess(tap, named)

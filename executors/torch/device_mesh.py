@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from ...contracts import ParallelAxis, ParallelPlan, attest_worker_coordinate
+from ...contracts import ParallelAxis, ParallelPlan, attest_worker_coordinate, comm_backend_for
 
 MIN_TORCH = (2, 6)
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -74,7 +74,8 @@ def ensure_process_group(plan: ParallelPlan, device: torch.device) -> bool:
             f"{plan.world_size} script.py` or call torch.distributed.init_process_group first"
         )
     plan.validate_world_size(int(os.environ["WORLD_SIZE"]))
-    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    comm = comm_backend_for(device)  # CPU tensors (the session's small control ones) always go through gloo
+    backend = "gloo" if comm == "gloo" else f"cpu:gloo,{device.type}:{comm}"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))

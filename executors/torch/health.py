@@ -1,6 +1,7 @@
 """Health receipts of a torch_native session: tokens/s, MFU, anomalies, per-rank step time, the heartbeat.
 
-``HealthOptions`` is what ``prepare(health=...)`` takes. ``SessionHealth`` times each rank's own
+``HealthOptions`` (defined with the other training options in ``executors.training_options``) is
+what ``prepare(health=...)`` takes. ``SessionHealth`` times each rank's own
 work in a step (the wait for its batch since the last commit plus its forward passes: the parts no
 peer holds up under DDP), ships it in the commit's all-reduce of its counts (a slot per rank, so no new
 collective), and turns the committed step into a ``health`` dict for the receipt.
@@ -23,54 +24,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...verification.health import Anomaly, ModelFlopConfig, TrainingHealthMonitor
+from ...verification.health import Anomaly, TrainingHealthMonitor
+from ..training_options import FAILURE_POLICIES, HealthOptions, resolve_health
 from .heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 HEALTH_EXIT_CODE = 75  # EX_TEMPFAIL: an elastic agent (torchrun --max-restarts) restarts the job
-FAILURE_POLICIES = ("exit", "raise", "warn")
+__all__ = ["FAILURE_POLICIES", "HEALTH_EXIT_CODE", "HealthOptions", "RankFailureError", "SessionHealth",
+           "dense_flops_per_token", "measured_peak_flops", "resolve_health"]
 _peaks: dict[str, float] = {}
 _sessions = 0
 
 
 class RankFailureError(RuntimeError):
     """A peer rank is dead or hung (found by the heartbeat); the step cannot complete."""
-
-
-@attrs.frozen
-class HealthOptions:
-    """Health settings of a session: the monitor's thresholds, the FLOP model and peak, the heartbeat."""
-
-    flop_config: ModelFlopConfig | None = None
-    peak_flops_per_sec: float | None = None  # per device; None: a measured matmul peak
-    loss_z_thresh: float = 6.0
-    grad_z_thresh: float = 6.0
-    window: int = 20
-    min_periods: int = 5
-    straggler_ratio: float = 1.5
-    straggler_min_s: float = 0.005
-    heartbeat: bool = True
-    heartbeat_interval_s: float = 0.5
-    dead_after_s: float = 30.0
-    hung_after_s: float = 300.0
-    on_failure: str = attrs.field(default="exit", validator=attrs.validators.in_(FAILURE_POLICIES))
-    incident_dir: str | None = None  # each rank writes incident-rank<R>.json there before it exits
-
-
-def resolve_health(health: Any) -> HealthOptions | None:
-    """``prepare(health=)``: None/True = defaults, False = off, a HealthOptions, or a dict of its fields."""
-    if health is False:
-        return None
-    if health is None or health is True:
-        return HealthOptions()
-    if isinstance(health, HealthOptions):
-        return health
-    if isinstance(health, dict):
-        unknown = set(health) - {f.name for f in attrs.fields(HealthOptions)}
-        if unknown:
-            raise ValueError(f"unknown health options {sorted(unknown)}; see HealthOptions")
-        return HealthOptions(**health)
-    raise TypeError(f"health must be None, a bool, a HealthOptions or a dict, got {type(health).__name__}")
 
 
 def measured_peak_flops(device: torch.device, n: int = 512, reps: int = 8) -> float:

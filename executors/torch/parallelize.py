@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,12 @@ from torch.nn.parallel import DistributedDataParallel
 from ...contracts import ParallelAxis
 from .device_mesh import require_axis_mesh
 from .dp_mode import DataParallelMode
+
+BUFFER_SYNC_OPTION = ("forward_sync_buffers" if "forward_sync_buffers" in
+                      inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers")
+"""DDP's per-forward buffer sync flag: ``forward_sync_buffers`` where torch has it (its ``broadcast_buffers``
+is deprecated there, with a FutureWarning), ``broadcast_buffers`` before. Either way buffers are synced
+at construction; ``False`` only skips the per-forward broadcast of a module without buffers."""
 
 # tp_plan style names a user may write instead of a ParallelStyle object
 _STYLE_NAMES = ("colwise", "colwise_replicate", "rowwise", "sequence")
@@ -147,10 +154,9 @@ def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh, device: torch.device) -> D
     """
     device_ids = [device.index] if device.type == "cuda" and device.index is not None else None
     has_buffers = any(True for _ in module.buffers())  # nothing to broadcast otherwise: skip the per-forward call
-    return DistributedDataParallel(
-        module, device_ids=device_ids, device_mesh=dp_mesh, broadcast_buffers=has_buffers,
-        gradient_as_bucket_view=True,
-    )
+    buffer_sync: dict[str, Any] = {BUFFER_SYNC_OPTION: has_buffers}
+    return DistributedDataParallel(module, device_ids=device_ids, device_mesh=dp_mesh, gradient_as_bucket_view=True,
+                                   **buffer_sync)
 
 
 def parallelize(

@@ -36,16 +36,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...contracts import SDCAuditRecord, from_dict, to_dict
+from ...contracts import AuditPolicy, SDCAuditRecord, from_dict, to_dict
 from ...verification.sdc.digest import digest, max_abs_difference
-from ...verification.sdc.schedule import AUDIT_POLICIES, AuditSchedule, SDCDetectedError
-from .comm_taps import CommTap, fsdp_taps_supported
+from ...verification.sdc.schedule import AuditSchedule, SDCDetectedError
+from ..training_options import AuditMode, AuditOptions, AuditReplay
+from .comm_taps import CommTap, TapMode, fsdp_taps_supported
 from .dp_mode import DataParallelMode
 from .layouts import pre_wrap_fqn, unwrap
-
-AUDIT_REPLAYS = ("peer", "both")
-"""``peer``: a peer recomputes each audited gradient, same-rank replays run on a disagreement or
-without a peer; ``both``: same-rank and peer replay on every audited step."""
 
 _log = logging.getLogger(__name__)
 _MAX = 1.7976931348623157e308
@@ -58,17 +55,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class SessionAudit:
     """Schedules, records, replays and judges audited steps of one ``TorchDistributedSession``."""
 
-    def __init__(self, session: Any, tap: CommTap, *, rate: float, policy: str, seed: int, bound: float = 0.0,
-                 replay: str = "peer", injector: Any = None, enabled: bool = True) -> None:
-        if policy not in AUDIT_POLICIES:
-            raise ValueError(f"audit_policy={policy!r}; allowed: {list(AUDIT_POLICIES)}")
-        if replay not in AUDIT_REPLAYS:
-            raise ValueError(f"audit_replay={replay!r}; allowed: {list(AUDIT_REPLAYS)}")
-        self.replay = replay
-        self.session, self.tap = session, tap
-        self.schedule = AuditSchedule(rate=rate, seed=seed)
-        self.policy, self.bound, self.enabled = policy, float(bound), enabled
-        self.injector = injector  # no ledger: check() returns the records and the session writes them
+    def __init__(self, session: Any, tap: CommTap, options: AuditOptions, *, seed: int,
+                 faults: FaultStrikes | None = None) -> None:
+        self.replay, self.policy, self.bound = options.replay, options.policy, options.bound
+        self.session, self.tap, self.faults = session, tap, faults
+        self.schedule = AuditSchedule(rate=options.rate, seed=seed)
         self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.world = session.plan.world_size
         # the whole data-parallel group: the ranks sharing this rank's pp, cp and tp coordinates
@@ -79,20 +70,19 @@ class SessionAudit:
         # DDP: local gradients come from on-demand hooks; replays run under no_sync() and read p.grad
         self._access = tap.ddp_access
         self._unsynced_replay = session.dp_mode.uses_ddp
-        self.records: list[SDCAuditRecord] = []
+        self.records: list[SDCAuditRecord] = []  # no ledger: check() returns them and the session's owner writes
         self.audited_steps = 0
         self._window: list[tuple[Any, Any, bool, float]] | None = None
         self._rng: dict[str, torch.Tensor] | None = None
         self._buffers: list[torch.Tensor] | None = None
         self._param_ref: str | None = None
         self._param_ref_step: int | None = None
-        tap.injector = injector
         self.prime(session.step)
 
     # ---- clock -----------------------------------------------------------------------------
     def is_audited(self, step: int) -> bool:
         """True when the step with this index is audited (same answer on every rank)."""
-        return self.enabled and self.schedule.is_audited(step)
+        return self.schedule.is_audited(step)
 
     def prime(self, step: int) -> None:
         """Take the at-rest parameter digest when ``step`` will be audited (after an update, a load, or at start)."""
@@ -100,26 +90,21 @@ class SessionAudit:
 
     def begin_window(self, step: int) -> None:
         """At the first micro-step of a window: strike planned parameter flips; start recording if audited."""
-        self.tap.step = step
-        self.tap.injected = []
-        self._injected_params: list[str] = []
         self._disarm()
         audited = self.is_audited(step)
         if audited and self._param_ref_step != step:
             self.prime(step)  # e.g. after a checkpoint load: the reference is taken before any planned flip
-        if self.injector is not None:
-            for name, p in self.session.named_trainable():
-                if self.injector.apply("parameter", name, _local(p).detach(), rank=self.rank, step=step):
-                    self._injected_params.append(name)
-        if self._access is not None and (audited or self.tap.wants_flip()):
-            self._access.arm()  # DDP: capture the local gradient, or strike a planned flip in it
+        if self.faults is not None:
+            self.faults.begin_window(step)
+        if self._access is not None and audited:
+            self._access.arm()  # DDP: capture the local gradient
         if not audited:
             self._window = None
             return
         self._window = []
         self._rng = _rng_state(self.session.device)
         self._buffers = [b.detach().clone() for b in self.session.module.buffers()]
-        self.tap.mode = "capture"
+        self.tap.mode = TapMode.CAPTURE
 
     def _disarm(self) -> None:
         if self._access is not None:
@@ -127,12 +112,12 @@ class SessionAudit:
 
     def note(self, x: Any, y: Any, sync: bool, weight: float) -> None:
         """Record one micro-step of an audited window."""
-        if self._window is not None and self.tap.mode == "capture":
+        if self._window is not None and self.tap.mode is TapMode.CAPTURE:
             self._window.append((x, y, sync, weight))
 
     def abort_window(self) -> None:
         """Forget the window (discarded accumulation)."""
-        self._window, self.tap.mode = None, "pass"
+        self._window, self.tap.mode = None, TapMode.PASS
         self._disarm()
         self.tap.take()
 
@@ -145,21 +130,17 @@ class SessionAudit:
         window, rng, self._window = self._window, self._rng, None
         if not window:  # pragma: no cover - a commit always follows at least one micro-step
             raise RuntimeError("audited window recorded no micro-step")
-        self.tap.mode = "pass"
+        self.tap.mode = TapMode.PASS
         observed = self.tap.take()
         if self._direct:  # no data-parallel reduction: the local gradient is the accumulated .grad
-            if self.tap.wants_flip():
-                for name, p in self.session.named_trainable():
-                    if p.grad is not None:
-                        self.tap.inject(name, p.grad)
-            observed = self._grads()
+            observed = self._grads()  # (a planned flip struck it already: FaultStrikes.before_commit)
         injected = bool(self.tap.injected)
         self.audited_steps += 1
         mine: list[SDCAuditRecord] = []
         now = self._param_digest()
         if self._param_ref is not None and now != self._param_ref:
             mine.append(self._record(step, self.rank, "parameters at rest", "same_rank", self._param_ref, now, False,
-                                     _MAX, injected=bool(self._injected_params)))
+                                     _MAX, injected=bool(self.faults and self.faults.injected_params)))
         shared = self._allgather((bool(mine), now))
         corrupt_params = any(flag for flag, _ in shared)
         # replicated parameters (DDP) must be bitwise equal on every rank; sharded ones are identified by all shards
@@ -170,7 +151,7 @@ class SessionAudit:
                 obs_d = digest(observed)
                 peer = self._peer(step, window, rng, params, observed, obs_d, injected)
                 disagreed = peer is not None and not peer.matched
-                if peer is None or self.replay == "both" or self._anywhere(disagreed):
+                if peer is None or self.replay is AuditReplay.BOTH or self._anywhere(disagreed):
                     replayed = self._replay(window, rng)
                     exp_d = digest(replayed)
                     matched, diff = self._compare(observed, replayed, exp_d == obs_d)
@@ -220,12 +201,12 @@ class SessionAudit:
                 for b, saved in zip(session.module.buffers(), self._buffers):
                     b.copy_(saved)
         _set_rng_state(rng, session.device)
-        self.tap.mode = "replay"
+        self.tap.mode = TapMode.REPLAY
         try:
             for x, y, sync, weight in window:
                 session.run_micro(x, y, sync=sync and not self._unsynced_replay, weight=weight)
         finally:
-            self.tap.mode = "pass"
+            self.tap.mode = TapMode.PASS
         return self._grads() if self._direct or self._unsynced_replay else self.tap.take()
 
     def _grads(self) -> dict[str, torch.Tensor]:
@@ -271,7 +252,7 @@ class SessionAudit:
         diff = 0.0 if matched and self.bound == 0.0 else float(min(diff, _MAX))
         return SDCAuditRecord(
             family="training", step=step, rank=rank, unit=unit, replay=replay, expected_digest=expected,
-            observed_digest=observed, matched=matched, action="none" if matched else self.policy,
+            observed_digest=observed, matched=matched, action="none" if matched else self.policy.value,
             auditor_rank=self.rank, attributed_rank=None if matched else rank,
             maximum_absolute_difference=diff, bound=self.bound, injected=injected,
         )
@@ -304,9 +285,9 @@ class SessionAudit:
         for r in bad:
             _log.warning("SDC audit mismatch: %s at step %d on rank %s (%s replay by rank %s), policy %s",
                          r.unit, r.step, r.attributed_rank, r.replay, r.auditor_rank, self.policy)
-        if bad and self.policy == "raise":
+        if bad and self.policy is AuditPolicy.RAISE:
             raise SDCDetectedError(records)
-        return records, bool(bad) and self.policy == "skip_step"
+        return records, bool(bad) and self.policy is AuditPolicy.SKIP_STEP
 
 
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
@@ -330,6 +311,56 @@ def audit_supported(plan: Any, mode: DataParallelMode) -> str | None:
     if mode.uses_fsdp and not fsdp_taps_supported():
         return "the FSDP2 audit needs FSDPModule.set_custom_reduce_scatter (torch >= 2.8)"
     return None
+
+
+def resolve_audit(options: AuditOptions, plan: Any, mode: DataParallelMode) -> AuditOptions | None:
+    """The audit a session runs for ``plan``: None when it is off (``audit=False``, or ``audit=None`` on a plan
+    it cannot replay); raises for ``audit=True`` on such a plan. The fault injector is not the audit's:
+    a session strikes its flips either way (``FaultStrikes``)."""
+    if options.mode is AuditMode.OFF:
+        return None
+    reason = audit_supported(plan, mode)
+    if reason is None:
+        return options
+    if options.mode is AuditMode.ON:
+        raise ValueError(f"audit=True but {reason}")
+    return None
+
+
+class FaultStrikes:
+    """Strikes a ``verification.FaultInjector``'s planned bit flips into a session, audit on or off: parameter
+    flips at a window's first micro-step; gradient flips where the local gradient is reduced (the comm taps:
+    DDP's armed gradient hooks, FSDP2's reduce-scatter) or, without a data-parallel reduction, into the
+    accumulated ``.grad`` just before the commit."""
+
+    def __init__(self, session: Any, tap: CommTap, injector: Any) -> None:
+        self.session, self.tap, self.injector = session, tap, injector
+        self.rank = tap.rank
+        self.injected_params: list[str] = []
+        self._direct = session.dp_mode is DataParallelMode.NONE
+        tap.injector = injector
+
+    def begin_window(self, step: int) -> None:
+        """Strike the window's planned parameter flips; arm DDP's gradient hooks when a gradient flip is due."""
+        self.tap.step, self.tap.injected, self.injected_params = step, [], []
+        self.end_window()  # hooks armed for an earlier window come off first
+        for name, p in self.session.named_trainable():
+            if self.injector.apply("parameter", name, _local(p).detach(), rank=self.rank, step=step):
+                self.injected_params.append(name)
+        if self.tap.ddp_access is not None and self.tap.wants_flip():
+            self.tap.ddp_access.arm()
+
+    def before_commit(self) -> None:
+        """Without a data-parallel reduction, strike a due gradient flip into the accumulated ``.grad``."""
+        if self._direct and self.tap.wants_flip():
+            for name, p in self.session.named_trainable():
+                if p.grad is not None:
+                    self.tap.inject(name, p.grad)
+
+    def end_window(self) -> None:
+        """The window committed or was dropped: DDP's gradient hooks come off (later steps cost nothing)."""
+        if self.tap.ddp_access is not None:
+            self.tap.ddp_access.disarm()
 
 
 def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:

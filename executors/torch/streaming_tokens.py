@@ -22,8 +22,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ...contracts import ParallelPlan, StepReceipt
+from ...contracts import ParallelPlan, StepReceipt, comm_backend_for
 from ..estimation.chunks import seed_from
+from ..training_options import TORCH_NATIVE, TrainOptions
 from .backend import TorchDistributedBackend
 from .layouts import unwrap
 from .losses import IGNORE_INDEX
@@ -42,9 +43,8 @@ __all__ = ["StreamingTokenEncodedData", "TrainedTokenModel", "next_token_loss"]
 PARALLEL_MODES = ("auto", "ddp", "fsdp", "none")
 PRECISIONS = ("fp32", "bf16")
 PG_BACKENDS = (None, "gloo", "nccl")
-_SESSION_OPTIONS = frozenset({"certificate", "audit", "audit_rate", "audit_policy", "audit_bound", "audit_replay",
-                              "ledger", "health", "max_grad_norm", "nonfinite", "seed", "fault_injector"})
-"""``prepare()`` options a caller may pass through ``session_options`` (the handle sets the others)."""
+_HANDLE_SETS = frozenset({"loss_fn", "optimizer", "lr", "precision", "device", "admission", "tp_plan"})
+"""``prepare()`` options the handle sets itself (``tp_plan``: it trains data-parallel only)."""
 
 
 def next_token_loss(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -89,13 +89,17 @@ def _check_model_axes(tp_size: Any, pp_size: Any, cp_size: Any) -> None:
 
 
 def _check_session_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``session_options`` as ``prepare()`` would take them, checked at once by building their ``TrainOptions``."""
     if options is None:
         return {}
     if not isinstance(options, Mapping):
         raise TypeError(f"session_options must be a mapping of prepare() options, got {type(options).__name__}")
-    unknown = sorted(set(options) - _SESSION_OPTIONS)
-    if unknown:
-        raise ValueError(f"session_options has unknown key(s) {unknown}; allowed: {sorted(_SESSION_OPTIONS)}")
+    set_here = sorted(set(options) & _HANDLE_SETS)
+    if set_here:
+        raise ValueError(f"session_options has unknown key(s) {set_here} for this handle: it sets them itself (the "
+                         "estimator's module, lr and device, the next-token loss, AdamW, data parallelism only; "
+                         "precision= and admission= are the handle's own arguments); leave them out")
+    TrainOptions.from_keywords(TORCH_NATIVE, options)
     return dict(options)
 
 
@@ -359,7 +363,7 @@ def _maybe_init_process_group(init: bool, backend: str | None) -> bool:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return False  # not launched by torchrun: one process, no group
     if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = comm_backend_for("cuda" if torch.cuda.is_available() else "cpu")
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise ValueError("backend='nccl' needs CUDA devices; use backend='gloo' on CPU")

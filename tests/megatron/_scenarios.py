@@ -296,3 +296,27 @@ def world4_body(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
 def reference_body(rank: int, world: int) -> dict[str, Any]:
     """The single-process (world 1) MoE reference: all experts local, the whole global batch."""
     return {"moe": moe_body(rank, world, dict(microbatches=4))}
+
+
+# ---- seed= for an nn.Sequential (once ignored: only a builder was seeded) ---------------------------------
+def _dropout_mlp() -> torch.nn.Sequential:
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(IN, HID), torch.nn.Dropout(0.5), torch.nn.Linear(HID, OUT))
+
+
+def seed_body(rank: int, world: int) -> dict[str, Any]:
+    """Train the same dropout MLP three times: seed=3, seed=3 again (after drawing from the RNG), seed=4."""
+    warnings.filterwarnings("ignore")
+    from mixle_parallel.contracts import ParallelPlan
+    from mixle_parallel.executors import get_training_backend
+
+    xs, ys = data(ParallelPlan(), 4)
+    losses: dict[str, list[float]] = {}
+    for name, seed in (("first", 3), ("again", 3), ("other", 4)):
+        torch.rand(17)  # the RNG moves between runs: only seed= can make two runs draw the same masks
+        session = get_training_backend("megatron").prepare(
+            _dropout_mlp(), plan=ParallelPlan(), loss_fn=mse, activation_shape=(HID,), lr=LR, seed=seed,
+            admission="unverified", health=False)
+        losses[name] = [session.train_batch(xs[s, 0, 0], ys[s, 0, 0]).loss for s in range(STEPS)]
+        session.close()
+    return losses

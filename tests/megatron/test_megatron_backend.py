@@ -161,3 +161,12 @@ def test_importing_the_package_does_not_import_megatron():
             "print([m for m in ('torch', 'megatron') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_seed_seeds_the_training_of_an_nn_sequential():
+    """seed= once applied only to a model builder; an nn.Sequential's dropout masks now follow it too."""
+    from . import _scenarios
+
+    losses = run_world(1, _scenarios.seed_body)[0]
+    assert losses["first"] == losses["again"]  # bitwise: the same seed draws the same masks
+    assert losses["first"] != losses["other"]

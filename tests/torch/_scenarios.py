@@ -153,7 +153,7 @@ def misc_cases() -> dict:
     for name, plan, audit in (("ddp", ParallelPlan(dp_replicate=2), None), ("fsdp", ParallelPlan(dp_shard=2), None),
                               ("ddp_builtin", ParallelPlan(dp_replicate=2), False)):
         # audit=None (on) and audit=False (off) count bytes the same way: the counting comm hook sees each bucket
-        # DDP really all-reduces (comm_taps.counting_allreduce_hook); only the audit's gradient hooks differ
+        # DDP really all-reduces (the comm hook of gradient_mean.DDPMean); only the audit's gradient hooks differ
         s = backend.prepare(make_model(), plan=plan, optimizer="SGD", lr=0.1, audit=audit,
                             admission="unverified")  # test mesh, no certificate
         r = s.train_batch(*batches[0][dp_index(plan)])

@@ -24,13 +24,9 @@ from typing import Any
 
 import attrs
 
-from ...contracts import SDCAuditRecord
+from ...contracts import TRAINING_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, choose
 from .digest import digest, max_abs_difference
-from .schedule import (
-    AUDIT_POLICIES,
-    AuditSchedule,
-    SDCDetectedError,
-)
+from .schedule import AuditSchedule, SDCDetectedError
 
 _log = logging.getLogger(__name__)
 
@@ -53,10 +49,6 @@ class AuditVerdict:
         return frozenset(r.attributed_rank for r in self.mismatched if r.attributed_rank is not None)
 
 
-def _action(policy: str) -> str:
-    return {"warn": "warn", "raise": "raise", "skip_step": "skip_step"}[policy]
-
-
 class TrainingAuditor:
     """Audits sampled training steps by replay and applies the policy; keeps every record."""
 
@@ -64,15 +56,13 @@ class TrainingAuditor:
         self,
         schedule: AuditSchedule | None = None,
         *,
-        policy: str = "warn",
+        policy: AuditPolicy | str = AuditPolicy.WARN,
         bound: float = 0.0,
     ) -> None:
-        if policy not in AUDIT_POLICIES:
-            raise ValueError(f"audit policy {policy!r}; allowed: {list(AUDIT_POLICIES)}")
+        self.policy = AuditPolicy(choose(AuditPolicy, policy, option="audit policy", allowed=TRAINING_AUDIT_POLICIES))
         if bound < 0:
             raise ValueError(f"audit bound must be >= 0 (0 means bitwise), got {bound}")
         self.schedule = schedule or AuditSchedule()
-        self.policy = policy
         self.bound = float(bound)
         self.records: list[SDCAuditRecord] = []
         """Every fresh record, in the order found; the run's ledger owner writes them (audits write no ledger)."""
@@ -95,7 +85,7 @@ class TrainingAuditor:
         return SDCAuditRecord(
             family="training", step=step, rank=rank, unit=unit, replay=replay,
             expected_digest=exp_d, observed_digest=obs_d, matched=matched,
-            action="none" if matched else _action(self.policy), auditor_rank=auditor_rank,
+            action="none" if matched else self.policy.value, auditor_rank=auditor_rank,
             attributed_rank=None if matched else rank,
             maximum_absolute_difference=0.0 if matched and self.bound == 0.0 else finite,
             bound=self.bound, injected=injected,
@@ -182,11 +172,12 @@ class TrainingAuditor:
                   already_recorded: tuple[SDCAuditRecord, ...] = ()) -> AuditVerdict:
         fresh = [r for r in records if r not in already_recorded]
         self.records.extend(fresh)
-        verdict = AuditVerdict(records, skip=self.policy == "skip_step" and any(not r.matched for r in records))
+        mismatch = any(not r.matched for r in records)
+        verdict = AuditVerdict(records, skip=self.policy is AuditPolicy.SKIP_STEP and mismatch)
         if verdict.mismatched:
             for record in verdict.mismatched:
                 _log.warning("SDC audit mismatch: %s at step %d on rank %s (%s replay by rank %s)",
                              record.unit, record.step, record.attributed_rank, record.replay, record.auditor_rank)
-            if self.policy == "raise" and enforce:
+            if self.policy is AuditPolicy.RAISE and enforce:
                 raise SDCDetectedError(verdict.records)
         return verdict

@@ -1,0 +1,20 @@
+"""The admission gate as every training backend's ``prepare()`` calls it (torch_native and megatron alike)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..contracts import ParallelPlan, comm_backend_for
+from ..verification.admission import AdmissionDecision, require_admission
+
+__all__ = ["admit_training"]
+
+
+def admit_training(executor: Any, plan: ParallelPlan, precision: str, *, certificate: Any, admission: Any,
+                   device: Any) -> AdmissionDecision:
+    """The gate for a training run of ``executor`` on ``plan`` at ``precision`` on ``device`` (a ``torch.device``
+    or a device kind): a certificate that fits, ``admission="unverified"``, a single CPU process, or the
+    harness's own trial; else ``NotAdmittedError``. Runs before any process group, mesh or transform exists."""
+    kind = getattr(device, "type", device)
+    return require_admission(executor, plan, precision, certificate=certificate, admission=admission,
+                             world_size=plan.world_size, device_kind=str(kind), comm_backend=comm_backend_for(device))
