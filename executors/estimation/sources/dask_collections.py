@@ -69,14 +69,35 @@ class HeldChunk(ChunkRecipe):
         return f"dask partition {self.part} (chunk future {self.key!r})"
 
     def build(self) -> Any:
-        """The chunk from this worker's memory when it is here, else fetched (recomputed if lost) by dask."""
-        from distributed import Future, get_client, get_worker
+        """The chunk from this worker's memory (the runner has dask move it here first: :func:`lend_to`)."""
+        from distributed import get_worker
 
         worker = get_worker()
         if self.key in worker.data:
             return worker.data[self.key]
-        client = get_client()
-        return client.gather(Future(self.key, client=client))
+        raise RuntimeError(f"{self.where} is not in the memory of dask worker {worker.address}; the runner moves "
+                           "a chunk to a worker (lend_to) before that worker holds or borrows it")
+
+
+def _same(chunk: Any) -> Any:
+    return chunk
+
+
+def lend_to(client: Any, chunk: Any, address: str, keep: list[Any]) -> Any:
+    """``chunk`` for the worker ``address``: a :class:`HeldChunk` homed elsewhere is copied there by dask first
+    (recomputed from the collection's graph when its worker is lost; the copy's future appended to ``keep``,
+    which the caller holds while it is used); any other chunk as it is."""
+    if not isinstance(chunk, HeldChunk) or chunk.home == address:
+        return chunk
+    import distributed
+
+    copy = client.submit(_same, distributed.Future(chunk.key, client=client), workers=[address],
+                         allow_other_workers=False, pure=False)
+    distributed.wait(copy)
+    if copy.status != "finished":
+        client.gather(copy)  # raises why the chunk could not be rebuilt
+    keep.append(copy)
+    return attrs.evolve(chunk, key=copy.key, home=address)
 
 
 def _delayed_parts(collection: Any) -> list[Any]:
