@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -37,6 +43,26 @@ def test_files_on_three_ranks_fit_the_same_bits(tmp_path):
     digest, history = _write_parts(tmp_path, 2)
     for row in run_mpi("source_check.py", 3, "files", str(tmp_path)):
         assert (row["digest"], tuple(row["history"])) == (digest, history), f"rank {row['rank']} differs"
+
+
+_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+_REPO = pathlib.Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("kind", ["files", "rank_local"])
+def test_torchrun_ranks_read_their_own_rows_and_fit_the_bits_of_the_same_parts(tmp_path, kind):
+    pytest.importorskip("torch")
+    digest, history = _write_parts(tmp_path, 2)
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH")) if p)
+    script = _REPO / "tests" / "estimation" / "engines" / "torchrun_scripts" / "source_torchrun.py"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script), kind, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=str(_REPO))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    for r in range(2):
+        row = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert (row["digest"], tuple(row["history"])) == (digest, history), f"rank {r} differs"
 
 
 def test_rank_local_rows_on_torchrun_ranks_share_counts_only():
