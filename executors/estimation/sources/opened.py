@@ -15,6 +15,7 @@ from typing import Any
 
 from .files import FileSource, file_recipes
 from .layout import ChunkPlace
+from .opened_source import OpenedSource
 
 __all__ = ["SOURCE_BACKENDS", "OpenedSource", "as_source", "check_source", "is_source", "open_source",
            "source_kind"]
@@ -91,36 +92,6 @@ def check_source(data: Any, backend: str) -> bool:
         raise ValueError(f"data is {_DESCRIBED[kind]}, which backend {backend!r} cannot read where it lives; the "
                          f"backends that take it: {', '.join(takers)} ({hint})")
     return True
-
-
-class OpenedSource:
-    """A source ready on one runner: ``part_rows`` (rows per part, in order) and its chunk recipes.
-
-    Subclasses give ``recipes`` (one per chunk place), may place chunks their own way (``place``), say which
-    worker must hold which chunks (``owners``: None lets the runner choose) and free what they hold
-    (``close``)."""
-
-    kind = "source"
-    part_rows: tuple[int, ...] = ()
-
-    def describe_part(self, part: int) -> str:
-        """Part ``part``, in words."""
-        return f"part {part}"
-
-    def recipes(self, places: Sequence[ChunkPlace], encoder: Any) -> list[Any]:
-        """One recipe per chunk place, built where the chunk is held."""
-        raise NotImplementedError
-
-    def place(self, runner: Any, places: Sequence[ChunkPlace], encoder: Any) -> None:
-        """Put the chunks on ``runner``'s workers (default: the runner scatters the recipes)."""
-        runner.scatter(self.recipes(places, encoder))
-
-    def owners(self, places: Sequence[ChunkPlace], num_workers: int) -> list[list[int]] | None:
-        """The chunk ids each worker must hold, or None (any worker may build any chunk)."""
-        return None
-
-    def close(self) -> None:
-        """Free what the source holds on the engine (nothing by default)."""
 
 
 class OpenedFiles(OpenedSource):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .layout import ChunkPlace
-from .opened import OpenedSource
+from .opened_source import OpenedSource
 from .recipes import encode_rows, numeric_rows
 from .spark_rows import partition_recipes
 

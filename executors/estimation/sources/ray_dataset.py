@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 
 from .layout import ChunkPlace
-from .opened import OpenedSource
+from .opened_source import OpenedSource
 from .recipes import ChunkRecipe
 
 __all__ = ["BlockChunk", "RayDataset"]

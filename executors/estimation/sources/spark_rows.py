@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 
 from .layout import ChunkPlace
-from .opened import OpenedSource
+from .opened_source import OpenedSource
 from .recipes import ChunkRecipe, encode_rows, numeric_rows
 
 __all__ = ["PartitionChunk", "SparkRows"]
