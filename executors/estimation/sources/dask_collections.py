@@ -84,10 +84,11 @@ def _same(chunk: Any) -> Any:
 
 
 def lend_to(client: Any, chunk: Any, address: str, keep: list[Any]) -> Any:
-    """``chunk`` for the worker ``address``: a :class:`HeldChunk` homed elsewhere is copied there by dask first
-    (recomputed from the collection's graph when its worker is lost; the copy's future appended to ``keep``,
-    which the caller holds while it is used); any other chunk as it is."""
-    if not isinstance(chunk, HeldChunk) or chunk.home == address:
+    """``chunk`` for the worker ``address``: a :class:`HeldChunk` is put there by dask first, by a task pinned to
+    ``address`` (no transfer when it is there already; recomputed from the collection's graph when its worker
+    is lost; the task's future appended to ``keep``, which the caller holds while it is used). Its recorded
+    ``home`` is not trusted: dask may since have dropped that replica. Any other chunk as it is."""
+    if not isinstance(chunk, HeldChunk):
         return chunk
     import distributed
 
