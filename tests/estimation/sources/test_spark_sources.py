@@ -65,3 +65,11 @@ def test_an_rdd_on_another_backend_is_refused_naming_spark(spark_context):
     rdd = spark_context.parallelize([1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="backends that take it: spark"):
         source_case.run(rdd, "mp", 2)
+
+
+def test_mixles_spark_handle_takes_the_rdd_itself(spark_context):
+    from mixle_parallel.planner import SparkEncodedData
+
+    rdd = spark_context.parallelize([float(v) for v in em_case.data()], 1)
+    with SparkEncodedData(rdd, em_case.estimator(), admission="unverified") as handle:
+        assert handle.source is not None and handle.num_rows == 4000
