@@ -26,6 +26,7 @@ import resource
 import statistics
 import time
 import warnings
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per measured engine, as the targets say
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -340,7 +341,8 @@ def compute_rows(name, x, est, start, iters, rounds):
     return [(name, label, t, t / base, rel) for label, (t, rel) in got.items()]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line: sizes, rounds, cases and engines."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=15, help="timed passes per handle and round")
     ap.add_argument("--rounds", type=int, default=4, help="rounds per engine (a 1-worker and a 2-worker handle each)")
@@ -350,21 +352,81 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated engines timed at 1 and 2 workers (torchrun: separate torchrun jobs)")
     ap.add_argument("--no-compute", action="store_true", help="skip the numpy vs torch compute-engine rows")
     args = ap.parse_args(argv)
+    unknown = {c.strip().lower() for c in args.cases.split(",")} - {"1d", "8d"}
+    if unknown:
+        ap.error(f"--cases: unknown case(s) {sorted(unknown)}; choose from 1d,8d")
+    return args
+
+
+def engine_rows(name: str, x: Any, est: Any, start: Any, args: argparse.Namespace, our_lls: list,
+                engines: list[str]) -> tuple[list[tuple], bool]:
+    """Each engine at 1 and 2 workers, interleaved: (scaling rows, whether a shared Ray was started)."""
+    scaling, shared_ray = [], False
+    for backend in [e for e in engines if e != "torchrun"]:
+        if backend == "ray" and start_shared_ray():
+            shared_ray = True
+        try:
+            times, lls, setup, pairs = time_side_by_side(x, est, start, args.iters, backend, args.rounds)
+        except (ValueError, ImportError) as exc:
+            print(f"  {backend}: skipped ({str(exc).splitlines()[0][:90]})")
+            continue
+        same = lls[1] == lls[2] == our_lls
+        med = {w: statistics.median(v) for w, v in times.items()}
+        best = {w: min(v) for w, v in times.items()}
+        paired = statistics.median(pairs)
+        scaling.append((name, backend, med[1], med[2], med[1] / med[2], paired, best[1] / best[2], same))
+        quartiles = " ".join(f"{v:.2f}" for v in statistics.quantiles(pairs, n=4))
+        print(
+            f"  {backend}: 1 worker {med[1]:.4f}s/it, 2 workers {med[2]:.4f}s/it, speed-up {med[1] / med[2]:.2f}x "
+            f"(median of {len(pairs)} pairs {paired:.2f}x, quartiles {quartiles}; best passes "
+            f"{best[1] / best[2]:.2f}x), set-up {setup[1]:.1f}s/{setup[2]:.1f}s, same bits as local: {same}",
+            flush=True,
+        )
+    return scaling, shared_ray
+
+
+def print_tables(rows: list[tuple], scaling: list[tuple], ceilings: list[tuple], rounds: int, iters: int) -> None:
+    """The per-iteration table against scikit-learn and mixle, then the 2-worker speed-ups."""
+    print()
+    print(
+        f"{'case':<14}{'rows':>10}{'ours s/it':>11}{'sklearn':>10}{'mixle':>9}{'ours/skl':>10}"
+        f"{'ours/mixle':>11}{'LL rel':>10}"
+    )
+    for name, n, ours, sk, mx, rel in rows:
+        mx_s = "n/a" if mx is None else f"{mx:.4f}"
+        ratio_m = "n/a" if mx is None else f"{ours / mx:.2f}"
+        print(f"{name:<14}{n:>10}{ours:>11.4f}{sk:>10.4f}{mx_s:>9}{ours / sk:>10.2f}{ratio_m:>11}{rel:>10.1e}")
+    print()
+    print(
+        f"2 workers vs 1 ({rounds} rounds x {iters} interleaved pairs of passes): speed-up of the "
+        "median passes, median of the pairs' own speed-ups, best passes"
+    )
+    print(
+        f"{'case':<14}{'engine':>7}{'1 worker s':>12}{'2 workers s':>13}{'speed-up':>10}{'pairs':>8}{'best':>7}"
+        f"{'same bits':>11}"
+    )
+    for name, backend, t1, t2, ratio, paired, best, same in scaling:
+        print(f"{name:<14}{backend:>7}{t1:>12.4f}{t2:>13.4f}{ratio:>9.2f}x{paired:>7.2f}x{best:>6.2f}x{str(same):>11}")
+    print(
+        "machine ceiling (the E-step over two plain processes, no engine, no messages): "
+        + ", ".join(f"{name} {ceiling:.2f}x" for name, ceiling in ceilings)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Time every case against scikit-learn and mixle, then each engine at 1 and 2 workers, and print the tables."""
+    args = parse_args(argv)
     # two dask LocalClusters live side by side here; closing the first restores dask's log level
     # while the second runs, so keep dask's INFO chatter out of the table for good
     logging.getLogger("distributed").setLevel(logging.ERROR)
     scale = 10 if args.small else 1
     wanted = {c.strip().lower() for c in args.cases.split(",")}
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    unknown = wanted - {"1d", "8d"}
-    if unknown:
-        ap.error(f"--cases: unknown case(s) {sorted(unknown)}; choose from 1d,8d")
     specs = ([("1-D K=8", 1_000_000 // scale, 1, 8)] if "1d" in wanted else []) + (
         [("8-D diag K=8", 200_000 // scale, 8, 8)] if "8d" in wanted else [])
-    cases = [make_case(*spec) for spec in specs]
-    local_lls = []
+    local_lls: list = []
     rows, scaling, ceilings, shared_ray, compute = [], [], [], False, []
-    for name, x, est, start in cases:
+    for name, x, est, start in (make_case(*spec) for spec in specs):
         gc.collect()
         ours, our_lls = time_ours(x, est, start, args.iters)
         local_lls.append(our_lls)
@@ -378,58 +440,18 @@ def main(argv: list[str] | None = None) -> int:
         ceiling = machine_ceiling(x, est, start, args.rounds)
         ceilings.append((name, ceiling))
         print(f"  machine ceiling (two plain processes, no engine): {ceiling:.2f}x", flush=True)
-        for backend in [e for e in engines if e != "torchrun"]:
-            if backend == "ray" and start_shared_ray():
-                shared_ray = True
-            try:
-                times, lls, setup, pairs = time_side_by_side(x, est, start, args.iters, backend, args.rounds)
-            except (ValueError, ImportError) as exc:
-                print(f"  {backend}: skipped ({str(exc).splitlines()[0][:90]})")
-                continue
-            same = lls[1] == lls[2] == our_lls
-            med = {w: statistics.median(v) for w, v in times.items()}
-            best = {w: min(v) for w, v in times.items()}
-            paired = statistics.median(pairs)
-            scaling.append((name, backend, med[1], med[2], med[1] / med[2], paired, best[1] / best[2], same))
-            quartiles = " ".join(f"{v:.2f}" for v in statistics.quantiles(pairs, n=4))
-            print(
-                f"  {backend}: 1 worker {med[1]:.4f}s/it, 2 workers {med[2]:.4f}s/it, speed-up {med[1] / med[2]:.2f}x "
-                f"(median of {len(pairs)} pairs {paired:.2f}x, quartiles {quartiles}; best passes "
-                f"{best[1] / best[2]:.2f}x), set-up {setup[1]:.1f}s/{setup[2]:.1f}s, same bits as local: {same}",
-                flush=True,
-            )
+        more, started = engine_rows(name, x, est, start, args, our_lls, engines)
+        scaling += more
+        shared_ray = shared_ray or started
     if "torchrun" in engines:
         scaling += torchrun_rows(specs, args.iters, local_lls)
     if shared_ray:
         import ray
 
         ray.shutdown()
-    me, kids = peak_rss_mb()
-    print()
-    print(
-        f"{'case':<14}{'rows':>10}{'ours s/it':>11}{'sklearn':>10}{'mixle':>9}{'ours/skl':>10}"
-        f"{'ours/mixle':>11}{'LL rel':>10}"
-    )
-    for name, n, ours, sk, mx, rel in rows:
-        mx_s = "n/a" if mx is None else f"{mx:.4f}"
-        ratio_m = "n/a" if mx is None else f"{ours / mx:.2f}"
-        print(f"{name:<14}{n:>10}{ours:>11.4f}{sk:>10.4f}{mx_s:>9}{ours / sk:>10.2f}{ratio_m:>11}{rel:>10.1e}")
-    print()
-    print(
-        f"2 workers vs 1 ({args.rounds} rounds x {args.iters} interleaved pairs of passes): speed-up of the "
-        "median passes, median of the pairs' own speed-ups, best passes"
-    )
-    print(
-        f"{'case':<14}{'engine':>7}{'1 worker s':>12}{'2 workers s':>13}{'speed-up':>10}{'pairs':>8}{'best':>7}"
-        f"{'same bits':>11}"
-    )
-    for name, backend, t1, t2, ratio, paired, best, same in scaling:
-        print(f"{name:<14}{backend:>7}{t1:>12.4f}{t2:>13.4f}{ratio:>9.2f}x{paired:>7.2f}x{best:>6.2f}x{str(same):>11}")
-    print(
-        "machine ceiling (the E-step over two plain processes, no engine, no messages): "
-        + ", ".join(f"{name} {ceiling:.2f}x" for name, ceiling in ceilings)
-    )
+    print_tables(rows, scaling, ceilings, args.rounds, args.iters)
     print_compute_table(compute)
+    me, kids = peak_rss_mb()
     print(f"peak RSS: this process {me:.0f} MiB, children {kids:.0f} MiB")
     return 0
 

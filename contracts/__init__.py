@@ -1,5 +1,6 @@
 """Contracts: pure data and rules (attrs/cattrs/stdlib only), shared by every executor."""
 
+from .bounded_json import DocumentLimitError, DocumentLimits
 from .calibration import (
     CALIBRATION_WORKLOADS,
     CalibrationCatalog,
@@ -126,5 +127,5 @@ __all__ = [
     "register_contract", "to_dict", "to_json",
     "CALIBRATION_WORKLOADS", "CalibrationCatalog", "CalibrationRecord", "DeviceCalibration", "DeviceCapacityError",
     "EncodedFold", "MemorySized", "ModelShard", "PlacementShard", "ResourceCalibrationError",
-    "UnknownMemoryFootprintError",
+    "UnknownMemoryFootprintError", "DocumentLimitError", "DocumentLimits",
 ]

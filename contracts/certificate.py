@@ -5,7 +5,10 @@ A certificate is the predicate of an in-toto Statement carried in a DSSE envelop
 ``verification.attestation`` (contracts import no crypto). ``admission_problems`` is every check
 that needs no key: identity, plan family, precision, device kind and communication backend, library
 versions, evidence digests recomputed from the embedded evidence, every recorded error within the
-recorded tolerance and that tolerance within the policy, and the issue time. Each failure starts
+recorded tolerance and that tolerance within the policy, every recorded error consistent with its
+record's verdict (``NumericsEvidence.largest_passing_error``), every update the executor declares for
+the plan covered by a passing record and no record for an update it does not declare, and the issue
+time: a signature alone admits nothing. Each failure starts
 ``check '<name>' failed:`` so callers and tests can tell which check refused.
 """
 
@@ -19,6 +22,7 @@ from typing import Any
 import attrs
 
 from ._checks import enum_frozenset, non_empty_str
+from .bounded_json import MAX_SIGNATURES
 from .capabilities import BackendCapabilities
 from .enums import ParallelAxis
 from .errors import NotAdmittedError
@@ -42,7 +46,7 @@ DEFAULT_MAX_AGE = timedelta(days=90)
 ADMISSION_CHECKS = (
     "certificate", "signature", "executor", "executor_version", "source_digest", "capabilities", "plan_family",
     "precision", "device_kind", "comm_backend", "library_versions", "evidence_digests", "evidence",
-    "tolerance_policy", "issued_at",
+    "declared_updates", "tolerance_policy", "issued_at",
 )
 """The names of the gate's checks, as they appear in ``check '<name>' failed:`` reasons."""
 
@@ -187,6 +191,9 @@ def _signatures(values: Iterable[Any]) -> tuple[EnvelopeSignature, ...]:
     out = tuple(values)
     if not out:
         raise ValueError("CertificateEnvelope.signatures is empty; an unsigned certificate is not admitted")
+    if len(out) > MAX_SIGNATURES:
+        raise ValueError(f"CertificateEnvelope.signatures holds {len(out)} signatures, more than the limit of "
+                         f"{MAX_SIGNATURES}")
     for sig in out:
         if not isinstance(sig, EnvelopeSignature):
             raise TypeError(f"CertificateEnvelope.signatures holds {type(sig).__name__}, expected EnvelopeSignature")
@@ -200,7 +207,8 @@ class CertificateEnvelope:
 
     payload_type: str = attrs.field(validator=_payload_type)
     payload: str = attrs.field(validator=_b64)
-    signatures: tuple[EnvelopeSignature, ...] = attrs.field(converter=_signatures)
+    signatures: tuple[EnvelopeSignature, ...] = attrs.field(
+        converter=_signatures, metadata={SCHEMA_METADATA: {"minItems": 1, "maxItems": MAX_SIGNATURES}})
 
 
 @attrs.frozen
@@ -252,6 +260,45 @@ def _looser(tolerance: Tolerance, bound: Tolerance) -> bool:
     return bound.bitwise or tolerance.atol > bound.atol or tolerance.rtol > bound.rtol
 
 
+def _error_problem(record: NumericsEvidence, tol: Tolerance) -> list[str]:
+    """The record's own numbers against the certificate's tolerance: a 'passed' that its errors contradict."""
+    largest = record.largest_passing_error(tol)
+    scale = record.reference_magnitude
+    if scale and record.maximum_absolute_error / scale > record.maximum_relative_error * (1 + 1e-9):
+        return [_failed("evidence", f"update {record.node_id!r}: max abs error {record.maximum_absolute_error:.3g} "
+                                    f"at reference magnitude {scale:.3g} means a relative error of at least "
+                                    f"{record.maximum_absolute_error / scale:.3g}, above the recorded max relative "
+                                    f"error {record.maximum_relative_error:.3g}; the record contradicts itself")]
+    if record.maximum_absolute_error <= largest:
+        return []
+    described = ("no recorded reference magnitude, so only atol counts" if scale is None
+                 else f"reference magnitude {scale:.3g}")
+    return [_failed("evidence", f"update {record.node_id!r}: max abs error {record.maximum_absolute_error:.3g} "
+                                f"cannot pass atol={tol.atol} rtol={tol.rtol}{' bitwise' if tol.bitwise else ''} "
+                                f"({described}: a passing element differs by at most {largest:.3g}); the record's "
+                                "verdict contradicts its own numbers")]
+
+
+def _declared_problems(cert: AdmissionCertificate, executor: AdmissibleExecutor, plan: ParallelPlan) -> list[str]:
+    """Every update the executor declares for ``plan`` has a passing record, and no record is for anything else."""
+    describe = getattr(executor, "describe_updates", None)
+    if describe is None:  # an executor that declares nothing: the harness could not have judged it update by update
+        return []
+    try:
+        declared = [u.node_id for u in describe(plan)]
+    except Exception as exc:  # noqa: BLE001 - a plan the executor cannot describe admits nothing
+        return [_failed("declared_updates", f"the executor cannot describe its updates for {plan.describe()}: {exc}")]
+    recorded = {r.node_id for r in cert.evidence}
+    passing = {r.node_id for r in cert.evidence if r.passed}
+    problems = [_failed("declared_updates", f"declared update {node!r} of {cert.executor} for {plan.describe()} has "
+                        f"{'no passing' if node in recorded else 'no'} evidence record in the certificate")
+                for node in declared if node not in passing]
+    problems += [_failed("declared_updates", f"evidence record {node!r} is for an update {cert.executor} does not "
+                         f"declare for {plan.describe()} (it declares {sorted(set(declared))})")
+                 for node in sorted(recorded - set(declared))]
+    return problems
+
+
 def _evidence_problems(cert: AdmissionCertificate, context: AdmissionContext) -> list[str]:
     problems: list[str] = []
     recomputed = frozenset(r.evidence_id for r in cert.evidence)
@@ -261,6 +308,7 @@ def _evidence_problems(cert: AdmissionCertificate, context: AdmissionContext) ->
     tol = cert.tolerance
     for record in cert.evidence:
         where = f"update {record.node_id!r}"
+        problems += _error_problem(record, tol)
         if not record.passed:
             problems.append(_failed("evidence", f"{where}: the recorded evidence failed (within_tolerance="
                                     f"{record.within_tolerance}, deterministic={record.deterministic}, "
@@ -329,7 +377,7 @@ def admission_problems(
     context = context or AdmissionContext()
     return tuple(_identity_problems(certificate, executor, plan, precision, context)
                  + _version_problems(certificate, context) + _evidence_problems(certificate, context)
-                 + _time_problems(certificate, context))
+                 + _declared_problems(certificate, executor, plan) + _time_problems(certificate, context))
 
 
 def check_admission(

@@ -14,10 +14,12 @@ from ._checks import (
     finite_non_negative,
     non_empty_str,
     non_negative_int,
+    optional_finite_non_negative,
     optional_non_negative_int,
     positive_int,
     str_tuple,
     to_float,
+    to_optional_float,
 )
 from .enums import KNOWN_PRECISIONS, CollectiveKind, ParallelAxis, PayloadKind
 from .plan import ParallelPlan
@@ -83,6 +85,10 @@ class NumericsEvidence:
     collectives_observed: tuple[ObservedCollective, ...] = attrs.field(default=(), converter=_collective_tuple)
     collectives_match: bool = attrs.field(default=True, validator=exact_bool)
     notes: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
+    reference_magnitude: float | None = attrs.field(
+        default=None, converter=to_optional_float, validator=optional_finite_non_negative)
+    """Largest finite |expected| value compared: the scale the tolerance's relative term applies to, so the gate
+    can bound the error a passing record may show (None: not recorded, the gate credits only ``atol``)."""
 
     def __attrs_post_init__(self) -> None:
         if self.tolerance.bitwise and self.within_tolerance and self.maximum_absolute_error != 0.0:
@@ -100,6 +106,18 @@ class NumericsEvidence:
     def evidence_id(self) -> str:
         """Content address: sha256 of the canonical JSON."""
         return content_digest(self)
+
+    def largest_passing_error(self, tolerance: Tolerance) -> float:
+        """The largest absolute error any element can show and still pass ``tolerance`` at this record's scale.
+
+        Under ``|a - e| <= atol' + rtol * |e|`` with ``|e| <= M`` (``reference_magnitude``) and ``atol'`` at most
+        ``max(atol, rtol * M)`` (the harness scales the absolute term for mixed precision), no passing element
+        differs by more than ``max(atol, rtol * M) + rtol * M``; bitwise: 0.
+        """
+        if tolerance.bitwise:
+            return 0.0
+        scale = self.reference_magnitude or 0.0
+        return max(tolerance.atol, tolerance.rtol * scale) + tolerance.rtol * scale
 
 
 _SHA256 = re.compile(r"sha256:[0-9a-f]{64}")

@@ -21,6 +21,7 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn
 from cattrs.v import format_exception
 
+from .bounded_json import CONTRACT_LIMITS, MAX_INT, DocumentLimits, check_shape, parse_json
 from .errors import ContractError
 from .frozen_mapping import FrozenDict, thaw_json
 
@@ -29,14 +30,8 @@ T = TypeVar("T")
 SCHEMA_VERSION = 1
 """Version written in every envelope; documents of another version are refused."""
 
-MAX_DEPTH = 64
-"""Deepest nesting of arrays/objects a document may have (contracts nest a handful of levels)."""
-
 SCHEMA_METADATA = "json_schema"
 """attrs field metadata key: JSON Schema keywords (bounds, patterns) the field's validator enforces."""
-
-MAX_INT = 2**63 - 1
-"""Largest integer magnitude a document may hold (no contract field needs more; 4,300-digit ints are refused)."""
 
 CONTRACT_TYPES: dict[str, type] = {}
 """Every contract that can travel as a JSON document, by kind name."""
@@ -120,17 +115,15 @@ def _sequence_hook(converter: cattrs.Converter):  # noqa: ANN202 - hook factory
                 raise _type_error("an array", value)
             if not homogeneous and len(value) != len(item_types):
                 raise ValueError(f"expected an array of {len(item_types)} items, got {len(value)}")
-            items, errors = [], []
+            items = []
             for i, item in enumerate(value):
                 item_type = item_types[0] if homogeneous else item_types[i]
                 try:
                     items.append(converter.structure(item, item_type))
-                except Exception as exc:  # noqa: BLE001 - re-raised with the index as a note
+                except Exception as exc:  # noqa: BLE001 - the first bad item stops structuring (untrusted input)
                     exc.__notes__ = [*getattr(exc, "__notes__", []),
                                       IterableValidationNote(f"Structuring item @ index {i}", i, item_type)]
-                    errors.append(exc)
-            if errors:
-                raise cattrs.IterableValidationError(f"while structuring {tp!r}", errors, tp)
+                    raise cattrs.IterableValidationError(f"while structuring {tp!r}", [exc], tp) from None
             return frozenset(items) if origin is frozenset else tuple(items)
 
         return structure
@@ -145,19 +138,25 @@ def _all_fields_required(converter: cattrs.Converter):  # noqa: ANN202 - hook fa
         attrs.resolve_types(cls)
         generated: Callable[[Any, Any], Any] = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True)
         names = [f.name for f in attrs.fields(cls) if f.init]
+        max_items = {f.name: f.metadata[SCHEMA_METADATA]["maxItems"] for f in attrs.fields(cls)
+                     if "maxItems" in f.metadata.get(SCHEMA_METADATA, {})}
+
+        def fault(name: str, exc: Exception) -> ClassValidationError:
+            exc.__notes__ = [AttributeValidationNote(f"Structuring class {cls.__qualname__} @ attribute {name}",
+                                                     name, None)]
+            return ClassValidationError(f"While structuring {cls.__name__}", [exc], cls)
 
         def structure(value: Any, _: Any) -> Any:
             if not isinstance(value, Mapping):
                 raise _type_error(f"a {cls.__name__} object", value)
             missing = [n for n in names if n not in value]
             if missing:
-                errors = []
-                for name in missing:
-                    exc = KeyError(name)
-                    exc.__notes__ = [AttributeValidationNote(
-                        f"Structuring class {cls.__qualname__} @ attribute {name}", name, None)]
-                    errors.append(exc)
-                raise ClassValidationError(f"While structuring {cls.__name__}", errors, cls)
+                raise fault(missing[0], KeyError(missing[0]))
+            for name, limit in max_items.items():  # before any item is structured (untrusted input)
+                items = value[name]
+                if isinstance(items, list) and len(items) > limit:
+                    raise fault(name, ValueError(f"{cls.__name__}.{name} holds {len(items)} items, more than the "
+                                                 f"limit of {limit}; refused before structuring any"))
             return generated(value, cls)
 
         return structure
@@ -240,37 +239,14 @@ def _errors_as_text(exc: BaseException, root: str) -> tuple[str, str]:
     return str(exc), root
 
 
-def _check_tree(data: Any, path: str) -> None:
-    """Depth, integer bounds and UTF-8 of every value and key, before any hook sees them (iterative)."""
-    stack: list[tuple[Any, str, int]] = [(data, path, 0)]
-    while stack:
-        value, where, depth = stack.pop()
-        if isinstance(value, (Mapping, list, tuple)):
-            if depth >= MAX_DEPTH:
-                raise ContractError(f"nesting deeper than {MAX_DEPTH} levels", path=where)
-            if isinstance(value, Mapping):
-                for key, item in value.items():
-                    if not isinstance(key, str):
-                        raise ContractError(f"object key {key!r} is not a string", path=where)
-                    try:
-                        _utf8(key)
-                    except ValueError as exc:
-                        raise ContractError(f"object key: {exc}", path=where) from None
-                    stack.append((item, f"{where}.{key}", depth + 1))
-            else:
-                stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
-        elif isinstance(value, str):
-            try:
-                _utf8(value)
-            except ValueError as exc:
-                raise ContractError(str(exc), path=where) from None
-        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-            raise ContractError(f"integer beyond the bound 2**63-1 ({len(str(abs(value)))} digits)", path=where)
+def structure(data: Any, cls: type[T], *, path: str = "$", limits: DocumentLimits | None = CONTRACT_LIMITS) -> T:
+    """Build a contract from its plain JSON data (no envelope); ContractError on the first fault.
 
-
-def structure(data: Any, cls: type[T], *, path: str = "$") -> T:
-    """Build a contract from its plain JSON data (no envelope); ContractError on any fault."""
-    _check_tree(data, path)
+    The shape (depth, item count, integer bounds, UTF-8) is checked against ``limits`` before any hook runs
+    (``None``: the caller already checked it, e.g. ``parse_json``).
+    """
+    if limits is not None:
+        check_shape(data, limits, path=path)
     try:
         return converter.structure(data, cls)
     except (BaseValidationError, ValueError, TypeError, KeyError) as exc:
@@ -285,8 +261,8 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return {"kind": _kind_of(type(obj)), "version": SCHEMA_VERSION, "data": unstructure(obj)}
 
 
-def from_dict(document: Any, cls: type[T]) -> T:
-    """Inverse of ``to_dict``: check the envelope, then structure ``data`` strictly."""
+def from_dict(document: Any, cls: type[T], *, limits: DocumentLimits | None = CONTRACT_LIMITS) -> T:
+    """Inverse of ``to_dict``: check the envelope, then the shape against ``limits``, then structure ``data``."""
     kind = _kind_of(cls)
     if not isinstance(document, Mapping):
         raise ContractError(f"expected a {kind} document (an object), got {type(document).__name__}", path="$")
@@ -304,7 +280,7 @@ def from_dict(document: Any, cls: type[T]) -> T:
             f"document version {version!r} is not supported (this library reads version {SCHEMA_VERSION})",
             path="$.version",
         )
-    return structure(document["data"], cls, path="$.data")
+    return structure(document["data"], cls, path="$.data", limits=limits)
 
 
 def to_json(obj: Any, **kwargs: Any) -> str:
@@ -313,26 +289,10 @@ def to_json(obj: Any, **kwargs: Any) -> str:
     return json.dumps(to_dict(obj), **kwargs)
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r} in a JSON object")
-        out[key] = value
-    return out
-
-
-def from_json(text: str | bytes, cls: type[T]) -> T:
-    """Parse a JSON document produced by ``to_json`` (UTF-8, no duplicate keys, bounded nesting)."""
-    try:
-        if isinstance(text, (bytes, bytearray)):
-            text = bytes(text).decode("utf-8")
-        document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
-    except UnicodeDecodeError as exc:
-        raise ContractError(f"not UTF-8 text: {exc}", path="$") from None
-    except (ValueError, RecursionError) as exc:
-        raise ContractError(f"not valid JSON: {exc}", path="$") from None
-    return from_dict(document, cls)
+def from_json(text: str | bytes, cls: type[T], *, limits: DocumentLimits = CONTRACT_LIMITS) -> T:
+    """Parse a JSON document produced by ``to_json``: size, strict JSON and shape under ``limits`` first
+    (``bounded_json.parse_json``), then the envelope and the contract; ``ContractError`` for any input, of any type."""
+    return from_dict(parse_json(text, limits), cls, limits=None)  # parse_json checked the shape
 
 
 def canonical_json(obj: Any) -> str:

@@ -7,6 +7,7 @@ from mixle_parallel._facade import lazy_exports
 from mixle_parallel.contracts import TorchSessionState
 
 __getattr__ = lazy_exports(__name__, {
+    "PendingGradientsError": "mixle_parallel.executors.torch.session_base",
     "TorchDistributedBackend": "mixle_parallel.executors.torch.backend",
     "TorchDistributedSession": "mixle_parallel.executors.torch.session",
     "describe_parameter_layouts": "mixle_parallel.executors.torch.layouts",
@@ -14,5 +15,6 @@ __getattr__ = lazy_exports(__name__, {
 
 # the torch names resolve through __getattr__ above (ruff cannot see them)
 __all__ = [  # noqa: F822
-    "TorchDistributedBackend", "TorchDistributedSession", "TorchSessionState", "describe_parameter_layouts",
+    "PendingGradientsError", "TorchDistributedBackend", "TorchDistributedSession", "TorchSessionState",
+    "describe_parameter_layouts",
 ]

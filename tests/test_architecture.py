@@ -18,7 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"mixle_parallel": "mixle_parallel", "contracts": "mixle_parallel.contracts",
           "executors": "mixle_parallel.executors", "verification": "mixle_parallel.verification"}
 MAX_MODULE_LINES = 600
-MAX_FUNCTION_LINES = 100
+MAX_FUNCTION_LINES = 60
+MAX_PUBLIC_PARAMETERS = 12
+MIXLE_COMPATIBLE_SIGNATURES = {
+    "executors/estimation/api.py:encoded_data": (
+        "data", "estimator", "model", "encoder", "placement", "resources", "engine", "precision", "num_chunks",
+        "sub_chunks", "backend", "num_workers", "client", "comm", "root", "root_only", "parallel_chunks",
+        "chunk_workers", "batch_size", "shuffle", "seed"),
+}
+"""Public functions allowed more than MAX_PUBLIC_PARAMETERS: mixle 0.8.2's own signatures (docs/compat.md),
+each of which builds its options object at once. The named parameters must be exactly mixle's."""
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -163,6 +172,44 @@ def test_modules_and_functions_stay_small() -> None:
                         big_functions.append(f"{rel}:{node.lineno} {node.name} ({length} lines)")
     assert not big_modules, f"modules over {MAX_MODULE_LINES} lines: {big_modules}"
     assert not big_functions, f"functions over {MAX_FUNCTION_LINES} lines: {big_functions}"
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    args = node.args
+    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+    return names[1:] if names[:1] in (["self"], ["cls"]) else names
+
+
+def test_public_functions_take_at_most_twelve_parameters() -> None:
+    wide, seen = [], set()
+    for folder in LAYERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+                    continue
+                names = _parameters(node)
+                allowed = MIXLE_COMPATIBLE_SIGNATURES.get(f"{rel}:{node.name}")
+                if allowed is not None:
+                    seen.add(f"{rel}:{node.name}")
+                    named = [n for n in names if n not in (node.args.kwarg.arg if node.args.kwarg else "",)]
+                    assert tuple(named) == allowed, f"{rel}:{node.name} is no longer mixle's signature: {named}"
+                elif len(names) > MAX_PUBLIC_PARAMETERS:
+                    wide.append(f"{rel}:{node.lineno} {node.name} ({len(names)} parameters)")
+    assert not wide, f"public functions over {MAX_PUBLIC_PARAMETERS} parameters (take an options object): {wide}"
+    assert seen == set(MIXLE_COMPATIBLE_SIGNATURES), "an allowed signature no longer exists: update the list"
+
+
+def test_the_allowed_wide_signatures_are_mixles() -> None:
+    import inspect
+
+    import pytest
+
+    parallel = pytest.importorskip("mixle.utils.parallel", reason="mixle 0.8.2 is the [mixle] extra")
+    for where, names in MIXLE_COMPATIBLE_SIGNATURES.items():
+        theirs = tuple(inspect.signature(getattr(parallel, where.split(":")[1])).parameters)
+        assert names == theirs, f"{where}: mixle 0.8.2's signature is {theirs}"
 
 
 def test_helpers_are_imported_as_packages() -> None:

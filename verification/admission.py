@@ -53,7 +53,7 @@ from .capability import active_harness_capability
 from .cert_store import CertificateStore
 from .certification import CertificationError, certify
 from .harness.tolerance import default_tolerance
-from .keys import TrustStore
+from .keys import TrustStore, TrustStoreError
 
 __all__ = [
     "ADMISSION_MODES", "CERTIFICATE_ENV", "AdmissionDecision", "AdmissionOptions", "CertificationError", "certify",
@@ -269,12 +269,17 @@ def _automatic(executor: AdmissibleExecutor, plan: ParallelPlan, precision: str,
         stored, found, keyid = hit
         return AdmissionDecision(AdmissionMode.CERTIFIED, found.certificate_id, signer=keyid, envelope=stored,
                                  notes=(f"certificate from the local store {store.folder}",), **common)
-    if opts.auto_certify is None:
+    try:  # the trust store's policy may forbid certifying here (keys policy off / trusted-keys-only)
+        refusal = keys.automatic_certification_refusal() if opts.auto_certify is not None else None
+    except TrustStoreError as exc:
+        raise NotAdmittedError((f"check 'signature' failed: {exc}", where)) from None
+    if opts.auto_certify is None or refusal is not None:
         command = opts.certify_command or (f"mixle-parallel certify --backend {common['executor']} "
                                       f"--plan {_plan_flag(plan)} --precision {precision} --out cert.json")
         raise NotAdmittedError((
             f"check 'certificate' failed: no trusted certificate in {store.folder} fits {common['executor']} "
             f"on {common['plan']} at {precision} ({context.device_kind}/{context.comm_backend})", where,
+            *((refusal,) if refusal else ()),
             f"run `{command}` once (it stores the certificate where this gate finds it)"))
     print(f"mixle-parallel: certifying {common['executor']} for {common['plan']} at {precision} on this machine "
           f"(once; stored in {store.folder})", file=sys.stderr, flush=True)

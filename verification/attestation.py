@@ -5,9 +5,13 @@
 * ``sign_certificate(certificate, signer)`` -> ``CertificateEnvelope`` (payload = RFC 8785
   canonical JSON of the Statement; signature by securesystemslib's DSSE ``Envelope``).
 * ``open_envelope(envelope, store)`` -> the certificate and the signing key's id, after checking
-  the signature against trusted, unrevoked keys; every failure is a ``NotAdmittedError`` naming
-  check ``signature`` or ``certificate`` (malformed input never escapes as another exception).
-* ``save_certificate`` / ``load_certificate``: the envelope as a versioned JSON document.
+  the signature against keys trusted, unrevoked, *for the purpose of the predicate type*
+  (``PURPOSE_OF_PREDICATE``: certificates need ``certify``, ledger heads ``ledger``, checkpoint
+  manifests ``checkpoint``); every failure is a ``NotAdmittedError`` naming check ``signature`` or
+  ``certificate`` (malformed input never escapes as another exception).
+* ``save_certificate`` / ``load_certificate``: the envelope as a versioned JSON document, written
+  atomically without following links, read under ``SIGNED_LIMITS`` (size before decoding, strict
+  JSON, at most ``MAX_SIGNATURES`` signatures); the signed payload is parsed under the same limits.
 * ``executor_source_digest(executor)``: sha256 over the executor's own source files;
   ``current_library_versions(executor)``: the libraries a certificate binds.
 """
@@ -18,7 +22,6 @@ import base64
 import binascii
 import hashlib
 import importlib.metadata
-import json
 import os
 import platform
 import sys
@@ -40,16 +43,33 @@ from ..contracts import (
     to_dict,
     to_json,
 )
-from .keys import TrustStore, TrustStoreError
+from ..contracts.bounded_json import SIGNED_LIMITS, parse_json, read_limited
+from .keys import KeyPurpose, TrustStore, TrustStoreError
+from .safe_files import write_atomic
 
 __all__ = [
-    "PREDICATE_TYPE", "STATEMENT_TYPE", "current_library_versions", "executor_source_digest", "load_certificate",
+    "CHECKPOINT_MANIFEST_PREDICATE", "LEDGER_HEAD_PREDICATE", "PREDICATE_TYPE", "PURPOSE_OF_PREDICATE",
+    "STATEMENT_TYPE", "current_library_versions", "executor_source_digest", "load_certificate",
     "open_envelope", "open_statement", "read_unverified", "reissue_hint", "save_certificate", "sign_certificate",
     "sign_statement", "statement",
 ]
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://mixle-parallel.dev/attestation/admission/v1"
+LEDGER_HEAD_PREDICATE = "https://mixle-parallel.dev/attestation/ledger-head/v1"
+"""Predicate type of a ledger seal / signed head (``ledger.seal.LEDGER_HEAD_TYPE``)."""
+CHECKPOINT_MANIFEST_PREDICATE = "https://mixle-parallel.dev/attestation/checkpoint-manifest/v1"
+"""Predicate type of a checkpoint manifest signature (``executors.torch.checkpoint_trust.MANIFEST_TYPE``)."""
+
+PURPOSE_OF_PREDICATE: dict[str, KeyPurpose] = {
+    PREDICATE_TYPE: KeyPurpose.CERTIFY,
+    LEDGER_HEAD_PREDICATE: KeyPurpose.LEDGER,
+    CHECKPOINT_MANIFEST_PREDICATE: KeyPurpose.CHECKPOINT,
+}
+"""The purpose a key must be trusted for to sign a statement of each predicate type (``keys trust --for``)."""
+
+_MAX_PAYLOAD_B64 = (SIGNED_LIMITS.max_bytes + 2) // 3 * 4
+"""Longest base64 payload whose decoded bytes fit ``SIGNED_LIMITS`` (checked before decoding)."""
 
 _BASE_LIBRARIES = ("numpy", "torch")
 
@@ -145,14 +165,14 @@ def _refuse(check: str, message: str) -> NotAdmittedError:
     return NotAdmittedError((f"check '{check}' failed: {message}",))
 
 
-def _verify_signature(envelope: CertificateEnvelope, payload: bytes, store: TrustStore) -> str:
+def _verify_signature(envelope: CertificateEnvelope, payload: bytes, store: TrustStore, purpose: KeyPurpose) -> str:
     try:
         known = {k.keyid: k for k in store.keys()}
     except TrustStoreError as exc:
         raise _refuse("signature", str(exc)) from None
     pae = Envelope(payload, envelope.payload_type, {}).pae()
     reasons = []
-    for sig in envelope.signatures:
+    for sig in envelope.signatures:  # at most MAX_SIGNATURES (the envelope contract refuses more)
         entry = known.get(sig.keyid)
         if entry is None:
             reasons.append(f"signed by key {sig.keyid[:16]}..., which this trust store ({store.home}) does not trust; "
@@ -160,6 +180,12 @@ def _verify_signature(envelope: CertificateEnvelope, payload: bytes, store: Trus
             continue
         if entry.revoked:
             reasons.append(f"signed by key {sig.keyid[:16]}..., revoked at {entry.revoked_at}")
+            continue
+        if not entry.trusted_for(purpose):
+            reasons.append(f"signed by key {sig.keyid[:16]}..., which this trust store trusts only for "
+                           f"{entry.describe_purposes() or 'nothing'}, not to {purpose.value} "
+                           f"(`mixle-parallel keys trust PUBKEY --for {','.join(sorted({*entry.purposes, purpose}))}` "
+                           "widens it)")
             continue
         try:
             raw = base64.b64decode(sig.sig, validate=True)
@@ -172,31 +198,42 @@ def _verify_signature(envelope: CertificateEnvelope, payload: bytes, store: Trus
 
 
 def open_statement(envelope: CertificateEnvelope, store: TrustStore | None = None, *,
-                   predicate_type: str = PREDICATE_TYPE) -> tuple[dict[str, Any], str]:
-    """The verified Statement inside ``envelope`` and the trusted key id that signed it; ``NotAdmittedError``."""
+                   predicate_type: str = PREDICATE_TYPE, purpose: KeyPurpose | str | None = None,
+                   ) -> tuple[dict[str, Any], str]:
+    """The verified Statement inside ``envelope`` and the trusted key id that signed it; ``NotAdmittedError``.
+
+    The signing key must be trusted for ``purpose`` (default: ``PURPOSE_OF_PREDICATE[predicate_type]``).
+    The payload's size is checked before it is decoded, and it is parsed strictly (``SIGNED_LIMITS``).
+    """
     if not isinstance(envelope, CertificateEnvelope):
         raise _refuse("certificate", f"expected a signed CertificateEnvelope, got {type(envelope).__name__}; "
                       + reissue_hint())
+    wanted = KeyPurpose(purpose) if purpose is not None else PURPOSE_OF_PREDICATE.get(predicate_type)
+    if wanted is None:
+        raise ValueError(f"no key purpose is known for predicate type {predicate_type!r}; pass purpose=")
+    if len(envelope.payload) > _MAX_PAYLOAD_B64:
+        raise _refuse("certificate", f"the envelope's payload is {len(envelope.payload):,} base64 characters, over "
+                      f"the limit of {_MAX_PAYLOAD_B64:,}; refused before decoding")
     try:
         payload = base64.b64decode(envelope.payload, validate=True)
     except (binascii.Error, ValueError):
         raise _refuse("certificate", "the envelope's payload is not base64") from None
-    keyid = _verify_signature(envelope, payload, store or TrustStore())
+    keyid = _verify_signature(envelope, payload, store or TrustStore(), wanted)
     try:
-        document = json.loads(payload.decode("utf-8"))
+        document = parse_json(payload, SIGNED_LIMITS, what="signed payload")
         if (not isinstance(document, dict) or document.get("_type") != STATEMENT_TYPE
                 or document.get("predicateType") != predicate_type):
             raise ValueError(f"not an in-toto Statement with predicate type {predicate_type}")
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+    except ValueError as exc:
         raise _refuse("certificate", f"the signed payload is not a valid statement: {exc}") from None
     return document, keyid
 
 
 def open_envelope(envelope: CertificateEnvelope, store: TrustStore | None = None) -> tuple[AdmissionCertificate, str]:
-    """The certificate inside ``envelope`` and the trusted key id that signed it; ``NotAdmittedError`` otherwise."""
+    """The certificate inside ``envelope`` and the ``certify``-trusted key id that signed it; ``NotAdmittedError``."""
     document, keyid = open_statement(envelope, store)
     try:
-        certificate = from_dict(document["predicate"], AdmissionCertificate)
+        certificate = from_dict(document["predicate"], AdmissionCertificate, limits=SIGNED_LIMITS)
         subject = document["subject"]
         if subject != statement(certificate)["subject"]:
             raise ValueError("the Statement's subject does not match its predicate")
@@ -208,35 +245,37 @@ def open_envelope(envelope: CertificateEnvelope, store: TrustStore | None = None
 def read_unverified(envelope: CertificateEnvelope) -> AdmissionCertificate:
     """The certificate inside ``envelope`` WITHOUT checking its signature (for linking and display only)."""
     try:
-        document = json.loads(base64.b64decode(envelope.payload, validate=True).decode("utf-8"))
-        return from_dict(document["predicate"], AdmissionCertificate)
+        if len(envelope.payload) > _MAX_PAYLOAD_B64:
+            raise ValueError(f"the payload is over the limit of {_MAX_PAYLOAD_B64:,} base64 characters")
+        document = parse_json(base64.b64decode(envelope.payload, validate=True), SIGNED_LIMITS, what="signed payload")
+        return from_dict(document["predicate"], AdmissionCertificate, limits=SIGNED_LIMITS)
     except (binascii.Error, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise _refuse("certificate", f"the envelope's payload is not a certificate statement: {exc}") from None
 
 
 def save_certificate(envelope: CertificateEnvelope, path: str | os.PathLike[str]) -> Path:
-    """Write a signed certificate envelope as a versioned JSON document."""
+    """Write a signed certificate envelope as a versioned JSON document (atomically, never through a link)."""
     if not isinstance(envelope, CertificateEnvelope):
         raise TypeError(f"save_certificate takes the signed CertificateEnvelope, got {type(envelope).__name__}")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(to_json(envelope, indent=2) + "\n", encoding="utf-8")
-    return target
+    return write_atomic(target, to_json(envelope, indent=2) + "\n", mode=0o644)
 
 
 def load_certificate(path: str | os.PathLike[str]) -> CertificateEnvelope:
-    """Read a certificate envelope; an unsigned, HMAC or malformed document is a ``NotAdmittedError``."""
+    """Read a certificate envelope under ``SIGNED_LIMITS``; an unsigned, HMAC, oversized or malformed document is a
+    ``NotAdmittedError``."""
     source = Path(path)
     if not source.is_file():
         raise FileNotFoundError(f"no certificate at {str(source)!r}; create one with `mixle-parallel certify`")
     try:
-        document = json.loads(source.read_bytes().decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise _refuse("certificate", f"{source} is not a JSON document: {exc}") from None
+        document = parse_json(read_limited(source, SIGNED_LIMITS), SIGNED_LIMITS, what=f"certificate {source}")
+    except ContractError as exc:
+        raise _refuse("certificate", str(exc)) from None
     if isinstance(document, dict) and document.get("kind") == "AdmissionCertificate":
         raise _refuse("signature", f"{source} is an unsigned (or HMAC-signed) certificate of an older release; "
                       + reissue_hint())
     try:
-        return from_dict(document, CertificateEnvelope)
+        return from_dict(document, CertificateEnvelope, limits=SIGNED_LIMITS)
     except (ContractError, ValueError, TypeError) as exc:
         raise _refuse("certificate", f"{source} is not a signed certificate envelope: {exc}") from None

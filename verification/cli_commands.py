@@ -4,8 +4,8 @@
 third-party) or ``module:attr`` (``backend_names``; ``--import MODULE`` first imports a module that
 registers one), run the harness on a small real mesh and print the per-update table; ``certify`` also
 writes the certificate (a DSSE envelope signed with this machine's Ed25519 key, made on first use)
-and keeps it in the local store where automatic admission finds it. ``keys init|trust|list|revoke``
-manages the trust store.
+and keeps it in the local store where automatic admission finds it. ``keys init|trust|list|revoke|policy``
+manages the trust store (``trust --for certify,ledger,checkpoint`` scopes a key).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .certification import CertificationError
 from .conformance.suite import parse_plan
 from .harness.run import verify
 from .harness.worker import resolve_executor
-from .keys import TrustStore, TrustStoreError
+from .keys import CertificationPolicy, KeyPurpose, TrustStore, TrustStoreError
 
 __all__ = ["main_certify", "main_keys", "main_verify"]
 
@@ -107,35 +107,51 @@ def main_certify(argv: Sequence[str] | None = None, *, resolve: Resolver = harne
     return 0
 
 
-def main_keys(argv: Sequence[str] | None = None) -> int:
-    """``mixle-parallel keys init|trust PUBKEY|list|revoke KEYID``: manage this machine's trust store."""
+def _keys_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mixle-parallel keys", description=main_keys.__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("init", help="make this machine's Ed25519 signing key (mode 0600) and trust it")
+    sub.add_parser("init", help="make this machine's Ed25519 signing key (mode 0600) and trust it for every purpose")
     trust = sub.add_parser("trust", help="trust a public key (a PEM file, e.g. your CI's signing-key.pub)")
     trust.add_argument("pubkey")
     trust.add_argument("--label", default="", help="who holds the key (e.g. 'org CI')")
-    sub.add_parser("list", help="list trusted and revoked keys")
-    revoke = sub.add_parser("revoke", help="revoke a key (its id, or a prefix of 8+ hex digits)")
+    trust.add_argument("--for", dest="purposes", default=None, metavar="PURPOSES",
+                       help=f"what it may sign, comma-separated: {','.join(p.value for p in KeyPurpose)} "
+                            "(default: all; again on a trusted key: replaces its purposes)")
+    sub.add_parser("list", help="list trusted and revoked keys with their purposes, and the policy")
+    revoke = sub.add_parser("revoke", help="revoke a key (its id, or a prefix of 8+ hex digits), every entry of it")
     revoke.add_argument("keyid")
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    store = TrustStore()
+    policy = sub.add_parser("policy", help="show or set automatic certification: on (default), off, "
+                                           "trusted-keys-only (never create a signing key implicitly)")
+    policy.add_argument("value", nargs="?", choices=[p.value for p in CertificationPolicy])
+    return parser
+
+
+def _keys_action(store: TrustStore, args: argparse.Namespace) -> None:
+    if args.action == "init":
+        entry = store.init()
+        print(f"signing key {entry.keyid} made at {store.signing_key_path} (mode 0600); "
+              f"share {store.public_key_path} with machines that should trust it")
+    elif args.action == "trust":
+        entry = store.trust(args.pubkey, label=args.label, purposes=args.purposes)
+        print(f"trusted key {entry.keyid} for {entry.describe_purposes()} {entry.label}".rstrip())
+    elif args.action == "revoke":
+        entry = store.revoke(args.keyid)
+        print(f"revoked key {entry.keyid} at {entry.revoked_at}")
+    elif args.action == "policy":
+        value = store.set_policy(args.value) if args.value else store.policy()
+        print(f"automatic certification: {value.value} ({store.policy_path})")
+    else:
+        for entry in store.keys():
+            state = f"revoked {entry.revoked_at}" if entry.revoked else "trusted"
+            print(f"{entry.keyid}  {state:<40}  {entry.describe_purposes():<25}  {entry.label}".rstrip())
+        print(f"trust store: {store.home}; automatic certification: {store.policy().value}")
+
+
+def main_keys(argv: Sequence[str] | None = None) -> int:
+    """``mixle-parallel keys init|trust PUBKEY [--for ...]|list|revoke KEYID|policy [on|off|trusted-keys-only]``."""
+    args = _keys_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        if args.action == "init":
-            entry = store.init()
-            print(f"signing key {entry.keyid} made at {store.signing_key_path} (mode 0600); "
-                  f"share {store.public_key_path} with machines that should trust it")
-        elif args.action == "trust":
-            entry = store.trust(args.pubkey, label=args.label)
-            print(f"trusted key {entry.keyid} {entry.label}".rstrip())
-        elif args.action == "revoke":
-            entry = store.revoke(args.keyid)
-            print(f"revoked key {entry.keyid} at {entry.revoked_at}")
-        else:
-            for entry in store.keys():
-                state = f"revoked {entry.revoked_at}" if entry.revoked else "trusted"
-                print(f"{entry.keyid}  {state:<40}  {entry.label}".rstrip())
-            print(f"trust store: {store.home}")
+        _keys_action(TrustStore(), args)
     except (TrustStoreError, OSError) as exc:
         print(f"mixle-parallel keys: {exc}", file=sys.stderr)
         return 2

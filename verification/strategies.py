@@ -252,6 +252,7 @@ def numerics_evidence(draw: Any) -> NumericsEvidence:
         collectives_observed=tuple(draw(st.lists(observed_collectives(), max_size=3))),
         collectives_match=draw(st.booleans()),
         notes=tuple(draw(st.lists(_names, max_size=2))),
+        reference_magnitude=draw(st.none() | _finite),
     )
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import attrs
 
-from ...contracts.placement import ComponentShard, ModelShardingPlan
 from ...contracts.resources import Resources
 from .model_decomposition import (
     DecompAxis,
@@ -132,14 +131,11 @@ def _rationale(m: int, d: int, used: int, p: int, n_data: int, max_units: int) -
 
 def auto_balanced_estimator(estimator: Any, model: Any, resources: Resources | None = None, *,
                             n_data: int) -> tuple[Any, BalancePlan]:
-    """``(estimator, plan)`` for a data-parallel plan; ``UnrealizedModelPlacementError`` for one that splits
-    the model (this runtime keeps the whole model in every worker)."""
+    """``(estimator, plan)`` for a data-parallel plan; ``UnrealizedModelPlacementError`` (with this
+    ``BalancePlan`` as ``.plan``) for one that splits the model (this runtime keeps the whole model in
+    every worker)."""
     resources = Resources.local() if resources is None else resources
     plan = balance_plan(model, resources, n_data=n_data)
     if plan.is_model_parallel:
-        shards = tuple(ComponentShard(c.device.name, c.start, c.stop, int(b))
-                       for c, b in zip(plan.model_cuts, plan.extra["per_cut_bytes"]))
-        raise UnrealizedModelPlacementError(ModelShardingPlan(
-            plan.axis.value, max(1, int(plan.extra["max_units"])), plan.model_bytes, shards, True, bool(plan.fits),
-            plan.rationale))
+        raise UnrealizedModelPlacementError(plan)  # .plan is this BalancePlan, as in mixle 0.8.2
     return estimator, plan

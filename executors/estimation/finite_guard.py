@@ -5,13 +5,16 @@ order within the fixed combine groups, then the groups), so its bits are those o
 fold; it checks each entry before it is combined and the running statistic after every combine,
 and raises :class:`NonFiniteStatisticError` at the first non-finite value: which chunk (or run of
 chunks folded on a worker), which worker, which element. :func:`finite_guarded_fold` is mixle's
-name for it (returning ``(nobs, stats)``).
+name for it (returning ``(nobs, stats)``); given mixle 0.8.2's payloads (pickled ``(count, value)``
+bytes, or such 2-tuples) it folds them as mixle does: in order, one accumulator, a check after every
+combine naming the ``payload index``, then ``key_merge``/``key_replace``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+import pickle  # nosec B403 - mixle's fold payloads are the caller's own in-memory pickles, never a file
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,12 +22,15 @@ import numpy as np
 from .combine_order import GroupStats, combine_groups
 
 __all__ = [
-    "NonFiniteStatisticError", "check_chunk_result", "finite_guarded_fold", "first_non_finite", "guarded_fold_pass",
+    "NonFiniteStatisticError", "check_chunk_result", "decode_payload", "finish_accumulator", "finite_guarded_fold",
+    "first_non_finite", "guarded_fold_pass", "is_mixle_payload",
 ]
 
 
-class NonFiniteStatisticError(FloatingPointError):
-    """A chunk's statistic (or a combine of it) holds a NaN or Inf; ``chunks`` and ``workers`` say whose."""
+class NonFiniteStatisticError(FloatingPointError, ValueError):
+    """A chunk's statistic (or a combine of it) holds a NaN or Inf; ``chunks`` and ``workers`` say whose.
+
+    Also a ``ValueError``: mixle 0.8.2's guarded fold raises one."""
 
     def __init__(self, message: str, *, chunks: tuple[int, int], workers: tuple[int, ...], element: str,
                  stage: str) -> None:
@@ -158,10 +164,89 @@ def guarded_fold_pass(estimator: Any, entries: Sequence[Any], *, where: str = "E
     return _fold_checked(estimator, parts, guard)
 
 
+def is_mixle_payload(payload: Any) -> bool:
+    """True for mixle 0.8.2's fold payload: pickled bytes (of ``(count, value)``) or a ``(count, value)`` 2-tuple."""
+    return isinstance(payload, (bytes, bytearray, memoryview)) or (
+        isinstance(payload, tuple) and not isinstance(payload, GroupStats) and len(payload) == 2)
+
+
+def decode_payload(payload: Any, index: int) -> tuple[Any, ...]:
+    """One fold payload as a tuple: mixle's pickled ``(count, value)`` bytes are unpickled (they are the
+    caller's own in-memory payloads, as in mixle 0.8.2); ``(count, stats)`` / ``(count, ll, stats)`` as given."""
+    value = pickle.loads(bytes(payload)) if isinstance(payload, (bytes, bytearray, memoryview)) else payload  # nosec B301
+    if not isinstance(value, tuple) or len(value) not in (2, 3):
+        raise TypeError(f"payload index {index} is a {type(value).__name__}; expected (count, stats), "
+                        "(count, log_likelihood, stats) or pickled bytes of (count, stats)")
+    return value
+
+
+def finish_accumulator(acc: Any) -> Any:
+    """mixle's end of a fold: ``key_merge``/``key_replace`` over one dict (tied keys), when the accumulator
+    has them; returns ``acc.value()``."""
+    if hasattr(acc, "key_merge") and hasattr(acc, "key_replace"):
+        stats_dict: dict[str, Any] = {}
+        acc.key_merge(stats_dict)
+        acc.key_replace(stats_dict)
+    return acc.value()
+
+
+def _sequential_guarded_fold(estimator: Any, payloads: Iterable[Any], where: str,
+                             workers_of: Callable[[int], tuple[int, ...]]) -> tuple[float, Any]:
+    """mixle 0.8.2's guarded fold: in order into one accumulator, the count before and the value after every
+    combine checked; the first non-finite one raises naming ``payload index i`` and no later payload is read."""
+    guard = _Guard(where, workers_of)
+    acc = estimator.accumulator_factory().make()
+    nobs = 0.0
+    for i, raw in enumerate(payloads):
+        entry = decode_payload(raw, i)
+        count, stats = entry[0], entry[-1]
+        _raise_at(guard, count, i, f"payload index {i} count", "entry", "count")
+        nobs += count
+        _raise_at(guard, nobs, i, f"payload index {i}: running observation count", "combine", "nobs")
+        acc.combine(stats)
+        _raise_at(guard, acc.value(), i, f"payload index {i}, {i + 1} combine() calls so far", "combine", "stats")
+    value = finish_accumulator(acc)
+    if first_non_finite(value) is not None:
+        raise NonFiniteStatisticError(f"{where} (after key_merge/key_replace): {first_non_finite(value)}",
+                                      chunks=(-1, -1), workers=(), element=str(first_non_finite(value)),
+                                      stage="combine")
+    return float(nobs), value
+
+
+def _raise_at(guard: _Guard, value: Any, index: int, label: str, stage: str, what: str) -> None:
+    bad = first_non_finite(value, what)
+    if bad is None:
+        return
+    workers = guard.workers_of(index)
+    who = f"; from worker(s) {list(workers)}" if workers else ""
+    raise NonFiniteStatisticError(f"{guard.where} ({label}): {bad} is not finite{who}. Check the rows of that "
+                                  "payload for NaN/Inf, or the worker's hardware if the same data is finite elsewhere",
+                                  chunks=(index, index), workers=workers, element=bad, stage=stage)
+
+
 def finite_guarded_fold(estimator: Any, payloads: Sequence[Any], where: str = "finite_guarded_fold", *,
                         workers: Mapping[int, Sequence[int]] | Sequence[Any] | None = None) -> tuple[float, Any]:
-    """mixle's name: fold per-chunk ``(count, stats)`` or ``(count, log_likelihood, stats)`` payloads in
-    chunk order, checking every one and every combine; returns ``(nobs, stats)``."""
+    """mixle's name: fold per-chunk ``(count, stats)`` or ``(count, log_likelihood, stats)`` payloads,
+    checking every one and every combine; returns ``(nobs, stats)``.
+
+    mixle 0.8.2's payloads (pickled ``(count, value)`` bytes, or all 2-tuples) fold as mixle's do, in order
+    (``_sequential_guarded_fold``); ours fold in the canonical two-level order with the bits of ``fold_pass``.
+    ``where`` prefixes the message.
+    """
+    def workers_of(c: int) -> tuple[int, ...]:
+        if workers is None:
+            return ()
+        try:
+            got: Any = workers[c]
+        except (KeyError, IndexError):
+            return ()
+        return tuple(int(w) for w in got) if isinstance(got, (list, tuple)) else (int(got),)
+
+    if not isinstance(payloads, Sequence):  # an iterable: mixle's order, read lazily
+        return _sequential_guarded_fold(estimator, payloads, where, workers_of)
+    if any(isinstance(p, (bytes, bytearray, memoryview)) for p in payloads) or (
+            payloads and all(is_mixle_payload(p) for p in payloads)):
+        return _sequential_guarded_fold(estimator, payloads, where, workers_of)
     total = guarded_fold_pass(estimator, payloads, where=where, workers=workers)
     if not math.isfinite(total.count):  # pragma: no cover - caught at the combine above
         raise FloatingPointError(f"{where}: the total row count is {total.count}")

@@ -30,7 +30,8 @@ class UnrealizedModelPlacementError(RuntimeError):
     """The planner would split model storage across devices, which this runtime cannot execute.
 
     ``plan`` is the decision that asked for the split: a ``ModelDecomposition`` from
-    :func:`auto_parallel_estimator` (mixle's), or a ``ModelShardingPlan``.
+    :func:`auto_parallel_estimator`, the ``BalancePlan`` from ``auto_balanced_estimator`` (both as in
+    mixle 0.8.2), or a ``ModelShardingPlan``.
     """
 
     def __init__(self, plan: Any) -> None:
@@ -38,6 +39,10 @@ class UnrealizedModelPlacementError(RuntimeError):
         if isinstance(plan, ModelShardingPlan):
             what = (f"the model ({plan.model_bytes} bytes, {plan.num_components} components) does not fit on "
                     f"every device, so the plan splits its components: {plan.reason}")
+        elif hasattr(plan, "model_parallel"):  # a BalancePlan
+            what = (f"the balance plan splits its components ({getattr(plan.axis, 'value', plan.axis)}) "
+                    f"{plan.model_parallel} ways over {plan.workers_used} of {plan.workers_total} workers: "
+                    f"{plan.rationale}")
         else:
             what = (f"the planner cuts the model along {getattr(plan.axis, 'value', plan.axis)} into "
                     f"{len(plan.cuts)} shards: {plan.rationale}")

@@ -5,7 +5,7 @@ restarted in its place until it has failed ``max_retries`` times, then blacklist
 ``checkpoint=PATH`` each E-step is computed a batch of combine groups at a time and folded on the
 driver in the canonical order; after every batch the running fold (rows, log-likelihood, the
 statistics' canonical bytes) is written to PATH as JSON, atomically, together with the
-statistics of every finished pass. Nothing is pickled. :meth:`ResilientMPEncodedData.fit` started
+statistics of every finished pass. Nothing written to disk is a pickle. :meth:`ResilientMPEncodedData.fit` started
 again with the same data, estimator and start model after the driver was killed rebuilds the
 model of the interrupted pass from the previous pass's statistics (``estimate`` is deterministic),
 reloads the running fold and computes only the groups that were missing: the fit ends on the bits
@@ -15,21 +15,27 @@ of an uninterrupted one.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
-from collections.abc import Sequence
-from typing import Any
+import pickle  # nosec B403 - mixle's fold payloads (the caller's own, in memory); nothing on disk is a pickle
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
 
 from ...contracts.estimation import canonical_statistic_bytes, statistic_digest
 from .chunks import GroupFold, chunk_estep
 from .combine_order import GroupStats, combine_groups, fold_group
 from .engines.resilient_mp import ResilientMPChunkRunner
+from .finite_guard import decode_payload, finish_accumulator
 from .handle import ChunkedEncodedData
 from .statistic_codec import statistic_from_bytes
 
 __all__ = ["CHECKPOINT_KIND", "ResilientMPEncodedData", "checkpointed_fold"]
 
 CHECKPOINT_KIND = "mixle-parallel/em-checkpoint/v1"
+_T = TypeVar("_T")
 
 
 def _pack(stats: Any) -> str:
@@ -42,20 +48,56 @@ def _unpack(text: str) -> Any:
 
 def checkpointed_fold(estimator: Any, payloads: Sequence[Any],
                       checkpoint_after: int | None = None) -> tuple[float, Any]:
-    """Fold ``(count, stats)`` / ``(count, log_likelihood, stats)`` payloads in order; with
-    ``checkpoint_after=k`` the running statistic is written to its canonical bytes after payload ``k``,
-    the accumulator dropped and rebuilt from those bytes (``from_value``): the result has the same bits."""
+    """Fold payloads in order into one accumulator and return ``(nobs, value)`` after mixle's
+    ``key_merge``/``key_replace``; with ``checkpoint_after=k`` the running fold is serialized after payload
+    ``k``, the accumulator dropped and rebuilt from the bytes (``from_value``): the result has the same bits.
+
+    Payloads are mixle 0.8.2's pickled ``(count, value)`` bytes (the caller's own, in memory) or
+    ``(count, stats)`` / ``(count, log_likelihood, stats)`` tuples. The checkpoint is the canonical statistic
+    bytes (``pickle`` in memory only for a statistic those cannot carry, such as a mixle dict of labels)."""
     acc = estimator.accumulator_factory().make()
     nobs = 0.0
-    for i, p in enumerate(payloads):
-        count, stats = (p[0], p[-1])
-        nobs += float(count)
-        acc.combine(stats)
+    for i, raw in enumerate(payloads):
+        entry = decode_payload(raw, i)
+        nobs += entry[0]
+        acc.combine(entry[-1])
         if checkpoint_after is not None and i == checkpoint_after:
-            raw = canonical_statistic_bytes(acc.value())
+            nobs, restored = _round_trip(float(nobs), acc.value())
+            del acc  # as after a crash: only the serialized state survives
             acc = estimator.accumulator_factory().make()
-            acc.from_value(statistic_from_bytes(raw))
-    return nobs, acc.value()
+            acc.from_value(restored)
+    return float(nobs), finish_accumulator(acc)
+
+
+def _round_trip(nobs: float, value: Any) -> tuple[float, Any]:
+    """``(nobs, value)`` written to bytes and read back: canonical statistic bytes, else an in-memory pickle."""
+    try:
+        raw = canonical_statistic_bytes(value)
+    except (TypeError, ValueError):
+        blob = pickle.dumps((nobs, value), protocol=pickle.HIGHEST_PROTOCOL)
+        back: tuple[float, Any] = pickle.loads(blob)  # nosec B301 - the bytes made on the line above
+        return back
+    return float.fromhex(nobs.hex()), statistic_from_bytes(raw)
+
+
+def _canonical_shard_payloads(groups: Sequence[tuple[int, bytes]], expected_shards: set[int]) -> list[bytes]:
+    """mixle 0.8.2's private helper, kept for code that imports it: ``(shard id, payload)`` pairs in shard order,
+    refusing a bad, unknown, duplicate or missing shard and a non-bytes payload (``RuntimeError``)."""
+    by_shard: dict[int, bytes] = {}
+    for shard, payload in groups:
+        if isinstance(shard, bool) or not isinstance(shard, (int, np.integer)):
+            raise RuntimeError(f"worker returned invalid shard identity {shard!r}")
+        if int(shard) not in expected_shards:
+            raise RuntimeError(f"worker returned unknown shard {int(shard)}")
+        if int(shard) in by_shard:
+            raise RuntimeError(f"worker returned duplicate payload for shard {int(shard)}")
+        if not isinstance(payload, bytes):
+            raise RuntimeError(f"worker returned a non-bytes payload for shard {int(shard)}")
+        by_shard[int(shard)] = payload
+    missing = sorted(set(expected_shards) - set(by_shard))
+    if missing:
+        raise RuntimeError(f"no payload for shard(s) {missing}")
+    return [by_shard[k] for k in sorted(by_shard)]
 
 
 class ResilientMPEncodedData(ChunkedEncodedData):
@@ -78,6 +120,67 @@ class ResilientMPEncodedData(ChunkedEncodedData):
         self.groups_per_batch = groups_per_batch
         self.resumed_from: tuple[int, int] | None = None
         """(iteration, groups already folded) of the checkpoint this handle resumed, if any."""
+        self.last_round_reused_shards: set[int] = set()
+        """Chunks of the last E-step that came back from the worker first sent them (mixle's shards are chunks)."""
+        self.last_round_recomputed_shards: set[int] = set()
+        """Chunks of the last E-step recomputed after their worker died."""
+        self.last_round_failed_workers: set[int] = set()
+        """Workers that failed during the last E-step (restarted, or blacklisted)."""
+        self.last_round_blacklisted_workers: set[int] = set()
+        """Workers blacklisted during the last E-step."""
+
+    # -- mixle 0.8.2's private views (its tests and some callers read them) ----------------------------
+    @property
+    def _blacklist(self) -> set[int]:
+        return self.blacklist
+
+    @property
+    def _conns(self) -> dict[int, None]:
+        """The live, not blacklisted workers (keys only: the pipes are the runner's)."""
+        runner: Any = self.runner
+        return {w: None for w in runner.live_workers if w not in runner.blacklist}
+
+    @property
+    def _failures(self) -> dict[int, int]:
+        runner: Any = self.runner
+        return {w: int(runner.failures.get(w, 0)) for w in range(runner.num_workers)}
+
+    @property
+    def _worker_shards(self) -> dict[int, set[int]]:
+        """Chunks (mixle's shards) each live worker is sent in a plain pass."""
+        runner: Any = self.runner
+        out: dict[int, set[int]] = {}
+        if self._scattered:
+            for chunk, worker in enumerate(runner.chunk_owners()):
+                out.setdefault(int(worker), set()).add(chunk)
+        return out
+
+    # -- rounds and the fault hook (mixle 0.8.2's names) ----------------------------------------------
+    def arm_kill(self, hook: Callable[[int, Any], None] | None) -> None:
+        """Arm a one-shot fault hook for the next E-step: ``hook(worker_id, process)`` is called for every live
+        worker after it acknowledges the E-step and before it is sent any chunk work (a kill there always lands
+        before the worker accumulates). The E-step after it ends on the bits of a clean one. None disarms."""
+        self.runner.arm_kill(hook)  # type: ignore[attr-defined]  # a ResilientMPChunkRunner
+
+    def _in_round(self, run: Callable[[], _T]) -> _T:
+        """``run()`` as one round: the runner's round sets (and an armed kill hook) start fresh, then are copied."""
+        runner: Any = self.runner
+        runner.begin_round()
+        try:
+            return run()
+        finally:
+            self.last_round_reused_shards = set(runner.round_reused)
+            self.last_round_recomputed_shards = set(runner.round_recomputed)
+            self.last_round_failed_workers = set(runner.round_failed)
+            self.last_round_blacklisted_workers = set(runner.round_blacklisted)
+
+    def estep(self, estimator: Any, model: Any) -> Any:
+        """One data pass (``ChunkedEncodedData.estep``) as one round: see the ``last_round_*`` sets."""
+        return self._in_round(lambda: super(ResilientMPEncodedData, self).estep(estimator, model))
+
+    def pysp_stream_accumulate(self, estimator: Any, model: Any) -> tuple[float, Any]:
+        """mixle's streaming fold, as one round."""
+        return self._in_round(lambda: super(ResilientMPEncodedData, self).pysp_stream_accumulate(estimator, model))
 
     @property
     def blacklist(self) -> set[int]:
@@ -165,7 +268,7 @@ class ResilientMPEncodedData(ChunkedEncodedData):
             last = doc["passes"][-1]
             model = estimator.estimate(float.fromhex(last["count"]), _unpack(last["stats"]))
         while int(doc["iteration"]) < max_its:
-            total = self._checkpointed_pass(estimator, model, doc)
+            total = self._in_round(functools.partial(self._checkpointed_pass, estimator, model, doc))
             model = estimator.estimate(total.count, total.stats)
             doc["passes"].append({"count": total.count.hex(), "log_likelihood": total.log_likelihood.hex(),
                                   "stats": _pack(total.stats), "digest": statistic_digest(total.stats)})

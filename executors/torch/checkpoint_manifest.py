@@ -34,6 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from ...contracts import ContractError
+from ...contracts.bounded_json import MANIFEST_LIMITS, DocumentLimits, parse_json, read_limited
+
 FORMAT = "mixle-parallel-checkpoint"
 """Value of the ``format`` field of every JSON document a checkpoint holds."""
 FORMAT_VERSION = 1
@@ -195,15 +198,20 @@ def write_json_atomic(path: str | os.PathLike[str], doc: Any) -> bytes:
     return data
 
 
-def read_json(path: str | os.PathLike[str], *, what: str) -> Any:
-    """Read a checkpoint JSON document; a missing or unparsable file is a ``CorruptCheckpointError``."""
+def read_json(path: str | os.PathLike[str], *, what: str, limits: DocumentLimits | None = None) -> Any:
+    """Read a checkpoint JSON document; a missing or unparsable file is a ``CorruptCheckpointError``.
+
+    With ``limits`` (the manifest and the pointer: ``MANIFEST_LIMITS``) the size is checked before decoding
+    and the JSON is strict (no duplicate keys, no NaN) and bounded in depth and items.
+    """
     try:
+        if limits is not None:
+            return parse_json(read_limited(path, limits), limits, what=f"{what} {path}")
         data = Path(path).read_bytes()
+        return json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise CorruptCheckpointError(path, f"the {what} is missing") from None
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (UnicodeDecodeError, json.JSONDecodeError, ContractError) as err:
         raise CorruptCheckpointError(path, f"the {what} is not valid JSON, likely a torn write ({err})") from None
 
 
@@ -294,7 +302,8 @@ def resolve(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
     root = Path(path)
     pointer = root / POINTER_NAME
     if pointer.is_file():
-        doc = _check_header(read_json(pointer, what="checkpoint pointer"), pointer, "checkpoint pointer")
+        document = read_json(pointer, what="checkpoint pointer", limits=MANIFEST_LIMITS)
+        doc = _check_header(document, pointer, "checkpoint pointer")
         name, digest = doc.get("generation"), doc.get("manifest_sha256")
         if not isinstance(name, str) or not _GENERATION_RE.match(name) or not isinstance(digest, str):
             raise CorruptCheckpointError(pointer, "the pointer lacks a valid generation name or manifest sha256")
@@ -314,13 +323,16 @@ def resolve(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
 def read_manifest(generation_dir: Path, expected_sha256: str | None) -> dict[str, Any]:
     """Read and check the manifest (its own sha256 against the pointer's record)."""
     path = generation_dir / MANIFEST_NAME
-    try:
-        data = path.read_bytes()
+    try:  # read once, size-bounded; the bytes hashed are the bytes parsed (strictly, under MANIFEST_LIMITS)
+        data = read_limited(path, MANIFEST_LIMITS)
+        if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
+            raise CorruptCheckpointError(path, "the manifest's sha256 differs from the one the pointer records")
+        document = parse_json(data, MANIFEST_LIMITS, what=f"manifest {path}")
     except FileNotFoundError:
         raise CorruptCheckpointError(path, "the manifest is missing (the save never finished?)") from None
-    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
-        raise CorruptCheckpointError(path, "the manifest's sha256 differs from the one the pointer records")
-    doc = _check_header(read_json(path, what="manifest"), path, "manifest")
+    except ContractError as err:
+        raise CorruptCheckpointError(path, f"the manifest is not valid JSON, likely a torn write ({err})") from None
+    doc = _check_header(document, path, "manifest")
     if doc.get("generation") != generation_dir.name or not isinstance(doc.get("files"), dict) \
             or not isinstance(doc.get("world_size"), int):
         raise CorruptCheckpointError(path, "the manifest names another generation or lacks files/world_size")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...contracts import CertificateEnvelope, ContractError, NotAdmittedError, from_dict, to_dict
+from ...contracts.bounded_json import SIGNED_LIMITS, parse_json, read_limited
 from ...verification.attestation import STATEMENT_TYPE, open_statement, sign_statement
 from ...verification.keys import TrustStore, TrustStoreError
 from .checkpoint_manifest import (
@@ -104,8 +105,9 @@ def _signed_digest(generation_dir: Path, store: TrustStore) -> str:
     hint = ("load it with trust='unsigned' if you know where it came from, or trust its signer's key "
             "(`mixle-parallel keys trust PUBKEY`)")
     try:
-        document = json.loads(path.read_bytes().decode("utf-8"))
-        statement, _ = open_statement(from_dict(document, CertificateEnvelope), store, predicate_type=MANIFEST_TYPE)
+        document = parse_json(read_limited(path, SIGNED_LIMITS), SIGNED_LIMITS, what=f"manifest signature {path}")
+        envelope = from_dict(document, CertificateEnvelope, limits=SIGNED_LIMITS)
+        statement, _ = open_statement(envelope, store, predicate_type=MANIFEST_TYPE)
         predicate = statement["predicate"]
         digest, generation = predicate["manifest_sha256"], predicate["generation"]
     except FileNotFoundError:

@@ -157,6 +157,9 @@ class TorchNativeTrial:
         return list(self._receipts)
 
     def close(self) -> None:
-        """Release the session (the harness owns the process group)."""
+        """Release the session (the harness owns the process group); gradients a failed step left pending are
+        dropped first, so ``close`` (which refuses pending gradients) never hides that step's error."""
         self.capture.close()
+        if self.session.pending_accumulation:
+            self.session.discard_accumulation()
         self.session.close()

@@ -20,6 +20,18 @@ from .run_ledger import RunLedger
 from .sdc_audit import SessionAudit, trainable
 
 
+class PendingGradientsError(RuntimeError, ValueError):
+    """A save or close while gradients of an unfinished accumulation window are pending: they are not state.
+
+    A ``RuntimeError`` as in mixle 0.8.2 (its code catches that) and a ``ValueError`` as before here."""
+
+
+def _pending_message(action: str, pending: int) -> str:
+    return (f"cannot {action} mid-accumulation (pending_accumulation={pending}): finish gradient accumulation "
+            "first -- call finish_accumulation() to commit the pending gradients or discard_accumulation() to "
+            "drop them")
+
+
 class SessionBase:
     """The clocks, metrics, checkpoints and shutdown of a session (its step is ``TorchDistributedSession``'s)."""
 
@@ -94,6 +106,8 @@ class SessionBase:
         published folder; see docs/checkpoints.md and ``checkpoint.save_session``.
         """
         self._check_open()
+        if self._pending:
+            raise PendingGradientsError(_pending_message("save", self._pending))
         handle = save_session(path, self, loader_state=loader_state, typed_scheduler_state=typed_scheduler_state,
                               extra=extra, asynchronous=asynchronous)
         self._ledger.checkpoint(step=self._step, path=str(path),
@@ -127,9 +141,14 @@ class SessionBase:
 
     def close(self) -> None:
         """Release the session (health thread, the ledger's run_end). The process group stays, as in mixle 0.8.2:
-        the script may destroy it; one ``prepare`` created is destroyed at interpreter exit otherwise."""
+        the script may destroy it; one ``prepare`` created is destroyed at interpreter exit otherwise.
+
+        Refused while gradients are pending (:class:`PendingGradientsError`, as mixle 0.8.2): commit them with
+        ``finish_accumulation()`` or drop them with ``discard_accumulation()`` first."""
         if self._closed:
             return
+        if self._pending:
+            raise PendingGradientsError(_pending_message("close", self._pending))
         self._closed = True
         if self._health is not None:
             self._health.close()

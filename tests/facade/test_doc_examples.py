@@ -6,7 +6,9 @@ or ``# run: mpiexec -n N`` says how to launch it: ``python -m torch.distributed.
 --nproc-per-node N block.py`` or the venv's ``mpiexec -n N python block.py``; a first comment that names
 torchrun or mpiexec in another form is refused (it would run as one process). A block that starts processes
 (a launch line, a launcher, an EM backend other than ``local``, Ray, Spark, Dask, or the CLI's ``verify``,
-``certify``, ``conformance`` and ``demo``) is ``slow`` (``_STARTS_PROCESSES``). A ```bash block runs in
+``certify``, ``conformance`` and ``demo``) is ``slow`` (``_STARTS_PROCESSES``). A python block whose first line
+is ``# file: NAME.py`` is a module a later block uses: it is saved as ``NAME.py`` in the scratch folder of every
+later block of the same document (and runs as a program too). A ```bash block runs in
 ``bash -e`` from the scratch folder with the venv's ``bin`` first on PATH, so ``mixle-parallel ...`` is the
 venv's console script. Exempt by name, and only these: the README's two
 quick-start commands (``QUICK_START``), which CI runs itself (``.ci/run`` runs ``scripts/dev test``, and
@@ -47,6 +49,7 @@ _LAUNCH = re.compile(r"^#\s*run:\s*(?P<command>.*?)\s*$")
 _TORCHRUN = re.compile(r"^torchrun\s+(--standalone\s+)?--nproc-per-node[ =](?P<n>[1-9]\d*)$")
 _MPIEXEC = re.compile(r"^mpiexec\s+-n\s+(?P<n>[1-9]\d*)$")
 _NAMES_A_LAUNCHER = re.compile(r"^#.*\b(torchrun|mpiexec|mpirun)\b")
+_FILE = re.compile(r"^#\s*file:\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*\.py)\s*$")
 
 
 @attrs.frozen
@@ -75,6 +78,13 @@ class Example:
         first = self.code.lstrip("\n").split("\n", 1)[0]
         match = _LAUNCH.match(first)
         return match["command"] if match else None
+
+    @property
+    def file_name(self) -> str | None:
+        """``NAME.py`` for a block whose first line is ``# file: NAME.py`` (a module later blocks import)."""
+        first = self.code.lstrip("\n").split("\n", 1)[0]
+        match = _FILE.match(first)
+        return match["name"] if match and self.runner == "python" else None
 
     @property
     def starts_processes(self) -> bool:
@@ -151,10 +161,17 @@ def _environment(home: Path) -> dict[str, str]:
     return env
 
 
+def _files_before(example: Example) -> list[Example]:
+    """The ``# file: NAME.py`` blocks above ``example`` in its document, saved beside it."""
+    return [e for e in ALL if e.path == example.path and e.line < example.line and e.file_name]
+
+
 @pytest.mark.parametrize("example", [_param(e) for e in PROGRAMS])
 def test_example_runs_as_written(example: Example, tmp_path: Path) -> None:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
+    for module in _files_before(example):
+        (scratch / str(module.file_name)).write_text(module.code, encoding="utf-8")
     if example.runner == "python":
         (scratch / "block.py").write_text(example.code, encoding="utf-8")
         command = launch_command(example, "block.py")
@@ -207,5 +224,8 @@ def test_the_extractor_reads_fences_launch_lines_and_the_exemption(tmp_path: Pat
     assert launch_command(attrs.evolve(py, code="print(2)\n"), "b.py") == [sys.executable, "b.py"]
     standalone = attrs.evolve(py, code="# run: torchrun --standalone --nproc-per-node 3\n")
     assert launch_command(standalone, "b.py")[-2:] == ["3", "b.py"]
+    module = attrs.evolve(py, code="# file: acme_backend.py\nX = 1\n", line=40)
+    assert module.file_name == "acme_backend.py" and py.file_name is None
+    assert attrs.evolve(sh, code="# file: x.py\n").file_name is None  # only python blocks are modules
     mpi = attrs.evolve(py, code="# run: mpiexec -n 4\n")
     assert launch_command(mpi, "b.py") == [str(VENV_BIN / "mpiexec"), "-n", "4", sys.executable, "b.py"]

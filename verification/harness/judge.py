@@ -144,6 +144,7 @@ class _Numerics:
 
     max_abs: float = 0.0
     max_rel: float = 0.0
+    magnitude: float = 0.0
     samples: int = 0
     within: bool = True
     deterministic: bool = True
@@ -158,6 +159,7 @@ class _Numerics:
             self.worst = f"{key} ({where})"
         self.max_abs = max(self.max_abs, min(result.maximum_absolute_error, _FLOAT_MAX))
         self.max_rel = max(self.max_rel, min(result.maximum_relative_error, _FLOAT_MAX))
+        self.magnitude = max(self.magnitude, result.reference_magnitude)
         self.within &= result.within
 
 
@@ -254,5 +256,6 @@ def judge_update(update: DistributedUpdate, measured: Measured, wire: WireFindin
         precision=measured.precision, trials=measured.trials, sample_count=numerics.samples,
         maximum_absolute_error=numerics.max_abs, maximum_relative_error=numerics.max_rel,
         deterministic=deterministic, within_tolerance=numerics.within, tolerance=tol,
-        collectives_observed=tuple(seen), collectives_match=collectives_ok, notes=tuple(notes))
+        collectives_observed=tuple(seen), collectives_match=collectives_ok, notes=tuple(notes),
+        reference_magnitude=numerics.magnitude)
     return UpdateVerdict(update, evidence, tuple(failures))

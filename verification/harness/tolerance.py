@@ -97,6 +97,8 @@ class Comparison:
     within: bool
     sample_count: int
     bitwise_equal: bool
+    reference_magnitude: float = 0.0
+    """Largest finite |expected| value (what the relative term of the tolerance scales with)."""
 
 
 def _as_numpy(value: Any) -> np.ndarray:
@@ -126,6 +128,8 @@ def compare(actual: Any, expected: Any, tolerance: Tolerance, *, scaled: bool = 
     if a.size == 0:
         return Comparison(0.0, 0.0, True, 0, bitwise)
     finite = np.isfinite(a64) & np.isfinite(e64)
+    magnitude = np.abs(np.where(finite, e64, 0.0))
+    scale = float(magnitude.max())
     same_nonfinite = ~finite & ((a64 == e64) | (np.isnan(a64) & np.isnan(e64)))
     diff = np.where(finite, np.abs(a64 - e64), np.where(same_nonfinite, 0.0, np.inf))
     rel = np.where(finite, diff / np.maximum(np.abs(e64), np.finfo(np.float64).tiny), diff)
@@ -133,10 +137,9 @@ def compare(actual: Any, expected: Any, tolerance: Tolerance, *, scaled: bool = 
     if tolerance.bitwise:
         within = bitwise
     else:
-        magnitude = np.abs(np.where(finite, e64, 0.0))
-        atol = max(tolerance.atol, tolerance.rtol * float(magnitude.max())) if scaled else tolerance.atol
+        atol = max(tolerance.atol, tolerance.rtol * scale) if scaled else tolerance.atol
         within = bool(np.all(diff <= atol + tolerance.rtol * magnitude))
-    return Comparison(max_abs, max_rel, within, int(a.size), bitwise)
+    return Comparison(max_abs, max_rel, within, int(a.size), bitwise, scale)
 
 
 def tolerance_from_mapping(data: Mapping[str, Any]) -> Tolerance:

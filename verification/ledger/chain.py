@@ -39,6 +39,7 @@ from ...contracts import (
     StepReceipt,
     to_dict,
 )
+from ...contracts.bounded_json import LEDGER_LINE_LIMITS, parse_json
 from ...contracts.frozen_mapping import FrozenDict, to_frozen_dict
 from ..attestation import read_unverified
 from ..keys import TrustStore
@@ -128,10 +129,6 @@ class ReadResult:
     torn_line: int | None = None
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON (ledgers hold finite numbers only)")
-
-
 def _check_record(record: Any) -> None:
     """Field names and types of one ledger line, before anything trusts them."""
     if not isinstance(record, dict) or set(record) != set(_FIELDS):
@@ -159,7 +156,7 @@ def read_ledger(path: str | os.PathLike[str]) -> ReadResult:
     for number, line in enumerate(lines, start=1):
         is_last = number == len(lines)
         try:
-            record = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+            record = parse_json(line, LEDGER_LINE_LIMITS, what=f"ledger line {number}")  # strict, bounded
             _check_record(record)
             entries.append(LedgerEntry(**record))
             numbers.append(number)

@@ -27,12 +27,14 @@ from ...contracts import (
     from_dict,
     to_dict,
 )
-from ..attestation import STATEMENT_TYPE, open_statement, sign_statement
+from ...contracts.bounded_json import SIGNED_LIMITS, parse_json, read_limited
+from ..attestation import LEDGER_HEAD_PREDICATE, STATEMENT_TYPE, open_statement, sign_statement
 from ..keys import TrustStore
+from ..safe_files import write_atomic
 
 __all__ = ["LEDGER_HEAD_TYPE", "check_head", "check_seal", "head_path", "read_head", "sign_head", "write_head"]
 
-LEDGER_HEAD_TYPE = "https://mixle-parallel.dev/attestation/ledger-head/v1"
+LEDGER_HEAD_TYPE = LEDGER_HEAD_PREDICATE
 """Predicate type of a ledger seal / signed head."""
 
 
@@ -53,12 +55,8 @@ def sign_head(signer: Signer, ledger: str | os.PathLike[str], entries: int, head
 
 
 def write_head(path: str | os.PathLike[str], seal: dict[str, Any]) -> Path:
-    """Write ``seal`` as the signed head beside the ledger (atomically)."""
-    target = head_path(path)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(seal, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
-    return target
+    """Write ``seal`` as the signed head beside the ledger (atomically, never through a link)."""
+    return write_atomic(head_path(path), json.dumps(seal, indent=2, sort_keys=True) + "\n")
 
 
 def _open(document: Any, store: TrustStore) -> tuple[int, str, str]:
@@ -66,7 +64,7 @@ def _open(document: Any, store: TrustStore) -> tuple[int, str, str]:
     if isinstance(document, FrozenDict):
         document = document.to_dict()
     try:
-        envelope = from_dict(document, CertificateEnvelope)
+        envelope = from_dict(document, CertificateEnvelope, limits=SIGNED_LIMITS)
         statement, keyid = open_statement(envelope, store, predicate_type=LEDGER_HEAD_TYPE)
         predicate = statement["predicate"]
         entries, head = predicate["entries"], predicate["head"]
@@ -93,11 +91,11 @@ def check_seal(document: Any, seq: int, prev: str, store: TrustStore) -> str | N
 def read_head(path: str | os.PathLike[str], store: TrustStore) -> tuple[int, str, str]:
     """(entries, head hash, key id) of a signed head file; ``ValueError`` when missing, unreadable or untrusted."""
     source = Path(path)
-    try:
-        document = json.loads(source.read_bytes().decode("utf-8"))
+    try:  # size before decoding, strict JSON (SIGNED_LIMITS)
+        document = parse_json(read_limited(source, SIGNED_LIMITS), SIGNED_LIMITS, what=f"signed head {source}")
     except FileNotFoundError:
         raise ValueError(f"no signed head at {source}") from None
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+    except (OSError, ValueError) as exc:
         raise ValueError(f"signed head {source} is not a JSON document: {exc}") from None
     return _open(document, store)
 
