@@ -66,6 +66,7 @@ from .reference_handles import (
 )
 from .resource_calibration import *  # noqa: F403
 from .shards import *  # noqa: F403
+from .sources import files, rank_local
 from .stochastic import *  # noqa: F403
 
 builtin_backends.register_builtin_encoded_data_backends()
@@ -98,7 +99,8 @@ def __getattr__(name: str) -> Any:
 
 
 _MORE = ["INIT_STRATEGIES", "BackendDeclaration", "EncodedDataOptions", "UnknownOptionError", "VerificationOptions",
-         "declare_backend_options", "DaskEncodedData", "LocalEncodedData", "MPEncodedData", "SparkEncodedData"]
+         "declare_backend_options", "files", "rank_local", "DaskEncodedData", "LocalEncodedData", "MPEncodedData",
+         "SparkEncodedData"]
 
 __all__ = sorted({
     *api.__all__, *builtin_backends.__all__, *chunks.__all__, *combine_order.__all__, *component_parallel.__all__,

@@ -28,6 +28,7 @@ from .em_admission import admit_encoded_data, canonical_backend
 from .engine_choice import resolve_engine
 from .mixle_interop import adapt_mixle_objects
 from .options import EncodedDataOptions, VerificationOptions, split_keywords
+from .sources import check_source
 
 __all__ = ["EncodedDataControlConflictError", "EncodedDataOptions", "VerificationOptions", "encoded_data",
            "is_encoded_data_handle"]
@@ -138,7 +139,8 @@ def _create(data: Any, backend: str, options: EncodedDataOptions, verification: 
 def _check_call(data: Any, declaration: BackendDeclaration, options: EncodedDataOptions) -> None:
     """Every check that needs no worker: rows, engine, the options against the declaration, mini-batches."""
     estimator, model, encoder = adapt_mixle_objects(options.estimator, options.model, options.encoder)
-    check_rows(data, estimator=estimator, model=model, encoder=encoder)
+    if not check_source(data, declaration.name):  # a source is checked where its rows are read
+        check_rows(data, estimator=estimator, model=model, encoder=encoder)
     choice = resolve_engine(options.engine, options.precision)
     check_backend_options(declaration, options, choice is None, builtin_declarations(BUILTIN_ENCODED_DATA_BACKENDS))
     if choice is not None:

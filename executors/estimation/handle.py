@@ -57,6 +57,7 @@ from .options import EncodedDataOptions, UnknownOptionError, VerificationOptions
 from .placement_check import check_placement
 from .planner import placement_for_bounds
 from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt
+from .sources import ChunkPlace, OpenedSource, as_source, open_source, source_layout, source_places
 
 __all__ = ["STRAGGLER_MIN_EXCESS_S", "ChunkedEncodedData", "handle_from_runner"]
 
@@ -89,9 +90,17 @@ class ChunkedEncodedData:
         self.rank_records: list[RankRecord] = []
         """One ``RankRecord`` per worker and E-step (round = iteration), emitted by the workers themselves."""
         self._data = data
-        self.num_rows = count_rows(data) if num_rows is None else int(num_rows)
-        self.bounds, self.minibatch, placement = handle_layout(opts, self.num_rows)
+        source = as_source(data)
+        self.source: OpenedSource | None = None if source is None else open_source(source, runner)
+        """The source the rows are read from where they live (``files``, an RDD...), or None for rows in memory."""
+        part_rows = None if self.source is None else self.source.part_rows
+        self.num_rows = (sum(part_rows) if part_rows is not None else
+                         count_rows(data) if num_rows is None else int(num_rows))
+        self.bounds, self.minibatch, placement = handle_layout(opts, self.num_rows, part_rows)
         """The chunks' row ranges; the ``MinibatchSpec`` of stochastic EM (``batch_size=, shuffle=, seed=``)."""
+        self.places: tuple[ChunkPlace, ...] | None = None if part_rows is None else source_places(self.bounds,
+                                                                                                   part_rows)
+        """Each chunk's (part, row offset) in the source, or None for rows in memory."""
         if placement is None and opts.resources is not None:  # rows to workers by the devices' throughput
             placement = _resource_placement(self.bounds, data, opts.resources, estimator, model, encoder)
         self.placement = check_placement(placement, self.num_rows, self.bounds, runner)
@@ -150,10 +159,13 @@ class ChunkedEncodedData:
             return
         if self._encoder is None:
             self._encoder = resolve_encoder(estimator, model)
-        if self._data is None:
+        if self.source is not None:
+            assert self.places is not None  # set with the source
+            self.source.place(self.runner, self.places, self._encoder)  # built where the rows live
+        elif self._data is None:
             raise ValueError("this handle has no data to encode; pass the rows to encoded_data()")
-        chunks = encode_chunks(self._data, self._encoder, self.bounds)
-        self.runner.scatter(chunks)
+        else:
+            self.runner.scatter(encode_chunks(self._data, self._encoder, self.bounds))
         if self.placement is not None:
             blocks = [range(s.first_chunk, s.last_chunk) for s in self.placement.shards]
             self.runner.assign_chunks(blocks)  # type: ignore[attr-defined]  # checked by check_placement
@@ -462,6 +474,8 @@ class ChunkedEncodedData:
                         },
                     )
             finally:
+                if self.source is not None:
+                    self.source.close()
                 if self._owns_runner:
                     self.runner.close()
                 if self.engine is not None:
@@ -513,12 +527,13 @@ def handle_options(options: EncodedDataOptions | None, params: dict[str, Any], *
     return options.replace(**params) if params else options
 
 
-def handle_layout(opts: EncodedDataOptions, num_rows: int) -> tuple[tuple[tuple[int, int], ...], MinibatchSpec, Any]:
+def handle_layout(opts: EncodedDataOptions, num_rows: int, part_rows: Sequence[int] | None = None
+                  ) -> tuple[tuple[tuple[int, int], ...], MinibatchSpec, Any]:
     """``(bounds, minibatch spec, placement)`` of a handle of ``num_rows`` rows under ``opts``.
 
     Every chunk is cut into ``sub_chunks``; with a mini-batch option and no chunking given a mini-batch
     is one chunk (``batch_size`` None: a tenth of the rows); with a placement and no chunking given,
-    the placement's chunks."""
+    the placement's chunks. A source's ``part_rows`` cut each part on its own (``sources.source_layout``)."""
     num_chunks, chunk_size = sub_chunked(num_rows, opts.num_chunks, opts.chunk_size, opts.sub_chunks)
     stochastic = opts.batch_size is not None or opts.shuffle is not None or opts.seed is not None
     spec = minibatch_spec(num_rows, opts.batch_size, opts.shuffle, opts.seed, resolve_batch=stochastic)
@@ -527,6 +542,8 @@ def handle_layout(opts: EncodedDataOptions, num_rows: int) -> tuple[tuple[tuple[
     placement = opts.placement
     if placement is not None and num_chunks is None and chunk_size is None:
         num_chunks = getattr(placement, "num_chunks", None)  # the plan's chunks, unless chunking is given
+    if part_rows is not None:
+        return tuple((p.start, p.stop) for p in source_layout(part_rows, num_chunks, chunk_size)), spec, placement
     return chunk_bounds(num_rows, num_chunks, chunk_size), spec, placement
 
 
@@ -534,7 +551,7 @@ def _resource_placement(bounds: Sequence[tuple[int, int]], data: Any, resources:
                         encoder: Any) -> Placement:
     """The planner's placement of the chunks over ``resources`` (rows by throughput); one that does not fit a
     device's memory is refused."""
-    if data is None:
+    if data is None or as_source(data) is not None:
         raise ValueError("resources= places rows by the devices' throughput, which needs the rows in this process")
     placement = placement_for_bounds(bounds, data, model=model, estimator=estimator, encoder=encoder,
                                      resources=resources)

@@ -13,6 +13,7 @@ from typing import Any
 
 from .api import encoded_data
 from .handle import ChunkedEncodedData
+from .sources import is_source
 
 __all__ = ["BuiltByEncodedData", "DaskEncodedData", "LocalEncodedData", "MPEncodedData", "SparkEncodedData"]
 
@@ -87,11 +88,12 @@ class MPEncodedData(BuiltByEncodedData, ChunkedEncodedData):
 
 
 def _rows(data: Any, name: str) -> Any:
-    """The rows of ``data``; a lazy engine collection is refused with what to pass instead."""
-    if hasattr(data, "__len__"):
+    """The rows of ``data``, or a source read where it lives (an RDD, a dask collection, ``files(...)``: the
+    backend refuses one it cannot read); anything else is refused with what to pass instead."""
+    if hasattr(data, "__len__") or is_source(data):
         return data
-    raise TypeError(f"{name} takes the rows in memory (a list or array), got a {type(data).__name__}; our "
-                    "engines place the rows themselves: pass rows (e.g. bag.compute() / rdd.collect())")
+    raise TypeError(f"{name} takes the rows in memory (a list or array) or a source its engine reads where it lives "
+                    f"(an RDD, a dask collection, files(...)), got a {type(data).__name__}")
 
 
 class DaskEncodedData(BuiltByEncodedData, ChunkedEncodedData):

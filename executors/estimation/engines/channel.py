@@ -27,6 +27,7 @@ is not encrypted: where the network between driver and workers must carry only t
 from __future__ import annotations
 
 import collections
+import contextvars
 import os
 import pickle
 import socket
@@ -40,6 +41,7 @@ from typing import Any
 
 from ....contracts.errors import MissingExtraError
 from ..combine_order import apply_chunk_fn
+from ..sources.recipes import materialize
 from .wire_bytes import WireBytes
 from .worker_process import yield_on_wakeup
 
@@ -154,9 +156,12 @@ class ChannelServer:
 
     def open(self, host: str, authkey: bytes) -> tuple[str, int]:
         """Listen on ``host`` (an ephemeral port) and serve the first client that authenticates with
-        ``authkey`` within :data:`HANDSHAKE_TIMEOUT_S`; returns the address to connect to."""
+        ``authkey`` within :data:`HANDSHAKE_TIMEOUT_S`; returns the address to connect to. The serving thread
+        runs in the caller's context (a dask actor's: a recipe built there finds its worker)."""
         listener = connection.Listener((host, 0))
-        threading.Thread(target=self._serve, args=(listener, authkey), name="mixle-em-channel", daemon=True).start()
+        context = contextvars.copy_context()
+        threading.Thread(target=context.run, args=(self._serve, listener, authkey), name="mixle-em-channel",
+                         daemon=True).start()
         return listener.address
 
     def _accept(self, listener: Any, authkey: bytes) -> Any:
@@ -210,7 +215,7 @@ def answer(task: bytes, ids: Sequence[int], borrowed: dict[int, bytes], chunk_of
     so the driver tells a failing ``fn`` from a lost worker."""
     try:
         fn, payload = pickle.loads(task)
-        extra = {int(i): pickle.loads(blob) for i, blob in borrowed.items()}
+        extra = {int(i): materialize(pickle.loads(blob)) for i, blob in borrowed.items()}  # a recipe is built here
         if adopt is not None:
             adopt(extra)
         lookup = (lambda i: extra[i] if i in extra else chunk_of(i)) if extra else chunk_of

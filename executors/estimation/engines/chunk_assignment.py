@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ['block_assignment', 'ordered_results', 'place_blocks', 'requested_ids']
+__all__ = ['block_assignment', 'home_blocks', 'ordered_results', 'place_blocks', 'requested_ids']
 
 
 def block_assignment(num_chunks: int, num_workers: int) -> list[list[int]]:
@@ -17,6 +17,15 @@ def block_assignment(num_chunks: int, num_workers: int) -> list[list[int]]:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     edges = [(w * num_chunks) // num_workers for w in range(num_workers + 1)]
     return [list(range(edges[w], edges[w + 1])) for w in range(num_workers)]
+
+
+def home_blocks(chunks: Sequence[Any], workers: Sequence[str]) -> list[list[int]]:
+    """The chunk ids each of ``workers`` takes: where each chunk already is (a recipe's ``home``, e.g. a dask
+    collection's chunk future) when every chunk is on one of them, else contiguous blocks."""
+    homes = [getattr(c, "home", None) for c in chunks]
+    if homes and all(h in workers for h in homes):
+        return [[i for i, h in enumerate(homes) if h == w] for w in workers]
+    return block_assignment(len(chunks), len(workers))
 
 
 def place_blocks(blocks: Any, num_workers: int, num_chunks: int, backend: str) -> list[list[int]]:

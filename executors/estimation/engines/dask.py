@@ -41,12 +41,9 @@ from ..chunks import (
 )
 from ..handle import handle_from_runner
 from ..options import EncodedDataOptions
+from ..sources.dask_collections import lend_to
 from .channel import ChannelClient, ChannelOffer, collect_replies
-from .chunk_assignment import (
-    block_assignment,
-    ordered_results,
-    requested_ids,
-)
+from .chunk_assignment import home_blocks, ordered_results, requested_ids
 from .dask_channel import ACTOR_START_S, POLL_S, DirectPasses, channel_host
 from .dask_holder import (
     DaskChunkHolder,
@@ -54,11 +51,7 @@ from .dask_holder import (
     pack_for_holder,
     work_for_holder,
 )
-from .dask_tasks import (
-    DaskTaskRunner,
-    is_task_only_client,
-    scheduler_workers,
-)
+from .dask_tasks import DaskTaskRunner, is_task_only_client, scheduler_workers
 from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
 from .main_guard import require_main_guard
 from .optional_engine import require_engine
@@ -216,8 +209,10 @@ class DaskRunner(DirectPasses):
 
     # -- placement ----------------------------------------------------------------------------
     def scatter(self, chunks: Sequence[Any]) -> None:
-        """Load chunk ``i`` into one worker's actor (contiguous blocks); the driver keeps them for recovery."""
+        """Load chunk ``i`` into one worker's actor (contiguous blocks, or where a recipe's ``home`` is: a recipe
+        is built by the actor); the driver keeps the chunks (or their recipes) for recovery."""
         self._chunks = list(chunks)
+        self._lent: list[Any] = []  # futures of chunks dask copied to a borrower (released with the next pass)
         self._where = [""] * len(self._chunks)
         for address in [a for a in self._actors if a not in self._workers]:  # recovery actors of an earlier scatter
             self._actors.pop(address)
@@ -233,8 +228,8 @@ class DaskRunner(DirectPasses):
                 f"within {self.timeout} s; check that the workers are alive and can import mixle_parallel"
             )
         loads = {}
-        for worker, ids in zip(self._workers, block_assignment(len(self._chunks), self.num_workers)):
-            loads[worker] = self._invoke(worker, "load", {i: pack_for_holder(self._chunks[i]) for i in ids}, True)
+        for worker, ids in zip(self._workers, home_blocks(self._chunks, self._workers)):
+            loads[worker] = self._invoke(worker, "load", {i: self._packed(i, worker) for i in ids}, True)
             for i in ids:
                 self._where[i] = worker
         for worker, call in loads.items():
@@ -269,7 +264,7 @@ class DaskRunner(DirectPasses):
                 targets.setdefault(target, []).append(i)
             _log.warning("dask: re-placing lost chunks %s onto %s", chunk_ids, sorted(targets))
             calls = {
-                t: self._invoke(t, "load", {i: pack_for_holder(self._chunks[i]) for i in ids})
+                t: self._invoke(t, "load", {i: self._packed(i, t) for i in ids})
                 for t, ids in targets.items()
             }
             results = [self._await(t, call, deadline, f"take lost chunks {targets[t]}") for t, call in calls.items()]
@@ -279,6 +274,10 @@ class DaskRunner(DirectPasses):
             for i in ids:
                 self._where[i] = target
         self.recoveries += len(chunk_ids)
+
+    def _packed(self, i: int, address: str) -> bytes:
+        """Chunk ``i`` packed for the holder at ``address`` (one in dask's memory elsewhere is moved there first)."""
+        return pack_for_holder(lend_to(self.client, self._chunks[i], address, self._lent))
 
     # -- calls --------------------------------------------------------------------------------
     def _invoke(self, address: str, method: str, *args: Any) -> Any:
@@ -464,13 +463,14 @@ class DaskRunner(DirectPasses):
     def _send_placed(self, checked: dict[int, WorkerTask]) -> _PlacedCalls:
         """Send each chosen worker its task: over its pass channel, or as a dask call (orphaned chunks it keeps)."""
         calls = _PlacedCalls({}, {}, {}, {})
+        self._lent = []  # the chunks lent in the last pass are in their borrowers' hands or done with
         for w, t in sorted(checked.items()):
             if not t.chunk_ids:
                 continue
             address = self._workers[w]
             task = pack_for_holder((t.fn, t.payload), task=True)
             ids = list(t.chunk_ids)
-            borrowed = {i: pack_for_holder(self._chunks[i]) for i in dict.fromkeys(ids) if self._where[i] != address}
+            borrowed = {i: self._packed(i, address) for i in dict.fromkeys(ids) if self._where[i] != address}
             orphans = [
                 i
                 for i in dict.fromkeys(borrowed)

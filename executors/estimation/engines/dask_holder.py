@@ -12,6 +12,7 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
+from ..sources.recipes import materialize
 from .channel import ChannelServer, answer, holder_key
 from .worker_process import prepare_worker, yield_on_wakeup
 
@@ -80,7 +81,8 @@ class DaskChunkHolder:
             return f"{type(exc).__name__}: {exc}"
 
     def load(self, chunks: dict[int, bytes], replace: bool = False) -> int:
-        """Keep ``chunks`` (chunk id -> pickled chunk) resident; ``replace`` drops those held before.
+        """Keep ``chunks`` (chunk id -> pickled chunk, or its recipe: built here) resident; ``replace`` drops
+        those held before.
 
         Unpickling here gives every array memory of its own: arrays dask deserializes zero-copy sit
         at arbitrary offsets of a network frame (measured: not even 8-byte aligned), where numpy
@@ -88,7 +90,7 @@ class DaskChunkHolder:
         """
         if replace:
             self.chunks = {}
-        self.chunks.update((int(i), pickle.loads(c)) for i, c in chunks.items())
+        self.chunks.update((int(i), materialize(pickle.loads(c))) for i, c in chunks.items())
         return len(self.chunks)
 
     def run(self, task: bytes, work: bytes, borrowed: dict[int, bytes] | None = None) -> bytes:

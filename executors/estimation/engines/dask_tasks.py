@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..sources.recipes import materialize
+
 __all__ = ["DaskTaskRunner", "is_task_only_client", "scheduler_workers"]
 
 
@@ -39,7 +41,7 @@ def is_task_only_client(client: Any, distributed: Any) -> bool:
 
 
 def _run(fn: Callable[[Any, Any], Any], chunk: Any, payload: Any) -> Any:
-    return fn(chunk, payload)
+    return fn(materialize(chunk), payload)  # a recipe (files) is read by the task
 
 
 class DaskTaskRunner:

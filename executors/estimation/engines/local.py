@@ -10,6 +10,8 @@ from ....contracts.resources import local_cpu_count
 from ..chunks import WorkerTask, apply_chunk_fn, check_tasks
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
+from ..sources.files import forget_reads
+from ..sources.recipes import is_recipe, materialize
 from .chunk_assignment import block_assignment, place_blocks
 
 __all__ = ["LocalChunkRunner", "local_backend"]
@@ -34,8 +36,10 @@ class LocalChunkRunner:
         self._blocks: list[list[int]] | None = None
 
     def scatter(self, chunks: Sequence[Any]) -> None:
-        """Keep the encoded chunks (list index = chunk id)."""
-        self._chunks = list(chunks)
+        """Keep the encoded chunks (list index = chunk id); recipes (``files``) are read and encoded here."""
+        self._chunks = [materialize(c) for c in chunks]
+        if any(is_recipe(c) for c in chunks):
+            forget_reads()  # the last row group read stays with no chunk
 
     def map_chunks(
         self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None

@@ -37,9 +37,11 @@ from ..chunks import (
 )
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
+from ..sources.recipes import is_recipe
 from .chunk_assignment import block_assignment, place_blocks
 from .deadline import straggler_deadline
 from .main_guard import dumps_for_workers, main_left_out
+from .recipe_store import RecipeStore, touch
 from .worker_process import keep_freed_memory, yield_on_wakeup
 
 __all__ = ["BLAS_THREAD_VARIABLES", "MPChunkRunner", "WorkerTaskError", "mp_backend"]
@@ -106,10 +108,43 @@ def _rebuild(value: Any, buf: memoryview) -> Any:
 
 
 # ---- worker process ------------------------------------------------------------------------------
-def _worker_main(conn: Any, shm_name: str, layout: bytes) -> None:
-    """Worker loop: attach the shared block, then answer ``map`` requests until ``close``."""
+def _serve(conn: Any, chunks: Any) -> None:
+    """Answer ``("map", fn, payload, ids[, home])`` requests over ``chunks`` until ``close``; ``home`` (recipes
+    only) names the chunks this worker keeps from now on."""
+    conn.send_bytes(pickle.dumps(("ready", os.getpid())))
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except EOFError:
+            return
+        kind, *rest = pickle.loads(message)
+        if kind == "close":
+            return
+        fn, payload, ids, *home = rest
+        if home and home[0] is not None:
+            chunks.set_home(home[0])
+        try:
+            out = list(zip(ids, apply_chunk_fn(fn, payload, ids, chunks.__getitem__)))
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver with the traceback
+            conn.send_bytes(pickle.dumps(("error", getattr(exc, "chunk_id", ids), traceback.format_exc())))
+        else:
+            conn.send_bytes(dumps_for_workers(("ok", out)))
+
+
+def _worker_main(conn: Any, shm_name: str | None, layout: bytes) -> None:
+    """Worker loop: attach the shared block (or take the chunks' recipes, ``shm_name`` None: this worker
+    reads its own chunks), then answer ``map`` requests until ``close``. A start that fails is reported
+    with its traceback (the driver names the cause in its ``WorkerLostError``)."""
     keep_freed_memory()  # BLAS threads are capped through the environment the worker was started with
     yield_on_wakeup()
+    if shm_name is None:
+        try:
+            store = RecipeStore(pickle.loads(layout))
+        except BaseException:  # noqa: BLE001 - the driver names the cause in its WorkerLostError
+            conn.send_bytes(pickle.dumps(("failed", traceback.format_exc())))
+            return
+        _serve(conn, store)
+        return
     try:
         shm = SharedMemory(name=shm_name)
         assert shm.buf is not None  # an attached block is open until close()
@@ -118,22 +153,7 @@ def _worker_main(conn: Any, shm_name: str, layout: bytes) -> None:
         conn.send_bytes(pickle.dumps(("failed", traceback.format_exc())))
         return
     try:
-        conn.send_bytes(pickle.dumps(("ready", os.getpid())))
-        while True:
-            try:
-                message = conn.recv_bytes()
-            except EOFError:
-                return
-            kind, *rest = pickle.loads(message)
-            if kind == "close":
-                return
-            fn, payload, ids = rest
-            try:
-                out = list(zip(ids, apply_chunk_fn(fn, payload, ids, chunks.__getitem__)))
-            except BaseException as exc:  # noqa: BLE001 - reported to the driver with the traceback
-                conn.send_bytes(pickle.dumps(("error", getattr(exc, "chunk_id", ids), traceback.format_exc())))
-            else:
-                conn.send_bytes(dumps_for_workers(("ok", out)))
+        _serve(conn, chunks)
     finally:
         chunks = []  # noqa: F841 - drop the views before closing the block
         try:
@@ -143,11 +163,13 @@ def _worker_main(conn: Any, shm_name: str, layout: bytes) -> None:
 
 
 class _Worker:
-    __slots__ = ("index", "process", "conn", "pending")
+    __slots__ = ("index", "process", "conn", "pending", "home")
 
     def __init__(self, index: int, process: Any, conn: Any) -> None:
         self.index, self.process, self.conn = index, process, conn
         self.pending: list[int] = []
+        self.home: tuple[int, ...] | None = None
+        """The chunks this worker was last told to keep (recipes only)."""
 
 
 class MPChunkRunner:
@@ -190,14 +212,20 @@ class MPChunkRunner:
         """Workers terminated because the others outran them by the straggler deadline (for tests and logs)."""
         self._answered: set[int] = set()  # workers whose process has answered a task: never straggling when fresh
         self._blocks: list[list[int]] | None = None
+        self._reads_own = False
+        """Whether the workers read their own chunks from recipes (``files``) instead of a shared block."""
         self.transport_bytes = 0
         """Bytes of pass requests (models, functions) and replies (statistics) through the workers' pipes."""
 
     # -- start ----------------------------------------------------------------------------------
     def scatter(self, chunks: Sequence[EncodedChunk]) -> None:
-        """Copy every chunk's arrays into one shared block and start the workers on it."""
+        """Copy every chunk's arrays into one shared block and start the workers on it; recipes (``files``)
+        go to every worker instead, and each reads and keeps its own block (see ``recipe_store``)."""
         if self._workers:
             raise RuntimeError("MPChunkRunner.scatter was already called; create a new runner for new data")
+        if any(is_recipe(c) for c in chunks):
+            self._scatter_recipes(chunks)
+            return
         arrays: list[tuple[int, np.ndarray]] = []
         cursor = [0]
         layout = [(int(c.chunk_id), int(c.start), int(c.stop), _plan(c.data, arrays, cursor)) for c in chunks]
@@ -214,10 +242,30 @@ class MPChunkRunner:
             self.close()
             raise
 
+    def _scatter_recipes(self, recipes: Sequence[Any]) -> None:
+        """Start the workers on the recipes; each reads its block now (a bad file fails here, not mid-fit)."""
+        self._num_chunks = len(recipes)
+        self._reads_own = True
+        try:
+            self._start_workers(dumps_for_workers(list(recipes)))
+            self.map_chunks(touch, None)
+        except BaseException:
+            self.close()
+            raise
+
+    def _request(self, worker: _Worker, fn: Callable[[Any, Any], Any], payload: Any, ids: list[int]) -> bytes:
+        """A ``map`` request; a worker reading its own chunks is also told its home when that changed."""
+        home = None
+        if self._reads_own:
+            owners = self.chunk_owners()
+            home = tuple(c for c, w in enumerate(owners) if w == worker.index)
+            home, worker.home = (None if home == worker.home else home), home
+        request = ("map", fn, payload, ids) if home is None else ("map", fn, payload, ids, home)
+        return dumps_for_workers(request)
+
     def _spawn(self, indices: Sequence[int], layout: bytes) -> list[_Worker]:
-        """Start worker processes ``indices`` on the shared block (not yet waited for). They never run the
-        user's main module: spawn/forkserver get none to re-run, and what it defines travels by value."""
-        assert self._shm is not None
+        """Start worker processes ``indices`` on the shared block or the recipes (not yet waited for). They never
+        run the user's main module: spawn/forkserver get none to re-run, and what it defines travels by value."""
         spawned = self._ctx.get_start_method() != "fork"  # a forked child runs nothing of the script again
         started: list[_Worker] = []
         self._answered.difference_update(indices)
@@ -229,7 +277,7 @@ class MPChunkRunner:
                 for i in indices:
                     parent, child = self._ctx.Pipe(duplex=True)
                     proc = self._ctx.Process(  # type: ignore[attr-defined]  # get_context(str) -> BaseContext
-                        target=_worker_main, args=(child, self._shm.name, layout),
+                        target=_worker_main, args=(child, None if self._shm is None else self._shm.name, layout),
                         name=f"mixle-em-mp-{i}", daemon=True,
                     )
                     proc.start()
@@ -301,7 +349,7 @@ class MPChunkRunner:
         self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None
     ) -> list[Any]:
         """``fn(chunk, payload)`` for each chunk id on the workers; results in chunk-id order."""
-        if not self._workers and self._shm is None:
+        if not self._workers and self._shm is None and not self._reads_own:
             raise RuntimeError("MPChunkRunner.map_chunks before scatter(); scatter the chunks first")
         ids = list(range(self._num_chunks)) if chunk_ids is None else sorted(int(i) for i in chunk_ids)
         results: dict[int, Any] = {}
@@ -339,7 +387,7 @@ class MPChunkRunner:
     def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
         """Each worker computes its task's chunk ids; a requested worker that is gone or dies raises
         ``WorkerUnavailableError`` (the runner drops it; any worker can compute any chunk later)."""
-        if self._shm is None:
+        if self._shm is None and not self._reads_own:
             raise RuntimeError("MPChunkRunner.run_on_workers before scatter(); scatter the chunks first")
         checked = check_tasks(tasks, self._num_chunks, self.live_workers, self.name)
         by_index = {w.index: w for w in self._workers}
@@ -347,8 +395,7 @@ class MPChunkRunner:
         for index, task in checked.items():
             if not task.chunk_ids:
                 continue
-            request = ("map", task.fn, task.payload, list(task.chunk_ids))
-            message = dumps_for_workers(request)
+            message = self._request(by_index[index], task.fn, task.payload, list(task.chunk_ids))
             if not self._send(by_index[index], message, list(task.chunk_ids)):
                 by_index[index].pending = list(task.chunk_ids)
                 sent_to_dead.append(index)
@@ -383,7 +430,7 @@ class MPChunkRunner:
             block = [c for c in planned[j] if c in wanted] if planned else ids[edges[j] : edges[j + 1]]
             if not block:
                 continue
-            message = dumps_for_workers(("map", fn, payload, block))
+            message = self._request(w, fn, payload, block)
             if not self._send(w, message, block):
                 w.pending = list(block)  # collected as lost below
 

@@ -36,6 +36,7 @@ from .chunk_assignment import (
 )
 from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
 from .optional_engine import require_engine
+from .spmd_sources import scatter_source, source_row_placeholder
 from .wire_bytes import WireBytes, dumps
 
 __all__ = ["MPIChunkError", "MPIEncodedData", "MPIRunner", "mpi_encoded_data", "mpi_out"]
@@ -74,6 +75,8 @@ class MPIRunner:
         self.root = root
         self.root_only = bool(root_only)
         self.num_workers = self.size
+        self.blocks: list[list[int]] | None = None
+        """The chunk ids each rank holds when a source says so (``rank_local``); None: contiguous blocks."""
         self._local: dict[int, Any] = {}
         self._num_chunks = 0
         self.wire = WireBytes()
@@ -91,7 +94,7 @@ class MPIRunner:
 
     def owned_chunk_ids(self, num_chunks: int) -> list[int]:
         """The contiguous block of chunk ids this rank holds."""
-        return block_assignment(num_chunks, self.size)[self.rank]
+        return (self.blocks or block_assignment(num_chunks, self.size))[self.rank]
 
     # -- placement ----------------------------------------------------------------------------
     def scatter(self, chunks: Sequence[Any] | None) -> None:
@@ -129,8 +132,15 @@ class MPIRunner:
 
     def chunk_owners(self) -> list[int]:
         """The worker (rank / partition) each chunk is computed on: contiguous blocks."""
-        n = self._num_chunks
-        return [w for w, ids in enumerate(block_assignment(n, self.size)) for _ in ids]
+        owners = [0] * self._num_chunks
+        for w, ids in enumerate(self.blocks or block_assignment(self._num_chunks, self.size)):
+            for i in ids:
+                owners[i] = w
+        return owners
+
+    def all_gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (a collective: every rank calls it)."""
+        return list(self.comm.allgather(value))
 
     def compute_on(
         self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
@@ -246,7 +256,9 @@ class MPIEncodedData(BuiltByEncodedData, ChunkedEncodedData):
         if self._scattered:
             return
         runner = self.runner
-        if runner.root_only and not runner.is_root:
+        if self.source is not None:
+            scatter_source(self, estimator, model)
+        elif runner.root_only and not runner.is_root:
             runner.scatter(None)
         else:
             if self._encoder is None:
@@ -274,10 +286,11 @@ def mpi_encoded_data(
 ) -> MPIEncodedData:
     """``encoded_data(..., backend="mpi")``: call on every rank (SPMD); see the module docstring."""
     runner = MPIRunner(comm, root=root, root_only=root_only, timeout=timeout)
-    if root_only:
+    num_rows = source_row_placeholder(data, root_only, "mpi")  # None: rows in memory, counted here
+    if num_rows is None and root_only:
         n = len(data) if runner.is_root else None
         num_rows = runner.comm.bcast(n, root=runner.root)
-    else:
+    elif num_rows is None:
         if data is None:
             raise ValueError(f"rank {runner.rank} passed data=None; pass the rows on every rank or root_only=True")
         num_rows = len(data)

@@ -35,6 +35,7 @@ from ..chunks import (
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
 from ..reference_handles import BuiltByEncodedData
+from ..sources.recipes import materialize
 from .channel import (
     ChannelClient,
     ChannelOffer,
@@ -129,7 +130,7 @@ class RayChunkWorker:
         import ray
 
         for i, value in zip(chunk_ids, ray.get(list(refs))):
-            self.chunks[int(i)] = value
+            self.chunks[int(i)] = materialize(value)  # a recipe (files, a dataset block) is read here
         return len(self.chunks)
 
     def run(self, fn: Callable[[Any, Any], Any], payload: bytes, chunk_ids: list[int]) -> bytes:
@@ -147,7 +148,7 @@ class RayChunkWorker:
         Returns the pickled results."""
         import ray
 
-        extra = dict(zip(borrowed, ray.get([ref[0] for ref in borrowed.values()]))) if borrowed else {}
+        extra = {i: materialize(v) for i, v in zip(borrowed, ray.get([ref[0] for ref in borrowed.values()]))}
         return _pickled(
             apply_chunk_fn(
                 fn, pickle.loads(payload), chunk_ids, lambda i: self.chunks[i] if i in self.chunks else extra[i]

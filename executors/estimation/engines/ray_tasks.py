@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..sources.recipes import materialize
+
 __all__ = ["RayTaskRunner", "has_cluster_view"]
 
 
@@ -21,7 +23,7 @@ def has_cluster_view(ray: Any) -> bool:
 
 
 def _run(fn: Callable[[Any, Any], Any], chunk: Any, payload: Any) -> Any:
-    return fn(chunk, payload)
+    return fn(materialize(chunk), payload)  # a recipe (files) is read by the task
 
 
 class RayTaskRunner:

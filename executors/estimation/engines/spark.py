@@ -21,6 +21,7 @@ from ....contracts.resources import local_cpu_count
 from ..chunks import WorkerTimeoutError, apply_chunk_fn
 from ..handle import handle_from_runner
 from ..options import EncodedDataOptions
+from ..sources.recipes import is_recipe, materialize
 from .chunk_assignment import (
     block_assignment,
     ordered_results,
@@ -34,6 +35,11 @@ __all__ = ["LOCAL_TASK_ATTEMPTS", "SparkRunner", "spark_encoded_data"]
 
 LOCAL_TASK_ATTEMPTS = 4
 """Attempts per task on a ``local[n, F]`` master the runner starts (Spark's cluster default)."""
+
+
+def _built(record: tuple[int, Any]) -> tuple[int, Any]:
+    """A ``(chunk id, recipe)`` record as ``(chunk id, chunk)``: the recipe read and encoded on the executor."""
+    return record[0], materialize(record[1])
 
 
 def _partition_runner(task: bytes, wanted: frozenset[int] | None) -> Callable:
@@ -106,6 +112,8 @@ class SparkRunner:
         self._rdd: Any = None
         self._num_chunks = 0
         self._partitions = 0
+        self._owners: list[int] | None = None
+        """The partition of each chunk when a source's partitions hold them (``place_partitions``)."""
         self.wire = WireBytes()
         """Pass bytes: the pickled ``(fn, payload)`` in each partition's task, the pickled results collected."""
 
@@ -116,14 +124,27 @@ class SparkRunner:
 
     # -- placement ----------------------------------------------------------------------------
     def scatter(self, chunks: Sequence[Any]) -> None:
-        """Parallelize ``(id, chunk)`` records into contiguous partitions, cache and materialize them."""
+        """Parallelize ``(id, chunk)`` records into contiguous partitions, cache and materialize them. Recipes
+        (``files``) are parallelized instead and read by the executors (a lost partition is read again)."""
         self._unpersist()
         records = list(enumerate(chunks))
         self._num_chunks = len(records)
         partitions = max(1, min(self.num_workers, len(records)))
-        self._rdd = self.sc.parallelize(records, partitions).cache()
+        rdd = self.sc.parallelize(records, partitions)
+        self._rdd = (rdd.map(_built) if any(is_recipe(c) for c in chunks) else rdd).cache()
         self._partitions = partitions
+        self._owners = None
         self._run_job(lambda: self._rdd.count(), "placing chunks")
+
+    def place_partitions(self, encoded: Any, parts: Sequence[int]) -> None:
+        """Cache ``encoded`` (an RDD of ``(chunk id, chunk)`` built next to a source's partitions; chunk ``i`` in
+        partition ``parts[i]``) as the chunks, and materialize it: the rows never reach the driver."""
+        self._unpersist()
+        self._num_chunks = len(parts)
+        self._partitions = int(encoded.getNumPartitions())
+        self._owners = [int(p) for p in parts]
+        self._rdd = encoded.cache()
+        self._run_job(lambda: self._rdd.count(), "encoding the source's partitions")
 
     # -- data passes --------------------------------------------------------------------------
     def _run_job(self, job: Callable[[], Any], what: str) -> Any:
@@ -156,6 +177,8 @@ class SparkRunner:
 
     def chunk_owners(self) -> list[int]:
         """The partition each chunk is in (``parallelize`` slices contiguously, like ``block_assignment``)."""
+        if self._owners is not None:  # a source's partitions, numbered within the worker count
+            return [p % self.num_workers for p in self._owners]
         n = self._num_chunks
         return [w for w, ids in enumerate(block_assignment(n, max(1, min(self.num_workers, n)))) for _ in ids]
 

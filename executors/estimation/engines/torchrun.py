@@ -38,6 +38,7 @@ from .chunk_assignment import (
 from .deadline import DEFAULT_TIMEOUT_S
 from .mpi import MPIEncodedData
 from .optional_engine import require_engine
+from .spmd_sources import source_row_placeholder
 from .wire_bytes import WireBytes, dumps
 
 __all__ = ["TorchRunChunkError", "TorchRunEncodedData", "TorchRunRunner", "torchrun_encoded_data", "torchrun_out"]
@@ -108,6 +109,8 @@ class TorchRunRunner:
         self.root = root
         self.root_only = bool(root_only)
         self.num_workers = self.size
+        self.blocks: list[list[int]] | None = None
+        """The chunk ids each rank holds when a source says so (``rank_local``); None: contiguous blocks."""
         self._local: dict[int, Any] = {}
         self._num_chunks = 0
         self.tree_steps: list[tuple[int, int]] = []
@@ -127,11 +130,20 @@ class TorchRunRunner:
 
     def owned_chunk_ids(self, num_chunks: int) -> list[int]:
         """The contiguous block of chunk ids this rank holds."""
-        return block_assignment(num_chunks, self.size)[self.rank]
+        return (self.blocks or block_assignment(num_chunks, self.size))[self.rank]
 
     def chunk_owners(self) -> list[int]:
         """The rank each chunk is computed on (contiguous blocks)."""
-        return [w for w, ids in enumerate(block_assignment(self._num_chunks, self.size)) for _ in ids]
+        owners = [0] * self._num_chunks
+        for w, ids in enumerate(self.blocks or block_assignment(self._num_chunks, self.size)):
+            for i in ids:
+                owners[i] = w
+        return owners
+
+    def all_gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (a collective: every rank calls it)."""
+        gathered = self.tree_reduce({self.rank: value})
+        return [v for _, v in self.broadcast(sorted(gathered.items()) if gathered is not None else None)]
 
     # -- object collectives --------------------------------------------------------------------
     def _global(self, rank: int) -> int:
@@ -276,7 +288,11 @@ class TorchRunEncodedData(BuiltByEncodedData, ChunkedEncodedData):
 
 
 def _row_count(runner: TorchRunRunner, data: Any, root_only: bool) -> int:
-    """Rows of the data, the same on every rank (checked), before any chunk is encoded."""
+    """Rows of the data, the same on every rank (checked), before any chunk is encoded (0 for a source: the
+    handle counts its parts)."""
+    placeholder = source_row_placeholder(data, root_only, "torchrun")
+    if placeholder is not None:
+        return placeholder
     n = len(data) if data is not None and (runner.is_root or not root_only) else None
     if root_only:
         return int(runner.broadcast(n))

@@ -1,0 +1,85 @@
+"""``rank_local(rows)``: under ``mpiexec`` / ``torchrun``, each rank passes only its own rows.
+
+The parts are the ranks' rows, in rank order: the ranks exchange their row counts (numbers only), every
+rank cuts the same layout from them, and each rank encodes and holds the chunks of its own rows. No row
+leaves its rank; the model bits are those of any engine fitting the same parts in the same order (the
+rows of rank 0, then rank 1, ...), for instance ``files`` of one file per rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .layout import ChunkPlace
+from .opened_source import OpenedSource
+from .recipes import encode_rows, numeric_rows
+from .spark_rows import partition_recipes
+
+__all__ = ["RankLocalRows", "rank_local"]
+
+
+class RankLocalRows:
+    """This rank's own rows (see :func:`rank_local`)."""
+
+    kind = "rank_local"
+
+    def __init__(self, rows: Any) -> None:
+        try:
+            len(rows)
+        except TypeError:
+            raise TypeError(f"rank_local() takes this rank's rows (a sized sequence or array), got "
+                            f"{type(rows).__name__}") from None
+        self.rows = rows
+
+    def __repr__(self) -> str:
+        return f"rank_local({len(self.rows)} rows)"
+
+    def open(self, runner: Any) -> OpenedRankLocal:
+        """Exchange the ranks' row counts (a collective: every rank calls it)."""
+        gather = getattr(runner, "all_gather", None)
+        if gather is None or not hasattr(runner, "rank"):
+            raise ValueError("rank_local(rows) is read by the SPMD backends (mpi, torchrun), each rank holding its "
+                             f"own rows; the {getattr(runner, 'name', type(runner).__name__)} runner has no ranks")
+        counts = tuple(int(n) for n in gather(len(self.rows)))
+        return OpenedRankLocal(self.rows, int(runner.rank), counts)
+
+
+def rank_local(rows: Any) -> RankLocalRows:
+    """This rank's own rows, to pass as ``data=`` on every rank of an ``mpi`` / ``torchrun`` fit.
+
+    Each rank passes only its rows (any count, zero included); nothing is gathered: the ranks share their
+    row counts, cut the same chunks, and each encodes and holds the chunks of its own rows.
+    """
+    return RankLocalRows(rows)
+
+
+class OpenedRankLocal(OpenedSource):
+    """The ranks' row counts known: rank ``r`` holds exactly the chunks of part ``r``."""
+
+    kind = "rank_local"
+
+    def __init__(self, rows: Any, rank: int, counts: tuple[int, ...]) -> None:
+        self.rows = rows
+        self.rank = rank
+        self.part_rows = counts
+
+    def describe_part(self, part: int) -> str:
+        """The rank, in words."""
+        return f"rank {part}'s rows"
+
+    def recipes(self, places: Sequence[ChunkPlace], encoder: Any) -> list[Any]:
+        """This rank's chunks encoded here (from its own rows), None for the other ranks' chunks."""
+        rows = self.rows if not isinstance(self.rows, list) else numeric_rows(self.rows)
+        out: list[Any] = []
+        for recipe in partition_recipes(places, encoder, "rank"):
+            mine = recipe.part == self.rank
+            out.append(encode_rows(recipe, rows[recipe.offset:recipe.stop_offset]) if mine else None)
+        return out
+
+    def owners(self, places: Sequence[ChunkPlace], num_workers: int) -> list[list[int]] | None:
+        """Rank ``r`` holds the chunks of part ``r``."""
+        blocks: list[list[int]] = [[] for _ in range(num_workers)]
+        for p in places:
+            blocks[p.part].append(p.chunk_id)
+        return blocks

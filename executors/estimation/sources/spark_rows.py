@@ -1,0 +1,144 @@
+"""A pyspark RDD of rows (as mixle 0.8.2 takes) or a DataFrame, read by the ``spark`` backend where it lives.
+
+Parts are the RDD's partitions, in order. One Spark job counts each partition's rows (on the JVM for a
+DataFrame); a second maps every partition to its encoded chunks, which stay cached on the executors
+(``SparkRunner.place_partitions``); the driver only ever holds the counts. An RDD element is one row, as
+in mixle (numbers, a vector, a tuple of fields); numeric rows become one array, as an in-memory fit gets.
+A DataFrame gives numeric columns (one row per record) or one vector / array column. Spark recomputes a
+lost partition from its lineage. The source must give the same rows on every evaluation (cache a
+random or non-deterministic one first): a partition whose row count changed is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .layout import ChunkPlace
+from .opened_source import OpenedSource
+from .recipes import ChunkRecipe, encode_rows, numeric_rows
+
+__all__ = ["PartitionChunk", "SparkRows"]
+
+_NUMERIC = {"ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType", "DecimalType",
+            "BooleanType"}
+
+
+@attrs.frozen(kw_only=True)
+class PartitionChunk(ChunkRecipe):
+    """A chunk that is rows ``[offset, stop_offset)`` of one partition of the engine's collection."""
+
+    label: str = "partition"
+
+    @property
+    def where(self) -> str:
+        """The partition, in words."""
+        return f"{self.label} {self.part}"
+
+    def rows(self) -> Any:
+        """Not readable alone: the engine holding the partition builds the chunk (``encode_rows``)."""
+        raise RuntimeError(f"{self.where} is built by the engine that holds it, not read on its own")
+
+
+def partition_recipes(places: Sequence[ChunkPlace], encoder: Any, label: str) -> list[PartitionChunk]:
+    """A :class:`PartitionChunk` per chunk place."""
+    return [PartitionChunk(chunk_id=p.chunk_id, start=p.start, stop=p.stop, part=p.part, offset=p.offset,
+                           stop_offset=p.stop_offset, encoder=encoder, label=label) for p in places]
+
+
+def _row_reader(schema: Any) -> Callable[[list[Any]], Any]:
+    """How a DataFrame partition's ``Row``s become rows: numeric columns, or one vector / array column."""
+    fields = list(schema.fields)
+    kinds = [type(f.dataType).__name__ for f in fields]
+    if len(fields) == 1 and kinds[0] == "VectorUDT":
+        return lambda rows: np.stack([r[0].toArray() for r in rows]) if rows else np.empty((0, 0))
+    if len(fields) == 1 and kinds[0] == "ArrayType":
+        return lambda rows: np.asarray([list(r[0]) for r in rows])
+    bad = [f"{f.name} ({k})" for f, k in zip(fields, kinds) if k not in _NUMERIC]
+    if bad or not fields:
+        raise ValueError(f"a DataFrame for EM holds numeric columns, or one vector / array column; "
+                         f"{', '.join(bad) or 'no columns'} cannot be rows: select the numeric columns first "
+                         "(df.select(...))")
+    if len(fields) == 1:
+        return lambda rows: np.asarray([r[0] for r in rows])
+    return lambda rows: np.asarray([tuple(r) for r in rows])
+
+
+def _encoder_job(by_part: dict[int, list[PartitionChunk]], counts: Sequence[int],
+                 read: Callable[[list[Any]], Any]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The function each partition runs once: its rows read, checked against the count, cut and encoded."""
+    def encode(index: int, records: Iterator[Any]) -> Iterator[Any]:
+        rows = read(list(records))
+        if len(rows) != counts[index]:
+            raise ValueError(f"partition {index} held {counts[index]} rows when counted and {len(rows)} now: the "
+                             "data is not the same on every evaluation; cache it (rdd.cache() / df.cache()) first")
+        for recipe in by_part.get(index, []):
+            yield recipe.chunk_id, encode_rows(recipe, rows[recipe.offset:recipe.stop_offset])
+
+    return encode
+
+
+def _count_partition(index: int, records: Iterator[Any]) -> Iterator[tuple[int, int]]:
+    yield index, sum(1 for _ in records)
+
+
+class SparkRows:
+    """An RDD of rows or a DataFrame, to be read by the ``spark`` backend (``as_source`` wraps it)."""
+
+    kind = "spark"
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+        self.is_frame = hasattr(data, "sparkSession") and hasattr(data, "schema")
+
+    @property
+    def spark_context(self) -> Any:
+        """The SparkContext the data belongs to."""
+        return self.data.sparkSession.sparkContext if self.is_frame else self.data.context
+
+    def open(self, runner: Any) -> OpenedSparkRows:
+        """Count the rows of every partition (a Spark job; a DataFrame's on the JVM)."""
+        if not hasattr(runner, "place_partitions"):
+            raise ValueError(f"a pyspark RDD / DataFrame is read by the spark backend's SparkRunner; "
+                             f"{type(runner).__name__} cannot read it")
+        rdd = self.data.rdd if self.is_frame else self.data
+        read = _row_reader(self.data.schema) if self.is_frame else numeric_rows
+        count = rdd.getNumPartitions()
+        if self.is_frame:
+            from pyspark.sql import functions as F
+
+            found = self.data.groupBy(F.spark_partition_id().alias("p")).count().collect()
+        else:
+            found = rdd.mapPartitionsWithIndex(_count_partition).collect()
+        per = dict((int(p), int(n)) for p, n in found)
+        return OpenedSparkRows(rdd, tuple(per.get(p, 0) for p in range(count)), read)
+
+
+class OpenedSparkRows(OpenedSource):
+    """A counted RDD: chunks are built by mapping its partitions (``SparkRunner.place_partitions``)."""
+
+    kind = "spark"
+
+    def __init__(self, rdd: Any, part_rows: tuple[int, ...], read: Callable[[list[Any]], Any]) -> None:
+        self.rdd = rdd
+        self.part_rows = part_rows
+        self.read = read
+
+    def describe_part(self, part: int) -> str:
+        """The partition, in words."""
+        return f"RDD partition {part}"
+
+    def recipes(self, places: Sequence[ChunkPlace], encoder: Any) -> list[Any]:
+        """A :class:`PartitionChunk` per chunk."""
+        return list(partition_recipes(places, encoder, "RDD partition"))
+
+    def place(self, runner: Any, places: Sequence[ChunkPlace], encoder: Any) -> None:
+        """Map every partition to its encoded chunks, cached on the executors."""
+        by_part: dict[int, list[PartitionChunk]] = {}
+        for recipe in partition_recipes(places, encoder, "RDD partition"):
+            by_part.setdefault(recipe.part, []).append(recipe)
+        runner.place_partitions(self.rdd.mapPartitionsWithIndex(_encoder_job(by_part, self.part_rows, self.read)),
+                                [p.part for p in places])

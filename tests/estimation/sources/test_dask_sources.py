@@ -1,0 +1,55 @@
+"""Dask sources: an Array chunked along rows, a DataFrame, a Bag, ``files(...)``; chunks built on the workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.estimation.engines import em_case
+from tests.estimation.sources import source_case
+
+pytestmark = pytest.mark.slow
+
+
+def _parts() -> list[np.ndarray]:
+    return np.split(em_case.data(), source_case.SPLITS)
+
+
+def test_an_array_chunked_along_rows_fits_the_bits_of_the_same_parts_as_files(dask_client, tmp_path):
+    da = pytest.importorskip("dask.array")
+    rows = em_case.data()
+    one = da.from_array(rows, chunks=len(rows))
+    assert source_case.run(one, "dask", 2, client=dask_client) == em_case.reference()
+    three = da.from_array(rows, chunks=(tuple(len(p) for p in _parts()),))
+    reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
+    assert source_case.run(three, "dask", 2, client=dask_client) == reference
+    assert source_case.run(three, "dask", 3, client=dask_client) == reference
+
+
+def test_a_dataframe_and_a_bag(dask_client, tmp_path):
+    pd = pytest.importorskip("pandas")
+    dd = pytest.importorskip("dask.dataframe")
+    db = pytest.importorskip("dask.bag")
+    reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
+    frame = dd.from_map(lambda p: pd.DataFrame({"x": p}), _parts())
+    assert source_case.run(frame, "dask", 2, client=dask_client) == reference
+    bag = db.from_sequence([float(v) for v in em_case.data()], partition_size=4000)
+    assert bag.npartitions == 1
+    assert source_case.run(bag, "dask", 2, client=dask_client) == em_case.reference()
+    labelled = dd.from_pandas(pd.DataFrame({"x": [1.0, 2.0], "label": ["a", "b"]}), npartitions=1)
+    with pytest.raises(ValueError, match="label"):
+        source_case.run(labelled, "dask", 2, client=dask_client)
+
+
+@pytest.mark.parametrize("layout", ["one_npy", "parquet"])
+def test_files_are_read_by_the_workers(dask_client, tmp_path, layout):
+    source = source_case.write_files(str(tmp_path), layout)
+    reference = em_case.reference() if layout == "one_npy" else source_case.source_reference(source)
+    for n in (1, 3):
+        assert source_case.run(source, "dask", n, client=dask_client) == reference
+
+
+def test_a_dask_collection_on_another_backend_is_refused_naming_dask():
+    da = pytest.importorskip("dask.array")
+    with pytest.raises(ValueError, match="backends that take it: dask"):
+        source_case.run(da.zeros(10, chunks=5), "local", 1)
