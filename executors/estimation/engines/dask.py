@@ -13,7 +13,7 @@ slower on them).
 With ``direct_channel=True`` (the default, on ``tcp://`` clusters) each holder also serves the
 data passes on a socket of its own (``engines.channel``): a pass, and each placed run of the SDC
 audit (borrowed chunks included), then costs a pipe-like round trip instead of two trips through
-dask's RPC stack. Loading chunks, liveness and recovery stay dask's.
+dask's RPC stack.
 
 When a worker dies its actor is gone (a call in flight fails with ``OSError``, later calls with
 ``RuntimeError``, and the actor's future turns ``error``). The runner keeps the encoded chunks on
@@ -121,8 +121,7 @@ class DaskRunner(DirectPasses):
             n = local_cpu_count() if num_workers is None else int(num_workers)
             if n < 1:
                 raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
-            # Scheduler, nannies, workers and the scheduler's HTTP endpoint listen on loopback only; no
-            # dashboard (an unauthenticated web UI) unless cluster_kwargs asks for one (dashboard_address=...).
+            # everything on loopback; no dashboard (an unauthenticated web UI) unless cluster_kwargs asks
             kwargs: dict[str, Any] = dict(
                 n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
                 silence_logs=logging.ERROR,
