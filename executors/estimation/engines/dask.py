@@ -11,9 +11,8 @@ a chunk unpickled in the actor owns aligned memory (dask's zero-copy arrays did 
 slower on them).
 
 With ``direct_channel=True`` (the default, on ``tcp://`` clusters) each holder also serves the
-data passes on a socket of its own (``engines.channel``): a pass, and each placed run of the SDC
-audit (borrowed chunks included), then costs a pipe-like round trip instead of two trips through
-dask's RPC stack.
+data passes on a socket of its own (``engines.channel``): a pass, and each placed run of the SDC audit
+(borrowed chunks included), then costs a pipe-like round trip instead of two trips through dask's RPC.
 
 When a worker dies its actor is gone (a call in flight fails with ``OSError``, later calls with
 ``RuntimeError``, and the actor's future turns ``error``). The runner keeps the encoded chunks on
