@@ -84,6 +84,20 @@ def _as_entry(entry: Any, chunk: int) -> Any:
                     "(count, stats) or a GroupStats")
 
 
+def _workers_lookup(workers: Any) -> Callable[[int], tuple[int, ...]]:
+    """Chunk id -> the worker(s) that computed it, from a mapping or a sequence of ints or lists (for messages)."""
+    def workers_of(c: int) -> tuple[int, ...]:
+        if workers is None:
+            return ()
+        try:
+            got: Any = workers[c]
+        except (KeyError, IndexError):
+            return ()
+        return tuple(int(w) for w in got) if isinstance(got, (list, tuple)) else (int(got),)
+
+    return workers_of
+
+
 class _Guard:
     """Raises for a non-finite value, with the chunks and workers of the entry it belongs to."""
 
@@ -137,14 +151,7 @@ def guarded_fold_pass(estimator: Any, entries: Sequence[Any], *, where: str = "E
     ``workers`` maps a chunk id to the worker(s) that computed it (a mapping, or a sequence indexed by
     chunk id of ints or lists), for the message; the log-likelihood is not checked (it may be -inf).
     """
-    def workers_of(c: int) -> tuple[int, ...]:
-        if workers is None:
-            return ()
-        try:
-            got: Any = workers[c]
-        except (KeyError, IndexError):
-            return ()
-        return tuple(int(w) for w in got) if isinstance(got, (list, tuple)) else (int(got),)
+    workers_of = _workers_lookup(workers)
 
     guard = _Guard(where, workers_of)
     items = [_as_entry(e, c) for c, e in enumerate(entries)]
@@ -233,14 +240,7 @@ def finite_guarded_fold(estimator: Any, payloads: Sequence[Any], where: str = "f
     (``_sequential_guarded_fold``); ours fold in the canonical two-level order with the bits of ``fold_pass``.
     ``where`` prefixes the message.
     """
-    def workers_of(c: int) -> tuple[int, ...]:
-        if workers is None:
-            return ()
-        try:
-            got: Any = workers[c]
-        except (KeyError, IndexError):
-            return ()
-        return tuple(int(w) for w in got) if isinstance(got, (list, tuple)) else (int(got),)
+    workers_of = _workers_lookup(workers)
 
     if not isinstance(payloads, Sequence):  # an iterable: mixle's order, read lazily
         return _sequential_guarded_fold(estimator, payloads, where, workers_of)

@@ -19,6 +19,15 @@ def block_assignment(num_chunks: int, num_workers: int) -> list[list[int]]:
     return [list(range(edges[w], edges[w + 1])) for w in range(num_workers)]
 
 
+def block_owners(blocks: Sequence[Sequence[int]], num_chunks: int) -> list[int]:
+    """The worker of each chunk id, from per-worker blocks of chunk ids (worker ``w`` holds ``blocks[w]``)."""
+    owners = [0] * num_chunks
+    for w, ids in enumerate(blocks):
+        for i in ids:
+            owners[i] = w
+    return owners
+
+
 def home_blocks(chunks: Sequence[Any], workers: Sequence[str]) -> list[list[int]]:
     """The chunk ids each of ``workers`` takes: where each chunk already is (a recipe's ``home``, e.g. a dask
     collection's chunk future) when every chunk is on one of them, else contiguous blocks."""

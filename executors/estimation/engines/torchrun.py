@@ -32,6 +32,7 @@ from ..handle import ChunkedEncodedData
 from ..reference_handles import BuiltByEncodedData
 from .chunk_assignment import (
     block_assignment,
+    block_owners,
     ordered_results,
     requested_ids,
 )
@@ -134,11 +135,7 @@ class TorchRunRunner:
 
     def chunk_owners(self) -> list[int]:
         """The rank each chunk is computed on (contiguous blocks)."""
-        owners = [0] * self._num_chunks
-        for w, ids in enumerate(self.blocks or block_assignment(self._num_chunks, self.size)):
-            for i in ids:
-                owners[i] = w
-        return owners
+        return block_owners(self.blocks or block_assignment(self._num_chunks, self.size), self._num_chunks)
 
     def all_gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order (a collective: every rank calls it)."""
