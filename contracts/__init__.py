@@ -61,6 +61,7 @@ from .estimation import (
 )
 from .evidence import NumericsEvidence, ObservedCollective, SDCAuditRecord, Tolerance
 from .frozen_mapping import FrozenDict
+from .in_situ import IN_SITU_PROBE_OUTCOMES, InSituMeasurement
 from .harness_protocol import (
     VERIFICATION_LAUNCHES,
     EstimationWorkload,
@@ -128,4 +129,5 @@ __all__ = [
     "CALIBRATION_WORKLOADS", "CalibrationCatalog", "CalibrationRecord", "DeviceCalibration", "DeviceCapacityError",
     "EncodedFold", "MemorySized", "ModelShard", "PlacementShard", "ResourceCalibrationError",
     "UnknownMemoryFootprintError", "DocumentLimitError", "DocumentLimits",
+    "IN_SITU_PROBE_OUTCOMES", "InSituMeasurement",
 ]

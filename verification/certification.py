@@ -16,6 +16,7 @@ from ..contracts import (
     AdmissibleExecutor,
     AdmissionCertificate,
     CertificateEnvelope,
+    InSituMeasurement,
     NumericsEvidence,
     ParallelPlan,
     Tolerance,
@@ -84,11 +85,13 @@ def certify(
     issued_at: datetime | None = None,
     trust_store: TrustStore | None = None,
     store: bool = True,
+    measurement: InSituMeasurement | None = None,
 ) -> CertificateEnvelope:
     """A signed certificate when every declared update has passing evidence, else ``CertificationError``.
 
     ``evidence`` is an iterable of ``NumericsEvidence`` or a harness report (anything with an
-    ``evidence`` attribute).
+    ``evidence`` attribute). ``measurement`` records a certificate measured in situ, on a launched run's own
+    ranks (``verification.in_situ``); None: by the harness on a mesh it spawned.
     """
     records = list(getattr(evidence, "evidence", evidence))
     name = executor.capabilities.name
@@ -123,6 +126,7 @@ def certify(
         evidence_digests=frozenset(r.evidence_id for r in records),
         tolerance=tolerance or _merged_tolerance(records),
         issued_at=stamp.isoformat(),
+        measurement=measurement,
     )
     keys = trust_store or TrustStore()
     envelope = sign_certificate(certificate, keys.ensure_signer())
