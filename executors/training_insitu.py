@@ -18,7 +18,11 @@ from ..contracts import CertificateEnvelope, ParallelPlan, comm_backend_for
 from ..verification.harness.worker import resolve_executor
 from ..verification.in_situ import FR_BUFFER_ENV, InSituRequest, ProbeOutcome, certify_in_situ
 
-__all__ = ["in_situ_certifier", "launcher_name"]
+__all__ = ["in_situ_certifier", "launched", "launcher_name"]
+
+_LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""What torchrun (and launchers that follow it) set in every rank; without them and without a group, nothing is
+launched: the gate refuses naming ``mixle-parallel certify`` as before."""
 
 FR_BUFFER_SIZE = "20000"
 """The flight-recorder buffer the in-situ trials need (what the harness's own meshes set)."""
@@ -34,16 +38,24 @@ def launcher_name(environ: dict[str, str] | None = None) -> str:
     return "launched"
 
 
+def launched(environ: dict[str, str] | None = None) -> bool:
+    """True inside a launched job: a process group exists, or a launcher set the torchrun variables."""
+    import torch.distributed as dist
+
+    env = os.environ if environ is None else environ
+    return (dist.is_available() and dist.is_initialized()) or all(k in env for k in _LAUNCH_ENV)
+
+
 def in_situ_certifier(backend_name: str, plan: ParallelPlan, precision: str, *, device: Any,
                       ensure_group: Callable[[], Any],
                       probe: Callable[[], ProbeOutcome] | None) -> Callable[[], CertificateEnvelope] | None:
-    """The gate's ``auto_certify`` for a launched run of ``plan`` (None for one rank: nothing to certify in situ).
+    """The gate's ``auto_certify`` for a launched run of ``plan`` (None for one rank, or outside a launched job).
 
     ``backend_name`` names the backend whose harness adapter (``register_verification_target``) runs the
     reference workload, resolved only when certifying; ``ensure_group`` makes or checks the process
     group; ``probe`` runs the backend's probe of the user's module on every rank.
     """
-    if plan.world_size == 1:
+    if plan.world_size == 1 or not launched():
         return None
     kind = str(getattr(device, "type", device))
 
