@@ -36,13 +36,13 @@ from ..contracts.bounded_json import SIGNED_LIMITS
 from .capability import claim_harness_capability, harness_admitted
 from .certification import CertificationError, certify
 from .harness.judge import Measured, judge_update, judge_wire
-from .harness.launch import GlooMeshLaunch
+from .harness.launch import GlooMeshLaunch, Launch, SelfLaunch
 from .harness.tolerance import default_tolerance
 from .harness.worker import run_trials
 from .harness.workloads import resolve_workload
 from .keys import TrustStore, TrustStoreError
 
-__all__ = ["FR_BUFFER_ENV", "InSituRequest", "ProbeOutcome", "certify_in_situ"]
+__all__ = ["FR_BUFFER_ENV", "CommGroup", "InSituRequest", "ProbeOutcome", "TorchGroup", "certify_in_situ"]
 
 _IN_SITU = claim_harness_capability("mixle_parallel.verification.in_situ")
 """This module's capability: the in-situ trials and probe pass the gate in mode ``verifying`` under it."""
@@ -83,19 +83,71 @@ class InSituRequest:
     trust_store: TrustStore | None = None
     workload: Any = None
     """The reference workload (default: the harness's one for the plan family)."""
+    group: Any = None
+    """The run's ranks: a ``TorchGroup`` (default: torch's default process group) or a ``CommGroup`` (MPI)."""
+    traced: bool = True
+    """True: collectives traced by the flight recorder (training); False: reported by the trials (EM)."""
 
 
-def _dist() -> Any:
-    import torch.distributed as dist
+class TorchGroup:
+    """torch.distributed's default process group: the ranks of a torchrun (or any launcher's) job."""
 
-    if not (dist.is_available() and dist.is_initialized()):
-        raise CertificationError("in-situ certification needs the run's process group; none is initialized")
-    return dist
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise CertificationError("in-situ certification needs the run's process group; none is initialized")
+        self._dist = dist
+        self.rank, self.size = int(dist.get_rank()), int(dist.get_world_size())
+
+    def gather(self, value: Any) -> list[Any] | None:
+        """Every rank's ``value`` on rank 0 (None elsewhere)."""
+        out: list[Any] | None = [None] * self.size if self.rank == 0 else None
+        self._dist.gather_object(value, out, dst=0)
+        return out
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+        box = [value]
+        self._dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+class CommGroup:
+    """An MPI communicator (mpi4py's ``COMM_WORLD`` by default): the ranks of an ``mpiexec`` job."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.rank, self.size = int(comm.Get_rank()), int(comm.Get_size())
+
+    def gather(self, value: Any) -> list[Any] | None:
+        """Every rank's ``value`` on rank 0 (None elsewhere)."""
+        found = self.comm.gather(value, root=0)
+        return list(found) if found is not None else None
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+        return self.comm.bcast(value, root=0)
+
+
+class InSituSelfReported(SelfLaunch):
+    """EM in situ: collectives reported by the trials; the one-worker comparison is not run (the ranks are the
+    job's), and the evidence says so instead of claiming it."""
+
+    def closing_notes(self, reported: bool, variant: str | None) -> list[str]:
+        """That the counts are self-reported and that no one-worker comparison ran."""
+        notes = ["collective counts self-reported by the executor"] if reported else []
+        return [*notes, "measured in situ on the job's ranks: no comparison with one worker"]
+
+
+def _launch(request: InSituRequest) -> Launch:
+    return GlooMeshLaunch() if request.traced else InSituSelfReported()
 
 
 @contextlib.contextmanager
 def _user_state_kept(device_kind: str) -> Iterator[None]:
-    """Restore the process's random state and deterministic-algorithm setting after the trials."""
+    """Restore the process's torch random state and deterministic-algorithm setting after the training trials
+    (EM trials draw from their own seeded numpy generators and need no torch)."""
     import torch
 
     deterministic = torch.are_deterministic_algorithms_enabled()
@@ -112,10 +164,11 @@ def _user_state_kept(device_kind: str) -> Iterator[None]:
 def _on_this_rank(request: InSituRequest, work: Any, rank: int, world: int) -> dict[str, Any]:
     """This rank's trials and probe; a local failure is reported, never raised (every rank reaches the gather)."""
     found: dict[str, Any] = {"runs": None, "problem": None, "probe": None}
-    with _user_state_kept(request.device_kind), harness_admitted(_IN_SITU):
+    kept = _user_state_kept(request.device_kind) if request.traced else contextlib.nullcontext()
+    with kept, harness_admitted(_IN_SITU):
         try:
             found["runs"] = run_trials(request.executor, work, request.plan, precision=request.precision,
-                                       seeds=SEEDS, repeats=2, rank=rank, world_size=world, trace=True)
+                                       seeds=SEEDS, repeats=2, rank=rank, world_size=world, trace=request.traced)
         except Exception:  # noqa: BLE001 - sent to rank 0, which refuses naming it
             found["problem"] = f"rank {rank}: the reference workload failed:\n{traceback.format_exc()}"
         if request.probe is not None and found["problem"] is None:
@@ -132,7 +185,7 @@ def _judge(request: InSituRequest, work: Any, gathered: Sequence[dict[str, Any]]
     if problems:
         return [], problems
     plan, precision = request.plan, request.precision
-    launch = GlooMeshLaunch()
+    launch = _launch(request)
     updates = tuple(request.executor.describe_updates(plan))
     by_rank = [g["runs"] for g in gathered]
     tolerance = default_tolerance(precision, family="training" if hasattr(work, "build_module") else "em")
@@ -186,27 +239,23 @@ def _sign(request: InSituRequest, work: Any, gathered: Sequence[dict[str, Any]],
 def certify_in_situ(request: InSituRequest) -> CertificateEnvelope:
     """On every rank of the run's process group: the same signed envelope everywhere, or ``CertificationError``
     (raised on every rank with rank 0's reasons). Call it on all ranks together, before the first step."""
-    dist = _dist()
-    rank, world = dist.get_rank(), dist.get_world_size()
+    group = request.group if request.group is not None else TorchGroup()
+    rank, world = group.rank, group.size
     plan = request.plan
     if world != plan.world_size:
         raise CertificationError(f"in-situ certification of {plan.describe()} needs {plan.world_size} ranks; the "
                                  f"process group has {world}")
     import os
 
-    if int(os.environ.get(FR_BUFFER_ENV, "0") or 0) <= 0:
+    if request.traced and int(os.environ.get(FR_BUFFER_ENV, "0") or 0) <= 0:
         raise CertificationError(f"in-situ certification traces collectives: set {FR_BUFFER_ENV}=20000 before the "
                                  "process group starts (prepare() sets it when it creates the group itself)")
     started = time.perf_counter()
-    work = resolve_workload(request.workload or GlooMeshLaunch().default_workload(plan))
+    work = resolve_workload(request.workload or _launch(request).default_workload(plan))
     local = _on_this_rank(request, work, rank, world)
-    gathered: list[Any] | None = [None] * world if rank == 0 else None
-    dist.gather_object(local, gathered, dst=0)
-    message: list[Any] = [None]
-    if rank == 0 and gathered is not None:
-        message[0] = _sign(request, work, gathered, started)
-    dist.broadcast_object_list(message, src=0)
-    kind, text = message[0]
+    gathered = group.gather(local)
+    message = _sign(request, work, gathered, started) if rank == 0 and gathered is not None else None
+    kind, text = group.broadcast(message)
     if kind != "ok":
         raise CertificationError(text)
     return from_json(text, CertificateEnvelope, limits=SIGNED_LIMITS)
