@@ -2,7 +2,7 @@
 
 When the gate finds no trusted certificate for a multi-rank plan and the trust store's policy allows
 certifying here, ``in_situ_certifier(...)`` makes the run's process group (from the launcher's
-environment, flight recorder on, when none exists yet), then certifies on those very ranks
+environment when none exists yet), then certifies on those very ranks
 (``verification.in_situ.certify_in_situ``): the harness's reference workload for the plan family
 through the backend, plus the backend's probe of the user's own module. Any launcher works; its name
 is recorded (``torchrun``, ``mpiexec``, else ``launched``).
@@ -16,16 +16,13 @@ from typing import Any
 
 from ..contracts import CertificateEnvelope, ParallelPlan, comm_backend_for
 from ..verification.harness.worker import resolve_executor
-from ..verification.in_situ import FR_BUFFER_ENV, InSituRequest, ProbeOutcome, certify_in_situ
+from ..verification.in_situ import InSituRequest, ProbeOutcome, certify_in_situ
 
 __all__ = ["in_situ_certifier", "launched", "launcher_name"]
 
 _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """What torchrun (and launchers that follow it) set in every rank; without them and without a group, nothing is
 launched: the gate refuses naming ``mixle-parallel certify`` as before."""
-
-FR_BUFFER_SIZE = "20000"
-"""The flight-recorder buffer the in-situ trials need (what the harness's own meshes set)."""
 
 
 def launcher_name(environ: dict[str, str] | None = None) -> str:
@@ -60,7 +57,6 @@ def in_situ_certifier(backend_name: str, plan: ParallelPlan, precision: str, *, 
     kind = str(getattr(device, "type", device))
 
     def certify_here() -> CertificateEnvelope:
-        os.environ.setdefault(FR_BUFFER_ENV, FR_BUFFER_SIZE)  # read when the process group starts
         ensure_group()
         return certify_in_situ(InSituRequest(
             executor=resolve_executor(backend_name), plan=plan, precision=precision, device_kind=kind,

@@ -18,6 +18,7 @@ restored afterwards.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -48,7 +49,9 @@ _IN_SITU = claim_harness_capability("mixle_parallel.verification.in_situ")
 """This module's capability: the in-situ trials and probe pass the gate in mode ``verifying`` under it."""
 
 FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
-"""The flight recorder's buffer size; it must be > 0 before the process group starts (collectives are traced)."""
+FR_BUFFER_SIZE = "20000"
+"""The flight recorder's buffer the in-situ trials trace with (what the harness's own meshes set); a value the
+user set is kept (``0`` turns tracing off, and in-situ certification then fails saying so)."""
 
 SEEDS = (0,)
 """One seed, two repeats (determinism) of the reference workload: the cost stays a few seconds."""
@@ -245,11 +248,8 @@ def certify_in_situ(request: InSituRequest) -> CertificateEnvelope:
     if world != plan.world_size:
         raise CertificationError(f"in-situ certification of {plan.describe()} needs {plan.world_size} ranks; the "
                                  f"process group has {world}")
-    import os
-
-    if request.traced and int(os.environ.get(FR_BUFFER_ENV, "0") or 0) <= 0:
-        raise CertificationError(f"in-situ certification traces collectives: set {FR_BUFFER_ENV}=20000 before the "
-                                 "process group starts (prepare() sets it when it creates the group itself)")
+    if request.traced:  # the flight recorder reads it lazily: set before the trials' first collective suffices
+        os.environ.setdefault(FR_BUFFER_ENV, FR_BUFFER_SIZE)
     started = time.perf_counter()
     work = resolve_workload(request.workload or _launch(request).default_workload(plan))
     local = _on_this_rank(request, work, rank, world)
