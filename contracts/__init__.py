@@ -61,7 +61,6 @@ from .estimation import (
 )
 from .evidence import NumericsEvidence, ObservedCollective, SDCAuditRecord, Tolerance
 from .frozen_mapping import FrozenDict
-from .in_situ import IN_SITU_PROBE_OUTCOMES, InSituMeasurement
 from .harness_protocol import (
     VERIFICATION_LAUNCHES,
     EstimationWorkload,
@@ -69,6 +68,7 @@ from .harness_protocol import (
     VerifiableExecutor,
     VerificationTrial,
 )
+from .in_situ import IN_SITU_PROBE_OUTCOMES, InSituMeasurement
 from .placement import (
     ComponentShard,
     DeviceCapacityError,

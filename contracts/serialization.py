@@ -214,9 +214,12 @@ def _make_converter() -> cattrs.Converter:
         return sorted((conv.unstructure(v) for v in value), key=_canonical_sort_key)
 
     conv.register_unstructure_hook_func(_is_frozenset_type, unstructure_frozenset)
-    conv.register_unstructure_hook_factory(_has_optional_keys, lambda cls: make_dict_unstructure_fn(
-        cls, conv, **{f.name: override(omit_if_default=True) for f in attrs.fields(cls)
-                      if f.metadata.get(OPTIONAL_KEY)}))
+    def unstructure_optional_keys(cls: Any) -> Any:
+        overrides: dict[str, Any] = {f.name: override(omit_if_default=True) for f in attrs.fields(cls)
+                                     if f.metadata.get(OPTIONAL_KEY)}
+        return make_dict_unstructure_fn(cls, conv, **overrides)
+
+    conv.register_unstructure_hook_factory(_has_optional_keys, unstructure_optional_keys)
     return conv
 
 

@@ -89,9 +89,8 @@ def certify(
 ) -> CertificateEnvelope:
     """A signed certificate when every declared update has passing evidence, else ``CertificationError``.
 
-    ``evidence`` is an iterable of ``NumericsEvidence`` or a harness report (anything with an
-    ``evidence`` attribute). ``measurement`` records a certificate measured in situ, on a launched run's own
-    ranks (``verification.in_situ``); None: by the harness on a mesh it spawned.
+    ``evidence`` is an iterable of ``NumericsEvidence`` or a harness report (anything with an ``evidence``
+    attribute); ``measurement`` marks a certificate measured in situ (``in_situ``), None one by the harness.
     """
     records = list(getattr(evidence, "evidence", evidence))
     name = executor.capabilities.name

@@ -74,7 +74,8 @@ class EncodedDataTrial:
             init["weights"])
         honoured = backend_declaration(backend).options
         # SPMD backends (mpi, torchrun) take their workers from the launcher: the job's ranks are the plan's world
-        workers = {"num_workers": plan.dp_replicate} if honoured is None or "num_workers" in honoured else {}
+        workers: dict[str, Any] = ({"num_workers": plan.dp_replicate}
+                                   if honoured is None or "num_workers" in honoured else {})
         self.handle = encoded_data(workload.data(seed), estimator=self.estimator, backend=backend,
                                    num_chunks=workload.num_chunks, **workers)
         self._gathers = 0
