@@ -19,7 +19,7 @@ from ...verification.certification import CertificationError
 from ...verification.harness.worker import resolve_executor
 from ...verification.in_situ import CommGroup, InSituRequest, TorchGroup, certify_in_situ
 from ..registry import verification_target
-from ..training_insitu import launcher_name
+from ..training_insitu import launched, launcher_name
 from .engines.optional_engine import require_engine
 from .executor_identity import EM_PRECISION
 
@@ -50,9 +50,13 @@ def _torch_group(world_size: int) -> Any:
 
 
 def in_situ_certifier(name: str, world_size: int) -> Callable[[], CertificateEnvelope] | None:
-    """The gate's ``auto_certify`` for EM on ``name`` over ``world_size`` launched ranks (None: not in situ)."""
+    """The gate's ``auto_certify`` for EM on ``name`` over ``world_size`` launched ranks (None: not in situ: another
+    backend, one rank, or no launcher around: no mpiexec variables for ``mpi``, no torchrun variables nor process
+    group for ``torchrun``)."""
     if name not in ("mpi", "torchrun") or world_size <= 1:
         return None
+    if not (launcher_name() == "mpiexec" if name == "mpi" else launched()):
+        return None  # not inside a launched job: the gate refuses naming the certify command, as before
     def certify_here() -> CertificateEnvelope:
         group = _mpi_group(world_size) if name == "mpi" else _torch_group(world_size)
         if group is None:
