@@ -239,6 +239,15 @@ def _sign(request: InSituRequest, work: Any, gathered: Sequence[dict[str, Any]],
     return "ok", to_json(envelope)
 
 
+def _signed_or_refused(request: InSituRequest, work: Any, gathered: Sequence[dict[str, Any]],
+                       started: float) -> tuple[str, str]:
+    """Rank 0's answer; an error while judging is an answer too (the other ranks wait in the broadcast)."""
+    try:
+        return _sign(request, work, gathered, started)
+    except Exception:  # noqa: BLE001 - refused on every rank, with the traceback
+        return "refused", f"judging the in-situ measurement failed on rank 0:\n{traceback.format_exc()}"
+
+
 def certify_in_situ(request: InSituRequest) -> CertificateEnvelope:
     """On every rank of the run's process group: the same signed envelope everywhere, or ``CertificationError``
     (raised on every rank with rank 0's reasons). Call it on all ranks together, before the first step."""
@@ -254,7 +263,7 @@ def certify_in_situ(request: InSituRequest) -> CertificateEnvelope:
     work = resolve_workload(request.workload or _launch(request).default_workload(plan))
     local = _on_this_rank(request, work, rank, world)
     gathered = group.gather(local)
-    message = _sign(request, work, gathered, started) if rank == 0 and gathered is not None else None
+    message = _signed_or_refused(request, work, gathered, started) if rank == 0 and gathered is not None else None
     kind, text = group.broadcast(message)
     if kind != "ok":
         raise CertificationError(text)

@@ -87,3 +87,17 @@ def test_a_failed_probe_refuses_the_certificate(trust: TrustStore) -> None:
 def test_a_group_of_another_size_is_refused(trust: TrustStore) -> None:
     with pytest.raises(CertificationError, match="needs 4 ranks; the process group has 2"):
         certify_in_situ(_request(trust, TwoRanks(), plan=ParallelPlan(dp_replicate=4)))
+
+
+def test_an_error_while_judging_is_a_refusal_every_rank_receives(trust: TrustStore) -> None:
+    answers: list[Any] = []
+
+    class Recording(TwoRanks):
+        def broadcast(self, value: Any) -> Any:
+            answers.append(value)
+            return value
+
+    garbled = Recording(lambda mine: {**mine, "runs": [{"seed": 0, "repeat": 0, "steps": [None]}]})
+    with pytest.raises(CertificationError, match="judging the in-situ measurement failed on rank 0"):
+        certify_in_situ(_request(trust, garbled))
+    assert answers and answers[0][0] == "refused"  # broadcast, not raised on rank 0 alone
