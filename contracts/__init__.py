@@ -68,6 +68,7 @@ from .harness_protocol import (
     VerifiableExecutor,
     VerificationTrial,
 )
+from .in_situ import IN_SITU_PROBE_OUTCOMES, InSituMeasurement
 from .placement import (
     ComponentShard,
     DeviceCapacityError,
@@ -128,4 +129,5 @@ __all__ = [
     "CALIBRATION_WORKLOADS", "CalibrationCatalog", "CalibrationRecord", "DeviceCalibration", "DeviceCapacityError",
     "EncodedFold", "MemorySized", "ModelShard", "PlacementShard", "ResourceCalibrationError",
     "UnknownMemoryFootprintError", "DocumentLimitError", "DocumentLimits",
+    "IN_SITU_PROBE_OUTCOMES", "InSituMeasurement",
 ]

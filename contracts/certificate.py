@@ -28,9 +28,10 @@ from .enums import ParallelAxis
 from .errors import NotAdmittedError
 from .evidence import NumericsEvidence, Tolerance
 from .frozen_mapping import FrozenDict, to_frozen_dict
+from .in_situ import InSituMeasurement
 from .plan import ParallelPlan
 from .protocols import AdmissibleExecutor
-from .serialization import SCHEMA_METADATA, content_digest, register_contract
+from .serialization import OPTIONAL_KEY, SCHEMA_METADATA, content_digest, register_contract
 
 __all__ = [
     "ADMISSION_CHECKS", "DEFAULT_MAX_AGE", "IN_TOTO_PAYLOAD_TYPE", "AdmissionCertificate", "AdmissionContext",
@@ -127,6 +128,11 @@ class AdmissionCertificate:
         validator=_digests, metadata={SCHEMA_METADATA: {"minItems": 1, "items": _DIGEST_SCHEMA[SCHEMA_METADATA]}})
     tolerance: Tolerance = attrs.field(validator=attrs.validators.instance_of(Tolerance))
     issued_at: str = attrs.field(validator=_iso_time)
+    measurement: InSituMeasurement | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(InSituMeasurement)),
+        metadata={OPTIONAL_KEY: True})
+    """How it was measured in situ, on a launched run's own ranks; None (absent from the document): by the harness
+    on a mesh it spawned. Absent in certificates of earlier releases, which keep their ids."""
 
     def __attrs_post_init__(self) -> None:
         if self.measured_plan.axis_family != self.axis_family:

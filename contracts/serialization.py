@@ -18,7 +18,7 @@ from cattrs.errors import (
     ClassValidationError,
     IterableValidationNote,
 )
-from cattrs.gen import make_dict_structure_fn
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.v import format_exception
 
 from .bounded_json import CONTRACT_LIMITS, MAX_INT, DocumentLimits, check_shape, parse_json
@@ -31,6 +31,10 @@ SCHEMA_VERSION = 1
 """Version written in every envelope; documents of another version are refused."""
 
 SCHEMA_METADATA = "json_schema"
+
+OPTIONAL_KEY = "optional_key"
+"""Field metadata flag: a field added after documents were stored; absent means its default, and a default value
+is left out of the document (so the canonical JSON, and every content digest, of older documents is unchanged)."""
 """attrs field metadata key: JSON Schema keywords (bounds, patterns) the field's validator enforces."""
 
 CONTRACT_TYPES: dict[str, type] = {}
@@ -137,7 +141,7 @@ def _all_fields_required(converter: cattrs.Converter):  # noqa: ANN202 - hook fa
     def factory(cls: type) -> Any:
         attrs.resolve_types(cls)
         generated: Callable[[Any, Any], Any] = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True)
-        names = [f.name for f in attrs.fields(cls) if f.init]
+        names = [f.name for f in attrs.fields(cls) if f.init and not f.metadata.get(OPTIONAL_KEY)]
         max_items = {f.name: f.metadata[SCHEMA_METADATA]["maxItems"] for f in attrs.fields(cls)
                      if "maxItems" in f.metadata.get(SCHEMA_METADATA, {})}
 
@@ -210,7 +214,18 @@ def _make_converter() -> cattrs.Converter:
         return sorted((conv.unstructure(v) for v in value), key=_canonical_sort_key)
 
     conv.register_unstructure_hook_func(_is_frozenset_type, unstructure_frozenset)
+    def unstructure_optional_keys(cls: Any) -> Any:
+        overrides: dict[str, Any] = {f.name: override(omit_if_default=True) for f in attrs.fields(cls)
+                                     if f.metadata.get(OPTIONAL_KEY)}
+        return make_dict_unstructure_fn(cls, conv, **overrides)
+
+    conv.register_unstructure_hook_factory(_has_optional_keys, unstructure_optional_keys)
     return conv
+
+
+def _has_optional_keys(cls: Any) -> bool:
+    """An attrs class with a field added after documents were stored (``OPTIONAL_KEY``)."""
+    return isinstance(cls, type) and attrs.has(cls) and any(f.metadata.get(OPTIONAL_KEY) for f in attrs.fields(cls))
 
 
 converter = _make_converter()
@@ -343,7 +358,8 @@ def _schema_of(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
                 "description": (tp.__doc__ or "").strip().splitlines()[0] if tp.__doc__ else "",
                 "properties": {f.name: {**_schema_of(f.type, defs), **f.metadata.get(SCHEMA_METADATA, {})}
                                for f in fields},
-                "required": [f.name for f in fields if f.init],  # the converter requires every field
+                # the converter requires every field but the ones added later (OPTIONAL_KEY)
+                "required": [f.name for f in fields if f.init and not f.metadata.get(OPTIONAL_KEY)],
                 "additionalProperties": False,
             }
         return {"$ref": f"#/$defs/{tp.__name__}"}

@@ -70,6 +70,9 @@ EXAMPLES: dict[type, Any] = {
         "torch_native", "0.1.0", DIGEST, CAPS, PLAN.axis_family, PLAN, "fp32", "cpu", "gloo",
         {"python": "3.11.7", "numpy": "2.1.0", "torch": "2.13.0"}, (EVIDENCE,), {EVIDENCE.evidence_id}, TOL,
         "2026-11-30T09:00:00+00:00"),
+    c.InSituMeasurement: c.InSituMeasurement(
+        "torchrun", 2, "mlp", "passed", "one seeded step of the module's 4 parameter gradients through the executor "
+        "against a one-rank recomputation on rank 0", 5.96e-08, 3.6),
     c.EnvelopeSignature: c.EnvelopeSignature("ab" * 32, "c2lnbmF0dXJlIGJ5dGVz"),
     c.CertificateEnvelope: c.CertificateEnvelope(
         c.IN_TOTO_PAYLOAD_TYPE, "eyJfdHlwZSI6ICJodHRwczovL2luLXRvdG8uaW8vU3RhdGVtZW50L3YxIn0=",

@@ -2,8 +2,9 @@
 
     torchrun --standalone --nproc-per-node 2 examples/train_torchrun.py [--plan fsdp|ddp|tp]
 
-The session creates the gloo process group from the torchrun environment, builds the DeviceMesh
-from the plan, applies the transforms and prints one receipt per optimizer step on rank 0.
+The session creates the gloo process group from the torchrun environment; on a machine with no fitting
+certificate it certifies in situ on these ranks first (once; stored for the next run); then it builds the
+DeviceMesh from the plan, applies the transforms and prints one receipt per optimizer step on rank 0.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def main() -> None:
     plan = PLANS[args.plan]
     torch.manual_seed(0)  # same initial weights on every rank
     session = get_training_backend("torch_native").prepare(
-        TinyLM(), plan=plan, optimizer="AdamW", lr=3e-3, max_grad_norm=1.0, admission="unverified",
+        TinyLM(), plan=plan, optimizer="AdamW", lr=3e-3, max_grad_norm=1.0,  # no certificate: certified in situ
         tp_plan={"blocks.*.up": "colwise", "blocks.*.down": "rowwise", "head": "colwise_replicate"},
     )
     rank = int(os.environ.get("RANK", "0"))

@@ -16,6 +16,7 @@ from ..contracts import (
     AdmissibleExecutor,
     AdmissionCertificate,
     CertificateEnvelope,
+    InSituMeasurement,
     NumericsEvidence,
     ParallelPlan,
     Tolerance,
@@ -84,11 +85,12 @@ def certify(
     issued_at: datetime | None = None,
     trust_store: TrustStore | None = None,
     store: bool = True,
+    measurement: InSituMeasurement | None = None,
 ) -> CertificateEnvelope:
     """A signed certificate when every declared update has passing evidence, else ``CertificationError``.
 
-    ``evidence`` is an iterable of ``NumericsEvidence`` or a harness report (anything with an
-    ``evidence`` attribute).
+    ``evidence`` is an iterable of ``NumericsEvidence`` or a harness report (anything with an ``evidence``
+    attribute); ``measurement`` marks a certificate measured in situ (``in_situ``), None one by the harness.
     """
     records = list(getattr(evidence, "evidence", evidence))
     name = executor.capabilities.name
@@ -123,6 +125,7 @@ def certify(
         evidence_digests=frozenset(r.evidence_id for r in records),
         tolerance=tolerance or _merged_tolerance(records),
         issued_at=stamp.isoformat(),
+        measurement=measurement,
     )
     keys = trust_store or TrustStore()
     envelope = sign_certificate(certificate, keys.ensure_signer())

@@ -24,6 +24,7 @@ from ..contracts import (
     DeviceSpec,
     DistributedUpdate,
     EnvelopeSignature,
+    InSituMeasurement,
     MeshCoordinate,
     MeshShape,
     ModelShard,
@@ -281,6 +282,17 @@ def sdc_audit_records(draw: Any) -> SDCAuditRecord:
 
 
 @st.composite
+def in_situ_measurements(draw: Any) -> InSituMeasurement:
+    """Measurements of in-situ certificates: a passed probe carries its error, the others a reason."""
+    probe = draw(st.sampled_from(["passed", "skipped", "not_applicable"]))
+    error = draw(st.floats(0, 1e-3, allow_nan=False)) if probe == "passed" else None
+    return InSituMeasurement(launcher=draw(st.sampled_from(["torchrun", "mpiexec", "launched"])),
+                             world_size=draw(st.integers(1, 64)), workload=draw(_names), probe=probe,
+                             probe_reason=draw(_names), probe_max_abs_error=error,
+                             seconds=draw(st.floats(0, 1e4, allow_nan=False)))
+
+
+@st.composite
 def admission_certificates(draw: Any) -> AdmissionCertificate:
     """Self-consistent certificates: embedded evidence of the executor, digests recomputed from it."""
     plan = draw(parallel_plans())
@@ -310,6 +322,7 @@ def admission_certificates(draw: Any) -> AdmissionCertificate:
         evidence_digests=frozenset(r.evidence_id for r in records),
         tolerance=draw(tolerances()),
         issued_at=f"2026-01-{1 + (hours // 24) % 28:02d}T{hours % 24:02d}:{minutes:02d}:00+00:00",
+        measurement=draw(st.none() | in_situ_measurements()),
     )
 
 
@@ -439,6 +452,7 @@ STRATEGIES: dict[type, Any] = {
     NumericsEvidence: numerics_evidence,
     SDCAuditRecord: sdc_audit_records,
     AdmissionCertificate: admission_certificates,
+    InSituMeasurement: in_situ_measurements,
     EnvelopeSignature: envelope_signatures,
     CertificateEnvelope: certificate_envelopes,
 }

@@ -46,7 +46,7 @@ def make_optimizer(params: Any) -> torch.optim.Optimizer:
 def _run(plan: ParallelPlan, model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
     torch.set_num_threads(1)  # the same kernels on every launcher, whatever OMP_NUM_THREADS it sets
     # admission="unverified": these are launcher tests, not a certified run; a multi-rank prepare()
-    # would otherwise require an AdmissionCertificate. The opt-out is recorded in every receipt.
+    # would otherwise certify in situ first. The opt-out is recorded in every receipt.
     session = get_training_backend("torch_native").prepare(
         model, plan=plan, optimizer=make_optimizer, admission="unverified"
     )

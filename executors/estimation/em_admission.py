@@ -14,7 +14,8 @@ threads inside this one process (world size 1), like a single-process ``torch_na
 starts. Without a certificate for a no-mesh run the environment's ``MIXLE_PARALLEL_CERTIFICATE``
 (meant for meshes) is not consulted; a certificate passed explicitly is always checked. With no
 ``admission=`` on a mesh, admission is automatic: a fitting signed certificate from the local
-store, else EM is certified on the spot (the harness on two workers) and the result stored.
+store, else EM is certified on the spot (the harness on two workers) and the result stored; under mpiexec
+or torchrun (backends ``mpi``, ``torchrun``) it is certified in situ on the job's own ranks (``em_in_situ``).
 """
 
 from __future__ import annotations
@@ -25,14 +26,18 @@ from ...contracts import AdmissionMode, NotAdmittedError, ParallelPlan
 from ...verification.admission import AdmissionDecision, require_admission
 from ...verification.capability import active_harness_capability
 from ..registry import normalize_backend_name
+from .em_in_situ import in_situ_certifier
 from .executor_identity import EM_PRECISION, EMExecutorIdentity
 
 __all__ = ["EM_PRECISION", "admit_encoded_data", "canonical_backend"]
 
 _AUTO_CERTIFIABLE = {"mp", "dask", "ray", "spark"}
 """Backends certified on the spot when no stored certificate fits (those that need a cluster
-the user set up are certified the same way, on a local one; MPI ranks are started by mpiexec, so
-the refusal names the certify command instead)."""
+the user set up are certified the same way, on a local one)."""
+
+_IN_SITU = {"mpi", "torchrun"}
+"""SPMD backends whose ranks a launcher started (mpiexec, torchrun): certified in situ, on those very ranks
+(``em_in_situ``), when no stored certificate fits."""
 
 
 def canonical_backend(backend: str, builtins: dict[str, tuple[str, tuple[str, ...]]]) -> str:
@@ -93,7 +98,7 @@ def admit_encoded_data(
             world_size=world_size,
             device_kind="cpu",
             comm_backend=executor.comm_backend,
-            auto_certify=_auto_certify(name) if name in _AUTO_CERTIFIABLE else None,
+            auto_certify=_auto_certify(name) if name in _AUTO_CERTIFIABLE else in_situ_certifier(name, world_size),
             certify_command=_certify_command(name, workers),
         )
     except NotAdmittedError as exc:

@@ -19,6 +19,7 @@ import numpy as np
 from ...contracts import CollectiveKind, ObservedCollective, ParallelAxis, ParallelPlan
 from ..registry import register_encoded_data_verification, register_verification_target
 from .api import encoded_data
+from .backend_declaration import backend_declaration
 from .builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
 from .executor_identity import (
     EM_EXECUTOR_VERSION,
@@ -71,8 +72,12 @@ class EncodedDataTrial:
         self.model = MixtureDistribution(
             [GaussianDistribution(float(m), float(v)) for m, v in zip(init["means"], init["variances"])],
             init["weights"])
+        honoured = backend_declaration(backend).options
+        # SPMD backends (mpi, torchrun) take their workers from the launcher: the job's ranks are the plan's world
+        workers: dict[str, Any] = ({"num_workers": plan.dp_replicate}
+                                   if honoured is None or "num_workers" in honoured else {})
         self.handle = encoded_data(workload.data(seed), estimator=self.estimator, backend=backend,
-                                   num_workers=plan.dp_replicate, num_chunks=workload.num_chunks)
+                                   num_chunks=workload.num_chunks, **workers)
         self._gathers = 0
 
     def step(self, step: int) -> dict[str, dict[str, Any]]:

@@ -19,9 +19,11 @@ from ...contracts import (
 )
 from ...verification.ledger import Ledger
 from ..training_admission import admit_training
+from ..training_insitu import in_situ_certifier
 from ..training_options import TrainOptions
 from .device_mesh import build_mesh, ensure_process_group, require_torch, resolve_device
 from .dp_mode import DataParallelMode
+from .insitu_probe import probe_module
 from .layouts import describe_parameter_layouts
 from .losses import lm_token_loss
 from .parallelize import parallelize, resolve_tp_plan
@@ -198,6 +200,17 @@ class TorchDistributedBackend:
                                              notes=("single process: no communication",)))
         return tuple(updates)
 
+    def _in_situ(self, module: nn.Module, plan: ParallelPlan, spec: PrepareSpec) -> Any:
+        """The gate's in-situ certification for a launched run (``training_insitu``): the harness's workload on
+        these ranks through ``torch_native``'s harness adapter, plus the probe of ``module`` (copied, never
+        touched) through this backend."""
+        def probe() -> Any:
+            return probe_module(self, module, plan, precision=spec.precision,
+                                prepare_options={"device": spec.device}, rank=current_rank())
+
+        return in_situ_certifier(self.name, plan, spec.precision, device=spec.device, probe=probe,
+                                 ensure_group=lambda: ensure_process_group(plan, spec.device))
+
     def prepare(self, module: nn.Module, *, plan: ParallelPlan, **options: Any) -> TorchDistributedSession:
         """Materialize the mesh, apply TP, CP, FSDP2/HSDP or DDP, build the optimizer, return a session.
 
@@ -215,7 +228,8 @@ class TorchDistributedBackend:
         """
         spec = check_prepare(module, plan, TrainOptions.from_keywords(self.name, options))
         decision = admit_training(self, plan, spec.precision, certificate=spec.options.certificate,
-                                  admission=spec.options.admission, device=spec.device)
+                                  admission=spec.options.admission, device=spec.device,
+                                  auto_certify=self._in_situ(module, plan, spec))
         mesh, owns_pg = _materialize_mesh(plan, spec)
         module = parallelize(module, mode=spec.mode, mesh=mesh, tp_styles=spec.tp_styles, device=spec.device)
         opt, receipt = build_optimizer(spec.options.optimizer, [p for p in module.parameters() if p.requires_grad],

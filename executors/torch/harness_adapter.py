@@ -51,6 +51,12 @@ class BackendVerifiable:
         """The backend's declared updates for ``plan``."""
         return tuple(self._backend.describe_updates(plan))
 
+    @property
+    def certified_libraries(self) -> tuple[str, ...]:
+        """The engines the backend loads (megatron-core, ...): a certificate names their versions, as the gate
+        checks for the backend itself."""
+        return tuple(getattr(self._backend, "certified_libraries", ()) or ())
+
     def prepare(self, module: Any, *, plan: ParallelPlan, **kwargs: Any) -> Any:
         """The backend's own ``prepare()`` (the conformance suite checks what it refuses)."""
         return self._backend.prepare(module, plan=plan, **kwargs)

@@ -147,3 +147,15 @@ def test_bad_admission_value_is_named(rows):
     with pytest.raises(FileNotFoundError, match="mixle-parallel certify"):
         encoded_data(rows, estimator=estimator(), backend="mp", num_workers=2, admission="missing/cert.json")
     assert np.isfinite(rows).all()
+
+
+def test_mpi_inside_mpiexec_certifies_in_situ_instead_of_refusing(monkeypatch, tmp_path):
+    # the launched form (issue 23 item 1) hands the gate an in-situ certifier; outside a launcher it stays refused
+    from mixle_parallel.executors.estimation.em_in_situ import in_situ_certifier
+
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert in_situ_certifier("mpi", 2) is None
+    monkeypatch.setenv("PMI_RANK", "0")
+    assert callable(in_situ_certifier("mpi", 2))
+    assert in_situ_certifier("mpi", 1) is None and in_situ_certifier("mp", 2) is None

@@ -1,0 +1,79 @@
+"""EM certified in situ (issue 23 item 1): ``encoded_data`` under real ``mpiexec -n 2`` and ``torchrun`` on a
+fresh trust store.
+
+Before: refused with NotAdmittedError naming `mixle-parallel certify`. Now the job's own ranks run the
+harness's Gaussian-mixture workload against the numpy reference, rank 0 signs, every rank is admitted
+``certified`` with the same certificate, which records in situ, world size 2 and the transport; a second
+run reuses it; with the trust store's policy ``off`` the job is refused naming the command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mixle_parallel.verification.attestation import load_certificate, open_envelope
+from mixle_parallel.verification.keys import TrustStore
+from tests.estimation.engines.engine_helpers import REPO_ROOT, mpi_env, mpiexec
+
+pytestmark = pytest.mark.slow
+
+MODULE = "tests.estimation.engines.mpi_scripts.insitu_check"
+_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _launch(backend: str, home: Path, out: Path) -> tuple[list[dict[str, Any]], str]:
+    out.mkdir(parents=True)
+    if backend == "mpi":
+        pytest.importorskip("mpi4py", reason="mpi4py is the optional [mpi] extra")
+        exe = mpiexec()
+        if exe is None:
+            pytest.skip("no mpiexec found: install the [mpi] extra (mpi4py + mpich)")
+        command, env = [exe, "-n", "2", sys.executable, "-m", MODULE], mpi_env(exe)
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                   MODULE]
+        env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+    env = {**env, "MIXLE_PARALLEL_HOME": str(home), "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("MIXLE_PARALLEL_CERTIFICATE", None)
+    done = subprocess.run([*command, backend, str(out)], env=env, cwd=str(REPO_ROOT), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], done.stderr
+
+
+@pytest.mark.parametrize("backend, transport, launcher", [("mpi", "mpi", "mpiexec"), ("torchrun", "torchrun",
+                                                                                         "torchrun")])
+def test_em_job_certifies_in_situ_once(backend: str, transport: str, launcher: str, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    first, stderr = _launch(backend, home, tmp_path / "first")
+    assert f"certifying em_{backend}" in stderr
+    assert {r.get("admission") for r in first} == {"certified"}, first
+    [path] = sorted((home / "certificates").glob("*.json"))
+    certificate, _ = open_envelope(load_certificate(path), TrustStore(home))
+    assert {r["certificate"] for r in first} == {certificate.certificate_id}
+    measurement = certificate.measurement
+    assert measurement is not None and measurement.site == "in_situ"
+    assert (measurement.world_size, measurement.launcher, measurement.workload) == (2, launcher, "gaussian_mixture")
+    assert measurement.probe == "not_applicable"
+    assert (certificate.device_kind, certificate.comm_backend) == ("cpu", transport)
+    assert [e.node_id for e in certificate.evidence] == ["stats:data"]
+
+    second, stderr = _launch(backend, home, tmp_path / "second")
+    assert "certifying" not in stderr
+    assert {r["certificate"] for r in second} == {certificate.certificate_id}
+
+
+def test_em_policy_off_refuses_with_the_command(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    TrustStore(home).set_policy("off")
+    records, _ = _launch("mpi", home, tmp_path / "out")
+    for record in records:
+        assert "automatic certification is off" in record["refused"]
+        assert "mixle-parallel certify --backend mpi --plan dp_replicate=2" in record["refused"]
