@@ -101,3 +101,15 @@ def test_an_error_while_judging_is_a_refusal_every_rank_receives(trust: TrustSto
     with pytest.raises(CertificationError, match="judging the in-situ measurement failed on rank 0"):
         certify_in_situ(_request(trust, garbled))
     assert answers and answers[0][0] == "refused"  # broadcast, not raised on rank 0 alone
+
+
+def test_a_rank_reporting_fewer_steps_than_the_reference_is_refused(trust: TrustStore) -> None:
+    truncated = TwoRanks(lambda mine: {**mine, "runs": [{**run, "steps": run["steps"][:1]} for run in mine["runs"]]})
+    with pytest.raises(CertificationError, match=r"check 'observables' failed: rank 1 reported 1 of the reference's"):
+        certify_in_situ(_request(trust, truncated))
+
+
+def test_a_rank_without_its_repeat_is_refused(trust: TrustStore) -> None:
+    first_only = TwoRanks(lambda mine: {**mine, "runs": [run for run in mine["runs"] if not run["repeat"]]})
+    with pytest.raises(CertificationError, match=r"rank 1 reported no first run and repeat for seed"):
+        certify_in_situ(_request(trust, first_only))

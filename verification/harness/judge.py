@@ -163,11 +163,27 @@ class _Numerics:
         self.within &= result.within
 
 
+def _missing_runs(runs: list[dict[str, Any]], reference: Mapping[int, list[dict[str, Any]]]) -> str:
+    """What a rank left out: a seed without a first run and a repeat, or a run with fewer or more steps than
+    the reference (a verdict rests only on what every rank was shown to do); empty when complete."""
+    for seed, steps in sorted(reference.items()):
+        mine = [run for run in runs if run["seed"] == seed]
+        if not any(not run["repeat"] for run in mine) or not any(run["repeat"] for run in mine):
+            return f"no first run and repeat for seed {seed}"
+        for run in mine:
+            if len(run["steps"]) != len(steps):
+                return f"{len(run['steps'])} of the reference's {len(steps)} steps for seed {seed}"
+    return ""
+
+
 def _compare_observables(update: DistributedUpdate, measured: Measured) -> _Numerics | str:
     """Every rank's repeat-0 observables of ``update`` against the reference, and its repeats' digests;
     a string says why there is nothing to judge."""
     found = _Numerics()
     for rank, runs in enumerate(measured.by_rank):
+        missing = _missing_runs(runs, measured.reference)
+        if missing:
+            return f"rank {rank} reported {missing}"
         digests: dict[int, set[str]] = {}
         for run in runs:
             per_run = []
