@@ -14,6 +14,10 @@ the harness spawns, or an executor that starts its own workers) and judges each 
 * ``collectives``: the declared (collective, axes) was seen in the traced steps, in a phase where
   that update communicates and not taken by another update (``attribution``), and nothing
   undeclared was (counts from PyTorch's flight recorder);
+* ``window``: a data-parallel training plan runs with an accumulation window of at least
+  ``window.MEASURED_WINDOW`` calls of as many micro-batches (``window.measured_window``), so the
+  non-commit calls and the micro-batch split are compared with the reference too; the report's
+  ``plan`` (and the certificate's ``measured_plan``) is the plan that ran;
 * ``receipts``: for trials that expose ``receipts()``, every step's receipts report the counts and
   bytes the flight recorder saw (``receipt_check``).
 
@@ -33,6 +37,7 @@ from .launch import Launch, TrialPlan, launch_for
 from .mesh import DEFAULT_TIMEOUT_S
 from .report import VerificationReport
 from .tolerance import default_tolerance
+from .window import measured_window
 from .worker import resolve_executor
 from .workloads import resolve_workload
 
@@ -68,11 +73,11 @@ def verify(
     target = harness_target(executor)  # ranks resolve the target: a name may be registered only here
     local = resolve_executor(target)
     local.capabilities.validate(plan, precision)
+    launch = launch_for(local)
+    plan, work = measured_window(plan, _workload(workload, plan, launch))
     updates = tuple(local.describe_updates(plan))
     if not updates:
         raise ValueError(f"{local.capabilities.name} declares no updates for {plan.describe()}; nothing to verify")
-    launch = launch_for(local)
-    work = _workload(workload, plan, launch)
     family = "training" if hasattr(work, "build_module") else "em"
     tol = tolerance or default_tolerance(precision, family=family)
     run = TrialPlan(work, plan, precision, tuple(seed + t for t in range(trials)), repeats)
