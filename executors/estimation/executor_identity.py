@@ -1,12 +1,15 @@
 """The identity of EM on a backend, as certificates bind it and the admission gate checks it.
 
 ``em_capabilities(backend)`` (capabilities ``em_<backend>``: data parallelism over workers, fp64),
-``EM_EXECUTOR_VERSION`` and the one declared update ``stats:data``. ``EMExecutorIdentity`` is what
+``EM_EXECUTOR_VERSION``, the one declared update ``stats:data`` and the code a certificate binds (the
+library, plus the package of a registered third-party factory: ``source_files``). ``EMExecutorIdentity`` is what
 ``encoded_data``'s gate hands to ``require_admission``; ``verifiable.VerifiableEncodedData`` adds
 the harness trial on top of it.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from ...contracts import (
     BackendCapabilities,
@@ -17,7 +20,8 @@ from ...contracts import (
     PayloadKind,
     StateLayout,
 )
-from ..registry import normalize_backend_name
+from ...verification.source_binding import defining_module, is_builtin_module, object_files
+from ..registry import get_encoded_data_backend, is_encoded_data_backend, normalize_backend_name
 
 __all__ = ["EM_EXECUTOR_VERSION", "EM_PRECISION", "EMExecutorIdentity", "em_capabilities"]
 
@@ -68,6 +72,14 @@ class EMExecutorIdentity:
     def version(self) -> str:
         """EM executor version."""
         return EM_EXECUTOR_VERSION
+
+    def source_files(self) -> list[Path]:
+        """The files of the registered factory's package, beside the library's own (``source_binding``): a
+        certificate of a third-party backend binds the backend's code, package data included."""
+        if not is_encoded_data_backend(self.backend):
+            return []
+        factory = get_encoded_data_backend(self.backend)
+        return [] if is_builtin_module(defining_module(factory)) else sorted(object_files(factory))
 
     def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
         """One update: chunk statistics gathered from the workers and combined in chunk order."""
