@@ -42,7 +42,7 @@ _SKIPPED_SUFFIXES = frozenset({".pyc", ".pyo"})
 
 def _tree(folder: Path) -> set[Path]:
     """Every regular file below ``folder`` except byte-code caches (which Python rewrites on its own)."""
-    found = set()
+    found: set[Path] = set()
     for where, dirs, names in os.walk(folder.resolve()):
         dirs[:] = [d for d in dirs if d not in _SKIPPED_DIRS]
         found.update(Path(where, n) for n in names if os.path.splitext(n)[1] not in _SKIPPED_SUFFIXES

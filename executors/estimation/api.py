@@ -171,7 +171,8 @@ def _attach_verification(handle: Any, backend: str, decision: Any, certificate: 
     """Bind the admission decision, SDC audit and ledger to a new handle; close it if that fails."""
     attach = getattr(handle, "attach_verification", None)
     if attach is None:
-        asked = [k for k in verification.set_options() if k != "admission"]
+        asked = [k for k in verification.set_options()  # audit=False on a handle with no audit is honoured as is
+                 if k != "admission" and not (k == "audit" and verification.audit is False)]
         if asked:
             handle.close()
             raise ValueError(f"backend {backend!r} returned a {type(handle).__name__}, which has no SDC audit or "

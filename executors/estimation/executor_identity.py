@@ -41,6 +41,10 @@ def em_capabilities(backend: str) -> BackendCapabilities:
     )
 
 
+_MESSAGES_PER_WORKER = {"mp": 2, "dask": 2, "ray": 2}
+"""Built-in engines whose E-step traffic is one request and one reply per worker, which the harness holds them to.
+(spark sends one task per partition, mpi and torchrun are SPMD collectives: their counts are reported, not judged.)"""
+
 _ENGINE_LIBRARIES = {"dask": ("dask", "distributed"), "ray": ("ray",), "spark": ("pyspark",), "mpi": ("mpi4py",)}
 
 
@@ -80,6 +84,18 @@ class EMExecutorIdentity:
             return []
         factory = get_encoded_data_backend(self.backend)
         return [] if is_builtin_module(defining_module(factory)) else sorted(object_files(factory))
+
+    def collectives_per_step(self, plan: ParallelPlan) -> dict[str, int]:
+        """The messages per E-step ``stats:data`` hands to the transport, where the backend states it (the harness
+        holds the observed count to it): ``mp``, ``dask``, ``ray`` one request and one reply per worker; a factory's
+        ``collectives_per_step(plan)``; nothing declared otherwise (the count is then reported, not judged)."""
+        if plan.dp_replicate < 2:
+            return {}
+        if self.backend in _MESSAGES_PER_WORKER:
+            return {"stats:data": _MESSAGES_PER_WORKER[self.backend] * plan.dp_replicate}
+        factory = get_encoded_data_backend(self.backend) if is_encoded_data_backend(self.backend) else None
+        declared = getattr(factory, "collectives_per_step", None)
+        return dict(declared(plan)) if callable(declared) else {}
 
     def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
         """One update: chunk statistics gathered from the workers and combined in chunk order."""

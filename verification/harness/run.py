@@ -18,6 +18,8 @@ the harness spawns, or an executor that starts its own workers) and judges each 
   ``window.MEASURED_WINDOW`` calls of as many micro-batches (``window.measured_window``), so the
   non-commit calls and the micro-batch split are compared with the reference too; the report's
   ``plan`` (and the certificate's ``measured_plan``) is the plan that ran;
+* ``collectives`` also holds an executor to the count it declares per step (``collectives_per_step``,
+  ``counts``): what an executor that starts its own workers reports is counted at its transport;
 * ``receipts``: for trials that expose ``receipts()``, every step's receipts report the counts and
   bytes the flight recorder saw (``receipt_check``).
 
@@ -32,6 +34,7 @@ from typing import Any
 
 from ...contracts import ParallelPlan, Tolerance
 from ..backend_names import harness_target
+from .counts import declared_counts
 from .judge import Measured, judge_update, judge_wire
 from .launch import Launch, TrialPlan, launch_for
 from .mesh import DEFAULT_TIMEOUT_S
@@ -85,7 +88,8 @@ def verify(
     reference = {s: work.reference(s, precision) for s in run.seeds}  # never the executor itself
     measured = Measured(by_rank, reference, tol, plan, precision, trials, local.capabilities.name,
                         launch.worker_invariance(local, run, by_rank))
-    wire = judge_wire(updates, by_rank, plan, launch, first_step=1 if work.steps > 1 else 0)
+    wire = judge_wire(updates, by_rank, plan, launch, first_step=1 if work.steps > 1 else 0,
+                      counts=declared_counts(local, plan))
     verdicts = [judge_update(update, measured, wire, launch) for update in updates]
     return VerificationReport(
         local.capabilities.name,
