@@ -19,6 +19,8 @@ from .certificate import (
     EnvelopeSignature,
     admission_problems,
     check_admission,
+    recertify_plan_flag,
+    window_covers,
 )
 from .enums import (
     ALL_AXES,
@@ -123,7 +125,8 @@ __all__ = [
     "UnknownBackendError", "DistributedTrainingBackend", "DistributedTrainingSession",
     "ParallelAxis", "ParallelPlan", "ParameterLayout", "PayloadKind", "Resources", "SCHEMA_VERSION",
     "SDCAuditRecord", "StateLayout", "StepReceipt", "Tolerance", "TorchSessionState", "TrainingBackend",
-    "WorkerTopologyAttestation", "admission_problems", "attest_worker_coordinate", "canonical_json",
+    "WorkerTopologyAttestation", "admission_problems", "recertify_plan_flag", "window_covers",
+    "attest_worker_coordinate", "canonical_json",
     "check_admission", "content_digest", "converter", "from_dict", "from_json", "json_schema",
     "register_contract", "to_dict", "to_json",
     "CALIBRATION_WORKLOADS", "CalibrationCatalog", "CalibrationRecord", "DeviceCalibration", "DeviceCapacityError",

@@ -8,8 +8,9 @@ versions, evidence digests recomputed from the embedded evidence, every recorded
 recorded tolerance and that tolerance within the policy, every recorded error consistent with its
 record's verdict (``NumericsEvidence.largest_passing_error``), every update the executor declares for
 the plan covered by a passing record and no record for an update it does not declare, and the issue
-time: a signature alone admits nothing. Each failure starts
-``check '<name>' failed:`` so callers and tests can tell which check refused.
+time, and the plan's accumulation window (``gradient_accumulation_steps`` and ``microbatches``: a
+measured 1 covers only 1, a measured k > 1 covers any size > 1, see ``window_covers``): a signature
+alone admits nothing. Each failure starts ``check '<name>' failed:`` so callers and tests can tell which check refused.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from .serialization import OPTIONAL_KEY, SCHEMA_METADATA, content_digest, regist
 
 __all__ = [
     "ADMISSION_CHECKS", "DEFAULT_MAX_AGE", "IN_TOTO_PAYLOAD_TYPE", "AdmissionCertificate", "AdmissionContext",
-    "CertificateEnvelope", "EnvelopeSignature", "admission_problems", "check_admission",
+    "CertificateEnvelope", "EnvelopeSignature", "admission_problems", "check_admission", "recertify_plan_flag",
+    "window_covers",
 ]
 
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -46,7 +48,7 @@ DEFAULT_MAX_AGE = timedelta(days=90)
 
 ADMISSION_CHECKS = (
     "certificate", "signature", "executor", "executor_version", "source_digest", "capabilities", "plan_family",
-    "precision", "device_kind", "comm_backend", "library_versions", "evidence_digests", "evidence",
+    "precision", "accumulation", "device_kind", "comm_backend", "library_versions", "evidence_digests", "evidence",
     "declared_updates", "tolerance_policy", "issued_at",
 )
 """The names of the gate's checks, as they appear in ``check '<name>' failed:`` reasons."""
@@ -259,6 +261,41 @@ def _identity_problems(cert: AdmissionCertificate, executor: AdmissibleExecutor,
     return problems
 
 
+_WINDOW_FIELDS = ("gradient_accumulation_steps", "microbatches")
+"""The plan's accumulation window: what a step does between two commits, which a certificate must have measured."""
+
+
+def window_covers(measured: int, wanted: int) -> bool:
+    """The accumulation rule: a measured window of 1 covers only 1; a measured window > 1 covers any size.
+
+    A window of k > 1 runs the non-commit calls (no gradient reduction) and the commit call; every k > 1
+    runs the same two code paths, only more often, and the commit's rescaling is checked at the measured k.
+    """
+    return wanted == 1 or measured > 1
+
+
+def recertify_plan_flag(plan: ParallelPlan) -> str:
+    """The ``--plan`` value of ``mixle-parallel certify`` that measures ``plan``'s axes and accumulation window."""
+    sizes = [f"{axis.value}={plan.size(axis)}" for axis in sorted(plan.axis_family, key=lambda a: a.value)]
+    sizes += [f"{name}={getattr(plan, name)}" for name in _WINDOW_FIELDS if getattr(plan, name) > 1]
+    return ",".join(sizes) or "dp_replicate=1"
+
+
+def _accumulation_problems(cert: AdmissionCertificate, plan: ParallelPlan, precision: str) -> list[str]:
+    """The plan's accumulation window must have been measured (``window_covers``): by the measured plan and by
+    every evidence record (the gate trusts what the evidence says ran, not the plan's label alone)."""
+    problems = []
+    for name in _WINDOW_FIELDS:
+        have = min(getattr(p, name) for p in (cert.measured_plan, *(r.plan for r in cert.evidence)))
+        want = getattr(plan, name)
+        if not window_covers(have, want):
+            problems.append(_failed("accumulation", f"the plan asks for {name}={want}, but the certificate measured "
+                                    f"only {name}={have}, so that path was never compared with the reference; "
+                                    f"re-certify: `mixle-parallel certify --backend {cert.executor} --plan "
+                                    f"{recertify_plan_flag(plan)} --precision {precision}`"))
+    return problems
+
+
 def _looser(tolerance: Tolerance, bound: Tolerance) -> bool:
     """True when ``tolerance`` accepts something ``bound`` would not."""
     if tolerance.bitwise:
@@ -382,7 +419,8 @@ def admission_problems(
         return (_failed("certificate", f"expected an AdmissionCertificate, got {type(certificate).__name__}"),)
     context = context or AdmissionContext()
     return tuple(_identity_problems(certificate, executor, plan, precision, context)
-                 + _version_problems(certificate, context) + _evidence_problems(certificate, context)
+                 + _accumulation_problems(certificate, plan, precision) + _version_problems(certificate, context)
+                 + _evidence_problems(certificate, context)
                  + _declared_problems(certificate, executor, plan) + _time_problems(certificate, context))
 
 

@@ -40,6 +40,7 @@ from ..contracts import (
     check_admission,
     choose,
     comm_backend_for,
+    recertify_plan_flag,
 )
 from .attestation import (
     current_library_versions,
@@ -275,7 +276,7 @@ def _automatic(executor: AdmissibleExecutor, plan: ParallelPlan, precision: str,
         raise NotAdmittedError((f"check 'signature' failed: {exc}", where)) from None
     if opts.auto_certify is None or refusal is not None:
         command = opts.certify_command or (f"mixle-parallel certify --backend {common['executor']} "
-                                      f"--plan {_plan_flag(plan)} --precision {precision} --out cert.json")
+                                      f"--plan {recertify_plan_flag(plan)} --precision {precision} --out cert.json")
         raise NotAdmittedError((
             f"check 'certificate' failed: no trusted certificate in {store.folder} fits {common['executor']} "
             f"on {common['plan']} at {precision} ({context.device_kind}/{context.comm_backend})", where,
@@ -294,8 +295,4 @@ def _automatic(executor: AdmissibleExecutor, plan: ParallelPlan, precision: str,
     return AdmissionDecision(AdmissionMode.CERTIFIED, certificate_id, signer=keyid, envelope=envelope,
                              notes=("certified on the spot and stored for next time",), **common)
 
-
-def _plan_flag(plan: ParallelPlan) -> str:
-    sizes = [f"{axis.value}={plan.size(axis)}" for axis in sorted(plan.axis_family, key=lambda a: a.value)]
-    return ",".join(sizes) or "dp_replicate=1"
 

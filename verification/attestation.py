@@ -12,7 +12,9 @@
 * ``save_certificate`` / ``load_certificate``: the envelope as a versioned JSON document, written
   atomically without following links, read under ``SIGNED_LIMITS`` (size before decoding, strict
   JSON, at most ``MAX_SIGNATURES`` signatures); the signed payload is parsed under the same limits.
-* ``executor_source_digest(executor)``: sha256 over the executor's own source files;
+* ``executor_source_digest(executor)``: sha256 over every file of the code the executor runs
+  (``source_binding``: the whole library for built-ins, the defining package for others, plus
+  ``source_files()``), hashed from the bytes on every call;
   ``current_library_versions(executor)``: the libraries a certificate binds.
 """
 
@@ -20,11 +22,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import importlib.metadata
 import os
 import platform
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from ..contracts import (
 from ..contracts.bounded_json import SIGNED_LIMITS, parse_json, read_limited
 from .keys import KeyPurpose, TrustStore, TrustStoreError
 from .safe_files import write_atomic
+from .source_binding import code_files, files_digest
 
 __all__ = [
     "CHECKPOINT_MANIFEST_PREDICATE", "LEDGER_HEAD_PREDICATE", "PREDICATE_TYPE", "PURPOSE_OF_PREDICATE",
@@ -81,37 +82,9 @@ def reissue_hint() -> str:
 
 
 # ---- what a certificate binds ------------------------------------------------------------
-def _source_files(executor: Any) -> list[Path]:
-    declared = getattr(executor, "source_files", None)
-    if callable(declared):
-        return sorted(Path(p) for p in declared())
-    module = sys.modules.get(type(executor).__module__)
-    origin = getattr(module, "__file__", None)
-    if origin is None:
-        raise ValueError(f"cannot find the source of executor {type(executor).__name__}; give it a "
-                         "source_files() method returning the files a certificate must bind")
-    return sorted(Path(origin).resolve().parent.rglob("*.py"))
-
-
-_DIGEST_CACHE: dict[tuple[str, int, int], str] = {}
-
-
-def _file_digest(path: Path) -> str:
-    stat = path.stat()
-    key = (str(path), stat.st_mtime_ns, stat.st_size)
-    if key not in _DIGEST_CACHE:
-        _DIGEST_CACHE[key] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return _DIGEST_CACHE[key]
-
-
 def executor_source_digest(executor: Any) -> str:
-    """``sha256:<hex>`` over the executor's source files (its package directory, or ``source_files()``)."""
-    files = _source_files(executor)
-    root = os.path.commonpath([str(f.parent) for f in files]) if files else ""
-    outer = hashlib.sha256()
-    for path in files:
-        outer.update(f"{os.path.relpath(path, root)}\0{_file_digest(path)}\n".encode())
-    return "sha256:" + outer.hexdigest()
+    """``sha256:<hex>`` over every file of the code ``executor`` runs (``source_binding.code_files``), read now."""
+    return files_digest(code_files(executor))
 
 
 def _installed(distribution: str) -> str | None:

@@ -24,7 +24,7 @@ from .backend_declaration import (
 )
 from .builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS, register_builtin_encoded_data_backends
 from .data_checks import check_rows
-from .em_admission import admit_encoded_data, canonical_backend
+from .em_admission import admit_encoded_data, canonical_backend, refuse_unbound_code
 from .engine_choice import resolve_engine
 from .mixle_interop import adapt_mixle_objects
 from .options import EncodedDataOptions, VerificationOptions, split_keywords
@@ -130,6 +130,7 @@ def _create(data: Any, backend: str, options: EncodedDataOptions, verification: 
     handle = factory(data, **options.as_kwargs())
     try:
         _refuse_unplanned_world(handle, declaration, decision, world)
+        refuse_unbound_code(handle, declaration.name, decision)
     except BaseException:
         handle.close()
         raise
@@ -170,7 +171,8 @@ def _attach_verification(handle: Any, backend: str, decision: Any, certificate: 
     """Bind the admission decision, SDC audit and ledger to a new handle; close it if that fails."""
     attach = getattr(handle, "attach_verification", None)
     if attach is None:
-        asked = [k for k in verification.set_options() if k != "admission"]
+        asked = [k for k in verification.set_options()  # audit=False on a handle with no audit is honoured as is
+                 if k != "admission" and not (k == "audit" and verification.audit is False)]
         if asked:
             handle.close()
             raise ValueError(f"backend {backend!r} returned a {type(handle).__name__}, which has no SDC audit or "

@@ -20,16 +20,19 @@ or torchrun (backends ``mpi``, ``torchrun``) it is certified in situ on the job'
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 from ...contracts import AdmissionMode, NotAdmittedError, ParallelPlan
 from ...verification.admission import AdmissionDecision, require_admission
 from ...verification.capability import active_harness_capability
+from ...verification.source_binding import code_files
 from ..registry import normalize_backend_name
 from .em_in_situ import in_situ_certifier
 from .executor_identity import EM_PRECISION, EMExecutorIdentity
 
-__all__ = ["EM_PRECISION", "admit_encoded_data", "canonical_backend"]
+__all__ = ["EM_PRECISION", "admit_encoded_data", "canonical_backend", "refuse_unbound_code"]
 
 _AUTO_CERTIFIABLE = {"mp", "dask", "ray", "spark"}
 """Backends certified on the spot when no stored certificate fits (those that need a cluster
@@ -105,3 +108,25 @@ def admit_encoded_data(
         hint = f"or certify with `{_certify_command(name, workers)}` and pass admission='cert.json'"
         raise NotAdmittedError(tuple(exc.reasons) + (hint,)) from None
     return decision, decision.envelope if decision.certified else None
+
+
+def _defined_in(cls: type) -> Path | None:
+    origin = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    return Path(origin).resolve() if origin else None
+
+
+def refuse_unbound_code(handle: Any, name: str, decision: AdmissionDecision) -> None:
+    """A certified (or measured) handle whose class or runner is defined outside the code the certificate binds
+    (the library and the factory's package) is refused: that code was never bound, so an edit to it would not
+    require re-certification."""
+    if decision.mode not in (AdmissionMode.CERTIFIED, AdmissionMode.VERIFYING):
+        return
+    bound = set(code_files(EMExecutorIdentity(name)))
+    for cls in (type(handle), type(getattr(handle, "runner", None))):
+        where = _defined_in(cls)
+        if cls is not type(None) and where not in bound:
+            raise NotAdmittedError((
+                f"check 'source_digest' failed: backend {name!r} runs {cls.__module__}.{cls.__qualname__} "
+                f"(defined in {where or 'no file'}), outside the code its certificate binds (this library and "
+                "the package of its registered factory)",
+                "define the runner and handle classes in the factory's package, then re-certify"))

@@ -1,12 +1,15 @@
 """The identity of EM on a backend, as certificates bind it and the admission gate checks it.
 
 ``em_capabilities(backend)`` (capabilities ``em_<backend>``: data parallelism over workers, fp64),
-``EM_EXECUTOR_VERSION`` and the one declared update ``stats:data``. ``EMExecutorIdentity`` is what
+``EM_EXECUTOR_VERSION``, the one declared update ``stats:data`` and the code a certificate binds (the
+library, plus the package of a registered third-party factory: ``source_files``). ``EMExecutorIdentity`` is what
 ``encoded_data``'s gate hands to ``require_admission``; ``verifiable.VerifiableEncodedData`` adds
 the harness trial on top of it.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from ...contracts import (
     BackendCapabilities,
@@ -17,7 +20,8 @@ from ...contracts import (
     PayloadKind,
     StateLayout,
 )
-from ..registry import normalize_backend_name
+from ...verification.source_binding import defining_module, is_builtin_module, object_files
+from ..registry import get_encoded_data_backend, is_encoded_data_backend, normalize_backend_name
 
 __all__ = ["EM_EXECUTOR_VERSION", "EM_PRECISION", "EMExecutorIdentity", "em_capabilities"]
 
@@ -36,6 +40,10 @@ def em_capabilities(backend: str) -> BackendCapabilities:
         precisions=frozenset({EM_PRECISION}),
     )
 
+
+_MESSAGES_PER_WORKER = {"mp": 2, "dask": 2, "ray": 2}
+"""Built-in engines whose E-step traffic is one request and one reply per worker, which the harness holds them to.
+(spark sends one task per partition, mpi and torchrun are SPMD collectives: their counts are reported, not judged.)"""
 
 _ENGINE_LIBRARIES = {"dask": ("dask", "distributed"), "ray": ("ray",), "spark": ("pyspark",), "mpi": ("mpi4py",)}
 
@@ -68,6 +76,26 @@ class EMExecutorIdentity:
     def version(self) -> str:
         """EM executor version."""
         return EM_EXECUTOR_VERSION
+
+    def source_files(self) -> list[Path]:
+        """The files of the registered factory's package, beside the library's own (``source_binding``): a
+        certificate of a third-party backend binds the backend's code, package data included."""
+        if not is_encoded_data_backend(self.backend):
+            return []
+        factory = get_encoded_data_backend(self.backend)
+        return [] if is_builtin_module(defining_module(factory)) else sorted(object_files(factory))
+
+    def collectives_per_step(self, plan: ParallelPlan) -> dict[str, int]:
+        """The messages per E-step ``stats:data`` hands to the transport, where the backend states it (the harness
+        holds the observed count to it): ``mp``, ``dask``, ``ray`` one request and one reply per worker; a factory's
+        ``collectives_per_step(plan)``; nothing declared otherwise (the count is then reported, not judged)."""
+        if plan.dp_replicate < 2:
+            return {}
+        if self.backend in _MESSAGES_PER_WORKER:
+            return {"stats:data": _MESSAGES_PER_WORKER[self.backend] * plan.dp_replicate}
+        factory = get_encoded_data_backend(self.backend) if is_encoded_data_backend(self.backend) else None
+        declared = getattr(factory, "collectives_per_step", None)
+        return dict(declared(plan)) if callable(declared) else {}
 
     def describe_updates(self, plan: ParallelPlan) -> tuple[DistributedUpdate, ...]:
         """One update: chunk statistics gathered from the workers and combined in chunk order."""

@@ -88,6 +88,8 @@ class ChunkedEncodedData:
         """The compute engine of the E-step (``engine="torch"``), or None for the numpy engine."""
         self._metered = MeteredRunner(runner)  # every pass measured per worker (em_observability)
         self.rank_records: list[RankRecord] = []
+        self.last_transport_messages: int | None = None
+        """Messages the runner handed to and took from its transport in the last E-step (None: it does not count)."""
         """One ``RankRecord`` per worker and E-step (round = iteration), emitted by the workers themselves."""
         self._data = data
         source = as_source(data)
@@ -267,7 +269,7 @@ class ChunkedEncodedData:
         estimator, model, _ = adapt_mixle_objects(estimator, model, None)
         estimator, model = self._bound(estimator, model)
         iteration = self.iteration
-        moved_before = self._transport_bytes()
+        moved_before, messages_before = self._transport_bytes(), self._transport_count("transport_messages")
         self._metered.begin(iteration, "estep")
         try:
             if self._audit is not None:
@@ -283,6 +285,8 @@ class ChunkedEncodedData:
         finally:
             records = self._metered.end()
             self.rank_records.extend(records)
+            after = self._transport_count("transport_messages")
+            self.last_transport_messages = None if after is None or messages_before is None else after - messages_before
         self._fit_first = False
         total = self._fold_entries(estimator, entries)
         nobs, ll, stats = total.count, total.log_likelihood, total.stats
@@ -311,8 +315,12 @@ class ChunkedEncodedData:
 
     def _transport_bytes(self) -> int | None:
         """The runner's count of pass bytes handed to its transport so far (None: it does not count)."""
-        moved = getattr(self.runner, "transport_bytes", None)
-        return None if moved is None else int(moved)
+        return self._transport_count("transport_bytes")
+
+    def _transport_count(self, name: str) -> int | None:
+        """A counter the runner keeps at its transport (``transport_bytes``, ``transport_messages``), or None."""
+        found = getattr(self.runner, name, None)
+        return None if found is None else int(found)
 
     def _fold_entries(self, estimator: Any, entries: list[Any]) -> Any:
         """A pass's total from its entries (``fold_pass``); a subclass may guard it (``finite_guarded_fold``)."""

@@ -9,7 +9,8 @@ report, per declared update: for ``metric:*`` the shared loss; for every other u
 this rank holds after each step under the plain module's names (tensor-parallel shards unsharded,
 experts by their global index, stages by their global layer index), plus, on the last stage, the
 model output of the step's whole global batch (this replica's rows, gathered over data parallelism).
-The reference is the harness's plain single-process torch loop.
+A plan with ``gradient_accumulation_steps=k`` trains each step's local batch as k calls (the harness's
+accumulation window). The reference is the harness's plain single-process torch loop.
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ class MegatronTrial:
     def step(self, step: int) -> dict[str, dict[str, Any]]:
         """Train on this data-parallel replica's shard of the step's global batch; observables per update."""
         inputs, targets = self.workload.local_batch(step, self.seed, self.plan, self.rank)
-        receipt = self.session.train_batch(inputs, targets)
+        calls = self.plan.gradient_accumulation_steps  # the accumulation window: calls - 1 non-commit, then a commit
+        pieces = zip(torch.tensor_split(inputs, calls), torch.tensor_split(targets, calls))
+        receipt = [self.session.train_batch(x, y) for x, y in pieces][-1]
         if receipt.skipped:
             raise RuntimeError(f"megatron skipped step {step} during verification: {dict(receipt.extra)}")
         trained = {**self.model.parameters(self.session.stage), **self._output()}

@@ -28,6 +28,11 @@ def test_torch_native_fsdp_is_verified_and_certified():
     cert = report.certify(SPEC)
     assert admits(cert, TorchDistributedBackend(), ParallelPlan(dp_shard=4), "fp32") == \
         read_unverified(cert).certificate_id
+    # every dp certification measures an accumulation window, so accumulating plans are admitted too
+    window = ParallelPlan(dp_shard=2, gradient_accumulation_steps=2, microbatches=2)
+    assert read_unverified(cert).measured_plan == window
+    assert admits(cert, TorchDistributedBackend(), ParallelPlan(dp_shard=4, gradient_accumulation_steps=4,
+                                                                 microbatches=4), "fp32")
 
 
 def test_torch_native_passes_the_contract_checks(capsys):

@@ -28,6 +28,7 @@ from ...contracts import (
 from ..sdc.digest import digest
 from .attribution import Attribution, attribute, unwitnessed_reason
 from .collectives import realign, realized_kinds, summarize
+from .counts import count_mismatches
 from .launch import ByRank, Launch
 from .tolerance import MIXED_SCALED, compare
 
@@ -62,6 +63,8 @@ class WireFindings:
     """False when a step of a self-launched executor reported no collectives."""
     receipt_mismatches: Mapping[str, list[str]]
     receipt_lines: tuple[str, ...]
+    count_mismatches: Mapping[str, list[str]] = attrs.field(factory=dict)
+    """Per update, the steps whose observed collective count differs from the executor's declared count."""
 
     @property
     def failures(self) -> tuple[str, ...]:
@@ -120,7 +123,7 @@ def observed_pairs(plan: ParallelPlan, by_rank: ByRank, traced: bool, *, first_s
 
 
 def judge_wire(updates: tuple[DistributedUpdate, ...], by_rank: ByRank, plan: ParallelPlan, launch: Launch,
-               first_step: int) -> WireFindings:
+               first_step: int, counts: Mapping[str, int] | None = None) -> WireFindings:
     """Attribute the run's collectives and name the undeclared ones; undeclared collectives are judged on the
     steps from ``first_step`` (step 0 may hold lazy set-up: DDP's bucket rebuild, FSDP's lazy init)."""
     observed, _, reported = observed_pairs(plan, by_rank, launch.traced)
@@ -135,7 +138,8 @@ def judge_wire(updates: tuple[DistributedUpdate, ...], by_rank: ByRank, plan: Pa
     undeclared = [f"{kind.value} over {[a.value for a in axes]} x{n}" for (kind, axes), n in sorted(steady.items())
                   if (kind, axes) not in declared] + list(strays)
     return WireFindings(attribution, tuple(ObservedCollective(k, a, n) for (k, a), n in sorted(observed.items())),
-                        tuple(undeclared), reported, mismatches, lines)
+                        tuple(undeclared), reported, mismatches, lines,
+                        count_mismatches(updates, by_rank, counts or {}, launch.recorded_as))
 
 
 @attrs.define
@@ -230,6 +234,10 @@ def _judge_collectives(update: DistributedUpdate, wire: WireFindings, launch: La
     elif not wire.attribution.witnessed.get(update.node_id):
         reason = unwitnessed_reason(update, wire.attribution, launch.recorded_as)
         failures.append(f"{where}: check 'collectives' failed: {reason}")
+    wrong_count = wire.count_mismatches.get(update.node_id)
+    if wrong_count:
+        more = f" (and {len(wrong_count) - 1} more step(s))" if len(wrong_count) > 1 else ""
+        failures.append(f"{where}: check 'collectives' failed: {wrong_count[0]}{more}")
     misplaced = wire.attribution.misplaced.get(update.node_id)
     if misplaced:
         early = any("backward_early" in m for m in misplaced)

@@ -9,7 +9,8 @@ An executor names its launch in ``verification_launch`` (``contracts.VERIFICATIO
   are attributed by phase; a declared reduce-scatter may be recorded as gloo's all-reduce
   (``collectives.GLOO_REALIZATIONS``); receipts are judged against the trace (``receipt_check``).
 * ``SelfLaunch`` (``"self"``): the executor starts its own workers (EM pools), so its trials run in this
-  process; collectives are self-reported (``trial.observed_collectives()``) and taken as declared; no
+  process; collectives are reported by the trial (``trial.observed_collectives()``; EM trials count the
+  messages at the backend's transport) and held to ``collectives_per_step`` where declared; no
   receipts are judged; and the run must be bitwise the same executor on one worker (worker invariance),
   which the evidence notes say.
 """
@@ -173,7 +174,8 @@ class SelfLaunch:
 
     def closing_notes(self, reported: bool, variant: str | None) -> list[str]:
         """That the counts are self-reported, and whether the run is bitwise the one-worker run."""
-        notes = ["collective counts self-reported by the executor"] if reported else []
+        notes = (["collective counts self-reported by the executor's trial (EM: counted at the backend's transport)"]
+                 if reported else [])
         notes.append("bitwise equal to the same executor on one worker" if variant is None else
                      "NOT bitwise equal to the same executor on one worker")
         return notes

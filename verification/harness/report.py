@@ -54,7 +54,9 @@ class VerificationReport:
 
     def summary(self) -> str:
         """A plain-text table: one row per update, then the failures."""
-        rows = [f"{self.executor} {self.executor_version} on {self.plan.describe()} at {self.precision}, "
+        window = (f", accumulation window {self.plan.gradient_accumulation_steps} calls x {self.plan.microbatches} "
+                  "micro-batches" if self.plan.gradient_accumulation_steps * self.plan.microbatches > 1 else "")
+        rows = [f"{self.executor} {self.executor_version} on {self.plan.describe()}{window} at {self.precision}, "
                 f"workload {self.workload}: {'PASSED' if self.passed else 'FAILED'} in {self.seconds:.1f}s",
                 f"{'update':<28}{'max abs':>11}{'max rel':>11}{'determ.':>9}{'collect.':>10}{'samples':>9}"]
         for e in self.evidence:

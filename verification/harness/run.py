@@ -14,6 +14,12 @@ the harness spawns, or an executor that starts its own workers) and judges each 
 * ``collectives``: the declared (collective, axes) was seen in the traced steps, in a phase where
   that update communicates and not taken by another update (``attribution``), and nothing
   undeclared was (counts from PyTorch's flight recorder);
+* ``window``: a data-parallel training plan runs with an accumulation window of at least
+  ``window.MEASURED_WINDOW`` calls of as many micro-batches (``window.measured_window``), so the
+  non-commit calls and the micro-batch split are compared with the reference too; the report's
+  ``plan`` (and the certificate's ``measured_plan``) is the plan that ran;
+* ``collectives`` also holds an executor to the count it declares per step (``collectives_per_step``,
+  ``counts``): what an executor that starts its own workers reports is counted at its transport;
 * ``receipts``: for trials that expose ``receipts()``, every step's receipts report the counts and
   bytes the flight recorder saw (``receipt_check``).
 
@@ -28,11 +34,13 @@ from typing import Any
 
 from ...contracts import ParallelPlan, Tolerance
 from ..backend_names import harness_target
+from .counts import declared_counts
 from .judge import Measured, judge_update, judge_wire
 from .launch import Launch, TrialPlan, launch_for
 from .mesh import DEFAULT_TIMEOUT_S
 from .report import VerificationReport
 from .tolerance import default_tolerance
+from .window import measured_window
 from .worker import resolve_executor
 from .workloads import resolve_workload
 
@@ -68,11 +76,11 @@ def verify(
     target = harness_target(executor)  # ranks resolve the target: a name may be registered only here
     local = resolve_executor(target)
     local.capabilities.validate(plan, precision)
+    launch = launch_for(local)
+    plan, work = measured_window(plan, _workload(workload, plan, launch))
     updates = tuple(local.describe_updates(plan))
     if not updates:
         raise ValueError(f"{local.capabilities.name} declares no updates for {plan.describe()}; nothing to verify")
-    launch = launch_for(local)
-    work = _workload(workload, plan, launch)
     family = "training" if hasattr(work, "build_module") else "em"
     tol = tolerance or default_tolerance(precision, family=family)
     run = TrialPlan(work, plan, precision, tuple(seed + t for t in range(trials)), repeats)
@@ -80,7 +88,8 @@ def verify(
     reference = {s: work.reference(s, precision) for s in run.seeds}  # never the executor itself
     measured = Measured(by_rank, reference, tol, plan, precision, trials, local.capabilities.name,
                         launch.worker_invariance(local, run, by_rank))
-    wire = judge_wire(updates, by_rank, plan, launch, first_step=1 if work.steps > 1 else 0)
+    wire = judge_wire(updates, by_rank, plan, launch, first_step=1 if work.steps > 1 else 0,
+                      counts=declared_counts(local, plan))
     verdicts = [judge_update(update, measured, wire, launch) for update in updates]
     return VerificationReport(
         local.capabilities.name,

@@ -65,6 +65,11 @@ class DirectPasses:
         """Pass bytes sent to and received from the holders so far (models out, statistics back)."""
         return self.wire.total
 
+    @property
+    def transport_messages(self) -> int:
+        """Messages handed to and taken from the transport so far (``WireBytes.messages``)."""
+        return self.wire.messages
+
     def _channel_for(self, address: str) -> ChannelClient | None:
         """The pass socket of the holder on ``address``, opened on first use; None when the cluster's
         comms are not plain TCP (TLS stays dask's own), or the holder is gone."""

@@ -24,6 +24,8 @@ class LocalChunkRunner:
     supports_worker_placement = True
     transport_bytes = 0
     """Threads share the driver's memory: nothing crosses a process boundary."""
+    transport_messages = 0
+    """Tasks handed to worker threads and results taken back so far (the thread pool is this runner's transport)."""
 
     def __init__(self, num_workers: int | None = None) -> None:
         n = local_cpu_count() if num_workers is None else num_workers
@@ -57,6 +59,7 @@ class LocalChunkRunner:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="mixle-em-local")
         futures = [self._pool.submit(fn, self._chunks[i], payload) for i in ids]
+        self.transport_messages += 2 * len(futures)  # each task handed over, each result taken back
         return [f.result() for f in futures]
 
     # -- placement (the SDC audit recomputes a chunk on another worker thread) ---------------------
@@ -87,6 +90,7 @@ class LocalChunkRunner:
             return apply_chunk_fn(task.fn, task.payload, task.chunk_ids, self._chunks.__getitem__)
 
         futures = {w: self._pinned[w].submit(run, t) for w, t in checked.items()}
+        self.transport_messages += 2 * len(futures)
         return {w: f.result() for w, f in futures.items()}
 
     def compute_on(

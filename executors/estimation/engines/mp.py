@@ -216,6 +216,8 @@ class MPChunkRunner:
         """Whether the workers read their own chunks from recipes (``files``) instead of a shared block."""
         self.transport_bytes = 0
         """Bytes of pass requests (models, functions) and replies (statistics) through the workers' pipes."""
+        self.transport_messages = 0
+        """Requests written to and replies read from the workers' pipes so far (the harness's collective count)."""
 
     # -- start ----------------------------------------------------------------------------------
     def scatter(self, chunks: Sequence[EncodedChunk]) -> None:
@@ -332,8 +334,18 @@ class MPChunkRunner:
         except (BrokenPipeError, ConnectionError, OSError):
             return False
         self.transport_bytes += len(message)
+        self.transport_messages += 1
         worker.pending = list(ids)
         return True
+
+    def _receive(self, worker: _Worker) -> bytes:
+        """One reply read from ``worker``'s pipe, counted (``EOFError`` when the worker is gone)."""
+        if not worker.conn.poll():
+            raise EOFError
+        raw = worker.conn.recv_bytes()
+        self.transport_bytes += len(raw)
+        self.transport_messages += 1
+        return raw
 
     def _drop(self, worker: _Worker) -> None:
         if worker.process.is_alive():
@@ -482,11 +494,7 @@ class MPChunkRunner:
                 if w is None or w.conn not in busy:
                     continue
                 try:
-                    if not w.conn.poll():
-                        raise EOFError
-                    raw = w.conn.recv_bytes()
-                    self.transport_bytes += len(raw)
-                    reply = pickle.loads(raw)
+                    reply = pickle.loads(self._receive(w))
                 except (EOFError, ConnectionError, OSError):
                     lost.append((w.index, list(w.pending)))
                     self.recovered_chunks.extend(w.pending)

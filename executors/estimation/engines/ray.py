@@ -209,6 +209,11 @@ class RayRunner:
         """Pass bytes sent to and received from the actors so far (models out, statistics back)."""
         return self.wire.total
 
+    @property
+    def transport_messages(self) -> int:
+        """Messages handed to and taken from the transport so far (``WireBytes.messages``)."""
+        return self.wire.messages
+
     def worker_pids(self) -> list[int]:
         """Process ids of the live actors, in worker order."""
         import ray
@@ -329,7 +334,7 @@ class RayRunner:
                 by_worker.setdefault(self._owner[i], []).append(i)
             for w, wids in sorted(by_worker.items()):
                 inflight[self._actors[w].run.remote(fn, payload_ref, wids)] = (w, wids)
-                self.wire.sent += payload_size  # each actor gets the pickled payload (inline or from the store)
+                self.wire.count_message_sent(payload_size)  # each actor gets the pickled payload (inline or store)
 
         submit(ids)
         while inflight:
@@ -451,7 +456,7 @@ class RayRunner:
                 borrowed_refs = {i: [self._refs[i]] for i in rest if self._owner[i] != w}
                 packed, size = pack_payload_sized(task.payload)
                 refs[self._actors[w].run_any.remote(task.fn, packed, rest, borrowed_refs)] = w
-                self.wire.sent += size
+                self.wire.count_message_sent(size)
         return refs, direct, sent
 
     def _collect_calls(self, ray: Any, refs: dict[Any, int], sent: dict[int, list[int]],

@@ -122,6 +122,11 @@ class SparkRunner:
         """Pass bytes sent to and collected from the partitions so far (models out, statistics back)."""
         return self.wire.total
 
+    @property
+    def transport_messages(self) -> int:
+        """Messages handed to and taken from the transport so far (``WireBytes.messages``)."""
+        return self.wire.messages
+
     # -- placement ----------------------------------------------------------------------------
     def scatter(self, chunks: Sequence[Any]) -> None:
         """Parallelize ``(id, chunk)`` records into contiguous partitions, cache and materialize them. Recipes

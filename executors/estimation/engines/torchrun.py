@@ -125,6 +125,11 @@ class TorchRunRunner:
         return self.wire.total
 
     @property
+    def transport_messages(self) -> int:
+        """Messages handed to and taken from the transport so far (``WireBytes.messages``)."""
+        return self.wire.messages
+
+    @property
     def is_root(self) -> bool:
         """Whether this process is the root rank."""
         return self.rank == self.root

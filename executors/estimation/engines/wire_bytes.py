@@ -6,7 +6,9 @@ point where they exist as bytes: the socket frames of the direct channel (dask, 
 and returned by the engine's RPC, the blobs of mpi4py's and torch.distributed's object collectives,
 Spark's task closure and collected records. A transport's own framing (headers, size prefixes) is not
 counted. ``sent`` is what left this process, ``received`` what arrived; a broadcast from this process
-to ``n`` peers counts its blob ``n`` times (one delivery per peer).
+to ``n`` peers counts its blob ``n`` times (one delivery per peer). ``messages`` counts the deliveries
+the same way (one per peer a blob is sent to, one per blob received): the EM harness reads it per
+round as the collective count it judges, observed, never derived from the worker count.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ def blob_size(value: Any) -> int:
 class WireBytes:
     """Running totals of pass bytes sent and received by this process."""
 
-    __slots__ = ("received", "sent")
+    __slots__ = ("messages", "received", "sent")
 
     def __init__(self) -> None:
         self.sent = 0
         self.received = 0
+        self.messages = 0
+        """Messages handed to the transport or taken from it: one per delivery sent, one per blob received."""
 
     @property
     def total(self) -> int:
@@ -51,7 +55,14 @@ class WireBytes:
     def count_sent(self, *blobs: Any, copies: int = 1) -> None:
         """Add the sizes of ``blobs`` (``blob_size``), each delivered ``copies`` times, to ``sent``."""
         self.sent += copies * sum(blob_size(b) for b in blobs)
+        self.messages += copies
 
     def count_received(self, *blobs: Any) -> None:
         """Add the sizes of ``blobs`` to ``received``."""
         self.received += sum(blob_size(b) for b in blobs)
+        self.messages += len(blobs)
+
+    def count_message_sent(self, size: int) -> None:
+        """One message of ``size`` bytes handed to the transport (a payload whose bytes were measured elsewhere)."""
+        self.sent += size
+        self.messages += 1
