@@ -40,6 +40,7 @@ from .harness.judge import Measured, judge_update, judge_wire
 from .harness.launch import GlooMeshLaunch, Launch, SelfLaunch
 from .harness.tolerance import default_tolerance
 from .harness.worker import run_trials
+from .harness.window import measured_window
 from .harness.workloads import resolve_workload
 from .keys import TrustStore, TrustStoreError
 
@@ -260,7 +261,9 @@ def certify_in_situ(request: InSituRequest) -> CertificateEnvelope:
     if request.traced:  # the flight recorder reads it lazily: set before the trials' first collective suffices
         os.environ.setdefault(FR_BUFFER_ENV, FR_BUFFER_SIZE)
     started = time.perf_counter()
-    work = resolve_workload(request.workload or _launch(request).default_workload(plan))
+    # every data-parallel certification measures an accumulation window, here as in ``verify``
+    plan, work = measured_window(plan, resolve_workload(request.workload or _launch(request).default_workload(plan)))
+    request = attrs.evolve(request, plan=plan)
     local = _on_this_rank(request, work, rank, world)
     gathered = group.gather(local)
     message = _signed_or_refused(request, work, gathered, started) if rank == 0 and gathered is not None else None
