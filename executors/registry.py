@@ -17,6 +17,7 @@ __all__ = [
     "available_encoded_data_backends",
     "available_training_backends",
     "encoded_data_declaration",
+    "encoded_data_registered_name",
     "get_encoded_data_backend",
     "is_encoded_data_backend",
     "get_training_backend",
@@ -35,6 +36,7 @@ _training_backends: dict[str, Any] = {}
 _training_is_factory: dict[str, bool] = {}
 _encoded_data_backends: dict[str, Callable[..., Any]] = {}
 _encoded_data_declarations: dict[str, EncodedDataDeclaration] = {}
+_encoded_data_names: dict[str, str] = {}  # key -> the name it was registered under (aliases -> their name)
 
 
 def normalize_backend_name(name: str) -> str:
@@ -159,6 +161,7 @@ def register_encoded_data_backend(
         for key in keys:
             _encoded_data_backends[key] = factory
             _encoded_data_declarations[key] = declaration
+            _encoded_data_names[key] = keys[0]
 
 
 def encoded_data_declaration(name: str) -> EncodedDataDeclaration:
@@ -176,6 +179,13 @@ def encoded_data_declaration(name: str) -> EncodedDataDeclaration:
         processes = factory.worker_processes  # type: ignore[attr-defined]  # checked just above
     planned = declared.planned_workers or getattr(factory, "planned_workers", None)
     return EncodedDataDeclaration(options, processes, planned if callable(planned) else None)
+
+
+def encoded_data_registered_name(name: str) -> str:
+    """The name the backend bound to ``name`` was registered under (an alias gives its backend's name)."""
+    key = normalize_backend_name(name)
+    with _lock:
+        return _encoded_data_names.get(key, key)
 
 
 def get_encoded_data_backend(name: str) -> Callable[..., Any]:
@@ -216,6 +226,7 @@ def unregister_encoded_data_backend(name: str) -> None:
     with _lock:
         _encoded_data_backends.pop(normalize_backend_name(name), None)
         _encoded_data_declarations.pop(normalize_backend_name(name), None)
+        _encoded_data_names.pop(normalize_backend_name(name), None)
 
 
 _verification_targets: dict[str, Any] = {}

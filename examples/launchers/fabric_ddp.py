@@ -18,7 +18,8 @@ from mixle_parallel.executors import LightningFabricLauncher
 
 def main(out_dir: str) -> None:
     """Launch the tiny training on two CPU ranks; each rank records its result after the group is gone."""
-    record = LightningFabricLauncher(tiny_ddp.PLAN, accelerator="cpu").launch(tiny_ddp.train)
+    # admission="unverified": a launcher example, not a certified run (recorded in every rank's context)
+    record = LightningFabricLauncher(tiny_ddp.PLAN, accelerator="cpu", admission="unverified").launch(tiny_ddp.train)
     record["process_group_destroyed"] = not dist.is_initialized()
     pathlib.Path(out_dir, f"rank{record['rank']}.json").write_text(json.dumps(record))
 

@@ -66,6 +66,7 @@ def train(context: Any) -> dict[str, Any]:
     record = _run(context.plan, make_model(), batches)
     record.update(
         launcher=context.launcher, rank=context.rank, world_size=context.world_size,
+        launch_admission=None if context.admission is None else str(context.admission.mode.value),
         coordinate=context.coordinate.as_dict(), local_rank=context.local_rank,
         process_group_rank=dist.get_rank() if dist.is_initialized() else None,
     )

@@ -22,12 +22,17 @@ from .backend_declaration import (
     capped_workers,
     check_backend_options,
 )
-from .builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS, register_builtin_encoded_data_backends
+from .builtin_backends import (
+    BUILTIN_ENCODED_DATA_BACKENDS,
+    builtin_backend_name,
+    register_builtin_encoded_data_backends,
+)
 from .data_checks import check_rows
-from .em_admission import admit_encoded_data, canonical_backend, refuse_unbound_code
+from .em_admission import admit_encoded_data, refuse_unbound_code
 from .engine_choice import resolve_engine
 from .mixle_interop import adapt_mixle_objects
 from .options import EncodedDataOptions, VerificationOptions, split_keywords
+from .process_watch import started_by
 from .sources import check_source
 
 __all__ = ["EncodedDataControlConflictError", "EncodedDataOptions", "VerificationOptions", "encoded_data",
@@ -121,16 +126,19 @@ def _create(data: Any, backend: str, options: EncodedDataOptions, verification: 
         factory = get_encoded_data_backend(backend)
     except KeyError as exc:
         raise ValueError(str(exc.args[0])) from None
-    declaration = backend_declaration(canonical_backend(backend, BUILTIN_ENCODED_DATA_BACKENDS))
+    declaration = backend_declaration(backend)
     _check_call(data, declaration, options)
     workers, world = declaration.planned_world(options)
     options = capped_workers(declaration, options, workers)
-    decision, certificate = admit_encoded_data(declaration.name, admission=verification.admission, workers=workers,
+    decision, certificate = admit_encoded_data(declaration.key, admission=verification.admission, workers=workers,
                                                world_size=world)
-    handle = factory(data, **options.as_kwargs())
+    if builtin_backend_name(factory) is not None:  # a built-in declares its world in its engine module
+        handle, started = factory(data, **options.as_kwargs()), frozenset[int]()
+    else:
+        handle, started = started_by(lambda: factory(data, **options.as_kwargs()))
     try:
-        _refuse_unplanned_world(handle, declaration, decision, world)
-        refuse_unbound_code(handle, declaration.name, decision)
+        _refuse_unplanned_world(handle, declaration, decision, world, started)
+        refuse_unbound_code(handle, declaration.key, decision)
     except BaseException:
         handle.close()
         raise
@@ -154,16 +162,25 @@ def _check_call(data: Any, declaration: BackendDeclaration, options: EncodedData
                          "rank must cut the same mini-batches, so give the rows per batch")
 
 
-def _refuse_unplanned_world(handle: Any, declaration: BackendDeclaration, decision: Any, world: int) -> None:
-    """A handle that runs more worker processes than were admitted (as one local process) is refused."""
+def _refuse_unplanned_world(handle: Any, declaration: BackendDeclaration, decision: Any, world: int,
+                            started: frozenset[int]) -> None:
+    """A handle admitted as one local process that runs worker processes is refused: more workers than
+    planned reported by the handle, or any child process the factory started (``started``)."""
+    if getattr(decision, "mode", None) != AdmissionMode.LOCAL:
+        return
+    if started:
+        raise NotAdmittedError(
+            f"backend {declaration.name!r} started {len(started)} process(es) "
+            f"(pids {', '.join(map(str, sorted(started)))}) while it was admitted as one local process: it "
+            "declared no world of worker processes. Register it with planned_workers= (or pass num_workers=) so "
+            "its world is admitted, certified, before it starts")
     workers = getattr(handle, "num_workers", None)
     if not declaration.worker_processes or not isinstance(workers, int) or workers <= world:
         return
-    if getattr(decision, "mode", None) == AdmissionMode.LOCAL:
-        raise NotAdmittedError(
-            f"backend {declaration.name!r} started {workers} worker processes but planned a world of {world}, "
-            "which was admitted as one local process; register it with planned_workers= (or "
-            "worker_processes=False if its workers are threads), or pass num_workers=")
+    raise NotAdmittedError(
+        f"backend {declaration.name!r} started {workers} worker processes but planned a world of {world}, "
+        "which was admitted as one local process; register it with planned_workers= (or "
+        "worker_processes=False if its workers are threads), or pass num_workers=")
 
 
 def _attach_verification(handle: Any, backend: str, decision: Any, certificate: Any,

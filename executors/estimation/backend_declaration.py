@@ -17,7 +17,14 @@ from typing import Any
 
 import attrs
 
-from ..registry import encoded_data_declaration, is_encoded_data_backend
+from ..registry import (
+    encoded_data_declaration,
+    encoded_data_registered_name,
+    get_encoded_data_backend,
+    is_encoded_data_backend,
+    normalize_backend_name,
+)
+from .builtin_backends import builtin_backend_name
 from .options import HANDLE_OPTIONS, EncodedDataOptions, declared_options, option_names
 
 __all__ = [
@@ -42,35 +49,53 @@ class BackendDeclaration:
     ``options``: every option it honours (handle options included), or None when it declares none
     (it then receives every option, mixle 0.8.2's contract). ``worker_processes``: True unless it
     says its workers are threads here. ``planned``: its ``planned_workers(options)``, or None.
+    ``name``: the backend's name (the built-in's for a built-in under any alias, else the name it was
+    registered under); ``key``: the registry key the call resolves, which runs and is admitted.
     """
 
     name: str
     options: frozenset[str] | None
     worker_processes: bool
     planned: Any = None
+    key: str = attrs.field(default=attrs.Factory(lambda self: self.name, takes_self=True))
+    processes_declared: bool = False
 
     def planned_world(self, options: EncodedDataOptions) -> tuple[int, int]:
         """``(workers, world size)`` this backend runs with ``options``, known before any worker starts.
 
         Workers come from ``planned_workers(options)``, else from ``num_workers``, else 1; worker
-        processes make a world of that many, threads a world of one process.
+        processes make a world of that many, threads a world of one process. A backend that declares
+        worker processes but neither plans them nor gets ``num_workers`` is refused (``ValueError``).
         """
         if self.planned is not None:
             workers = max(1, int(self.planned(options)))
+        elif self.processes_declared and self.worker_processes and options.num_workers is None:
+            raise ValueError(
+                f"backend {self.name!r} declares worker_processes=True but no planned_workers, and no num_workers= "
+                "was given: its world is unknown before its workers start, so it cannot be admitted. Pass "
+                f"num_workers=, or register it with planned_workers=fn(options) -> worker count")
         else:
             workers = max(1, options.num_workers or 1)
         return workers, workers if self.worker_processes else 1
 
 
-def backend_declaration(name: str) -> BackendDeclaration:
-    """The declaration of the registered backend ``name`` (its canonical name), with the safe defaults."""
-    found = encoded_data_declaration(name)
+def backend_declaration(key: str) -> BackendDeclaration:
+    """The declaration of the backend bound to ``key`` (a name or alias), with the safe defaults.
+
+    Everything comes from what ``key`` is bound to, so an alias of a built-in that a third party has
+    replaced under its main name (``override=True``) still declares the built-in.
+    """
+    key = normalize_backend_name(key)
+    found = encoded_data_declaration(key)
+    builtin = builtin_backend_name(get_encoded_data_backend(key))
+    name = builtin if builtin is not None else encoded_data_registered_name(key)
     options = found.options
     added = declared_options(name)
     if options is not None or added is not None:
         options = HANDLE_OPTIONS | (options or frozenset()) | (added or frozenset())
     processes = True if found.worker_processes is None else found.worker_processes
-    return BackendDeclaration(name, options, processes, found.planned_workers)
+    return BackendDeclaration(name, options, processes, found.planned_workers, key,
+                              processes_declared=found.worker_processes is not None)
 
 
 def builtin_declarations(names: Iterable[str]) -> dict[str, frozenset[str] | None]:

@@ -11,7 +11,9 @@ from typing import Any
 
 from ..registry import is_encoded_data_backend, register_encoded_data_backend
 
-__all__ = ["BUILTIN_ENCODED_DATA_BACKENDS", "register_builtin_encoded_data_backends"]
+__all__ = [
+    "BUILTIN_ENCODED_DATA_BACKENDS", "builtin_backend_name", "builtin_keys", "register_builtin_encoded_data_backends",
+]
 
 BUILTIN_ENCODED_DATA_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
     # name: ("module (relative to the estimation package):factory", aliases). Engines add a line here.
@@ -82,3 +84,16 @@ def register_builtin_encoded_data_backends() -> None:
         for key in (name, *aliases):
             if not is_encoded_data_backend(key):
                 register_encoded_data_backend(key, _lazy_factory(name, target))
+
+
+def builtin_backend_name(factory: object) -> str | None:
+    """The built-in backend ``factory`` is (``"mp"`` for the factory behind ``mp`` and ``processes``), else None."""
+    for name, lazy in _LAZY_FACTORIES.items():
+        if factory is lazy:
+            return name
+    return None
+
+
+def builtin_keys() -> frozenset[str]:
+    """Every built-in backend name and alias (what a third party's ``override=True`` can shadow)."""
+    return frozenset(key for name, (_, aliases) in BUILTIN_ENCODED_DATA_BACKENDS.items() for key in (name, *aliases))

@@ -28,11 +28,10 @@ from ...contracts import AdmissionMode, NotAdmittedError, ParallelPlan
 from ...verification.admission import AdmissionDecision, require_admission
 from ...verification.capability import active_harness_capability
 from ...verification.source_binding import code_files
-from ..registry import normalize_backend_name
 from .em_in_situ import in_situ_certifier
 from .executor_identity import EM_PRECISION, EMExecutorIdentity
 
-__all__ = ["EM_PRECISION", "admit_encoded_data", "canonical_backend", "refuse_unbound_code"]
+__all__ = ["EM_PRECISION", "admit_encoded_data", "refuse_unbound_code"]
 
 _AUTO_CERTIFIABLE = {"mp", "dask", "ray", "spark"}
 """Backends certified on the spot when no stored certificate fits (those that need a cluster
@@ -41,15 +40,6 @@ the user set up are certified the same way, on a local one)."""
 _IN_SITU = {"mpi", "torchrun"}
 """SPMD backends whose ranks a launcher started (mpiexec, torchrun): certified in situ, on those very ranks
 (``em_in_situ``), when no stored certificate fits."""
-
-
-def canonical_backend(backend: str, builtins: dict[str, tuple[str, tuple[str, ...]]]) -> str:
-    """The built-in name behind an alias (``processes`` -> ``mp``), else the normalized name."""
-    key = normalize_backend_name(backend)
-    for name, (_, aliases) in builtins.items():
-        if key == name or key in {normalize_backend_name(a) for a in aliases}:
-            return name
-    return key
 
 
 def _auto_certify(name: str) -> Any:
@@ -66,9 +56,15 @@ def _auto_certify(name: str) -> Any:
     return run
 
 
-def _certify_command(name: str, workers: int) -> str:
-    return (f"mixle-parallel certify --backend {name} --plan dp_replicate={max(2, workers)} "
-            f"--workload gaussian_mixture --out cert.json")
+def _certify_command(executor: EMExecutorIdentity, workers: int) -> str:
+    """How to certify ``executor``: the CLI for a name any process resolves alike; in this process for a
+    registration that shadows a built-in (a new process would certify the built-in instead)."""
+    plan = f"dp_replicate={max(2, workers)}"
+    if "[" in executor.name:
+        return (f"mixle_parallel.verify({executor.backend!r}, ParallelPlan({plan}), precision='fp64', "
+                f"workload='gaussian_mixture').certify({executor.backend!r}) in the process that registered it")
+    return (f"mixle-parallel certify --backend {executor.backend} --plan {plan} --workload gaussian_mixture "
+            "--out cert.json")
 
 
 def admit_encoded_data(
@@ -76,10 +72,13 @@ def admit_encoded_data(
 ) -> tuple[AdmissionDecision, Any]:
     """The gate: an ``AdmissionDecision`` (and the signed certificate used), or ``NotAdmittedError``.
 
-    With no ``admission=`` a fitting certificate comes from the local store, or EM is certified on
-    the spot (once; about a second for ``mp``) and stored for next time.
+    ``name`` is the registry key that will run. With no ``admission=`` a fitting certificate comes from
+    the local store, or EM is certified on the spot (once; about a second for ``mp``; a registration over
+    an auto-certified built-in is certified the same way, under its own identity) and stored for next time.
     """
     executor = EMExecutorIdentity(name)
+    auto = (_auto_certify(name) if executor.name.split("[")[0] in _AUTO_CERTIFIABLE
+            else in_situ_certifier(name, world_size) if executor.name in _IN_SITU else None)
     plan = ParallelPlan(dp_replicate=max(1, workers))
     explicit = admission is not None and admission not in ("required", "auto", AdmissionMode.UNVERIFIED)
     if not explicit and admission != AdmissionMode.UNVERIFIED and world_size <= 1 \
@@ -101,11 +100,11 @@ def admit_encoded_data(
             world_size=world_size,
             device_kind="cpu",
             comm_backend=executor.comm_backend,
-            auto_certify=_auto_certify(name) if name in _AUTO_CERTIFIABLE else in_situ_certifier(name, world_size),
-            certify_command=_certify_command(name, workers),
+            auto_certify=auto,
+            certify_command=_certify_command(executor, workers),
         )
     except NotAdmittedError as exc:
-        hint = f"or certify with `{_certify_command(name, workers)}` and pass admission='cert.json'"
+        hint = f"or certify with `{_certify_command(executor, workers)}` and pass admission='cert.json'"
         raise NotAdmittedError(tuple(exc.reasons) + (hint,)) from None
     return decision, decision.envelope if decision.certified else None
 

@@ -21,7 +21,7 @@ from ...verification.in_situ import CommGroup, InSituRequest, TorchGroup, certif
 from ..registry import verification_target
 from ..training_insitu import launched, launcher_name
 from .engines.optional_engine import require_engine
-from .executor_identity import EM_PRECISION
+from .executor_identity import EM_PRECISION, em_identity_name
 
 __all__ = ["in_situ_certifier"]
 
@@ -53,12 +53,13 @@ def in_situ_certifier(name: str, world_size: int) -> Callable[[], CertificateEnv
     """The gate's ``auto_certify`` for EM on ``name`` over ``world_size`` launched ranks (None: not in situ: another
     backend, one rank, or no launcher around: no mpiexec variables for ``mpi``, no torchrun variables nor process
     group for ``torchrun``)."""
-    if name not in ("mpi", "torchrun") or world_size <= 1:
+    kind = em_identity_name(name)  # the built-in behind an alias (mpi4py -> mpi); a replacement is neither
+    if kind not in ("mpi", "torchrun") or world_size <= 1:
         return None
-    if not (launcher_name() == "mpiexec" if name == "mpi" else launched()):
+    if not (launcher_name() == "mpiexec" if kind == "mpi" else launched()):
         return None  # not inside a launched job: the gate refuses naming the certify command, as before
     def certify_here() -> CertificateEnvelope:
-        group = _mpi_group(world_size) if name == "mpi" else _torch_group(world_size)
+        group = _mpi_group(world_size) if kind == "mpi" else _torch_group(world_size)
         if group is None:
             raise CertificationError(f"in-situ certification of EM on {name} runs on the job's whole world; this "
                                      f"handle's {world_size} ranks are a sub-group")

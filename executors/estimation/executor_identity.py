@@ -4,7 +4,9 @@
 ``EM_EXECUTOR_VERSION``, the one declared update ``stats:data`` and the code a certificate binds (the
 library, plus the package of a registered third-party factory: ``source_files``). ``EMExecutorIdentity`` is what
 ``encoded_data``'s gate hands to ``require_admission``; ``verifiable.VerifiableEncodedData`` adds
-the harness trial on top of it.
+the harness trial on top of it. The identity follows the *factory* a name is bound to
+(:func:`em_identity_name`): a built-in under any of its names is the built-in, and a third party's
+``override=True`` over a built-in name is certified under a name of its own, never the built-in's.
 """
 
 from __future__ import annotations
@@ -21,9 +23,15 @@ from ...contracts import (
     StateLayout,
 )
 from ...verification.source_binding import defining_module, is_builtin_module, object_files
-from ..registry import get_encoded_data_backend, is_encoded_data_backend, normalize_backend_name
+from ..registry import (
+    encoded_data_registered_name,
+    get_encoded_data_backend,
+    is_encoded_data_backend,
+    normalize_backend_name,
+)
+from .builtin_backends import builtin_backend_name, builtin_keys
 
-__all__ = ["EM_EXECUTOR_VERSION", "EM_PRECISION", "EMExecutorIdentity", "em_capabilities"]
+__all__ = ["EM_EXECUTOR_VERSION", "EM_PRECISION", "EMExecutorIdentity", "em_capabilities", "em_identity_name"]
 
 EM_EXECUTOR_VERSION = "1.0.0"
 """Version of the EM executors bound into certificates."""
@@ -45,32 +53,60 @@ _MESSAGES_PER_WORKER = {"mp": 2, "dask": 2, "ray": 2}
 """Built-in engines whose E-step traffic is one request and one reply per worker, which the harness holds them to.
 (spark sends one task per partition, mpi and torchrun are SPMD collectives: their counts are reported, not judged.)"""
 
+
+def em_identity_name(backend: str) -> str:
+    """The name EM on the backend bound to ``backend`` is certified under.
+
+    A built-in factory is its built-in name (``processes`` -> ``mp``); a third party's factory is the
+    name it was registered under, and where that name shadows a built-in (``override=True``) the name
+    also carries the factory's qualified name (``mp[pkg.module.factory]``), so no certificate earned
+    by the built-in admits it and none earned by it admits the built-in.
+    """
+    key = normalize_backend_name(backend)
+    if not is_encoded_data_backend(key):
+        return key
+    factory = get_encoded_data_backend(key)
+    builtin = builtin_backend_name(factory)
+    if builtin is not None:
+        return builtin
+    name = encoded_data_registered_name(key)
+    if name not in builtin_keys():
+        return name
+    qualified = f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', type(factory).__qualname__)}"
+    return f"{name}[{qualified}]"
+
+
 _ENGINE_LIBRARIES = {"dask": ("dask", "distributed"), "ray": ("ray",), "spark": ("pyspark",), "mpi": ("mpi4py",)}
 
 
 class EMExecutorIdentity:
-    """EM on one backend as an executor identity: capabilities, version and declared updates."""
+    """EM on one backend as an executor identity: capabilities, version and declared updates.
+
+    ``backend`` is the registry key that runs (what the harness passes to ``encoded_data``); ``name``
+    is :func:`em_identity_name` of it, fixed when the identity is made (what certificates bind).
+    """
 
     verification_family = "em"
     """Certificates of EM are judged against the bitwise EM tolerance policy."""
 
     def __init__(self, backend: str = "mp") -> None:
         self.backend = normalize_backend_name(backend)
+        self.name = em_identity_name(self.backend)
 
     @property
     def comm_backend(self) -> str:
         """How the workers' statistics travel: the backend's own transport, named after it."""
-        return self.backend
+        return self.name
 
     @property
     def certified_libraries(self) -> tuple[str, ...]:
         """Distributions beyond python/numpy/torch whose versions a certificate binds (the engine)."""
-        return _ENGINE_LIBRARIES.get(self.backend, ())
+        return _ENGINE_LIBRARIES.get(self.name, ())
 
     @property
     def capabilities(self) -> BackendCapabilities:
-        """``em_capabilities(backend)``."""
-        return em_capabilities(self.backend)
+        """``em_capabilities(name)``."""
+        return em_capabilities(self.name)
 
     @property
     def version(self) -> str:
@@ -91,8 +127,8 @@ class EMExecutorIdentity:
         ``collectives_per_step(plan)``; nothing declared otherwise (the count is then reported, not judged)."""
         if plan.dp_replicate < 2:
             return {}
-        if self.backend in _MESSAGES_PER_WORKER:
-            return {"stats:data": _MESSAGES_PER_WORKER[self.backend] * plan.dp_replicate}
+        if self.name in _MESSAGES_PER_WORKER:  # the built-in under any of its names, never a replacement
+            return {"stats:data": _MESSAGES_PER_WORKER[self.name] * plan.dp_replicate}
         factory = get_encoded_data_backend(self.backend) if is_encoded_data_backend(self.backend) else None
         declared = getattr(factory, "collectives_per_step", None)
         return dict(declared(plan)) if callable(declared) else {}

@@ -27,6 +27,7 @@ from .executor_identity import (
     EM_EXECUTOR_VERSION,
     EMExecutorIdentity,
     em_capabilities,
+    em_identity_name,
 )
 from .models import (
     GaussianDistribution,
@@ -127,7 +128,7 @@ def _verification_factory(name: str) -> Any:
 
 def _registered_target(name: str) -> VerifiableEncodedData:
     """The harness adapter of a registered encoded-data backend that has no target of its own."""
-    if name in BUILTIN_ENCODED_DATA_BACKENDS:
+    if name in BUILTIN_ENCODED_DATA_BACKENDS and "[" not in em_identity_name(name):
         raise KeyError(f"{name!r} wraps another backend and is certified through that one (e.g. 'local', 'mp')")
     return VerifiableEncodedData(name)
 

@@ -31,7 +31,9 @@ class LaunchContext:
     """What a launched rank's training function receives: its plan, its attestation, and its launcher.
 
     ``handle`` is the launcher's own object for this rank (the ``lightning.fabric.Fabric``, the
-    torchrun ``Resources``, the Ray Train context); it takes no part in equality.
+    torchrun ``Resources``, the Ray Train context); ``admission`` the decision the launch gate took
+    before the ranks started (``launchers.admission``; None where the launcher has no gate). Neither
+    takes part in equality.
     """
 
     plan: ParallelPlan
@@ -39,6 +41,7 @@ class LaunchContext:
     launcher: str
     local_rank: int
     handle: Any = attrs.field(default=None, eq=False, repr=False)
+    admission: Any = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def rank(self) -> int:
@@ -87,11 +90,12 @@ def bind_launched_rank(
     local_rank: int = 0,
     handle: Any = None,
     expected: WorkerTopologyAttestation | None = None,
+    admission: Any = None,
 ) -> LaunchContext:
     """Attest the rank a launcher reports against ``plan`` (and the live process group); return its context.
 
     ``expected`` is the attestation the launching side computed for this rank (Ray Train hands
-    one to each worker): the rank's own attestation must equal it.
+    one to each worker): the rank's own attestation must equal it. ``admission``: the launch gate's decision.
     """
     try:
         attestation = attest_worker_coordinate(plan, actual_world_size=world_size, rank=rank)
@@ -113,7 +117,8 @@ def bind_launched_rank(
         )
     if isinstance(local_rank, bool) or not isinstance(local_rank, int) or local_rank < 0:
         raise ValueError(f"local_rank must be a non-negative int, got {local_rank!r}")
-    return LaunchContext(plan=plan, attestation=attestation, launcher=launcher, local_rank=local_rank, handle=handle)
+    return LaunchContext(plan=plan, attestation=attestation, launcher=launcher, local_rank=local_rank, handle=handle,
+                         admission=admission)
 
 
 def release_process_group() -> bool:

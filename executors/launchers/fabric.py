@@ -11,6 +11,11 @@ calling script once per extra rank), and on every rank binds the attestation fro
 The process group is destroyed when ``fn`` returns or raises on that rank (without that Fabric's
 spawned ranks abort at interpreter exit), and the launching rank waits for the ranks it started
 and raises if one of them failed.
+
+``launch`` (and mixle's ``create``) first pass the plan through the admission gate
+(``launchers.admission.admit_launch``) for the training backend the launched function runs
+(``backend=``, ``torch_native`` by default), with ``admission=``/``certificate=``: a refused plan
+starts no rank. Each rank's context carries the decision (``context.admission``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from ...contracts import (
     ParallelPlan,
     WorkerTopologyAttestation,
 )
+from ...verification.admission import AdmissionDecision
+from .admission import admit_launch, launch_device_kind
 from .base import LaunchContext, bind_launched_rank, release_process_group
 
 LAUNCHER = "lightning_fabric"
@@ -119,9 +126,13 @@ class LightningFabricLauncher:
         accelerator: str = "cpu",
         num_nodes: int = 1,
         child_timeout_s: float = 600.0,
+        backend: str = "torch_native",
+        admission: Any = None,
+        certificate: Any = None,
         **fabric_kwargs: Any,
     ) -> None:
         self.child_timeout_s = child_timeout_s
+        self.backend, self.admission, self.certificate = backend, admission, certificate
         self.plan: ParallelPlan | None = None
         if plan is None:  # mixle's form: LightningFabricLauncher().create(plan=...)
             if fabric_kwargs or num_nodes != 1 or accelerator != "cpu":
@@ -148,13 +159,18 @@ class LightningFabricLauncher:
         num_nodes: int = 1,
         precision: str = "32-true",
         strategy: Any = None,
+        backend: str | None = None,
+        admission: Any = None,
+        certificate: Any = None,
         **kwargs: Any,
     ) -> TopologyBoundFabric:
         """mixle's form: a Fabric for ``plan`` whose ``launch`` binds each rank.
 
         ``plan``, ``num_nodes``, ``precision`` and ``strategy`` pass the launcher's own checks first
         (:func:`check_fabric_options`: DDP/FSDP only, fp32, the plan's strategy). ``devices`` is per node
-        ('auto': the plan's world size on one node). The returned object forwards every other attribute to Fabric.
+        ('auto': the plan's world size on one node). Then the admission gate, before lightning is imported,
+        for ``backend`` (default: the launcher's) with ``admission``/``certificate`` (default: the launcher's).
+        The returned object forwards every other attribute to Fabric.
         """
         if not isinstance(plan, ParallelPlan):
             raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
@@ -168,6 +184,8 @@ class LightningFabricLauncher:
             raise ValueError(
                 f"devices={devices!r} x num_nodes={num_nodes} must equal plan.world_size={plan.world_size}"
             )
+        decision = self._admit(plan, accelerator, precision, backend=backend, admission=admission,
+                               certificate=certificate)
         try:
             from lightning.fabric import Fabric
         except ImportError as err:
@@ -175,7 +193,16 @@ class LightningFabricLauncher:
         fabric = Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes,
                         precision=precision,  # type: ignore[arg-type]  # a name checked above
                         strategy=_one_rank_auto(plan, derived), **kwargs)
-        return TopologyBoundFabric(fabric, plan, child_timeout_s=self.child_timeout_s)
+        return TopologyBoundFabric(fabric, plan, child_timeout_s=self.child_timeout_s, admission=decision)
+
+    def _admit(self, plan: ParallelPlan, accelerator: Any, precision: Any, *, backend: str | None = None,
+               admission: Any = None, certificate: Any = None) -> AdmissionDecision:
+        """The launch gate for ``plan`` (arguments left None take the launcher's own)."""
+        return admit_launch(
+            plan, launcher=LAUNCHER, backend=backend or self.backend, precision=FABRIC_PRECISIONS[precision],
+            device_kind=launch_device_kind(accelerator),
+            admission=self.admission if admission is None else admission,
+            certificate=self.certificate if certificate is None else certificate)
 
     @property
     def devices(self) -> int:
@@ -210,7 +237,9 @@ class LightningFabricLauncher:
         """
         if not callable(fn):
             raise TypeError(f"fn must be callable as fn(context, ...), got {fn!r}")
-        return _launch_and_reap(self.fabric(), self.child_timeout_s, _run_rank, self._plan(), fn, args, kwargs)
+        plan = self._plan()
+        decision = self._admit(plan, self.accelerator, self.fabric_kwargs.get("precision", "32-true"))
+        return _launch_and_reap(self.fabric(), self.child_timeout_s, _run_rank, plan, fn, args, kwargs, decision)
 
 
 def _one_rank_auto(plan: ParallelPlan, strategy: str) -> str:
@@ -265,8 +294,10 @@ class TopologyBoundFabric:
     """A ``lightning.fabric.Fabric`` (what ``LightningFabricLauncher.create`` returns) whose ``launch``
     attests each rank against the plan before the function runs; every other attribute is Fabric's."""
 
-    def __init__(self, fabric: Any, plan: ParallelPlan, *, child_timeout_s: float = 600.0) -> None:
+    def __init__(self, fabric: Any, plan: ParallelPlan, *, child_timeout_s: float = 600.0,
+                 admission: AdmissionDecision | None = None) -> None:
         self._fabric, self._plan, self._timeout_s = fabric, plan, child_timeout_s
+        self.admission = admission  # the launch gate's decision (create() took it)
         self.topology_attestation: WorkerTopologyAttestation | None = None
 
     def launch(self, function: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -301,8 +332,10 @@ class TopologyBoundFabric:
         return getattr(self._fabric, name)
 
 
-def _run_rank(fabric: Any, plan: ParallelPlan, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    """Fabric's per-rank entry: bind the attestation, run ``fn``, destroy the process group."""
+def _run_rank(fabric: Any, plan: ParallelPlan, fn: Callable[..., Any], args: tuple, kwargs: dict,
+              admission: AdmissionDecision) -> Any:
+    """Fabric's per-rank entry: bind the attestation (with the launch gate's decision), run ``fn``, destroy the
+    process group."""
     try:
         context: LaunchContext = bind_launched_rank(
             plan,
@@ -311,6 +344,7 @@ def _run_rank(fabric: Any, plan: ParallelPlan, fn: Callable[..., Any], args: tup
             world_size=int(fabric.world_size),
             local_rank=int(fabric.local_rank),
             handle=fabric,
+            admission=admission,
         )
         return fn(context, *args, **kwargs)
     finally:

@@ -9,6 +9,11 @@ order. Ray Train owns the process group and destroys it when the workers shut do
 
 Any plan Ray can start is accepted: the axes are executed by the session inside (torch_native,
 megatron), which checks its own capabilities. Ray is imported only inside ``run``.
+
+``run`` and ``launch`` first pass the plan through the admission gate (``launchers.admission.admit_launch``)
+for the training backend the workers run (``backend=``, ``torch_native`` by default) at ``precision``,
+with ``admission=``/``certificate=``: a refused plan starts no worker and does not touch Ray. ``run``'s
+contexts carry the decision (``context.admission``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from numbers import Real
 from typing import Any
 
 from ...contracts import MissingExtraError, ParallelPlan, WorkerTopologyAttestation
+from ...verification.admission import AdmissionDecision
+from .admission import admit_launch
 from .base import bind_launched_rank, describe_attestations
 
 LAUNCHER = "ray_train"
@@ -117,7 +124,13 @@ class RayTrainLauncher:
         storage_path: str | None = None,
         name: str | None = None,
         process_group_timeout_s: int = 600,
+        backend: str = "torch_native",
+        precision: str = "fp32",
+        admission: Any = None,
+        certificate: Any = None,
     ) -> None:
+        """``backend`` and ``precision``: what the workers train with, which the launch gate admits before any
+        worker starts (with ``admission``/``certificate`` as a backend's ``prepare`` takes them)."""
         if plan is not None and not isinstance(plan, ParallelPlan):
             raise TypeError(f"plan must be a ParallelPlan, got {type(plan).__name__}")
         if not isinstance(use_gpu, bool):
@@ -126,6 +139,15 @@ class RayTrainLauncher:
         self.resources_per_worker = check_resources_per_worker(resources_per_worker, use_gpu=use_gpu) or None
         self.storage_path, self.name = storage_path, name
         self.process_group_timeout_s = process_group_timeout_s
+        self.backend, self.precision = backend, precision
+        self.admission, self.certificate = admission, certificate
+
+    def admit(self, plan: ParallelPlan, *, use_gpu: bool | None = None) -> AdmissionDecision:
+        """The launch gate for ``plan`` on CPU workers, or GPU ones with ``use_gpu`` (default: the launcher's)."""
+        gpu = self.use_gpu if use_gpu is None else use_gpu
+        return admit_launch(plan, launcher=LAUNCHER, backend=self.backend, precision=self.precision,
+                            device_kind="cuda" if gpu else "cpu", admission=self.admission,
+                            certificate=self.certificate)
 
     @property
     def attestations(self) -> tuple[WorkerTopologyAttestation, ...]:
@@ -169,6 +191,7 @@ class RayTrainLauncher:
             raise TypeError(f"use_gpu must be a bool, got {gpu!r}")
         resources = check_resources_per_worker(
             resources_per_worker if resources_per_worker is not None else self.resources_per_worker, use_gpu=gpu)
+        self.admit(plan, use_gpu=gpu)
         try:
             from ray.train import RunConfig, ScalingConfig
             from ray.train.torch import TorchConfig, TorchTrainer
@@ -195,6 +218,7 @@ class RayTrainLauncher:
         if not callable(fn):
             raise TypeError(f"fn must be callable as fn(context, ...), got {fn!r}")
         plan = self._plan()
+        decision = self.admit(plan)
         try:
             import ray
             from ray.train import RunConfig, ScalingConfig
@@ -207,7 +231,7 @@ class RayTrainLauncher:
             trainer = TorchTrainer(
                 _ray_worker,
                 train_loop_config={"plan": plan, "attestations": self.attestations, "fn": fn,
-                                   "args": args, "kwargs": kwargs, "box": box},
+                                   "args": args, "kwargs": kwargs, "box": box, "admission": decision},
                 torch_config=TorchConfig(timeout_s=self.process_group_timeout_s),
                 scaling_config=ScalingConfig(num_workers=plan.world_size, use_gpu=self.use_gpu,
                                              resources_per_worker=self.resources_per_worker),
@@ -241,7 +265,7 @@ def _ray_worker(config: dict[str, Any]) -> None:
         )
     context = bind_launched_rank(
         config["plan"], launcher=LAUNCHER, rank=rank, world_size=world, local_rank=ctx.get_local_rank(),
-        handle=ctx, expected=attestations[rank],
+        handle=ctx, expected=attestations[rank], admission=config["admission"],
     )
     result = config["fn"](context, *config["args"], **config["kwargs"])
     ray.get(config["box"].put.remote(rank, result))

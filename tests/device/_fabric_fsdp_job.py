@@ -48,6 +48,6 @@ def train(context):  # type: ignore[no-untyped-def]
 
 
 if __name__ == "__main__":
-    record = LightningFabricLauncher(PLAN, accelerator="gpu").launch(train)
+    record = LightningFabricLauncher(PLAN, accelerator="gpu", admission="unverified").launch(train)
     record["process_group_destroyed"] = not dist.is_initialized()
     pathlib.Path(sys.argv[1], f"rank{record['rank']}.json").write_text(json.dumps(record))

@@ -60,11 +60,12 @@ def main(job: str, *args: str) -> None:
     elif job == "fabric_rank1_fails":
         from mixle_parallel.executors import LightningFabricLauncher
 
-        LightningFabricLauncher(ParallelPlan(dp_replicate=2), accelerator="cpu").launch(fail_on_rank1)
+        launcher = LightningFabricLauncher(ParallelPlan(dp_replicate=2), accelerator="cpu", admission="unverified")
+        launcher.launch(fail_on_rank1)
     elif job == "fabric_rank0_fails":
         from mixle_parallel.executors import LightningFabricLauncher
 
-        LightningFabricLauncher(ParallelPlan(dp_replicate=2), accelerator="cpu").launch(
+        LightningFabricLauncher(ParallelPlan(dp_replicate=2), accelerator="cpu", admission="unverified").launch(
             fail_on_rank0_while_rank1_works, args[0]
         )
     else:

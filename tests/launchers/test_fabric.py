@@ -20,6 +20,7 @@ def test_fabric_ranks_are_bound_and_release_the_group(fabric_records: list[dict[
     for record in fabric_records:
         assert record["local_rank"] == record["rank"]
         assert record["process_group_destroyed"] is True
+        assert record["launch_admission"] == "unverified"  # the launch gate's decision, on every rank
 
 
 def _run_job(job: str, *args: str) -> subprocess.CompletedProcess[str]:

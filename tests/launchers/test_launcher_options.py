@@ -103,8 +103,9 @@ def test_fabric_precision_is_checked_in_the_constructor_too() -> None:
 def test_fabric_create_accepts_the_plans_own_strategy_and_precision() -> None:
     pytest.importorskip("lightning", reason="Lightning Fabric is the optional [lightning] extra")
     bound = LightningFabricLauncher().create(plan=ParallelPlan(dp_replicate=2), accelerator="cpu", strategy="ddp",
-                                             precision="32-true")
+                                             precision="32-true", admission="unverified")
     assert type(bound.strategy).__name__ == "DDPStrategy" and bound.world_size == 2
+    assert bound.admission.mode == "unverified"
 
 
 def test_torchrun_backend_follows_the_device() -> None:

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.slow
 def test_ray_workers_are_bound_to_plan_coordinates(ray_records: list[dict[str, Any]], tiny_ddp: Any) -> None:
     check_bound_ranks(ray_records, tiny_ddp.PLAN, "ray_train")
     assert sorted(r["local_rank"] for r in ray_records) == [0, 1]
+    assert [r["launch_admission"] for r in ray_records] == ["unverified", "unverified"]  # the gate's decision
 
 
 def test_ray_worker_failure_is_raised_on_the_driver(local_ray: Any) -> None:
@@ -22,7 +23,7 @@ def test_ray_worker_failure_is_raised_on_the_driver(local_ray: Any) -> None:
     from tests.launchers._jobs import fail_on_rank1
 
     with pytest.raises(Exception, match="boom on rank 1"):
-        RayTrainLauncher(ParallelPlan(dp_replicate=2)).run(fail_on_rank1)
+        RayTrainLauncher(ParallelPlan(dp_replicate=2), admission="unverified").run(fail_on_rank1)
 
 
 def test_ray_mixle_launch_form(local_ray: Any, tmp_path: Any) -> None:
@@ -33,7 +34,7 @@ def test_ray_mixle_launch_form(local_ray: Any, tmp_path: Any) -> None:
     from tests.launchers._jobs import mixle_config_loop
 
     plan = ParallelPlan(dp_replicate=2)
-    RayTrainLauncher().launch(mixle_config_loop, plan=plan, use_gpu=False,
+    RayTrainLauncher(admission="unverified").launch(mixle_config_loop, plan=plan, use_gpu=False,
                               train_loop_config={"out": str(tmp_path), "mine": 7})
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for rank, record in enumerate(records):

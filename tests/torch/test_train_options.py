@@ -212,8 +212,11 @@ def test_megatron_bridge_keeps_its_own_options() -> None:
     backend._require_bridge = lambda: object()  # type: ignore[method-assign]  # stands in for Bridge
 
     class Provider:
+        bf16 = fp16 = False
+
         def provide_distributed_model(self, **kwargs: Any) -> Any:
             return types.SimpleNamespace(kwargs=kwargs)
 
-    session = backend.prepare(Provider(), plan=ParallelPlan(tp=2), wrap_with_ddp=False, precision="BF16")
+    session = backend.prepare(Provider(), plan=ParallelPlan(tp=2), wrap_with_ddp=False, precision="BF16",
+                              admission="unverified")
     assert session.module.kwargs == {"wrap_with_ddp": False} and session.precision == "bf16"
