@@ -12,7 +12,7 @@ import hmac
 import json
 import os
 from collections.abc import Iterator, Mapping
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]  # C function, not in the stubs
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any, NamedTuple
 
