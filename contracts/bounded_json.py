@@ -11,6 +11,10 @@ contract documents) is read through ``parse_json`` with the ``DocumentLimits`` o
    elements plus object members, counted until the limit is passed, then the walk stops), integer
    magnitude and strings encodable as UTF-8.
 
+``parse_canonical`` is a fast path for lines this library wrote itself (the ledger audit reads
+millions): it returns a document only when all of the above provably hold for it, else None, and the
+caller decodes with ``parse_json``.
+
 The first fault raises ``DocumentLimitError`` (a ``ContractError``: the message names the document
 kind, the limit and the JSON path); nothing later is decoded. Structuring into contracts (the
 converter in ``serialization``) also stops at its first fault, and caps the number of signatures

@@ -161,6 +161,7 @@ def test_the_receipt_pattern_gives_exactly_what_json_and_the_canonical_body_give
         assert found is not None, line
         record = json.loads(line)
         assert found[0] == record and found[1] == _canonical({k: v for k, v in record.items() if k != "hash"})
+        assert found.facts == receipt_facts(record["payload"]["receipt"])
         assert [type(v) for v in found[0]["payload"]["receipt"]["data"].values()] == \
             [type(v) for v in record["payload"]["receipt"]["data"].values()]
 
@@ -170,8 +171,11 @@ def test_the_receipt_pattern_gives_exactly_what_json_and_the_canonical_body_give
     ('"rank":0', '"rank":-0'), ('"rank":0', '"rank":00'), ('"extra":{}', '"extra":{"b":1,"a":2}'),
     ('"extra":{}', '"extra":{"a":1,"a":2}'), ('"extra":{}', '"extra":{"a":"\\u00e9"}'),
     ('"extra":{}', '"extra":{"a":1.50}'), ('"step":0', '"step":1234567890123456789'),
+    ('"global_examples_observed":null', '"global_examples_observed":7'),  # fewer than local_examples (8)
+    ('"microbatches":1', '"microbatches":0'), ('"optimizer":"sgd"', '"optimizer":"  "'),
+    ('"step":0', '"step":-1'),
 ])
-def test_the_receipt_pattern_declines_every_non_canonical_token(ledger, old, new):
+def test_the_receipt_pattern_declines_every_non_canonical_token_and_every_invalid_receipt(ledger, old, new):
     line = next(line for line in _lines(ledger) if '"kind":"receipt"' in line and '"step":0' in line)
     edited = line.replace(old, new, 1).encode() + b"\n"
     assert edited != line.encode() + b"\n"

@@ -150,6 +150,8 @@ class RawEntry(NamedTuple):
     hash: str
     canonical: bytes | None = None
     """The canonical bytes of ``body()`` cut from the line itself, when the line was canonical (else None)."""
+    receipt_facts: tuple[int, bool, dict[str, Any]] | None = None
+    """(step, skipped, extra) of a receipt entry already checked against StepReceipt's validators (else None)."""
 
     def body(self) -> dict[str, Any]:
         """Every field but ``hash``: what the hash covers."""
@@ -184,7 +186,7 @@ def _entry(line: bytes, number: int, raw: bool) -> LedgerEntry | RawEntry:
     if raw:
         receipt = match_receipt(line)
         if receipt is not None:  # its fields and their types are the pattern's
-            return RawEntry(**receipt[0], canonical=receipt[1])
+            return RawEntry(**receipt.record, canonical=receipt.canonical, receipt_facts=receipt.facts)
     record = parse_canonical(line, LEDGER_LINE_LIMITS)
     if record is None:
         record = parse_json(line, LEDGER_LINE_LIMITS, what=f"ledger line {number}")  # strict, bounded
