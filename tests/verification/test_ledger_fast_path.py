@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmarks.ledger_audit import build_ledger
 from mixle_parallel.contracts import ContractError, FrozenDict
@@ -239,3 +241,56 @@ def test_iter_ledger_entries_are_the_same_on_both_paths(ledger):
     assert [e.body() for e in raw] == [json.loads(json.dumps(e.body(), default=dict)) for e in frozen]
     assert all(e.canonical in (None, _canonical(e.body())) for e in raw)
     assert sum(e.canonical is not None for e in raw) >= len(raw) - 4  # only run_starts read strictly here
+
+
+# ---- property tests: the fast paths never accept what the strict path refuses, and agree where both accept ----
+_SCALARS = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True, allow_infinity=True)
+            | st.text(max_size=6))
+_JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                           max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(_JSON)
+def test_parse_canonical_agrees_with_parse_json_on_any_document(document):
+    for ascii_only in (True, False):
+        line = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=ascii_only).encode(
+            "utf-8", "surrogatepass") + b"\n"
+        try:
+            strict = parse_json(line, LEDGER_LINE_LIMITS)
+        except DocumentLimitError:
+            assert parse_canonical(line, LEDGER_LINE_LIMITS) is None
+            continue
+        fast = parse_canonical(line, LEDGER_LINE_LIMITS)
+        assert fast is None or fast == strict
+
+
+_FIELD_VALUES = st.fixed_dictionaries({
+    "step": st.integers(-2, 2**64), "local_examples": st.integers(0, 20), "microbatches": st.integers(-1, 3),
+    "loss": st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(-5, 5), st.none()),
+    "optimizer": st.text(max_size=4), "skipped": st.one_of(st.booleans(), st.integers(0, 1)),
+    "global_examples_observed": st.one_of(st.none(), st.integers(0, 20)),
+    "extra": st.dictionaries(st.text(max_size=3), _SCALARS, max_size=3),
+})
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(_FIELD_VALUES)
+def test_the_receipt_pattern_agrees_with_the_strict_path_on_any_receipt(values):
+    document = _receipt_document()
+    document["data"].update(values)
+    body = {"certificate": "unverified", "kind": "receipt", "payload": {"extra": {}, "rank": 0,
+            "receipt": document, "step": 0}, "prev": "sha256:" + "0" * 64, "seq": 0, "time": "t"}
+    try:
+        line = json.dumps({**body, "hash": entry_hash(body)}, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    except ValueError:  # a NaN in extra: the writer cannot write it either
+        return
+    try:
+        strict = parse_json(line, LEDGER_LINE_LIMITS)
+        facts = receipt_facts(strict["payload"]["receipt"])
+    except ContractError:  # a line or a receipt the strict path refuses: the pattern must decline it
+        assert match_receipt(line) is None
+        return
+    found = match_receipt(line)
+    if found is not None:
+        assert found.record == strict and found.facts == facts and found.canonical == _canonical(body)

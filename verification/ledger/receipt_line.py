@@ -27,7 +27,7 @@ __all__ = ["RECEIPT_LINE", "ReceiptLine", "match_receipt"]
 
 _STR = rb'"([\x20\x21\x23-\x5b\x5d-\x7e]*)"'  # printable ASCII but '"' and '\': JSON decoding is the identity
 _INT = rb"(0|-?[1-9][0-9]{0,17})"  # canonical (no "-0", no leading zero), below 2**63-1
-_NUMBER = rb"(null|-?[0-9][0-9.e+-]*)"  # checked further in Python: an int as _INT, a float as its repr
+_NUMBER = rb"(-?[0-9][0-9.e+-]*)"  # checked further in Python: an int as _INT, a float as its repr (null: strictly)
 _NON_NEGATIVE = rb"(0|[1-9][0-9]{0,17})"  # StepReceipt's non_negative_int, within MAX_INT
 _POSITIVE = rb"([1-9][0-9]{0,17})"  # positive_int
 _OPTIONAL_INT = rb"(null|0|[1-9][0-9]{0,17})"  # optional_non_negative_int
@@ -42,11 +42,9 @@ class _NotCanonical(Exception):
 
 
 
-def _number(token: bytes) -> int | float | None:
-    """A loss token as ``json.loads`` decodes it: null, an int, or a float written exactly as its ``repr``."""
+def _number(token: bytes) -> int | float:
+    """A loss token as ``json.loads`` decodes it: an int, or a float written exactly as its ``repr``."""
     if b"." not in token and b"e" not in token:
-        if token == b"null":
-            return None
         if _INT_TOKEN.fullmatch(token) is None:
             raise _NotCanonical
         return int(token)
