@@ -159,3 +159,69 @@ def receipt_from_document(document: Any) -> StepReceipt:
         except (ValueError, TypeError):
             pass  # from_dict says what is wrong, in its words
     return from_dict(document, StepReceipt)
+
+
+_NON_NEGATIVE = ("step", "local_examples", "local_tokens", "collective_bytes")
+_POSITIVE = ("microbatches", "accumulation_steps", "data_parallel_size")
+_OBSERVED = (("global_examples_observed", "local_examples"), ("global_tokens_observed", "local_tokens"))
+_EXTRA_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain_scalars(extra: Any) -> bool:
+    """An ``extra`` of str keys and JSON scalar values that ``check_shape`` and ``FrozenDict`` accept."""
+    for key, value in extra.items():
+        kind = type(value)
+        if type(key) is not str or not key.isascii() or kind not in _EXTRA_SCALARS:
+            return False
+        if (kind is str and not value.isascii()) or (kind is int and not -MAX_INT <= value <= MAX_INT):
+            return False
+    return True
+
+
+def _counts_hold(data: dict[str, Any]) -> bool:
+    """The int fields: exact ints within their bounds, observed global counts >= the local ones."""
+    for name in _NON_NEGATIVE:
+        value = data[name]
+        if type(value) is not int or value < 0 or value > MAX_INT:
+            return False
+    for name in _POSITIVE:
+        value = data[name]
+        if type(value) is not int or value < 1 or value > MAX_INT:
+            return False
+    for seen, local in _OBSERVED:
+        value = data[seen]
+        if value is not None and (type(value) is not int or value < data[local] or value > MAX_INT):
+            return False
+    return True
+
+
+def _checked_data(document: Any) -> dict[str, Any] | None:
+    """The ``data`` of a receipt document when every field provably passes StepReceipt's validators, else None."""
+    data = document.get("data") if type(document) is dict else None
+    if (type(data) is not dict or len(document) != 3 or document.get("kind") != "StepReceipt"
+            or type(document.get("version")) is not int or document["version"] != SCHEMA_VERSION
+            or data.keys() != _RECEIPT_FIELDS or not _counts_hold(data)):
+        return None
+    loss, optimizer, precision, extra = data["loss"], data["optimizer"], data["precision"], data["extra"]
+    if type(loss) is not float and (type(loss) is not int or not -MAX_INT <= loss <= MAX_INT):
+        return None
+    if type(optimizer) is not str or type(precision) is not str or not optimizer.strip() or not precision.strip():
+        return None
+    if type(data["skipped"]) is not bool or type(extra) is not dict or (extra and not _plain_scalars(extra)):
+        return None
+    return data
+
+
+def receipt_facts(document: Any) -> tuple[int, bool, Mapping[str, Any]]:
+    """(step, skipped, extra) of a StepReceipt document: accepted and refused exactly as ``receipt_from_document``.
+
+    For the ledger audit, which reads millions and needs only these three: a document whose every field
+    provably passes StepReceipt's validators (exact ints in range, global counts >= local ones, a real
+    loss, non-blank strings, a real bool, an ``extra`` of JSON scalars) is checked without building a
+    receipt; anything else is built by ``receipt_from_document`` (the same receipt, or the same error).
+    """
+    data = _checked_data(document)
+    if data is None:
+        receipt = receipt_from_document(document)
+        return receipt.step, receipt.skipped, receipt.extra
+    return data["step"], data["skipped"], data["extra"]

@@ -12,13 +12,15 @@ import hmac
 import json
 import os
 from collections.abc import Iterator, Mapping
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
-from ...contracts.bounded_json import LEDGER_LINE_LIMITS, parse_json
+from ...contracts.bounded_json import LEDGER_LINE_LIMITS, parse_canonical, parse_json
 from ...contracts.frozen_mapping import FrozenDict, to_frozen_dict
+from .receipt_line import match_receipt
 
 GENESIS = "sha256:" + "0" * 64
 """The ``prev`` of a ledger's first entry."""
@@ -65,7 +67,11 @@ def _canonical(body: Mapping[str, Any]) -> bytes:
 
 def entry_hash(body: Mapping[str, Any], key: bytes | None = None) -> str:
     """``sha256:<hex>`` of the canonical body, or ``hmac-sha256:<hex>`` under ``key``."""
-    data = _canonical(body)
+    return hash_canonical(_canonical(body), key)
+
+
+def hash_canonical(data: bytes, key: bytes | None = None) -> str:
+    """``entry_hash`` of a body already encoded canonically (``RawEntry.canonical``)."""
     if key:
         return "hmac-sha256:" + hmac.new(bytes(key), data, hashlib.sha256).hexdigest()
     return "sha256:" + hashlib.sha256(data).hexdigest()
@@ -129,9 +135,11 @@ def truncate_torn_tail(path: str | os.PathLike[str]) -> int:
     return len(raw) - keep
 
 
-@attrs.frozen(slots=True)
-class RawEntry:
-    """A ledger entry as parsed, its payload left as plain JSON (not frozen): for one-pass checks like the audit."""
+class RawEntry(NamedTuple):
+    """A ledger entry as parsed, its payload left as plain JSON (not frozen): for one-pass checks like the audit.
+
+    A named tuple, not an attrs class: the audit makes one per line, a million for a large ledger.
+    """
 
     seq: int
     kind: str
@@ -140,6 +148,10 @@ class RawEntry:
     payload: dict[str, Any]
     prev: str
     hash: str
+    canonical: bytes | None = None
+    """The canonical bytes of ``body()`` cut from the line itself, when the line was canonical (else None)."""
+    receipt_facts: tuple[int, bool, dict[str, Any]] | None = None
+    """(step, skipped, extra) of a receipt entry already checked against StepReceipt's validators (else None)."""
 
     def body(self) -> dict[str, Any]:
         """Every field but ``hash``: what the hash covers."""
@@ -147,8 +159,7 @@ class RawEntry:
                 "payload": self.payload, "prev": self.prev}
 
 
-@attrs.frozen
-class LedgerLine:
+class LedgerLine(NamedTuple):
     """One line of a ledger as read: its 1-based number, the entry (None if it is not one) and the problem."""
 
     number: int
@@ -157,19 +168,46 @@ class LedgerLine:
     torn: bool = False
 
 
+def _body_bytes(line: bytes, record: dict[str, Any]) -> bytes | None:
+    """The canonical body (what the hash covers) of a canonical line: the line without its ``hash`` member.
+
+    Keys are sorted, so the line reads ``{"certificate":C,"hash":H,...}``; the cut is checked, not assumed.
+    The line holds no ``\\u`` escape, so its ASCII encoding equals the body's ``ensure_ascii=False`` one.
+    """
+    start = 15 + len(encode_basestring_ascii(record["certificate"]))  # len('{"certificate":') == 15
+    member = b',"hash":' + encode_basestring_ascii(record["hash"]).encode("ascii")
+    if line[start:start + len(member)] != member:
+        return None
+    return line[:start] + line[start + len(member):len(line) - line.endswith(b"\n")]
+
+
+def _entry(line: bytes, number: int, raw: bool) -> LedgerEntry | RawEntry:
+    """One line as an entry: a fast path when it provably applies (see ``receipt_line``), else the strict parser."""
+    if raw:
+        receipt = match_receipt(line)
+        if receipt is not None:  # its fields and their types are the pattern's
+            return RawEntry(**receipt.record, canonical=receipt.canonical, receipt_facts=receipt.facts)
+    record = parse_canonical(line, LEDGER_LINE_LIMITS)
+    if record is None:
+        record = parse_json(line, LEDGER_LINE_LIMITS, what=f"ledger line {number}")  # strict, bounded
+        _check_record(record)
+        return RawEntry(**record) if raw else LedgerEntry(**record)
+    _check_record(record)
+    if not raw:
+        return LedgerEntry(**record)
+    return RawEntry(**record, canonical=_body_bytes(line, record))
+
+
 def iter_ledger(path: str | os.PathLike[str], *, raw: bool = False) -> Iterator[LedgerLine]:
     """Every line of the ledger in order, one at a time; a last line without newline is ``torn``.
 
     Entries are ``LedgerEntry`` objects, or ``RawEntry`` (payload not frozen, cheaper) with ``raw=True``.
     """
-    make = RawEntry if raw else LedgerEntry
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, start=1):
             complete = line.endswith(b"\n")
             try:
-                record = parse_json(line, LEDGER_LINE_LIMITS, what=f"ledger line {number}")  # strict, bounded
-                _check_record(record)
-                entry = make(**record)
+                entry = _entry(line, number, raw)
             except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as exc:
                 if complete:
                     yield LedgerLine(number, None, f"not a ledger entry: {exc}")

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from hashlib import sha256
 from typing import Any
 
 import attrs
@@ -25,7 +26,7 @@ from ...contracts import (
     SDCAuditRecord,
     from_dict,
 )
-from ...contracts.receipts import receipt_from_document
+from ...contracts.receipts import receipt_facts
 from ..attestation import read_unverified
 from ..keys import KEY_ENV, TrustStore, load_key
 from .entries import (
@@ -36,6 +37,7 @@ from .entries import (
     LedgerError,
     RawEntry,
     entry_hash,
+    hash_canonical,
     iter_ledger,
 )
 from .seal import check_head, check_seal, head_path, read_head
@@ -112,35 +114,44 @@ def _check_payload(entry: LedgerEntry | RawEntry, run: _Run, fault: Any) -> None
     payload = entry.payload
     if entry.kind == "receipt":
         try:
-            receipt = receipt_from_document(_plain(payload["receipt"]))
+            checked = entry.receipt_facts if type(entry) is RawEntry else None
+            step, skipped, extra = checked or receipt_facts(_plain(payload["receipt"]))
         except (KeyError, AttributeError, ContractError) as exc:
             fault(f"receipt payload is not a StepReceipt document: {exc}")
             return
         rank = payload.get("rank", 0)
-        if payload.get("step") != receipt.step:
-            fault(f"payload step {payload.get('step')} differs from the receipt's step {receipt.step}")
-        linked = receipt.extra.get("certificate")
+        if payload.get("step") != step:
+            fault(f"payload step {payload.get('step')} differs from the receipt's step {step}")
+        linked = extra.get("certificate")
         if linked is not None and linked != run.certificate:
             fault(f"receipt says certificate {linked!r}, the run's is {run.certificate!r}")
-        mode = receipt.extra.get("admission")
+        mode = extra.get("admission")
         if mode == AdmissionMode.UNVERIFIED and run.certificate != UNVERIFIED:
             fault(f"receipt says the run is unverified, but it started under certificate {run.certificate}")
         if mode == AdmissionMode.CERTIFIED and run.certificate == UNVERIFIED:
             fault("receipt says certified, but the run started unverified")
         previous = run.last_step.get(rank)
-        if previous is not None and receipt.step < previous:
-            fault(f"rank {rank} step went backwards: {receipt.step} after {previous}")
-        if not receipt.skipped:
+        if previous is not None and step < previous:
+            fault(f"rank {rank} step went backwards: {step} after {previous}")
+        if not skipped:
             committed = run.last_committed.get(rank)
-            if committed is not None and receipt.step <= committed:
-                fault(f"rank {rank} committed step {receipt.step} twice or out of order (last {committed})")
-            run.last_committed[rank] = receipt.step
-        run.last_step[rank] = max(receipt.step, previous if previous is not None else receipt.step)
+            if committed is not None and step <= committed:
+                fault(f"rank {rank} committed step {step} twice or out of order (last {committed})")
+            run.last_committed[rank] = step
+        run.last_step[rank] = max(step, previous if previous is not None else step)
     elif entry.kind == "audit":
         try:
             from_dict(_plain(payload["record"]), SDCAuditRecord)
         except (KeyError, AttributeError, ContractError) as exc:
             fault(f"audit payload is not an SDCAuditRecord document: {exc}")
+
+
+def _covered_hash(entry: LedgerEntry | RawEntry, key: bytes | None) -> str:
+    """``entry_hash`` of the entry's body: from the bytes cut from its canonical line when there are some."""
+    canonical = entry.canonical if type(entry) is RawEntry else None
+    if canonical is None:
+        return entry_hash(entry.body(), key)
+    return "sha256:" + sha256(canonical).hexdigest() if key is None else hash_canonical(canonical, key)
 
 
 def _hash_problem(entry: LedgerEntry | RawEntry, key: bytes | None) -> str | None:
@@ -149,13 +160,13 @@ def _hash_problem(entry: LedgerEntry | RawEntry, key: bytes | None) -> str | Non
         if key is None:
             return ("entry is HMAC-keyed but no key was given; pass --key-file or set "
                     f"{KEY_ENV['ledger'][0]} / {KEY_ENV['ledger'][1]}")
-        if entry_hash(entry.body(), key) != entry.hash:
+        if _covered_hash(entry, key) != entry.hash:
             return "contents do not match the entry's HMAC (edited after it was written, or the wrong key)"
         return None
     if key is not None:
         return "entry is not HMAC-keyed although a key was given (an unkeyed entry in a keyed ledger)"
     try:
-        if entry_hash(entry.body()) != entry.hash:
+        if _covered_hash(entry, None) != entry.hash:
             return "contents do not match the entry's hash (edited after it was written)"
     except (ValueError, TypeError) as exc:
         return f"contents cannot be hashed: {exc}"
