@@ -18,6 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# No per-example deadline: on a loaded 2-core machine one example can take seconds; correctness, not speed,
+# is what the property tests check (timing never is).
+settings.register_profile("mixle_parallel", deadline=None)
+settings.load_profile("mixle_parallel")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples" / "launchers"

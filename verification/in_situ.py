@@ -39,8 +39,8 @@ from .certification import CertificationError, certify
 from .harness.judge import Measured, judge_update, judge_wire
 from .harness.launch import GlooMeshLaunch, Launch, SelfLaunch
 from .harness.tolerance import default_tolerance
-from .harness.worker import run_trials
 from .harness.window import measured_window
+from .harness.worker import run_trials
 from .harness.workloads import resolve_workload
 from .keys import TrustStore, TrustStoreError
 
