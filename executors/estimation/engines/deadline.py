@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 
-__all__ = ['check_timeout', 'Deadline', 'DEFAULT_TIMEOUT_S', 'straggler_deadline']
+__all__ = ['check_timeout', 'Deadline', 'DEFAULT_TIMEOUT_S', 'StragglerClock', 'straggler_deadline']
 
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -54,3 +54,42 @@ def straggler_deadline(first_answer_s: float, timeout: float | None) -> float:
     result depends only on the chunk, so the fit ends on the same bits, with one worker fewer."""
     after = max(STRAGGLER_MIN_S, STRAGGLER_FACTOR * first_answer_s)
     return after if timeout is None else min(after, STRAGGLER_TIMEOUT_SHARE * timeout)
+
+
+class StragglerClock:
+    """When the silent workers of one data pass become stragglers (dask, ray and spark; mp keeps its own loop).
+
+    Armed by the pass's first answer at :func:`straggler_deadline` after the pass (or its last restart)
+    began; a worker still silent then, while others have answered, is given up and its chunks recomputed
+    by the others. ``restart`` after giving up (the recomputation is a new race), ``disarm`` when no one
+    silent may be given up (a fresh worker's first task waits for the pass's timeout)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.restart()
+
+    def restart(self) -> None:
+        """Start the race again from now, unarmed."""
+        self._started = time.monotonic()
+        self._due: float | None = None
+        self._disarmed = False
+
+    def disarm(self) -> None:
+        """No straggler in this race: wait for the pass's own deadline."""
+        self._due, self._disarmed = None, True
+
+    def answered(self) -> None:
+        """A worker answered: arm the clock (the first answer of the race sets the deadline)."""
+        if self._due is None and not self._disarmed:
+            now = time.monotonic()
+            self._due = self._started + straggler_deadline(now - self._started, self.timeout)
+
+    def due(self) -> bool:
+        """Whether the silent workers are stragglers now."""
+        return self._due is not None and time.monotonic() >= self._due
+
+    def wait_s(self, deadline: Deadline) -> float | None:
+        """Seconds to wait for the next answer: up to the straggler deadline or the pass's deadline."""
+        ends = [t for t in (deadline.remaining(), None if self._due is None else self._due - time.monotonic())
+                if t is not None]
+        return max(0.0, min(ends)) if ends else None

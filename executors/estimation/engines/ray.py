@@ -5,8 +5,10 @@ outlive any worker), and each actor resolves the ids of its contiguous block onc
 resident. A data pass sends each live actor the function, the payload (pickled once per pass:
 inside the call when small, through the object store when large) and its chunk ids; results come
 back as one pickle per actor. When an actor dies its chunks move to the survivors, which resolve
-them from the object store and recompute them; a pass that does not finish within ``timeout``
-seconds raises ``WorkerTimeoutError``.
+them from the object store and recompute them. An actor still silent at the straggler deadline
+(``deadline.straggler_deadline``, well below ``timeout``) while others have answered is killed and
+its chunks recomputed the same way (same bits: a chunk's result depends only on the chunk); a pass
+that no actor finishes within ``timeout`` seconds raises ``WorkerTimeoutError``.
 
 With ``direct_channel=True`` (the default) each actor also serves the data passes on a socket of its
 own (``engines.channel``): a pass, and each placed run of the SDC audit (borrowed chunks included),
@@ -49,9 +51,10 @@ from .chunk_assignment import (
     ordered_results,
     requested_ids,
 )
-from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_timeout
 from .optional_engine import require_engine
 from .ray_loopback import loopback_ray_start
+from .ray_payload import INLINE_PAYLOAD_BYTES, pack_payload, pack_payload_sized, pickled_results, ray_uses_tls
 from .ray_tasks import RayTaskRunner, has_cluster_view
 from .wire_bytes import WireBytes
 from .worker_process import prepare_worker
@@ -62,44 +65,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-
-INLINE_PAYLOAD_BYTES = 100 * 1024
-"""A pickled payload up to this size travels inside the actor call (Ray inlines small arguments);
-a larger one is put in the object store once per pass and shared by every actor."""
-
-
-def pack_payload(payload: Any) -> Any:
-    """The payload pickled once (cloudpickle), inline when small, else an object-store reference.
-
-    Measured here: a pass's (estimator, model) payload through ``ray.put`` added ~4.5 ms per actor
-    call (the actor fetches it from the store) against ~0.3 ms inline.
-    """
-    return pack_payload_sized(payload)[0]
-
-
-def pack_payload_sized(payload: Any) -> tuple[Any, int]:
-    """``pack_payload(payload)`` and the length of the pickle it holds."""
-    import ray
-    from ray import cloudpickle
-
-    blob = cloudpickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-    return (blob if len(blob) <= INLINE_PAYLOAD_BYTES else ray.put(blob)), len(blob)
-
-
-def ray_uses_tls() -> bool:
-    """Whether Ray's own traffic is TLS (``RAY_USE_TLS``); pass channels are then not opened."""
-    import os
-
-    return os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true", "yes")
-
-
-def _pickled(results: Any) -> bytes:
-    """A batch of chunk results as one pickle: many small statistic arrays travel as one buffer, not
-    one out-of-band buffer each."""
-    from ray import cloudpickle
-
-    return cloudpickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class RayChunkWorker:
@@ -136,7 +101,7 @@ class RayChunkWorker:
     def run(self, fn: Callable[[Any, Any], Any], payload: bytes, chunk_ids: list[int]) -> bytes:
         """``fn(chunk, payload)`` for each of ``chunk_ids``: the pickled ``(chunk id, result)`` pairs
         (``payload`` comes pickled, see ``pack_payload``)."""
-        return _pickled(
+        return pickled_results(
             list(zip(chunk_ids, apply_chunk_fn(fn, pickle.loads(payload), chunk_ids, self.chunks.__getitem__)))
         )
 
@@ -149,7 +114,7 @@ class RayChunkWorker:
         import ray
 
         extra = {i: materialize(v) for i, v in zip(borrowed, ray.get([ref[0] for ref in borrowed.values()]))}
-        return _pickled(
+        return pickled_results(
             apply_chunk_fn(
                 fn, pickle.loads(payload), chunk_ids, lambda i: self.chunks[i] if i in self.chunks else extra[i]
             )
@@ -203,6 +168,11 @@ class RayRunner:
         self._owner: list[int] = []
         self.recoveries = 0
         """Chunks moved to a surviving actor after one died (for tests and logs)."""
+        self.stragglers: list[int] = []
+        """Actors killed because the others outran them by the straggler deadline (for tests and logs)."""
+        self.recovered_chunks: list[int] = []
+        """Chunk ids a straggler owed, recomputed by the other actors (for tests and logs)."""
+        self._answered: set[int] = set()  # actors that answered a pass: a fresh one is never a straggler
 
     @property
     def transport_bytes(self) -> int:
@@ -321,7 +291,7 @@ class RayRunner:
         ids = requested_ids(chunk_ids, len(self._refs))
         deadline = Deadline(self.timeout)
         if self._channels:
-            task = _pickled((fn, payload))
+            task = pickled_results((fn, payload))
             if len(task) <= INLINE_PAYLOAD_BYTES:
                 return self._map_direct(task, ids, deadline)
         payload_ref, payload_size = pack_payload_sized(payload)
@@ -337,8 +307,19 @@ class RayRunner:
                 self.wire.count_message_sent(payload_size)  # each actor gets the pickled payload (inline or store)
 
         submit(ids)
+        clock = StragglerClock(self.timeout)
         while inflight:
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=deadline.remaining())
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=clock.wait_s(deadline))
+            if not ready and clock.due():
+                owed: dict[int, list[int]] = {}
+                for ref in [r for r, (w, _) in inflight.items() if w in self._answered]:
+                    w, wids = inflight.pop(ref)
+                    owed.setdefault(w, []).extend(wids)
+                stuck = sorted(owed)
+                for w in stuck:
+                    submit(self._outrun(w, owed[w]))
+                clock.restart() if stuck else clock.disarm()
+                continue
             if not ready:
                 hung = sorted({w for w, _ in inflight.values()})
                 pending = sorted(i for _, wids in inflight.values() for i in wids)
@@ -356,7 +337,25 @@ class RayRunner:
                     continue
                 self.wire.count_received(reply)
                 results.update(pickle.loads(reply))
+                self._answered.add(w)
+                clock.answered()
         return ordered_results(results, ids, self.name)
+
+    def _outrun(self, w: int, owed: list[int]) -> list[int]:
+        """Give up on actor ``w`` (a straggler): kill it, move its chunks to the others; returns ``owed``,
+        the chunk ids of this pass it did not return."""
+        import ray
+
+        _log.warning("ray: actor %d is a straggler (silent past the straggler deadline); recomputing chunks %s "
+                     "on the others", w, owed)
+        try:
+            ray.kill(self._actors[w], no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone: its chunks move all the same
+            pass
+        self.stragglers.append(w)
+        self.recovered_chunks.extend(owed)
+        self._reassign(w)
+        return owed
 
     def _map_direct(self, task: bytes, ids: list[int], deadline: Deadline) -> list[Any]:
         """A pass over the actors' sockets; a closed socket is a dead actor, whose chunks move to the
@@ -380,8 +379,15 @@ class RayRunner:
                     submit(fail(w) + wids)
 
         submit(ids)
+        clock = StragglerClock(self.timeout)
         while any(channel.waiting for channel in self._channels.values()):
-            ready = wait_channels(self._channels, deadline.remaining())
+            ready = wait_channels(self._channels, clock.wait_s(deadline))
+            if not ready and clock.due():
+                stuck = sorted(w for w, ch in self._channels.items() if ch.waiting and w in self._answered)
+                for w in stuck:
+                    submit(self._outrun(w, self._channels[w].owed))
+                clock.restart() if stuck else clock.disarm()
+                continue
             if not ready:
                 hung = sorted(w for w, channel in self._channels.items() if channel.waiting)
                 pending = sorted(i for w in hung for i in self._channels[w].owed)
@@ -399,6 +405,8 @@ class RayRunner:
                     continue
                 wids, values = got
                 results.update(zip(wids, values))
+                self._answered.add(w)
+                clock.answered()
         return ordered_results(results, ids, self.name)
 
     # -- placement (the SDC audit recomputes a chunk on a chosen actor) ------------------------
@@ -444,10 +452,11 @@ class RayRunner:
             if not task.chunk_ids:
                 continue
             # over the actor's pass channel, borrowed chunks included (one call, so one thread computes)
-            blob = _pickled((task.fn, task.payload)) if w in self._channels else b""
+            blob = pickled_results((task.fn, task.payload)) if w in self._channels else b""
             rest = list(task.chunk_ids)
             if 0 < len(blob) <= INLINE_PAYLOAD_BYTES:
-                borrowed = {i: _pickled(ray.get(self._refs[i])) for i in dict.fromkeys(rest) if self._owner[i] != w}
+                borrowed = {i: pickled_results(ray.get(self._refs[i]))
+                            for i in dict.fromkeys(rest) if self._owner[i] != w}
                 if self._channels[w].send(blob, rest, borrowed):
                     direct[w] = self._channels[w]
                     rest = []
