@@ -88,8 +88,8 @@ class StragglerClock:
         """Whether the silent workers are stragglers now."""
         return self._due is not None and time.monotonic() >= self._due
 
-    def wait_s(self, deadline: Deadline) -> float | None:
-        """Seconds to wait for the next answer: up to the straggler deadline or the pass's deadline."""
-        ends = [t for t in (deadline.remaining(), None if self._due is None else self._due - time.monotonic())
+    def wait_s(self, remaining: float | None) -> float | None:
+        """Seconds to wait for the next answer: up to the straggler deadline, or ``remaining`` (the pass's)."""
+        ends = [t for t in (remaining, None if self._due is None else self._due - time.monotonic())
                 if t is not None]
         return max(0.0, min(ends)) if ends else None

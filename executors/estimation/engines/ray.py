@@ -53,7 +53,7 @@ from .chunk_assignment import (
 )
 from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_timeout
 from .optional_engine import require_engine
-from .ray_loopback import loopback_ray_start
+from .ray_loopback import loopback_ray_start, one_node_cluster
 from .ray_payload import INLINE_PAYLOAD_BYTES, pack_payload, pack_payload_sized, pickled_results, ray_uses_tls
 from .ray_tasks import RayTaskRunner, has_cluster_view
 from .wire_bytes import WireBytes
@@ -61,7 +61,7 @@ from .worker_process import prepare_worker
 
 __all__ = [
     "INLINE_PAYLOAD_BYTES", "RayChunkWorker", "RayEncodedData", "RayRunner", "pack_payload", "ray_encoded_data",
-    "ray_uses_tls",
+    "one_node_cluster", "ray_uses_tls",
 ]
 
 _log = logging.getLogger(__name__)
@@ -309,7 +309,7 @@ class RayRunner:
         submit(ids)
         clock = StragglerClock(self.timeout)
         while inflight:
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=clock.wait_s(deadline))
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=clock.wait_s(deadline.remaining()))
             if not ready and clock.due():
                 owed: dict[int, list[int]] = {}
                 for ref in [r for r, (w, _) in inflight.items() if w in self._answered]:
@@ -320,7 +320,7 @@ class RayRunner:
                     submit(self._outrun(w, owed[w]))
                 clock.restart() if stuck else clock.disarm()
                 continue
-            if not ready:
+            if not ready and deadline.expired():
                 hung = sorted({w for w, _ in inflight.values()})
                 pending = sorted(i for _, wids in inflight.values() for i in wids)
                 raise WorkerTimeoutError(
@@ -381,14 +381,14 @@ class RayRunner:
         submit(ids)
         clock = StragglerClock(self.timeout)
         while any(channel.waiting for channel in self._channels.values()):
-            ready = wait_channels(self._channels, clock.wait_s(deadline))
+            ready = wait_channels(self._channels, clock.wait_s(deadline.remaining()))
             if not ready and clock.due():
                 stuck = sorted(w for w, ch in self._channels.items() if ch.waiting and w in self._answered)
                 for w in stuck:
                     submit(self._outrun(w, self._channels[w].owed))
                 clock.restart() if stuck else clock.disarm()
                 continue
-            if not ready:
+            if not ready and deadline.expired():
                 hung = sorted(w for w, channel in self._channels.items() if channel.waiting)
                 pending = sorted(i for w in hung for i in self._channels[w].owed)
                 raise WorkerTimeoutError(
@@ -426,7 +426,10 @@ class RayRunner:
         deadline = Deadline(self.timeout)
         refs, direct, sent = self._send_placed(ray, checked)
         values: dict[int, dict[int, Any]] = {w: {} for w in checked}
-        got, closed, hung = collect_replies(direct, deadline.remaining)
+        got, closed, hung, outrun = collect_replies(direct, deadline.remaining, StragglerClock(self.timeout),
+                                                    self._answered)
+        for w in outrun:  # a straggler among actors that answered: lost to this placed run, like a dead one
+            self._outrun(w, list(checked[w].chunk_ids))
         if hung:
             raise WorkerTimeoutError(
                 f"ray actor(s) {hung} did not answer within {self.timeout} s; "
@@ -434,7 +437,8 @@ class RayRunner:
             )
         for w, (ids, entries) in got.items():
             values[w].update(zip(ids, entries))
-        dead = sorted(set(closed) | set(self._collect_calls(ray, refs, sent, values, deadline)))
+            self._answered.add(w)
+        dead = sorted(set(closed) | set(outrun) | set(self._collect_calls(ray, refs, sent, values, deadline)))
         if dead:
             for w in dead:
                 self._reassign(w)
@@ -473,9 +477,17 @@ class RayRunner:
         """The actor calls' results into ``values``; returns the workers whose actor died."""
         dead: list[int] = []
         pending = list(refs)
+        clock = StragglerClock(self.timeout)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=deadline.remaining())
-            if not ready:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=clock.wait_s(deadline.remaining()))
+            if not ready and clock.due():  # stragglers among actors that answered: lost to this run
+                for w in sorted({refs[r] for r in pending if refs[r] in self._answered}):
+                    self._outrun(w, sent[w])
+                    dead.append(w)
+                pending = [r for r in pending if refs[r] not in dead]
+                clock.disarm()
+                continue
+            if not ready and deadline.expired():
                 hung = sorted(refs[r] for r in pending)
                 raise WorkerTimeoutError(
                     f"ray actor(s) {hung} did not answer within {self.timeout} s; "
@@ -490,6 +502,8 @@ class RayRunner:
                     continue
                 self.wire.count_received(reply)
                 values[w].update(zip(sent[w], pickle.loads(reply)))
+                self._answered.add(w)
+                clock.answered()
         return dead
 
     def compute_on(
@@ -544,16 +558,6 @@ def _runner(num_workers: int | None, *, address: str | None = None, init_kwargs:
         return RayRunner(num_workers, address=address, init_kwargs=init_kwargs, **options)
     refuse_for_runner("ray", options, "a Ray module without cluster_resources", "a Ray cluster (ray.init)")
     return RayTaskRunner(ray, num_workers=num_workers, address=address, init_kwargs=init_kwargs)
-
-
-def one_node_cluster(ray: Any) -> bool:
-    """Whether every alive Ray node is this driver's node (pass channels then bind loopback only)."""
-    try:
-        alive = [n for n in ray.nodes() if n.get("Alive", n.get("alive", False))]
-        here = ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - unknown topology: use the node address, as for a multi-node cluster
-        return False
-    return len(alive) == 1 and alive[0].get("NodeManagerAddress") == here
 
 
 class RayEncodedData(BuiltByEncodedData, ChunkedEncodedData):
