@@ -17,10 +17,8 @@ data passes on a socket of its own (``engines.channel``): a pass, and each place
 When a worker dies its actor is gone (a call in flight fails with ``OSError``, later calls with
 ``RuntimeError``, and the actor's future turns ``error``). The runner keeps the encoded chunks on
 the driver, loads the lost ones into live actors (the least-loaded survivor, or a fresh actor on a
-replacement worker the cluster started) and recomputes them. A worker still silent at the straggler
-deadline (``deadline.straggler_deadline``, well below ``timeout``) while others answered is dropped
-from the cluster and its chunks recomputed the same way (same bits); a pass that no worker finishes
-within ``timeout`` seconds raises ``WorkerTimeoutError`` instead of waiting forever.
+replacement worker the cluster started) and recomputes them, as those of a straggler (``dask_channel``,
+dropped from the cluster); a pass no worker finishes within ``timeout`` seconds raises ``WorkerTimeoutError``.
 """
 
 from __future__ import annotations
@@ -53,7 +51,7 @@ from .dask_holder import (
     work_for_holder,
 )
 from .dask_tasks import DaskTaskRunner, is_task_only_client, scheduler_workers
-from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_timeout
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_straggler_timeout, check_timeout
 from .main_guard import require_main_guard
 from .optional_engine import require_engine
 from .wire_bytes import WireBytes
@@ -88,6 +86,7 @@ class DaskRunner(DirectPasses):
         cluster_kwargs: dict[str, Any] | None = None,
         max_recoveries: int = 8,
         direct_channel: bool = True,
+        straggler_timeout: float | None = None,
     ) -> None:
         distributed = require_engine("distributed", "dask")
         self.direct_channel = bool(direct_channel)
@@ -136,7 +135,7 @@ class DaskRunner(DirectPasses):
         self._calls = itertools.count()
         self.recoveries = 0
         """Chunks re-placed after a worker was lost (for tests and logs)."""
-        self._init_stragglers()
+        self._init_stragglers(check_straggler_timeout(straggler_timeout, self.timeout))
 
     # -- actors -------------------------------------------------------------------------------
     def _live_workers(self) -> list[str]:
@@ -408,7 +407,7 @@ class DaskRunner(DirectPasses):
                 hung.setdefault(address, []).extend(wids)
             return self._pass_timeout(hung)
 
-        for _, (_, _, wids), values in self._settle(pending, deadline, timed_out, StragglerClock(self.timeout)):
+        for _, (_, _, wids), values in self._settle(pending, deadline, timed_out, self._straggler_clock()):
             if values is not None:
                 results.update(zip(wids, values))
                 continue
@@ -487,7 +486,7 @@ class DaskRunner(DirectPasses):
                         deadline: Deadline) -> dict[int, dict[int, Any]]:
         """Every chosen worker's results by chunk id; lost workers raise ``WorkerUnavailableError``."""
         values: dict[int, dict[int, Any]] = {w: {} for w in checked}
-        clock = StragglerClock(self.timeout)
+        clock = self._straggler_clock()
         answered = {w for w in calls.direct if self._workers[w] in self._answered}
         got, closed, hung, outrun = collect_replies(calls.direct, deadline.remaining, clock, answered)
         for w in outrun:  # a straggler among workers that answered: lost to this placed run, like a dead one
@@ -563,10 +562,11 @@ class DaskRunner(DirectPasses):
 
 def dask_encoded_data(data: Any, *, client: Any = None, num_workers: int | None = None, **params: Any) -> Any:
     """``encoded_data(..., backend="dask")``: a handle over a :class:`DaskRunner`, or a :class:`DaskTaskRunner`
-    for a client that only submits and gathers. ``timeout=`` and ``direct_channel=`` (``False`` sends every
-    data pass through dask's RPC, see ``engines.channel``) are the resident runner's: with a task-only
-    client they are refused. ``params`` are the handle's options."""
-    engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "direct_channel") if k in params}
+    for a client that only submits and gathers. ``timeout=``, ``straggler_timeout=`` and ``direct_channel=``
+    (``False`` sends every pass through dask's RPC, see ``engines.channel``) are the resident runner's: with a
+    task-only client they are refused. ``params`` are the handle's options."""
+    engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "direct_channel", "straggler_timeout")
+                              if k in params}
     runner: Any
     if is_task_only_client(client, require_engine("distributed", "dask")):
         refuse_for_runner("dask", engine, f"a {type(client).__name__} that only submits and gathers",
@@ -581,7 +581,7 @@ def dask_encoded_data(data: Any, *, client: Any = None, num_workers: int | None 
         raise
 
 
-ENCODED_DATA_OPTIONS = frozenset({"client", "num_workers", "timeout", "direct_channel",
+ENCODED_DATA_OPTIONS = frozenset({"client", "num_workers", "timeout", "direct_channel", "straggler_timeout",
                                   "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the dask backend honours besides the handle's own."""
 

@@ -87,10 +87,16 @@ class DirectPasses:
     """Workers (ids) whose holder the others outran by the straggler deadline: dropped from the cluster."""
     recovered_chunks: list[int]
     """Chunk ids a straggler owed, recomputed by the other holders (for tests and logs)."""
+    straggler_timeout: float | None
+    """``straggler_timeout=``: the straggler deadline in seconds (None: ``deadline.straggler_deadline``'s rule)."""
     _answered: set[str]  # holders that answered a pass: a fresh one (importing modules) is never a straggler
 
-    def _init_stragglers(self) -> None:
+    def _init_stragglers(self, straggler_timeout: float | None) -> None:
         self.stragglers, self.recovered_chunks, self._answered = [], [], set()
+        self.straggler_timeout = straggler_timeout
+
+    def _straggler_clock(self) -> StragglerClock:
+        return StragglerClock(self.timeout, self.straggler_timeout)
 
     def _outrun(self, address: str, owed: Sequence[int]) -> None:
         """Give up on the holder at ``address``, silent past the straggler deadline: the scheduler drops its
@@ -189,7 +195,7 @@ class DirectPasses:
                     lost(address, wids)
 
         submit(ids)
-        clock = StragglerClock(self.timeout)
+        clock = self._straggler_clock()
         while any(channel.waiting for channel in self._channels.values()):
             wait = clock.wait_s(deadline.remaining())
             ready = wait_channels(self._channels, POLL_S if wait is None else min(POLL_S, wait))

@@ -5,8 +5,8 @@ attach and build zero-copy views, so any worker can compute any chunk. That is w
 recovery simple: a dead worker's chunks are re-sent to the survivors, and since a chunk's result
 depends only on the chunk (BLAS capped to one thread per worker), the fit ends on the same bits.
 A worker that the others outrun by the straggler deadline (:func:`straggler_deadline`, well below
-``timeout``) is terminated and its chunks recomputed the same way; when no worker answers within
-``timeout`` seconds, the silent ones are terminated and reported.
+``timeout``, or ``straggler_timeout=``) is terminated and its chunks recomputed the same way; when no
+worker answers within ``timeout`` seconds, the silent ones are terminated and reported.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
 from ..sources.recipes import is_recipe
 from .chunk_assignment import block_assignment, place_blocks
-from .deadline import straggler_deadline
+from .deadline import check_straggler_timeout, straggler_deadline
 from .main_guard import dumps_for_workers, main_left_out
 from .recipe_store import RecipeStore, touch
 from .worker_process import keep_freed_memory, yield_on_wakeup
@@ -187,6 +187,7 @@ class MPChunkRunner:
         start_method: str = "spawn",
         blas_threads: int = 1,
         shutdown_timeout: float = 5.0,
+        straggler_timeout: float | None = None,
     ) -> None:
         n = local_cpu_count() if num_workers is None else num_workers
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -200,6 +201,7 @@ class MPChunkRunner:
         """Seconds ``close`` waits for each worker to exit after asking it to, before killing it."""
         self.num_workers = n
         self.timeout = timeout
+        self.straggler_timeout = check_straggler_timeout(straggler_timeout, timeout)
         self.start_timeout = start_timeout
         self.blas_threads = int(blas_threads)
         self._ctx = mp.get_context(start_method)
@@ -446,6 +448,10 @@ class MPChunkRunner:
             if not self._send(w, message, block):
                 w.pending = list(block)  # collected as lost below
 
+    @property
+    def _deadlines(self) -> tuple[float | None, float | None]:
+        return self.timeout, self.straggler_timeout  # straggler_deadline's (timeout, fixed), read per pass
+
     def _give_up_on_stragglers(self, busy: dict[Any, _Worker], sentinels: dict[Any, _Worker],
                                lost: list[tuple[int, list[int]]]) -> None:
         """Drop every busy worker that has answered before as lost (terminated), so its chunks are recomputed
@@ -516,7 +522,7 @@ class MPChunkRunner:
                 del busy[w.conn]
                 sentinels.pop(w.process.sentinel, None)
                 if straggle_at is None:
-                    straggle_at = started + straggler_deadline(time.monotonic() - started, self.timeout)
+                    straggle_at = started + straggler_deadline(time.monotonic() - started, *self._deadlines)
         return lost
 
     def _drain(self, busy: dict[Any, _Worker], failed: _Worker) -> None:
@@ -558,6 +564,7 @@ def mp_backend(
     start_timeout: float = 180.0,
     start_method: str = "spawn",
     shutdown_timeout: float = 5.0,
+    straggler_timeout: float | None = None,
     **params: Any,
 ) -> ChunkedEncodedData:
     """Factory of the ``mp`` backend (``num_workers`` processes; default: one per resource or local CPU).
@@ -566,7 +573,7 @@ def mp_backend(
     resources = params.get("resources")
     workers = num_workers if num_workers is not None else (len(resources) if resources is not None else None)
     runner = MPChunkRunner(workers, timeout=timeout, start_timeout=start_timeout, start_method=start_method,
-                           shutdown_timeout=shutdown_timeout)
+                           shutdown_timeout=shutdown_timeout, straggler_timeout=straggler_timeout)
     try:
         return handle_from_runner(runner, data, **params)
     except BaseException:
@@ -575,7 +582,8 @@ def mp_backend(
 
 
 ENCODED_DATA_OPTIONS = frozenset({
-    "num_workers", "resources", "timeout", "start_timeout", "start_method", "shutdown_timeout", "placement",
+    "num_workers", "resources", "timeout", "start_timeout", "start_method", "shutdown_timeout", "straggler_timeout",
+    "placement",
     "batch_size", "shuffle", "seed", "engine",
 })
 """The ``encoded_data`` options the mp backend honours besides the handle's own."""

@@ -51,7 +51,7 @@ from .chunk_assignment import (
     ordered_results,
     requested_ids,
 )
-from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_timeout
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_straggler_timeout, check_timeout
 from .optional_engine import require_engine
 from .ray_loopback import loopback_ray_start, one_node_cluster
 from .ray_payload import INLINE_PAYLOAD_BYTES, pack_payload, pack_payload_sized, pickled_results, ray_uses_tls
@@ -137,6 +137,7 @@ class RayRunner:
         init_kwargs: dict[str, Any] | None = None,
         num_cpus_per_worker: float | None = None,
         direct_channel: bool = True,
+        straggler_timeout: float | None = None,
     ) -> None:
         ray = require_engine("ray", "ray")
         # A Ray with TLS keeps every pass on its own (encrypted) RPC: the channel is plain TCP.
@@ -145,6 +146,7 @@ class RayRunner:
         self.wire = WireBytes()
         """Pass bytes to and from the actors: channel frames, and the blobs of ``run`` calls through Ray."""
         self.timeout = check_timeout(timeout)
+        self.straggler_timeout = check_straggler_timeout(straggler_timeout, self.timeout)
         self.start_timeout = check_timeout(start_timeout)
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
@@ -307,7 +309,7 @@ class RayRunner:
                 self.wire.count_message_sent(payload_size)  # each actor gets the pickled payload (inline or store)
 
         submit(ids)
-        clock = StragglerClock(self.timeout)
+        clock = StragglerClock(self.timeout, self.straggler_timeout)
         while inflight:
             ready, _ = ray.wait(list(inflight), num_returns=1, timeout=clock.wait_s(deadline.remaining()))
             if not ready and clock.due():
@@ -379,7 +381,7 @@ class RayRunner:
                     submit(fail(w) + wids)
 
         submit(ids)
-        clock = StragglerClock(self.timeout)
+        clock = StragglerClock(self.timeout, self.straggler_timeout)
         while any(channel.waiting for channel in self._channels.values()):
             ready = wait_channels(self._channels, clock.wait_s(deadline.remaining()))
             if not ready and clock.due():
@@ -426,8 +428,8 @@ class RayRunner:
         deadline = Deadline(self.timeout)
         refs, direct, sent = self._send_placed(ray, checked)
         values: dict[int, dict[int, Any]] = {w: {} for w in checked}
-        got, closed, hung, outrun = collect_replies(direct, deadline.remaining, StragglerClock(self.timeout),
-                                                    self._answered)
+        clock = StragglerClock(self.timeout, self.straggler_timeout)
+        got, closed, hung, outrun = collect_replies(direct, deadline.remaining, clock, self._answered)
         for w in outrun:  # a straggler among actors that answered: lost to this placed run, like a dead one
             self._outrun(w, list(checked[w].chunk_ids))
         if hung:
@@ -477,7 +479,7 @@ class RayRunner:
         """The actor calls' results into ``values``; returns the workers whose actor died."""
         dead: list[int] = []
         pending = list(refs)
-        clock = StragglerClock(self.timeout)
+        clock = StragglerClock(self.timeout, self.straggler_timeout)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=clock.wait_s(deadline.remaining()))
             if not ready and clock.due():  # stragglers among actors that answered: lost to this run
@@ -540,8 +542,8 @@ def ray_encoded_data(data: Any, *, num_workers: int | None = None, address: str 
     """
     if client is not None and address is not None and client != address:
         raise ValueError(f"client={client!r} and address={address!r} both name the Ray cluster; give one")
-    engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "start_timeout", "init_kwargs", "direct_channel")
-                              if k in params}
+    engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "start_timeout", "init_kwargs", "direct_channel",
+                                                         "straggler_timeout") if k in params}
     runner = _runner(num_workers, address=address if address is not None else client, **engine)
     try:
         return handle_from_runner(runner, data, handle_class=RayEncodedData, **params)
@@ -583,7 +585,7 @@ class RayEncodedData(BuiltByEncodedData, ChunkedEncodedData):
 
 
 ENCODED_DATA_OPTIONS = frozenset({"num_workers", "address", "client", "timeout", "start_timeout", "init_kwargs",
-                                  "direct_channel", "batch_size", "shuffle", "seed"})
+                                  "direct_channel", "straggler_timeout", "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the ray backend honours besides the handle's own."""
 
 WORKER_PROCESSES = True

@@ -32,7 +32,7 @@ from .chunk_assignment import (
     ordered_results,
     requested_ids,
 )
-from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_timeout
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_straggler_timeout, check_timeout
 from .optional_engine import require_engine
 from .wire_bytes import WireBytes, dumps
 
@@ -82,9 +82,12 @@ class SparkRunner:
         master: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
         conf: dict[str, str] | None = None,
+        straggler_timeout: float | None = None,
     ) -> None:
         pyspark = require_engine("pyspark", "spark")
         self.timeout = check_timeout(timeout)
+        self.straggler_timeout = check_straggler_timeout(straggler_timeout, self.timeout)
+        """``straggler_timeout=``: the straggler deadline in seconds (None: ``deadline.straggler_deadline``'s rule)."""
         if spark_context is None:
             spark_context = pyspark.SparkContext._active_spark_context  # reuse a running one
         self._owns_context = spark_context is None
@@ -199,7 +202,7 @@ class SparkRunner:
     def _await_job(self, thread: threading.Thread, group: str, what: str, watch: bool) -> list[int] | None:
         """Wait for the job's thread; the partitions still running when the straggler deadline passed (``watch``),
         or None once it ended. Past ``timeout`` the job is cancelled and ``WorkerTimeoutError`` raised."""
-        deadline, clock = Deadline(self.timeout), StragglerClock(self.timeout)
+        deadline, clock = Deadline(self.timeout), StragglerClock(self.timeout, self.straggler_timeout)
         while True:
             wait = deadline.remaining()
             if watch:  # read the job's progress every POLL_S, and when the straggler deadline passes
@@ -319,6 +322,7 @@ def spark_encoded_data(
     num_workers: int | None = None,
     master: str | None = None,
     timeout: float | None = DEFAULT_TIMEOUT_S,
+    straggler_timeout: float | None = None,
     **params: Any,
 ) -> Any:
     """``encoded_data(..., backend="spark")``: a handle over a :class:`SparkRunner`.
@@ -329,7 +333,8 @@ def spark_encoded_data(
     sc = spark_context if spark_context is not None else client
     if sc is not None and hasattr(sc, "sparkContext"):
         sc = sc.sparkContext  # a SparkSession
-    runner = SparkRunner(sc, num_workers=num_workers, master=master, timeout=timeout)
+    runner = SparkRunner(sc, num_workers=num_workers, master=master, timeout=timeout,
+                         straggler_timeout=straggler_timeout)
     try:
         return handle_from_runner(runner, data, **params)
     except BaseException:
@@ -338,7 +343,7 @@ def spark_encoded_data(
 
 
 ENCODED_DATA_OPTIONS = frozenset({"client", "spark_context", "num_workers", "master", "timeout",
-                                  "batch_size", "shuffle", "seed"})
+                                  "straggler_timeout", "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the spark backend honours besides the handle's own."""
 
 WORKER_PROCESSES = True
