@@ -41,6 +41,7 @@ from ..sources.recipes import is_recipe
 from .chunk_assignment import block_assignment, place_blocks
 from .deadline import check_straggler_timeout, straggler_deadline
 from .main_guard import dumps_for_workers, main_left_out
+from .mp_layout import plan_arrays, rebuild_arrays
 from .recipe_store import RecipeStore, touch
 from .worker_process import keep_freed_memory, yield_on_wakeup
 
@@ -53,58 +54,10 @@ BLAS_THREAD_VARIABLES = (
 """Environment variables set to ``1`` in every worker so workers do not oversubscribe cores."""
 
 _ENV_LOCK = threading.Lock()
-_ALIGN = 64
 
 
 class WorkerTaskError(RuntimeError):
     """A chunk function raised inside a worker; the message carries the worker's traceback."""
-
-
-# ---- shared-memory layout ----------------------------------------------------------------------
-class _ShmArray:
-    """Placeholder for an array stored in the shared block: offset, shape, dtype."""
-
-    __slots__ = ("offset", "shape", "dtype")
-
-    def __init__(self, offset: int, shape: tuple[int, ...], dtype: str) -> None:
-        self.offset, self.shape, self.dtype = offset, shape, dtype
-
-    def __reduce__(self) -> Any:
-        return (_ShmArray, (self.offset, self.shape, self.dtype))
-
-
-def _plan(value: Any, arrays: list[tuple[int, np.ndarray]], cursor: list[int]) -> Any:
-    """Replace every numeric array in ``value`` by a placeholder and record where it goes."""
-    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
-        cursor[0] = -(-cursor[0] // _ALIGN) * _ALIGN
-        ref = _ShmArray(cursor[0], tuple(value.shape), value.dtype.str)
-        arrays.append((cursor[0], value))
-        cursor[0] += value.nbytes
-        return ref
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_plan(v, arrays, cursor) for v in value)
-    if isinstance(value, list):
-        return [_plan(v, arrays, cursor) for v in value]
-    if isinstance(value, dict):
-        return {k: _plan(v, arrays, cursor) for k, v in value.items()}
-    return value
-
-
-def _rebuild(value: Any, buf: memoryview) -> Any:
-    """Inverse of ``_plan`` on a worker: placeholders become read-only views into ``buf``."""
-    if isinstance(value, _ShmArray):
-        dtype = np.dtype(value.dtype)
-        count = int(np.prod(value.shape, dtype=np.int64))
-        arr = np.frombuffer(buf, dtype=dtype, count=count, offset=value.offset).reshape(value.shape)
-        arr.flags.writeable = False
-        return arr
-    if isinstance(value, tuple):
-        return tuple(_rebuild(v, buf) for v in value)
-    if isinstance(value, list):
-        return [_rebuild(v, buf) for v in value]
-    if isinstance(value, dict):
-        return {k: _rebuild(v, buf) for k, v in value.items()}
-    return value
 
 
 # ---- worker process ------------------------------------------------------------------------------
@@ -148,7 +101,7 @@ def _worker_main(conn: Any, shm_name: str | None, layout: bytes) -> None:
     try:
         shm = SharedMemory(name=shm_name)
         assert shm.buf is not None  # an attached block is open until close()
-        chunks = [EncodedChunk(c, a, b, _rebuild(d, shm.buf)) for c, a, b, d in pickle.loads(layout)]
+        chunks = [EncodedChunk(c, a, b, rebuild_arrays(d, shm.buf)) for c, a, b, d in pickle.loads(layout)]
     except BaseException:  # noqa: BLE001 - the driver names the cause in its WorkerLostError
         conn.send_bytes(pickle.dumps(("failed", traceback.format_exc())))
         return
@@ -232,7 +185,7 @@ class MPChunkRunner:
             return
         arrays: list[tuple[int, np.ndarray]] = []
         cursor = [0]
-        layout = [(int(c.chunk_id), int(c.start), int(c.stop), _plan(c.data, arrays, cursor)) for c in chunks]
+        layout = [(int(c.chunk_id), int(c.start), int(c.stop), plan_arrays(c.data, arrays, cursor)) for c in chunks]
         self._num_chunks = len(layout)
         self._shm = SharedMemory(create=True, size=max(cursor[0], 1))
         for offset, arr in arrays:

@@ -4,11 +4,9 @@ The driver puts every encoded chunk into the object store once (it owns those ob
 outlive any worker), and each actor resolves the ids of its contiguous block once and keeps them
 resident. A data pass sends each live actor the function, the payload (pickled once per pass:
 inside the call when small, through the object store when large) and its chunk ids; results come
-back as one pickle per actor. When an actor dies its chunks move to the survivors, which resolve
-them from the object store and recompute them. An actor still silent at the straggler deadline
-(``deadline.straggler_deadline``, well below ``timeout``) while others have answered is killed and
-its chunks recomputed the same way (same bits: a chunk's result depends only on the chunk); a pass
-that no actor finishes within ``timeout`` seconds raises ``WorkerTimeoutError``.
+back as one pickle per actor. When an actor dies, or is killed as a straggler (silent at the straggler
+deadline while others answered), its chunks move to the survivors, which resolve them from the object
+store and recompute them (same bits); a pass no actor finishes within ``timeout`` s raises ``WorkerTimeoutError``.
 
 With ``direct_channel=True`` (the default) each actor also serves the data passes on a socket of its
 own (``engines.channel``): a pass, and each placed run of the SDC audit (borrowed chunks included),
@@ -344,12 +342,10 @@ class RayRunner:
         return ordered_results(results, ids, self.name)
 
     def _outrun(self, w: int, owed: list[int]) -> list[int]:
-        """Give up on actor ``w`` (a straggler): kill it, move its chunks to the others; returns ``owed``,
-        the chunk ids of this pass it did not return."""
+        """Give up on straggler ``w``: kill it, move its chunks to the others; returns ``owed`` (its unsent chunks)."""
         import ray
 
-        _log.warning("ray: actor %d is a straggler (silent past the straggler deadline); recomputing chunks %s "
-                     "on the others", w, owed)
+        _log.warning("ray: actor %d is a straggler (silent past the straggler deadline); recomputing %s", w, owed)
         try:
             ray.kill(self._actors[w], no_restart=True)
         except Exception:  # noqa: BLE001 - already gone: its chunks move all the same

@@ -40,7 +40,7 @@ __all__ = ["LOCAL_TASK_ATTEMPTS", "SparkRunner", "spark_encoded_data"]
 
 _log = logging.getLogger(__name__)
 
-POLL_S = 0.1
+POLL_S = 0.25
 """How often a pass that may straggle reads its job's progress (only passes longer than this are read)."""
 
 LOCAL_TASK_ATTEMPTS = 4
