@@ -258,7 +258,7 @@ class SparkRunner:
         parts = self._owners if self._owners is not None else [
             p for p, ids in enumerate(block_assignment(self._num_chunks, self._partitions)) for _ in ids]
         chunks = [c for c, p in enumerate(parts) if p in partitions] if partitions else list(range(self._num_chunks))
-        _log.warning("spark: partition(s) %s outran by the straggler deadline; their job was cancelled and the "
+        _log.warning("spark: partition(s) %s still running at the straggler deadline; their job was cancelled and the "
                      "pass runs again (chunks %s recomputed)", partitions, chunks)
         self.stragglers.extend(partitions)
         self.recovered_chunks.extend(chunks)
