@@ -35,13 +35,14 @@ import struct
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from multiprocessing import AuthenticationError, connection
-from typing import Any
+from typing import Any, NamedTuple
 
 from ....contracts.errors import MissingExtraError
 from ..combine_order import apply_chunk_fn
 from ..sources.recipes import materialize
+from .deadline import StragglerClock
 from .wire_bytes import WireBytes
 from .worker_process import yield_on_wakeup
 
@@ -314,21 +315,40 @@ def wait_channels(channels: dict[Any, ChannelClient], timeout: float | None) -> 
     return [by_conn[c] for c in ready]
 
 
-def collect_replies(channels: dict[Any, ChannelClient], remaining: Callable[[], float | None]
-                    ) -> tuple[dict[Any, tuple[list[int], Any]], list[Any], list[Any]]:
-    """One reply from each channel in ``channels`` (each has exactly one request out): the replies by
-    key, the keys whose socket closed, and the keys still silent when ``remaining()`` ran out."""
-    got: dict[Any, tuple[list[int], Any]] = {}
-    closed: list[Any] = []
+class Replies(NamedTuple):
+    """What :func:`collect_replies` gathered: replies by key, keys whose socket closed, keys still silent when
+    the time ran out, and keys given up as stragglers (silent past the straggler deadline, others answered)."""
+
+    got: dict[Any, tuple[list[int], Any]]
+    closed: list[Any]
+    hung: list[Any]
+    outrun: list[Any]
+
+
+def collect_replies(channels: dict[Any, ChannelClient], remaining: Callable[[], float | None],
+                    clock: StragglerClock | None = None, eligible: Collection[Any] = ()) -> Replies:
+    """One reply from each channel in ``channels`` (each has exactly one request out). With a straggler
+    ``clock``, the keys of ``eligible`` still silent when it is due are given up (``outrun``), the others
+    are waited for until ``remaining()`` runs out (``hung``)."""
+    out = Replies({}, [], [], [])
     waiting = dict(channels)
     while waiting:
-        ready = wait_channels(waiting, remaining())
-        if not ready:
+        ready = wait_channels(waiting, remaining() if clock is None else clock.wait_s(remaining()))
+        if not ready and clock is not None and clock.due():
+            out.outrun.extend(sorted(k for k in waiting if k in eligible))
+            for key in out.outrun:
+                waiting.pop(key, None)
+            clock.disarm()
+            continue
+        if not ready and (remaining() or 0.0) <= 0.0:
             break
         for key in ready:
             reply = waiting.pop(key).receive()
             if reply is None:
-                closed.append(key)
+                out.closed.append(key)
             else:
-                got[key] = reply
-    return got, closed, sorted(waiting)
+                out.got[key] = reply
+                if clock is not None:
+                    clock.answered()
+    out.hung.extend(sorted(waiting))
+    return out

@@ -17,8 +17,8 @@ data passes on a socket of its own (``engines.channel``): a pass, and each place
 When a worker dies its actor is gone (a call in flight fails with ``OSError``, later calls with
 ``RuntimeError``, and the actor's future turns ``error``). The runner keeps the encoded chunks on
 the driver, loads the lost ones into live actors (the least-loaded survivor, or a fresh actor on a
-replacement worker the cluster started) and recomputes them; a pass that does not finish within
-``timeout`` seconds raises ``WorkerTimeoutError`` instead of waiting forever.
+replacement worker the cluster started) and recomputes them, as those of a straggler (``dask_channel``,
+dropped from the cluster); a pass no worker finishes within ``timeout`` seconds raises ``WorkerTimeoutError``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from ..options import EncodedDataOptions
 from ..sources.dask_collections import lend_to
 from .channel import ChannelClient, ChannelOffer, collect_replies
 from .chunk_assignment import home_blocks, ordered_results, requested_ids
-from .dask_channel import ACTOR_START_S, POLL_S, DirectPasses, channel_host
+from .dask_channel import ACTOR_START_S, POLL_S, DirectPasses, call_outcomes, channel_host
 from .dask_holder import (
     DaskChunkHolder,
     dask_config_for_em,
@@ -51,7 +51,7 @@ from .dask_holder import (
     work_for_holder,
 )
 from .dask_tasks import DaskTaskRunner, is_task_only_client, scheduler_workers
-from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_straggler_timeout, check_timeout
 from .main_guard import require_main_guard
 from .optional_engine import require_engine
 from .wire_bytes import WireBytes
@@ -59,24 +59,6 @@ from .wire_bytes import WireBytes
 __all__ = ["DaskChunkHolder", "DaskRunner", "DaskTaskRunner", "channel_host", "dask_config_for_em", "dask_encoded_data"]
 
 _log = logging.getLogger(__name__)
-
-
-async def _outcomes(calls: dict[Any, Any], timeout: float | None) -> dict[Any, tuple[bool, Any]]:
-    """Inside the client's event loop: wait up to ``timeout`` seconds for all ``calls`` (key -> actor
-    future) and return ``(True, value)`` or ``(False, exception)`` for each one that finished."""
-    import asyncio
-
-    async def outcome(call: Any) -> tuple[bool, Any]:
-        try:
-            return True, await call
-        except Exception as exc:  # noqa: BLE001 - the call failed: read as a lost worker
-            return False, exc
-
-    tasks = {asyncio.ensure_future(outcome(call)): key for key, call in calls.items()}
-    done, waiting = await asyncio.wait(tasks, timeout=timeout)
-    for task in waiting:
-        task.cancel()  # stops waiting only; the call itself goes on and is awaited again next time
-    return {tasks[task]: task.result() for task in done}
 
 
 class _PlacedCalls(NamedTuple):
@@ -104,6 +86,7 @@ class DaskRunner(DirectPasses):
         cluster_kwargs: dict[str, Any] | None = None,
         max_recoveries: int = 8,
         direct_channel: bool = True,
+        straggler_timeout: float | None = None,
     ) -> None:
         distributed = require_engine("distributed", "dask")
         self.direct_channel = bool(direct_channel)
@@ -152,6 +135,7 @@ class DaskRunner(DirectPasses):
         self._calls = itertools.count()
         self.recoveries = 0
         """Chunks re-placed after a worker was lost (for tests and logs)."""
+        self._init_stragglers(check_straggler_timeout(straggler_timeout, self.timeout))
 
     # -- actors -------------------------------------------------------------------------------
     def _live_workers(self) -> list[str]:
@@ -312,12 +296,12 @@ class DaskRunner(DirectPasses):
         self._forget(address)
         return None
 
-    def _settle(
-        self, pending: dict[Any, tuple[Any, ...]], deadline: Deadline, timed_out: Callable[[], Exception]
-    ) -> Any:
+    def _settle(self, pending: dict[Any, tuple[Any, ...]], deadline: Deadline, timed_out: Callable[[], Exception],
+                clock: StragglerClock | None = None) -> Any:
         """Yield ``(key, entry, values)`` as the calls of ``pending`` (key -> ``(address, call, ...)``)
-        settle, removing each; ``values`` is None when the worker was lost (then forgotten). The caller
-        may add calls between yields. When nothing settles by the deadline, raises ``timed_out()``.
+        settle, removing each; ``values`` is None when the worker was lost (then forgotten), or outrun by the
+        straggler ``clock`` (then also dropped). The caller may add calls between yields. When nothing settles
+        by the deadline, raises ``timed_out()``.
 
         One hand-off to the client's event loop waits for every pending call at once (up to the poll
         interval) and brings back the outcomes of those that finished: each ``ActorFuture.result()``
@@ -326,13 +310,17 @@ class DaskRunner(DirectPasses):
             calls = {key: entry[1] for key, entry in pending.items() if entry[1] is not None}
             remaining = deadline.remaining()
             wait = POLL_S if remaining is None else min(POLL_S, remaining)
-            outcomes = self.client.sync(_outcomes, calls, wait) if calls else {}
+            outcomes = self.client.sync(call_outcomes, calls, wait) if calls else {}
             progressed = False
+            outrun = clock is not None and not outcomes and clock.due()
             for key, entry in list(pending.items()):
                 address, call = entry[0], entry[1]
                 if key in outcomes:
                     values = self._decode(address, *outcomes[key])
                 elif call is None or not self._alive(address):
+                    values = None
+                elif outrun and address in self._answered:
+                    self._outrun(address, list(entry[2]) if len(entry) > 2 else [])  # (address, call, chunk ids)
                     values = None
                 else:
                     continue
@@ -340,7 +328,12 @@ class DaskRunner(DirectPasses):
                 progressed = True
                 if values is None:
                     self._forget(address)
+                elif clock is not None:
+                    self._answered.add(address)
+                    clock.answered()
                 yield key, entry, values
+            if outrun and clock is not None:
+                clock.restart() if progressed else clock.disarm()
             if pending and not progressed and deadline.expired():
                 raise timed_out()
 
@@ -414,7 +407,7 @@ class DaskRunner(DirectPasses):
                 hung.setdefault(address, []).extend(wids)
             return self._pass_timeout(hung)
 
-        for _, (_, _, wids), values in self._settle(pending, deadline, timed_out):
+        for _, (_, _, wids), values in self._settle(pending, deadline, timed_out, self._straggler_clock()):
             if values is not None:
                 results.update(zip(wids, values))
                 continue
@@ -493,7 +486,11 @@ class DaskRunner(DirectPasses):
                         deadline: Deadline) -> dict[int, dict[int, Any]]:
         """Every chosen worker's results by chunk id; lost workers raise ``WorkerUnavailableError``."""
         values: dict[int, dict[int, Any]] = {w: {} for w in checked}
-        got, closed, hung = collect_replies(calls.direct, deadline.remaining)
+        clock = self._straggler_clock()
+        answered = {w for w in calls.direct if self._workers[w] in self._answered}
+        got, closed, hung, outrun = collect_replies(calls.direct, deadline.remaining, clock, answered)
+        for w in outrun:  # a straggler among workers that answered: lost to this placed run, like a dead one
+            self._outrun(self._workers[w], list(checked[w].chunk_ids))
         if hung:
             raise WorkerTimeoutError(
                 f"dask worker(s) {[self._workers[w] for w in hung]} did not return chunks "
@@ -501,8 +498,9 @@ class DaskRunner(DirectPasses):
             )
         for w, (ids, entries) in got.items():
             values[w].update(zip(ids, entries))
-        dead: list[int] = list(closed)
-        for w in closed:
+            self._answered.add(self._workers[w])
+        dead: list[int] = list(closed) + list(outrun)
+        for w in dead:
             self._drop_channel(self._workers[w])
 
         def timed_out() -> WorkerTimeoutError:
@@ -513,7 +511,7 @@ class DaskRunner(DirectPasses):
                 "raise timeout= (seconds) or restart it"
             )
 
-        for w, (address, _), entries in self._settle(calls.pending, deadline, timed_out):
+        for w, (address, _), entries in self._settle(calls.pending, deadline, timed_out, clock):
             if entries is None:
                 dead.append(w)
                 continue
@@ -564,10 +562,11 @@ class DaskRunner(DirectPasses):
 
 def dask_encoded_data(data: Any, *, client: Any = None, num_workers: int | None = None, **params: Any) -> Any:
     """``encoded_data(..., backend="dask")``: a handle over a :class:`DaskRunner`, or a :class:`DaskTaskRunner`
-    for a client that only submits and gathers. ``timeout=`` and ``direct_channel=`` (``False`` sends every
-    data pass through dask's RPC, see ``engines.channel``) are the resident runner's: with a task-only
-    client they are refused. ``params`` are the handle's options."""
-    engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "direct_channel") if k in params}
+    for a client that only submits and gathers. ``timeout=``, ``straggler_timeout=`` and ``direct_channel=``
+    (``False`` sends every pass through dask's RPC, see ``engines.channel``) are the resident runner's: with a
+    task-only client they are refused. ``params`` are the handle's options."""
+    engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "direct_channel", "straggler_timeout")
+                              if k in params}
     runner: Any
     if is_task_only_client(client, require_engine("distributed", "dask")):
         refuse_for_runner("dask", engine, f"a {type(client).__name__} that only submits and gathers",
@@ -582,7 +581,7 @@ def dask_encoded_data(data: Any, *, client: Any = None, num_workers: int | None 
         raise
 
 
-ENCODED_DATA_OPTIONS = frozenset({"client", "num_workers", "timeout", "direct_channel",
+ENCODED_DATA_OPTIONS = frozenset({"client", "num_workers", "timeout", "direct_channel", "straggler_timeout",
                                   "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the dask backend honours besides the handle's own."""
 

@@ -3,7 +3,9 @@
 ``DirectPasses`` is the part of :class:`~mixle_parallel.executors.estimation.engines.dask.DaskRunner`
 that opens a holder's pass socket (``engines.channel``) on first use and runs a data pass over the
 sockets, treating a closed socket (or a worker the scheduler dropped) as a lost worker whose chunks
-are re-placed through dask. It is a mixin: it uses the runner's actors, placement and recovery
+are re-placed through dask. A holder still silent at the straggler deadline (``deadline.StragglerClock``)
+while others answered is a straggler: the scheduler drops its worker, and its chunks are re-placed
+and recomputed the same way (same bits). It is a mixin: it uses the runner's actors, placement and recovery
 (``_channels``, ``_channel_offer``, ``direct_channel``, ``_actors``, ``_where``, ``_invoke``,
 ``_await``, ``_alive``, ``_forget``, ``_replace``, ``_check_losses``, ``_pass_timeout``).
 """
@@ -11,16 +13,17 @@ are re-placed through dask. It is a mixin: it uses the runner's actors, placemen
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..chunks import WorkerTimeoutError
 from .channel import ChannelClient, ChannelOffer, wait_channels
 from .chunk_assignment import ordered_results
-from .deadline import Deadline
+from .deadline import Deadline, StragglerClock
 from .wire_bytes import WireBytes
 
-__all__ = ["ACTOR_START_S", "POLL_S", "DirectPasses", "channel_host"]
+__all__ = ["ACTOR_START_S", "POLL_S", "DirectPasses", "call_outcomes", "channel_host"]
 
 _log = logging.getLogger("mixle_parallel.executors.estimation.engines.dask")
 
@@ -40,6 +43,24 @@ def channel_host(address: str) -> str | None:
     return rest.rsplit(":", 1)[0].strip("[]")
 
 
+async def call_outcomes(calls: dict[Any, Any], timeout: float | None) -> dict[Any, tuple[bool, Any]]:
+    """Inside the client's event loop: wait up to ``timeout`` seconds for all ``calls`` (key -> actor
+    future) and return ``(True, value)`` or ``(False, exception)`` for each one that finished."""
+    import asyncio
+
+    async def outcome(call: Any) -> tuple[bool, Any]:
+        try:
+            return True, await call
+        except Exception as exc:  # noqa: BLE001 - the call failed: read as a lost worker
+            return False, exc
+
+    tasks = {asyncio.ensure_future(outcome(call)): key for key, call in calls.items()}
+    done, waiting = await asyncio.wait(tasks, timeout=timeout)
+    for task in waiting:
+        task.cancel()  # stops waiting only; the call itself goes on and is awaited again next time
+    return {tasks[task]: task.result() for task in done}
+
+
 class DirectPasses:
     """Data passes over the chunk holders' own sockets (mixed into ``DaskRunner``)."""
 
@@ -57,8 +78,43 @@ class DirectPasses:
     _replace: Callable[[list[int], Deadline], None]
     _check_losses: Callable[[int, Sequence[int]], None]
     _pass_timeout: Callable[[Mapping[str, Sequence[int]]], WorkerTimeoutError]
+    timeout: float | None
     wire: WireBytes
     """Pass bytes to and from the holders: channel frames, and the blobs of ``run`` calls through dask."""
+    client: Any
+    _workers: list[str]
+    stragglers: list[int]
+    """Workers (ids) whose holder the others outran by the straggler deadline: dropped from the cluster."""
+    recovered_chunks: list[int]
+    """Chunk ids a straggler owed, recomputed by the other holders (for tests and logs)."""
+    straggler_timeout: float | None
+    """``straggler_timeout=``: the straggler deadline in seconds (None: ``deadline.straggler_deadline``'s rule)."""
+    _answered: set[str]  # holders that answered a pass: a fresh one (importing modules) is never a straggler
+
+    def _init_stragglers(self, straggler_timeout: float | None) -> None:
+        self.stragglers, self.recovered_chunks, self._answered = [], [], set()
+        self.straggler_timeout = straggler_timeout
+
+    def _straggler_clock(self) -> StragglerClock:
+        return StragglerClock(self.timeout, self.straggler_timeout)
+
+    def _outrun(self, address: str, owed: Sequence[int]) -> None:
+        """Give up on the holder at ``address``, silent past the straggler deadline: the scheduler drops its
+        worker (and closes it once it runs again), so its keys are recomputed elsewhere and nothing waits
+        on it; the caller re-places ``owed``. An abandoned actor call would keep that worker's actor thread
+        busy, so the worker is never used again."""
+        _log.warning("dask: worker %s is a straggler (silent past the straggler deadline); recomputing chunks "
+                     "%s on the others and dropping it from the cluster", address, list(owed))
+        self.stragglers.append(self._workers.index(address) if address in self._workers else -1)
+        self.recovered_chunks.extend(owed)
+
+        async def remove(dask_scheduler: Any, address: str, stimulus_id: str) -> Any:
+            return await dask_scheduler.remove_worker(address=address, stimulus_id=stimulus_id, close=True)
+
+        try:
+            self.client.run_on_scheduler(remove, address=address, stimulus_id=f"mixle-straggler-{uuid.uuid4().hex}")
+        except Exception as exc:  # noqa: BLE001 - the worker stays listed; it is not used again all the same
+            _log.warning("dask: the scheduler did not drop straggler %s (%r)", address, exc)
 
     @property
     def transport_bytes(self) -> int:
@@ -139,9 +195,10 @@ class DirectPasses:
                     lost(address, wids)
 
         submit(ids)
+        clock = self._straggler_clock()
         while any(channel.waiting for channel in self._channels.values()):
-            remaining = deadline.remaining()
-            ready = wait_channels(self._channels, POLL_S if remaining is None else min(POLL_S, remaining))
+            wait = clock.wait_s(deadline.remaining())
+            ready = wait_channels(self._channels, POLL_S if wait is None else min(POLL_S, wait))
             for address in ready:
                 if address not in self._channels:
                     continue
@@ -150,9 +207,17 @@ class DirectPasses:
                     lost(address)
                     continue
                 results.update(zip(*got))
+                self._answered.add(address)
+                clock.answered()
             if not ready:  # a worker on another host can vanish without closing its socket
                 for address in [a for a, ch in self._channels.items() if ch.waiting and not self._alive(a)]:
                     lost(address)
+                if clock.due():
+                    stuck = [a for a, ch in self._channels.items() if ch.waiting and a in self._answered]
+                    for address in stuck:
+                        self._outrun(address, self._channels[address].owed)
+                        lost(address)
+                    clock.restart() if stuck else clock.disarm()
                 if deadline.expired():
                     hung = {a: ch.owed for a, ch in self._channels.items() if ch.waiting}
                     raise self._pass_timeout(hung)

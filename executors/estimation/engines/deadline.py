@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import time
 
-__all__ = ['check_timeout', 'Deadline', 'DEFAULT_TIMEOUT_S', 'straggler_deadline']
+__all__ = ['check_straggler_timeout', 'check_timeout', 'Deadline', 'DEFAULT_TIMEOUT_S', 'StragglerClock',
+           'straggler_deadline']
 
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -19,6 +20,21 @@ def check_timeout(timeout: float | None) -> float | None:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     return float(timeout)
+
+
+def check_straggler_timeout(straggler_timeout: float | None, timeout: float | None) -> float | None:
+    """Validate ``straggler_timeout=`` (seconds after a pass began at which a worker still silent, while others
+    answered, is given up; ``None``: :func:`straggler_deadline`'s rule). It must be below ``timeout``."""
+    if straggler_timeout is None:
+        return None
+    if isinstance(straggler_timeout, bool) or not isinstance(straggler_timeout, (int, float)) \
+            or not math.isfinite(straggler_timeout) or straggler_timeout <= 0:
+        raise ValueError(f"straggler_timeout must be a positive number of seconds or None (automatic), "
+                         f"got {straggler_timeout!r}")
+    if timeout is not None and straggler_timeout >= timeout:
+        raise ValueError(f"straggler_timeout={straggler_timeout!r} must be below timeout={timeout!r}: the timeout is "
+                         "for a pass no worker answers; lower straggler_timeout or raise timeout")
+    return float(straggler_timeout)
 
 
 class Deadline:
@@ -45,12 +61,54 @@ STRAGGLER_TIMEOUT_SHARE = 0.25
 """The straggler deadline's ceiling, as a share of the pass's timeout."""
 
 
-def straggler_deadline(first_answer_s: float, timeout: float | None) -> float:
-    """Seconds after a pass's requests went out at which an mp worker still silent, while another has answered,
+def straggler_deadline(first_answer_s: float, timeout: float | None, fixed: float | None = None) -> float:
+    """Seconds after a pass's requests went out at which a worker still silent, while another has answered,
     is a straggler: ``STRAGGLER_FACTOR`` times the first answer's time, at least ``STRAGGLER_MIN_S``, at most
     ``STRAGGLER_TIMEOUT_SHARE`` of ``timeout`` (well below it: a fit's timeout is for when no worker answers).
 
     A straggler (SIGSTOPped, a hung node) is terminated and its chunks recomputed by the others; a chunk's
-    result depends only on the chunk, so the fit ends on the same bits, with one worker fewer."""
+    result depends only on the chunk, so the fit ends on the same bits, with one worker fewer. ``fixed`` (the
+    ``straggler_timeout=`` option, checked by :func:`check_straggler_timeout`) replaces the rule."""
+    if fixed is not None:
+        return fixed
     after = max(STRAGGLER_MIN_S, STRAGGLER_FACTOR * first_answer_s)
     return after if timeout is None else min(after, STRAGGLER_TIMEOUT_SHARE * timeout)
+
+
+class StragglerClock:
+    """When the silent workers of one data pass become stragglers (dask, ray and spark; mp keeps its own loop).
+
+    Armed by the pass's first answer at :func:`straggler_deadline` after the pass (or its last restart)
+    began; a worker still silent then, while others have answered, is given up and its chunks recomputed
+    by the others. ``restart`` after giving up (the recomputation is a new race), ``disarm`` when no one
+    silent may be given up (a fresh worker's first task waits for the pass's timeout)."""
+
+    def __init__(self, timeout: float | None, fixed: float | None = None) -> None:
+        self.timeout, self.fixed = timeout, fixed
+        self.restart()
+
+    def restart(self) -> None:
+        """Start the race again from now, unarmed."""
+        self._started = time.monotonic()
+        self._due: float | None = None
+        self._disarmed = False
+
+    def disarm(self) -> None:
+        """No straggler in this race: wait for the pass's own deadline."""
+        self._due, self._disarmed = None, True
+
+    def answered(self) -> None:
+        """A worker answered: arm the clock (the first answer of the race sets the deadline)."""
+        if self._due is None and not self._disarmed:
+            now = time.monotonic()
+            self._due = self._started + straggler_deadline(now - self._started, self.timeout, self.fixed)
+
+    def due(self) -> bool:
+        """Whether the silent workers are stragglers now."""
+        return self._due is not None and time.monotonic() >= self._due
+
+    def wait_s(self, remaining: float | None) -> float | None:
+        """Seconds to wait for the next answer: up to the straggler deadline, or ``remaining`` (the pass's)."""
+        ends = [t for t in (remaining, None if self._due is None else self._due - time.monotonic())
+                if t is not None]
+        return max(0.0, min(ends)) if ends else None

@@ -5,8 +5,8 @@ attach and build zero-copy views, so any worker can compute any chunk. That is w
 recovery simple: a dead worker's chunks are re-sent to the survivors, and since a chunk's result
 depends only on the chunk (BLAS capped to one thread per worker), the fit ends on the same bits.
 A worker that the others outrun by the straggler deadline (:func:`straggler_deadline`, well below
-``timeout``) is terminated and its chunks recomputed the same way; when no worker answers within
-``timeout`` seconds, the silent ones are terminated and reported.
+``timeout``, or ``straggler_timeout=``) is terminated and its chunks recomputed the same way; when no
+worker answers within ``timeout`` seconds, the silent ones are terminated and reported.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
 from ..sources.recipes import is_recipe
 from .chunk_assignment import block_assignment, place_blocks
-from .deadline import straggler_deadline
+from .deadline import check_straggler_timeout, straggler_deadline
 from .main_guard import dumps_for_workers, main_left_out
+from .mp_layout import plan_arrays, rebuild_arrays
 from .recipe_store import RecipeStore, touch
 from .worker_process import keep_freed_memory, yield_on_wakeup
 
@@ -53,58 +54,10 @@ BLAS_THREAD_VARIABLES = (
 """Environment variables set to ``1`` in every worker so workers do not oversubscribe cores."""
 
 _ENV_LOCK = threading.Lock()
-_ALIGN = 64
 
 
 class WorkerTaskError(RuntimeError):
     """A chunk function raised inside a worker; the message carries the worker's traceback."""
-
-
-# ---- shared-memory layout ----------------------------------------------------------------------
-class _ShmArray:
-    """Placeholder for an array stored in the shared block: offset, shape, dtype."""
-
-    __slots__ = ("offset", "shape", "dtype")
-
-    def __init__(self, offset: int, shape: tuple[int, ...], dtype: str) -> None:
-        self.offset, self.shape, self.dtype = offset, shape, dtype
-
-    def __reduce__(self) -> Any:
-        return (_ShmArray, (self.offset, self.shape, self.dtype))
-
-
-def _plan(value: Any, arrays: list[tuple[int, np.ndarray]], cursor: list[int]) -> Any:
-    """Replace every numeric array in ``value`` by a placeholder and record where it goes."""
-    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
-        cursor[0] = -(-cursor[0] // _ALIGN) * _ALIGN
-        ref = _ShmArray(cursor[0], tuple(value.shape), value.dtype.str)
-        arrays.append((cursor[0], value))
-        cursor[0] += value.nbytes
-        return ref
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_plan(v, arrays, cursor) for v in value)
-    if isinstance(value, list):
-        return [_plan(v, arrays, cursor) for v in value]
-    if isinstance(value, dict):
-        return {k: _plan(v, arrays, cursor) for k, v in value.items()}
-    return value
-
-
-def _rebuild(value: Any, buf: memoryview) -> Any:
-    """Inverse of ``_plan`` on a worker: placeholders become read-only views into ``buf``."""
-    if isinstance(value, _ShmArray):
-        dtype = np.dtype(value.dtype)
-        count = int(np.prod(value.shape, dtype=np.int64))
-        arr = np.frombuffer(buf, dtype=dtype, count=count, offset=value.offset).reshape(value.shape)
-        arr.flags.writeable = False
-        return arr
-    if isinstance(value, tuple):
-        return tuple(_rebuild(v, buf) for v in value)
-    if isinstance(value, list):
-        return [_rebuild(v, buf) for v in value]
-    if isinstance(value, dict):
-        return {k: _rebuild(v, buf) for k, v in value.items()}
-    return value
 
 
 # ---- worker process ------------------------------------------------------------------------------
@@ -148,7 +101,7 @@ def _worker_main(conn: Any, shm_name: str | None, layout: bytes) -> None:
     try:
         shm = SharedMemory(name=shm_name)
         assert shm.buf is not None  # an attached block is open until close()
-        chunks = [EncodedChunk(c, a, b, _rebuild(d, shm.buf)) for c, a, b, d in pickle.loads(layout)]
+        chunks = [EncodedChunk(c, a, b, rebuild_arrays(d, shm.buf)) for c, a, b, d in pickle.loads(layout)]
     except BaseException:  # noqa: BLE001 - the driver names the cause in its WorkerLostError
         conn.send_bytes(pickle.dumps(("failed", traceback.format_exc())))
         return
@@ -187,6 +140,7 @@ class MPChunkRunner:
         start_method: str = "spawn",
         blas_threads: int = 1,
         shutdown_timeout: float = 5.0,
+        straggler_timeout: float | None = None,
     ) -> None:
         n = local_cpu_count() if num_workers is None else num_workers
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -200,6 +154,7 @@ class MPChunkRunner:
         """Seconds ``close`` waits for each worker to exit after asking it to, before killing it."""
         self.num_workers = n
         self.timeout = timeout
+        self.straggler_timeout = check_straggler_timeout(straggler_timeout, timeout)
         self.start_timeout = start_timeout
         self.blas_threads = int(blas_threads)
         self._ctx = mp.get_context(start_method)
@@ -230,7 +185,7 @@ class MPChunkRunner:
             return
         arrays: list[tuple[int, np.ndarray]] = []
         cursor = [0]
-        layout = [(int(c.chunk_id), int(c.start), int(c.stop), _plan(c.data, arrays, cursor)) for c in chunks]
+        layout = [(int(c.chunk_id), int(c.start), int(c.stop), plan_arrays(c.data, arrays, cursor)) for c in chunks]
         self._num_chunks = len(layout)
         self._shm = SharedMemory(create=True, size=max(cursor[0], 1))
         for offset, arr in arrays:
@@ -446,6 +401,10 @@ class MPChunkRunner:
             if not self._send(w, message, block):
                 w.pending = list(block)  # collected as lost below
 
+    @property
+    def _deadlines(self) -> tuple[float | None, float | None]:
+        return self.timeout, self.straggler_timeout  # straggler_deadline's (timeout, fixed), read per pass
+
     def _give_up_on_stragglers(self, busy: dict[Any, _Worker], sentinels: dict[Any, _Worker],
                                lost: list[tuple[int, list[int]]]) -> None:
         """Drop every busy worker that has answered before as lost (terminated), so its chunks are recomputed
@@ -516,7 +475,7 @@ class MPChunkRunner:
                 del busy[w.conn]
                 sentinels.pop(w.process.sentinel, None)
                 if straggle_at is None:
-                    straggle_at = started + straggler_deadline(time.monotonic() - started, self.timeout)
+                    straggle_at = started + straggler_deadline(time.monotonic() - started, *self._deadlines)
         return lost
 
     def _drain(self, busy: dict[Any, _Worker], failed: _Worker) -> None:
@@ -558,6 +517,7 @@ def mp_backend(
     start_timeout: float = 180.0,
     start_method: str = "spawn",
     shutdown_timeout: float = 5.0,
+    straggler_timeout: float | None = None,
     **params: Any,
 ) -> ChunkedEncodedData:
     """Factory of the ``mp`` backend (``num_workers`` processes; default: one per resource or local CPU).
@@ -566,7 +526,7 @@ def mp_backend(
     resources = params.get("resources")
     workers = num_workers if num_workers is not None else (len(resources) if resources is not None else None)
     runner = MPChunkRunner(workers, timeout=timeout, start_timeout=start_timeout, start_method=start_method,
-                           shutdown_timeout=shutdown_timeout)
+                           shutdown_timeout=shutdown_timeout, straggler_timeout=straggler_timeout)
     try:
         return handle_from_runner(runner, data, **params)
     except BaseException:
@@ -575,7 +535,8 @@ def mp_backend(
 
 
 ENCODED_DATA_OPTIONS = frozenset({
-    "num_workers", "resources", "timeout", "start_timeout", "start_method", "shutdown_timeout", "placement",
+    "num_workers", "resources", "timeout", "start_timeout", "start_method", "shutdown_timeout", "straggler_timeout",
+    "placement",
     "batch_size", "shuffle", "seed", "engine",
 })
 """The ``encoded_data`` options the mp backend honours besides the handle's own."""

@@ -4,9 +4,9 @@ The driver puts every encoded chunk into the object store once (it owns those ob
 outlive any worker), and each actor resolves the ids of its contiguous block once and keeps them
 resident. A data pass sends each live actor the function, the payload (pickled once per pass:
 inside the call when small, through the object store when large) and its chunk ids; results come
-back as one pickle per actor. When an actor dies its chunks move to the survivors, which resolve
-them from the object store and recompute them; a pass that does not finish within ``timeout``
-seconds raises ``WorkerTimeoutError``.
+back as one pickle per actor. When an actor dies, or is killed as a straggler (silent at the straggler
+deadline while others answered), its chunks move to the survivors, which resolve them from the object
+store and recompute them (same bits); a pass no actor finishes within ``timeout`` s raises ``WorkerTimeoutError``.
 
 With ``direct_channel=True`` (the default) each actor also serves the data passes on a socket of its
 own (``engines.channel``): a pass, and each placed run of the SDC audit (borrowed chunks included),
@@ -49,57 +49,20 @@ from .chunk_assignment import (
     ordered_results,
     requested_ids,
 )
-from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_straggler_timeout, check_timeout
 from .optional_engine import require_engine
-from .ray_loopback import loopback_ray_start
+from .ray_loopback import loopback_ray_start, one_node_cluster
+from .ray_payload import INLINE_PAYLOAD_BYTES, pack_payload, pack_payload_sized, pickled_results, ray_uses_tls
 from .ray_tasks import RayTaskRunner, has_cluster_view
 from .wire_bytes import WireBytes
 from .worker_process import prepare_worker
 
 __all__ = [
     "INLINE_PAYLOAD_BYTES", "RayChunkWorker", "RayEncodedData", "RayRunner", "pack_payload", "ray_encoded_data",
-    "ray_uses_tls",
+    "one_node_cluster", "ray_uses_tls",
 ]
 
 _log = logging.getLogger(__name__)
-
-
-INLINE_PAYLOAD_BYTES = 100 * 1024
-"""A pickled payload up to this size travels inside the actor call (Ray inlines small arguments);
-a larger one is put in the object store once per pass and shared by every actor."""
-
-
-def pack_payload(payload: Any) -> Any:
-    """The payload pickled once (cloudpickle), inline when small, else an object-store reference.
-
-    Measured here: a pass's (estimator, model) payload through ``ray.put`` added ~4.5 ms per actor
-    call (the actor fetches it from the store) against ~0.3 ms inline.
-    """
-    return pack_payload_sized(payload)[0]
-
-
-def pack_payload_sized(payload: Any) -> tuple[Any, int]:
-    """``pack_payload(payload)`` and the length of the pickle it holds."""
-    import ray
-    from ray import cloudpickle
-
-    blob = cloudpickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-    return (blob if len(blob) <= INLINE_PAYLOAD_BYTES else ray.put(blob)), len(blob)
-
-
-def ray_uses_tls() -> bool:
-    """Whether Ray's own traffic is TLS (``RAY_USE_TLS``); pass channels are then not opened."""
-    import os
-
-    return os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true", "yes")
-
-
-def _pickled(results: Any) -> bytes:
-    """A batch of chunk results as one pickle: many small statistic arrays travel as one buffer, not
-    one out-of-band buffer each."""
-    from ray import cloudpickle
-
-    return cloudpickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class RayChunkWorker:
@@ -136,7 +99,7 @@ class RayChunkWorker:
     def run(self, fn: Callable[[Any, Any], Any], payload: bytes, chunk_ids: list[int]) -> bytes:
         """``fn(chunk, payload)`` for each of ``chunk_ids``: the pickled ``(chunk id, result)`` pairs
         (``payload`` comes pickled, see ``pack_payload``)."""
-        return _pickled(
+        return pickled_results(
             list(zip(chunk_ids, apply_chunk_fn(fn, pickle.loads(payload), chunk_ids, self.chunks.__getitem__)))
         )
 
@@ -149,7 +112,7 @@ class RayChunkWorker:
         import ray
 
         extra = {i: materialize(v) for i, v in zip(borrowed, ray.get([ref[0] for ref in borrowed.values()]))}
-        return _pickled(
+        return pickled_results(
             apply_chunk_fn(
                 fn, pickle.loads(payload), chunk_ids, lambda i: self.chunks[i] if i in self.chunks else extra[i]
             )
@@ -172,6 +135,7 @@ class RayRunner:
         init_kwargs: dict[str, Any] | None = None,
         num_cpus_per_worker: float | None = None,
         direct_channel: bool = True,
+        straggler_timeout: float | None = None,
     ) -> None:
         ray = require_engine("ray", "ray")
         # A Ray with TLS keeps every pass on its own (encrypted) RPC: the channel is plain TCP.
@@ -180,6 +144,7 @@ class RayRunner:
         self.wire = WireBytes()
         """Pass bytes to and from the actors: channel frames, and the blobs of ``run`` calls through Ray."""
         self.timeout = check_timeout(timeout)
+        self.straggler_timeout = check_straggler_timeout(straggler_timeout, self.timeout)
         self.start_timeout = check_timeout(start_timeout)
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
@@ -203,6 +168,11 @@ class RayRunner:
         self._owner: list[int] = []
         self.recoveries = 0
         """Chunks moved to a surviving actor after one died (for tests and logs)."""
+        self.stragglers: list[int] = []
+        """Actors killed because the others outran them by the straggler deadline (for tests and logs)."""
+        self.recovered_chunks: list[int] = []
+        """Chunk ids a straggler owed, recomputed by the other actors (for tests and logs)."""
+        self._answered: set[int] = set()  # actors that answered a pass: a fresh one is never a straggler
 
     @property
     def transport_bytes(self) -> int:
@@ -321,7 +291,7 @@ class RayRunner:
         ids = requested_ids(chunk_ids, len(self._refs))
         deadline = Deadline(self.timeout)
         if self._channels:
-            task = _pickled((fn, payload))
+            task = pickled_results((fn, payload))
             if len(task) <= INLINE_PAYLOAD_BYTES:
                 return self._map_direct(task, ids, deadline)
         payload_ref, payload_size = pack_payload_sized(payload)
@@ -337,9 +307,20 @@ class RayRunner:
                 self.wire.count_message_sent(payload_size)  # each actor gets the pickled payload (inline or store)
 
         submit(ids)
+        clock = StragglerClock(self.timeout, self.straggler_timeout)
         while inflight:
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=deadline.remaining())
-            if not ready:
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=clock.wait_s(deadline.remaining()))
+            if not ready and clock.due():
+                owed: dict[int, list[int]] = {}
+                for ref in [r for r, (w, _) in inflight.items() if w in self._answered]:
+                    w, wids = inflight.pop(ref)
+                    owed.setdefault(w, []).extend(wids)
+                stuck = sorted(owed)
+                for w in stuck:
+                    submit(self._outrun(w, owed[w]))
+                clock.restart() if stuck else clock.disarm()
+                continue
+            if not ready and deadline.expired():
                 hung = sorted({w for w, _ in inflight.values()})
                 pending = sorted(i for _, wids in inflight.values() for i in wids)
                 raise WorkerTimeoutError(
@@ -356,7 +337,23 @@ class RayRunner:
                     continue
                 self.wire.count_received(reply)
                 results.update(pickle.loads(reply))
+                self._answered.add(w)
+                clock.answered()
         return ordered_results(results, ids, self.name)
+
+    def _outrun(self, w: int, owed: list[int]) -> list[int]:
+        """Give up on straggler ``w``: kill it, move its chunks to the others; returns ``owed`` (its unsent chunks)."""
+        import ray
+
+        _log.warning("ray: actor %d is a straggler (silent past the straggler deadline); recomputing %s", w, owed)
+        try:
+            ray.kill(self._actors[w], no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone: its chunks move all the same
+            pass
+        self.stragglers.append(w)
+        self.recovered_chunks.extend(owed)
+        self._reassign(w)
+        return owed
 
     def _map_direct(self, task: bytes, ids: list[int], deadline: Deadline) -> list[Any]:
         """A pass over the actors' sockets; a closed socket is a dead actor, whose chunks move to the
@@ -380,9 +377,16 @@ class RayRunner:
                     submit(fail(w) + wids)
 
         submit(ids)
+        clock = StragglerClock(self.timeout, self.straggler_timeout)
         while any(channel.waiting for channel in self._channels.values()):
-            ready = wait_channels(self._channels, deadline.remaining())
-            if not ready:
+            ready = wait_channels(self._channels, clock.wait_s(deadline.remaining()))
+            if not ready and clock.due():
+                stuck = sorted(w for w, ch in self._channels.items() if ch.waiting and w in self._answered)
+                for w in stuck:
+                    submit(self._outrun(w, self._channels[w].owed))
+                clock.restart() if stuck else clock.disarm()
+                continue
+            if not ready and deadline.expired():
                 hung = sorted(w for w, channel in self._channels.items() if channel.waiting)
                 pending = sorted(i for w in hung for i in self._channels[w].owed)
                 raise WorkerTimeoutError(
@@ -399,6 +403,8 @@ class RayRunner:
                     continue
                 wids, values = got
                 results.update(zip(wids, values))
+                self._answered.add(w)
+                clock.answered()
         return ordered_results(results, ids, self.name)
 
     # -- placement (the SDC audit recomputes a chunk on a chosen actor) ------------------------
@@ -418,7 +424,10 @@ class RayRunner:
         deadline = Deadline(self.timeout)
         refs, direct, sent = self._send_placed(ray, checked)
         values: dict[int, dict[int, Any]] = {w: {} for w in checked}
-        got, closed, hung = collect_replies(direct, deadline.remaining)
+        clock = StragglerClock(self.timeout, self.straggler_timeout)
+        got, closed, hung, outrun = collect_replies(direct, deadline.remaining, clock, self._answered)
+        for w in outrun:  # a straggler among actors that answered: lost to this placed run, like a dead one
+            self._outrun(w, list(checked[w].chunk_ids))
         if hung:
             raise WorkerTimeoutError(
                 f"ray actor(s) {hung} did not answer within {self.timeout} s; "
@@ -426,7 +435,8 @@ class RayRunner:
             )
         for w, (ids, entries) in got.items():
             values[w].update(zip(ids, entries))
-        dead = sorted(set(closed) | set(self._collect_calls(ray, refs, sent, values, deadline)))
+            self._answered.add(w)
+        dead = sorted(set(closed) | set(outrun) | set(self._collect_calls(ray, refs, sent, values, deadline)))
         if dead:
             for w in dead:
                 self._reassign(w)
@@ -444,10 +454,11 @@ class RayRunner:
             if not task.chunk_ids:
                 continue
             # over the actor's pass channel, borrowed chunks included (one call, so one thread computes)
-            blob = _pickled((task.fn, task.payload)) if w in self._channels else b""
+            blob = pickled_results((task.fn, task.payload)) if w in self._channels else b""
             rest = list(task.chunk_ids)
             if 0 < len(blob) <= INLINE_PAYLOAD_BYTES:
-                borrowed = {i: _pickled(ray.get(self._refs[i])) for i in dict.fromkeys(rest) if self._owner[i] != w}
+                borrowed = {i: pickled_results(ray.get(self._refs[i]))
+                            for i in dict.fromkeys(rest) if self._owner[i] != w}
                 if self._channels[w].send(blob, rest, borrowed):
                     direct[w] = self._channels[w]
                     rest = []
@@ -464,9 +475,17 @@ class RayRunner:
         """The actor calls' results into ``values``; returns the workers whose actor died."""
         dead: list[int] = []
         pending = list(refs)
+        clock = StragglerClock(self.timeout, self.straggler_timeout)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=deadline.remaining())
-            if not ready:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=clock.wait_s(deadline.remaining()))
+            if not ready and clock.due():  # stragglers among actors that answered: lost to this run
+                for w in sorted({refs[r] for r in pending if refs[r] in self._answered}):
+                    self._outrun(w, sent[w])
+                    dead.append(w)
+                pending = [r for r in pending if refs[r] not in dead]
+                clock.disarm()
+                continue
+            if not ready and deadline.expired():
                 hung = sorted(refs[r] for r in pending)
                 raise WorkerTimeoutError(
                     f"ray actor(s) {hung} did not answer within {self.timeout} s; "
@@ -481,6 +500,8 @@ class RayRunner:
                     continue
                 self.wire.count_received(reply)
                 values[w].update(zip(sent[w], pickle.loads(reply)))
+                self._answered.add(w)
+                clock.answered()
         return dead
 
     def compute_on(
@@ -517,8 +538,8 @@ def ray_encoded_data(data: Any, *, num_workers: int | None = None, address: str 
     """
     if client is not None and address is not None and client != address:
         raise ValueError(f"client={client!r} and address={address!r} both name the Ray cluster; give one")
-    engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "start_timeout", "init_kwargs", "direct_channel")
-                              if k in params}
+    engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "start_timeout", "init_kwargs", "direct_channel",
+                                                         "straggler_timeout") if k in params}
     runner = _runner(num_workers, address=address if address is not None else client, **engine)
     try:
         return handle_from_runner(runner, data, handle_class=RayEncodedData, **params)
@@ -535,16 +556,6 @@ def _runner(num_workers: int | None, *, address: str | None = None, init_kwargs:
         return RayRunner(num_workers, address=address, init_kwargs=init_kwargs, **options)
     refuse_for_runner("ray", options, "a Ray module without cluster_resources", "a Ray cluster (ray.init)")
     return RayTaskRunner(ray, num_workers=num_workers, address=address, init_kwargs=init_kwargs)
-
-
-def one_node_cluster(ray: Any) -> bool:
-    """Whether every alive Ray node is this driver's node (pass channels then bind loopback only)."""
-    try:
-        alive = [n for n in ray.nodes() if n.get("Alive", n.get("alive", False))]
-        here = ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - unknown topology: use the node address, as for a multi-node cluster
-        return False
-    return len(alive) == 1 and alive[0].get("NodeManagerAddress") == here
 
 
 class RayEncodedData(BuiltByEncodedData, ChunkedEncodedData):
@@ -570,7 +581,7 @@ class RayEncodedData(BuiltByEncodedData, ChunkedEncodedData):
 
 
 ENCODED_DATA_OPTIONS = frozenset({"num_workers", "address", "client", "timeout", "start_timeout", "init_kwargs",
-                                  "direct_channel", "batch_size", "shuffle", "seed"})
+                                  "direct_channel", "straggler_timeout", "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the ray backend honours besides the handle's own."""
 
 WORKER_PROCESSES = True

@@ -1,6 +1,7 @@
-"""Start a local Ray whose every server listens on loopback only (the ``ray`` engine's own start).
+"""Start a local Ray whose every server listens on loopback only (the ``ray`` engine's own start), and
+tell whether a running Ray is one node (its pass channels then bind loopback only).
 
-Split from ``ray`` (the runner); used only where we call ``ray.init`` without an address.
+Split from ``ray`` (the runner); ``loopback_ray_start`` is used only where we call ``ray.init`` without an address.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["loopback_ray_start"]
+__all__ = ["loopback_ray_start", "one_node_cluster"]
 
 _SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
@@ -38,3 +39,13 @@ def loopback_ray_start(ray: Any) -> Iterator[None]:
             os.environ[_SINGLE_NODE_ENV] = before_env
         if constants is not None:
             setattr(constants, "ENABLE_RAY_CLUSTER", before_flag)  # noqa: B010
+
+
+def one_node_cluster(ray: Any) -> bool:
+    """Whether every alive Ray node is this driver's node (pass channels then bind loopback only)."""
+    try:
+        alive = [n for n in ray.nodes() if n.get("Alive", n.get("alive", False))]
+        here = ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - unknown topology: use the node address, as for a multi-node cluster
+        return False
+    return len(alive) == 1 and alive[0].get("NodeManagerAddress") == here

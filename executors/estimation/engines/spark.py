@@ -3,12 +3,17 @@
 The chunks are parallelized once as ``(chunk id, chunk)`` records into contiguous partitions
 (one per worker) and cached; every data pass maps ``fn`` over the cached partitions and collects
 ``(chunk id, result)`` pairs, which the runner orders by chunk id. Spark retries a failed task
-(a Python worker that died) from the partition's lineage; a pass that does not finish within
-``timeout`` seconds is cancelled and raises ``WorkerTimeoutError``.
+(a Python worker that died) from the partition's lineage. A task still running at the straggler
+deadline (``deadline.straggler_deadline``, well below ``timeout``) while the pass's other tasks finished
+(a SIGSTOPped or hung Python worker) has its job cancelled (Spark kills the worker) and the pass runs
+again from the cached partitions: same bits, since a chunk's result depends only on the chunk. Spark's
+own speculation cannot do it on ``local[n]`` (a copy never runs on the host of the original). A pass
+that does not finish within ``timeout`` seconds is cancelled and raises ``WorkerTimeoutError``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import sys
@@ -27,11 +32,16 @@ from .chunk_assignment import (
     ordered_results,
     requested_ids,
 )
-from .deadline import DEFAULT_TIMEOUT_S, check_timeout
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_straggler_timeout, check_timeout
 from .optional_engine import require_engine
 from .wire_bytes import WireBytes, dumps
 
 __all__ = ["LOCAL_TASK_ATTEMPTS", "SparkRunner", "spark_encoded_data"]
+
+_log = logging.getLogger(__name__)
+
+POLL_S = 0.25
+"""How often a pass that may straggle reads its job's progress (only passes longer than this are read)."""
 
 LOCAL_TASK_ATTEMPTS = 4
 """Attempts per task on a ``local[n, F]`` master the runner starts (Spark's cluster default)."""
@@ -72,9 +82,12 @@ class SparkRunner:
         master: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
         conf: dict[str, str] | None = None,
+        straggler_timeout: float | None = None,
     ) -> None:
         pyspark = require_engine("pyspark", "spark")
         self.timeout = check_timeout(timeout)
+        self.straggler_timeout = check_straggler_timeout(straggler_timeout, self.timeout)
+        """``straggler_timeout=``: the straggler deadline in seconds (None: ``deadline.straggler_deadline``'s rule)."""
         if spark_context is None:
             spark_context = pyspark.SparkContext._active_spark_context  # reuse a running one
         self._owns_context = spark_context is None
@@ -116,6 +129,11 @@ class SparkRunner:
         """The partition of each chunk when a source's partitions hold them (``place_partitions``)."""
         self.wire = WireBytes()
         """Pass bytes: the pickled ``(fn, payload)`` in each partition's task, the pickled results collected."""
+        self.stragglers: list[int] = []
+        """Partitions whose task the others outran by the straggler deadline: cancelled, the pass run again."""
+        self.recovered_chunks: list[int] = []
+        """Chunk ids of those partitions, recomputed (for tests and logs)."""
+        self._answered = False  # a pass finished: the Python workers are warm, a slow task is a straggler
 
     @property
     def transport_bytes(self) -> int:
@@ -152,9 +170,12 @@ class SparkRunner:
         self._run_job(lambda: self._rdd.count(), "encoding the source's partitions")
 
     # -- data passes --------------------------------------------------------------------------
-    def _run_job(self, job: Callable[[], Any], what: str) -> Any:
-        """Run a Spark action under a job group; cancel it and raise after ``timeout`` seconds."""
-        if self.timeout is None:
+    def _run_job(self, job: Callable[[], Any], what: str, watch: bool = False) -> Any:
+        """Run a Spark action under a job group; cancel it and raise after ``timeout`` seconds. With ``watch``
+        (a data pass over several partitions, once a pass has finished), a task outrun by the others by the
+        straggler deadline has the job cancelled and the action run again, unwatched."""
+        watch = watch and self._answered and self._partitions > 1
+        if self.timeout is None and not watch:
             return job()
         group = f"mixle-em-{uuid.uuid4().hex}"
         box: dict[str, Any] = {}
@@ -168,17 +189,79 @@ class SparkRunner:
 
         thread = threading.Thread(target=target, name=group, daemon=True)
         thread.start()
-        thread.join(self.timeout)
-        if thread.is_alive():
-            self.sc.cancelJobGroup(group)
+        stuck = self._await_job(thread, group, what, watch)
+        if stuck is not None:
+            self.sc.cancelJobGroup(group)  # Spark kills the stuck task's Python worker (even a stopped one)
             thread.join(30.0)
-            raise WorkerTimeoutError(
-                f"spark job {what!r} did not finish within {self.timeout} s and was cancelled; an executor "
-                "is hung or overloaded. Raise timeout= (seconds) or check the executors."
-            )
+            self._note_stragglers(stuck)
+            return self._run_job(job, what)
         if "error" in box:
             raise box["error"]
         return box["value"]
+
+    def _await_job(self, thread: threading.Thread, group: str, what: str, watch: bool) -> list[int] | None:
+        """Wait for the job's thread; the partitions still running when the straggler deadline passed (``watch``),
+        or None once it ended. Past ``timeout`` the job is cancelled and ``WorkerTimeoutError`` raised."""
+        deadline, clock = Deadline(self.timeout), StragglerClock(self.timeout, self.straggler_timeout)
+        while True:
+            wait = deadline.remaining()
+            if watch:  # read the job's progress every POLL_S, and when the straggler deadline passes
+                until = clock.wait_s(wait)
+                wait = POLL_S if until is None else min(POLL_S, until)
+            thread.join(wait)
+            if not thread.is_alive():
+                return None
+            if watch:
+                done, stages = self._progress(group)
+                if done:
+                    clock.answered()
+                if clock.due():
+                    return self._running_partitions(stages)
+            if deadline.expired():
+                self.sc.cancelJobGroup(group)
+                thread.join(30.0)
+                raise WorkerTimeoutError(
+                    f"spark job {what!r} did not finish within {self.timeout} s and was cancelled; an executor "
+                    "is hung or overloaded. Raise timeout= (seconds) or check the executors."
+                )
+
+    def _progress(self, group: str) -> tuple[int, list[tuple[int, int]]]:
+        """Tasks finished in the job group's stages, and those stages as ``(stage id, attempt)``."""
+        tracker = self.sc.statusTracker()
+        done, stages = 0, []
+        for job_id in tracker.getJobIdsForGroup(group):
+            info = tracker.getJobInfo(job_id)
+            for stage_id in info.stageIds if info is not None else ():
+                stage = tracker.getStageInfo(stage_id)
+                if stage is not None:
+                    done += stage.numCompletedTasks
+                    stages.append((stage_id, stage.currentAttemptId))
+        return done, stages
+
+    def _running_partitions(self, stages: list[tuple[int, int]]) -> list[int]:
+        """The partitions whose task is still running in ``stages`` (read from Spark's status store; [] when
+        this Spark does not expose it: the pass is run again all the same)."""
+        running: list[int] = []
+        try:
+            store = self.sc._jsc.sc().statusStore()
+            for stage_id, attempt in stages:
+                tasks = store.taskList(stage_id, attempt, 10_000).iterator()
+                while tasks.hasNext():
+                    task = tasks.next()
+                    if task.status() == "RUNNING":
+                        running.append(int(task.index()))
+        except Exception as exc:  # noqa: BLE001 - an internal API: the partitions go unnamed
+            _log.warning("spark: could not name the straggling partitions (%r)", exc)
+        return sorted(set(running))
+
+    def _note_stragglers(self, partitions: list[int]) -> None:
+        parts = self._owners if self._owners is not None else [
+            p for p, ids in enumerate(block_assignment(self._num_chunks, self._partitions)) for _ in ids]
+        chunks = [c for c, p in enumerate(parts) if p in partitions] if partitions else list(range(self._num_chunks))
+        _log.warning("spark: partition(s) %s still running at the straggler deadline; their job was cancelled and the "
+                     "pass runs again (chunks %s recomputed)", partitions, chunks)
+        self.stragglers.extend(partitions)
+        self.recovered_chunks.extend(chunks)
 
     def chunk_owners(self) -> list[int]:
         """The partition each chunk is in (``parallelize`` slices contiguously, like ``block_assignment``)."""
@@ -208,7 +291,8 @@ class SparkRunner:
 
         task = cloudpickle.dumps((fn, payload), protocol=pickle.HIGHEST_PROTOCOL)
         rdd = self._rdd.mapPartitions(_partition_runner(task, wanted))
-        blobs = self._run_job(rdd.collect, "map_chunks")
+        blobs = self._run_job(rdd.collect, "map_chunks", watch=True)
+        self._answered = True
         self.wire.count_sent(task, copies=self._partitions)
         self.wire.count_received(*blobs)
         return ordered_results({i: r for blob in blobs for i, r in pickle.loads(blob)}, ids, self.name)
@@ -238,6 +322,7 @@ def spark_encoded_data(
     num_workers: int | None = None,
     master: str | None = None,
     timeout: float | None = DEFAULT_TIMEOUT_S,
+    straggler_timeout: float | None = None,
     **params: Any,
 ) -> Any:
     """``encoded_data(..., backend="spark")``: a handle over a :class:`SparkRunner`.
@@ -248,7 +333,8 @@ def spark_encoded_data(
     sc = spark_context if spark_context is not None else client
     if sc is not None and hasattr(sc, "sparkContext"):
         sc = sc.sparkContext  # a SparkSession
-    runner = SparkRunner(sc, num_workers=num_workers, master=master, timeout=timeout)
+    runner = SparkRunner(sc, num_workers=num_workers, master=master, timeout=timeout,
+                         straggler_timeout=straggler_timeout)
     try:
         return handle_from_runner(runner, data, **params)
     except BaseException:
@@ -257,7 +343,7 @@ def spark_encoded_data(
 
 
 ENCODED_DATA_OPTIONS = frozenset({"client", "spark_context", "num_workers", "master", "timeout",
-                                  "batch_size", "shuffle", "seed"})
+                                  "straggler_timeout", "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the spark backend honours besides the handle's own."""
 
 WORKER_PROCESSES = True

@@ -78,6 +78,11 @@ class _SabotageAccumulator:
         if os.getpid() != o.driver_pid and os.path.exists(o.arm) and claim(o.marker):
             if o.action == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if o.action == "stop":
+                with open(o.marker, "w") as marker:
+                    marker.write(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGSTOP)
+                return self.inner.update(enc, weights, model)
             end = time.monotonic() + 120.0
             while not os.path.exists(o.release) and time.monotonic() < end:
                 time.sleep(0.05)
@@ -97,7 +102,8 @@ class _SabotageAccumulator:
 
 class SabotageEstimator:
     """Wraps an estimator; after the ``arm`` file appears, the first remote E-step of a chunk
-    kills its worker process (``action='kill'``) or hangs it until ``release`` exists ('hang').
+    kills its worker process (``action='kill'``), hangs it until ``release`` exists ('hang'), or
+    SIGSTOPs it ('stop': alive and silent; its pid is written to the ``fired`` marker for a SIGCONT).
     The statistics are the wrapped estimator's, so a recovered fit has the plain fit's bits."""
 
     def __init__(self, inner: Any, workdir: str, action: str = "kill") -> None:

@@ -74,3 +74,44 @@ def test_a_fresh_workers_slow_first_task_is_waited_for():
         assert runner.stragglers == [] and len(runner.worker_pids()) == 2
     finally:
         runner.close()
+
+
+def test_the_straggler_clock_arms_on_the_first_answer_and_honours_a_fixed_deadline():
+    from mixle_parallel.executors.estimation.engines.deadline import Deadline, StragglerClock
+
+    clock = StragglerClock(600.0)
+    assert not clock.due() and clock.wait_s(None) is None  # nobody answered: wait for the pass's own deadline
+    clock.disarm()
+    clock.answered()
+    assert not clock.due()  # disarmed: a fresh worker's first task waits for the timeout
+    clock.restart()
+    clock.answered()
+    assert 0.0 < clock.wait_s(Deadline(600.0).remaining()) <= STRAGGLER_MIN_S
+    fixed = StragglerClock(600.0, fixed=0.01)
+    fixed.answered()
+    time.sleep(0.05)
+    assert fixed.due() and fixed.wait_s(None) == 0.0
+    assert straggler_deadline(0.01, 300.0, fixed=2.5) == 2.5
+
+
+def test_straggler_timeout_is_checked_and_refused_where_it_is_not_honoured():
+    from mixle_parallel.executors.estimation.engines.deadline import check_straggler_timeout
+    from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
+
+    assert check_straggler_timeout(None, 10.0) is None and check_straggler_timeout(2, None) == 2.0
+    for bad in (0, -1.0, float("nan"), True, "5"):
+        with pytest.raises(ValueError, match="straggler_timeout must be a positive number"):
+            check_straggler_timeout(bad, 10.0)
+    with pytest.raises(ValueError, match="straggler_timeout=10.0 must be below timeout=10.0"):
+        check_straggler_timeout(10.0, 10.0)
+    with pytest.raises(ValueError, match="straggler_timeout=30 must be below timeout=20"):
+        encoded_data(_data(), estimator=GaussianEstimator(), backend="mp", num_workers=1, timeout=20,
+                     straggler_timeout=30, admission="unverified")
+    with pytest.raises(ValueError, match="option straggler_timeout= is not honoured by backend 'local'; backends "
+                                         "honouring it: dask, mp, ray, spark"):
+        encoded_data(_data(), estimator=GaussianEstimator(), straggler_timeout=5.0)
+    runner = MPChunkRunner(1, timeout=60.0, straggler_timeout=1.5)
+    try:
+        assert runner.straggler_timeout == 1.5
+    finally:
+        runner.close()
