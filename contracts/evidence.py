@@ -130,8 +130,13 @@ def _sha256(inst: object, attribute: attrs.Attribute, value: str) -> None:
 
 
 AUDIT_FAMILIES = frozenset({"training", "em"})
-AUDIT_REPLAYS = frozenset({"same_rank", "peer", "witness"})
+AUDIT_REPLAYS = frozenset({"same_rank", "peer", "witness", "reference"})
+"""``reference``: recomputed by the harness's independent reference, outside the backend's code."""
 AUDIT_ACTIONS = frozenset({"none", "warn", "raise", "skip_step", "quarantine"})
+AUDIT_CAUSES = frozenset({"", "device", "backend_defect"})
+"""Why a mismatch happened: ``backend_defect`` when a replay on the same rank reproduced the wrong result
+(deterministic: the backend's software), ``device`` when it did not (a fault of the rank's hardware),
+``""`` when not classified (a match, or a replay kind that cannot tell)."""
 
 
 def _member(allowed: frozenset[str]):  # noqa: ANN202 - validator factory
@@ -161,8 +166,11 @@ class SDCAuditRecord:
     maximum_absolute_difference: float = attrs.field(default=0.0, converter=to_float, validator=finite_non_negative)
     bound: float = attrs.field(default=0.0, converter=to_float, validator=finite_non_negative)
     injected: bool = attrs.field(default=False, validator=exact_bool)
+    cause: str = attrs.field(default="", validator=_member(AUDIT_CAUSES))
 
     def __attrs_post_init__(self) -> None:
+        if self.matched and self.cause:
+            raise ValueError("SDCAuditRecord: a matching audit has no cause (cause='')")
         if self.matched:
             if self.bound == 0.0 and self.expected_digest != self.observed_digest:
                 raise ValueError("SDCAuditRecord: a bitwise audit cannot match with different digests")

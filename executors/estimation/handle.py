@@ -20,6 +20,7 @@ from ...verification.ledger.chain import Ledger
 from .chunks import (
     ChunkResult,
     ChunkRunner,
+    EncodedChunk,
     EStepResult,
     GroupFold,
     chunk_bounds,
@@ -69,6 +70,10 @@ others' median (besides the ratio and robust-z rule), so scheduling jitter on ti
 class ChunkedEncodedData:
     """An encoded-data handle over any :class:`ChunkRunner`; same bits on every backend."""
 
+    reference_audit = True
+    """Whether the SDC audit also recomputes audited chunks outside the backend (off on SPMD handles, whose
+    replays are collectives every rank must enter together)."""
+
     def __init__(self, runner: ChunkRunner, data: Any = None, options: EncodedDataOptions | None = None, *,
                  num_rows: int | None = None, owns_runner: bool = True, **params: Any) -> None:
         """A handle over ``runner`` for ``data`` (None on a rank that holds no rows: give ``num_rows``).
@@ -93,6 +98,8 @@ class ChunkedEncodedData:
         """One ``RankRecord`` per worker and E-step (round = iteration), emitted by the workers themselves."""
         self._data = data
         source = as_source(data)
+        self._rows = data if source is None else None
+        """The rows in memory, kept (not copied) while the SDC audit may recompute a chunk outside the backend."""
         self.source: OpenedSource | None = None if source is None else open_source(source, runner)
         """The source the rows are read from where they live (``files``, an RDD...), or None for rows in memory."""
         part_rows = None if self.source is None else self.source.part_rows
@@ -400,9 +407,19 @@ class ChunkedEncodedData:
             rate = DEFAULT_AUDIT_RATE if chosen.audit_rate is None else float(chosen.audit_rate)
             self._audit = EMAudit(self._metered, rate=rate, policy=chosen.audit_policy, seed=chosen.audit_seed,
                                   fault_injector=chosen.fault_injector)
+            if self.reference_audit and self._rows is not None:
+                self._audit.reference = self._reference_estep
+        if self._audit is None or self._audit.reference is None:
+            self._rows = None
         self.ledger = ledger
         if ledger is not None:
             self._ledger_start(certificate)
+
+    def _reference_estep(self, chunk: int, estimator: Any, model: Any) -> ChunkResult:
+        """Chunk ``chunk``'s E-step recomputed here from the rows this handle holds, outside the backend's
+        runner and transport (the SDC audit's independent reference)."""
+        a, b = self.bounds[chunk]
+        return chunk_estep(EncodedChunk(chunk, a, b, self._encoder.encode(self._rows[a:b])), (estimator, model))
 
     def _ledger_start(self, certificate: Any) -> None:
         decision = self.admission

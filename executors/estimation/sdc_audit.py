@@ -38,6 +38,7 @@ import numpy as np
 
 from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, StepReceipt, choose
 from ...contracts.estimation import statistic_digest
+from ...verification.harness.em_reference import EM_REFERENCE_TOLERANCE
 from ...verification.sdc.em import ChunkAudit, EMAuditor
 from ...verification.sdc.inject import flip_bit
 from ...verification.sdc.schedule import DEFAULT_AUDIT_RATE, audit_uniform
@@ -156,6 +157,11 @@ class EMAudit:
                 f"{runner.name!r} runner declares supports_worker_placement=False (use mp, local, dask or ray)"
             )
         self.lost: set[int] = set()
+        self.reference: Callable[[int, Any, Any], Any] | None = None
+        """``reference(chunk, estimator, model)``: the chunk's E-step computed outside the backend (the handle
+        sets it where it holds the rows); each audited chunk is also compared with it (``audit_reference``)."""
+        self.tolerance = EM_REFERENCE_TOLERANCE
+        """What a reference comparison allows where the bits differ (the harness's EM bound)."""
         self._events: list[AuditEvent] = []
         self._taken = 0  # auditor records already moved to _events
 
@@ -300,8 +306,15 @@ class EMAudit:
                       *, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         """The E-step entries of one audited pass (chunk order, for ``fold_pass``; each audited chunk's own
         result readable with ``chunk_result``) and the audit outcomes."""
-        n = handle.num_chunks
-        audited = self.audited_chunks(iteration, n, first_of_fit=first_of_fit)
+        audited = self.audited_chunks(iteration, handle.num_chunks, first_of_fit=first_of_fit)
+        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited)
+        if self.reference is None or not audited:
+            return entries, outcomes
+        return entries, outcomes + self._against_reference(entries, estimator, model, iteration, audited)
+
+    def _backend_pass(self, handle: Any, estimator: Any, model: Any, iteration: int,
+                      audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The pass through the backend, audited chunks replayed on a peer (or on the same runner)."""
         if not self.placement:
             return self._same_runner(handle, estimator, model, iteration, audited)
         pending = self.injector is not None and any(f.step == iteration for f in self.injector.pending)
@@ -309,10 +322,41 @@ class EMAudit:
             return handle.estep_entries(estimator, model), ()
         for _ in range(len(self.runner.worker_ids()) + 1):
             try:
-                return self._placed_pass(estimator, model, iteration, n, audited)
+                return self._placed_pass(estimator, model, iteration, handle.num_chunks, audited)
             except WorkerUnavailableError as exc:
                 self._note_lost(exc)
         raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
+
+    def _against_reference(self, entries: list[Any], estimator: Any, model: Any, iteration: int,
+                           audited: tuple[int, ...]) -> tuple[ChunkAudit, ...]:
+        """Each audited chunk's statistic as the pass will fold it, against the reference computed outside the
+        backend; a mismatch is replayed on the chunk's worker through the backend to classify it."""
+        assert self.reference is not None  # checked by the caller
+        owners = self._chunk_owners(len(entries))
+        outcomes = []
+        for c in audited:
+            worker = owners[c]
+
+            def replay(c: int = c, worker: int = worker) -> Any:
+                if self.placement:
+                    value = self._round({worker: [c]}, estimator, model, None, set())[(worker, c)]
+                else:
+                    value = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=[c])[0]
+                return chunk_result([value], 0) if isinstance(value, GroupStats) else value
+
+            outcomes.append(self.auditor.audit_reference(
+                iteration=iteration, chunk=c, worker=worker, statistic=chunk_result(entries, c),
+                reference=self.reference(c, estimator, model), replay=replay,
+                atol=self.tolerance.atol, rtol=self.tolerance.rtol))
+        return tuple(outcomes)
+
+    def _chunk_owners(self, num_chunks: int) -> list[int]:
+        """The worker each chunk was computed on (for the record and the same-worker replay)."""
+        if self.placement:
+            return self._owners(num_chunks, self.healthy() or self.live())
+        if hasattr(self.runner, "chunk_owners"):
+            return list(self.runner.chunk_owners())
+        return [w for w, ids in enumerate(block_assignment(num_chunks, self.runner.num_workers)) for _ in ids]
 
     def _placed_pass(self, estimator: Any, model: Any, iteration: int, n: int,
                      audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
@@ -375,11 +419,7 @@ class EMAudit:
         if not audited:
             return results, ()
         replays = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=list(audited))
-        if hasattr(self.runner, "chunk_owners"):
-            owners = list(self.runner.chunk_owners())
-        else:
-            blocks = block_assignment(len(results), self.runner.num_workers)
-            owners = [w for w, ids in enumerate(blocks) for _ in ids]
+        owners = self._chunk_owners(len(results))
         outcomes = []
         for c, replay in zip(audited, replays):
             outcomes.append(

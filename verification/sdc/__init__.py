@@ -11,13 +11,14 @@ from .schedule import (
     AUDIT_POLICIES,
     DEFAULT_AUDIT_RATE,
     AuditSchedule,
+    BackendDefectError,
     SDCDetectedError,
     audit_uniform,
 )
 from .training import AuditVerdict, TrainingAuditor
 
 __all__ = [
-    "AUDIT_POLICIES", "AuditSchedule", "AuditVerdict", "BitFlip", "ChunkAudit", "DEFAULT_AUDIT_RATE",
+    "AUDIT_POLICIES", "AuditSchedule", "BackendDefectError", "AuditVerdict", "BitFlip", "ChunkAudit", "DEFAULT_AUDIT_RATE",
     "EMAuditor", "FaultInjector", "SDCDetectedError", "TrainingAuditor", "audit_uniform", "audited_fold",
     "flip_bit",
 ]

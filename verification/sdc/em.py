@@ -7,21 +7,65 @@ one is faulty (majority of three digests), that worker is quarantined, and the m
 used. ``audited_fold`` is the reference driver an EM handle can call per iteration: it assigns
 chunks to healthy workers, audits the sampled ones, recomputes every chunk of a quarantined
 worker, and combines in chunk order so the fit ends on the same bits as a clean run.
+
+Peers run the backend's own code, so a backend that computes a chunk wrong the same way on every
+worker passes them. ``EMAuditor.audit_reference`` therefore also compares an audited chunk with an
+independent reference computed outside the backend (the handle's own numpy E-step of the chunk's
+rows, in the driver); a mismatch is replayed on the same worker: reproduced, it is a deterministic
+``backend_defect``; not reproduced, a ``device`` fault.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 
 from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, choose
 from .digest import digest
-from .schedule import DEFAULT_AUDIT_RATE, SDCDetectedError, audit_uniform
+from .schedule import DEFAULT_AUDIT_RATE, BackendDefectError, SDCDetectedError, audit_uniform
 
 _log = logging.getLogger(__name__)
+_MAX = 1.7976931348623157e308
+
+
+def _leaves(value: Any) -> list[Any]:
+    """The numeric leaves of a statistic in a fixed order (mappings by sorted key); anything else is one leaf."""
+    if isinstance(value, Mapping):
+        return [leaf for k in sorted(value, key=str) for leaf in _leaves(value[k])]
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
+def within_tolerance(observed: Any, reference: Any, atol: float, rtol: float) -> tuple[bool, float, float]:
+    """(every numeric element within ``atol + rtol * |reference|``, the largest |difference|, the bound that
+    implies); a differing structure, a non-numeric leaf that differs or a NaN where the other is not, fails."""
+    a, b = _leaves(observed), _leaves(reference)
+    if len(a) != len(b):
+        return False, _MAX, 0.0
+    worst, scale, ok = 0.0, 0.0, True
+    for x, y in zip(a, b):
+        try:
+            xa, ya = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        except (TypeError, ValueError):
+            ok = ok and digest(x) == digest(y)
+            continue
+        if xa.shape != ya.shape:
+            return False, _MAX, 0.0
+        if xa.size == 0:
+            continue
+        same_nan = np.isnan(xa) & np.isnan(ya)
+        diff = np.where(same_nan | (xa == ya), 0.0, np.abs(xa - ya))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        ok = ok and bool(np.all(diff <= atol + rtol * np.abs(ya)))
+        worst = max(worst, float(diff.max()))
+        scale = max(scale, float(np.nanmax(np.abs(np.where(np.isfinite(ya), ya, 0.0)))))
+    bound = min(atol + rtol * scale, _MAX)
+    return ok and worst <= bound, min(worst, _MAX), bound
 
 
 @attrs.frozen
@@ -147,6 +191,28 @@ class EMAuditor:
         )
         return self._finish(ChunkAudit(iteration, chunk, (record,), statistic))
 
+    def audit_reference(self, *, iteration: int, chunk: int, worker: int, statistic: Any, reference: Any,
+                        replay: Callable[[], Any], atol: float, rtol: float, injected: bool = False) -> ChunkAudit:
+        """Compare the backend's ``statistic`` of ``chunk`` with the independent ``reference`` (bitwise, else
+        within ``atol + rtol * |reference|``); on a mismatch ``replay()`` recomputes it on ``worker`` through
+        the backend to classify it: reproduced bitwise is a ``backend_defect`` (software, deterministic),
+        not reproduced a ``device`` fault of ``worker``. Any mismatch raises unless the policy is ``warn``
+        (quarantining a worker cannot mend software, and the reference is not the backend's bits)."""
+        expected, observed = self.digest(reference), self.digest(statistic)
+        matched, diff, bound = (True, 0.0, 0.0) if expected == observed else within_tolerance(
+            statistic, reference, atol, rtol)
+        cause = ""
+        if not matched:
+            cause = "backend_defect" if self.digest(replay()) == observed else "device"
+        action = "none" if matched else ("warn" if self.policy is AuditPolicy.WARN else "raise")
+        record = SDCAuditRecord(
+            family="em", step=iteration, rank=worker, unit=f"chunk:{chunk}", replay="reference",
+            expected_digest=expected, observed_digest=observed, matched=matched, action=action,
+            auditor_rank=None, attributed_rank=None if matched else worker,
+            maximum_absolute_difference=diff, bound=bound, injected=injected, cause=cause,
+        )
+        return self._finish(ChunkAudit(iteration, chunk, (record,), statistic))
+
     def _finish(self, outcome: ChunkAudit, *, enforce: bool = True) -> ChunkAudit:
         self.records.extend(outcome.records)
         bad = [r for r in outcome.records if not r.matched]
@@ -159,6 +225,8 @@ class EMAuditor:
                 bad[0].action,
             )
             if enforce and (self.policy is AuditPolicy.RAISE or bad[0].action == "raise"):
+                if bad[0].cause == "backend_defect":
+                    raise BackendDefectError(outcome.records)
                 raise SDCDetectedError(outcome.records)
         return outcome
 

@@ -32,6 +32,21 @@ class SDCDetectedError(RuntimeError):
         )
 
 
+class BackendDefectError(SDCDetectedError):
+    """A result disagreed with the independent reference and a replay on the same rank reproduced it: the
+    backend computes it wrong deterministically (software), so no device is to blame or quarantine."""
+
+    def __init__(self, records: Sequence[SDCAuditRecord]) -> None:
+        super().__init__(records)
+        bad = [r for r in self.records if not r.matched]
+        where = ", ".join(f"{r.unit} at step {r.step} on rank {r.attributed_rank}" for r in bad)
+        self.args = (
+            f"backend defect: {where} disagrees with the independent reference and a replay on the same rank "
+            "reproduced it, so the backend computes it wrong every time (not a device fault). Fix or "
+            "re-certify the backend (mixle-parallel certify), or run on a built-in backend",
+        )
+
+
 def audit_uniform(seed: int, step: int, salt: str = "train") -> float:
     """A deterministic number in [0, 1) for (seed, step): every rank computes the same one."""
     raw = hashlib.sha256(f"mixle-parallel-audit:{salt}:{seed}:{step}".encode()).digest()

@@ -234,6 +234,8 @@ class MPIEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     called on every rank.
     """
 
+    reference_audit = False  # replays are collectives; a rank-local reference check could leave ranks behind
+
     backend_name = "mpi"
 
     runner: MPIRunner

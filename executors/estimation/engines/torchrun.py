@@ -266,6 +266,8 @@ class TorchRunEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     ``encoded_data(data, backend="torchrun", ...)``, called on every rank.
     """
 
+    reference_audit = False  # replays are collectives; a rank-local reference check could leave ranks behind
+
     backend_name = "torchrun"
 
     runner: TorchRunRunner
