@@ -38,11 +38,12 @@ from torch import nn
 
 from ...contracts import AuditPolicy, SDCAuditRecord, from_dict, to_dict
 from ...verification.sdc.digest import digest, max_abs_difference
-from ...verification.sdc.schedule import AuditSchedule, SDCDetectedError
+from ...verification.sdc.schedule import AuditSchedule, BackendDefectError, SDCDetectedError
 from ..training_options import AuditMode, AuditOptions, AuditReplay
 from .comm_taps import CommTap, TapMode, fsdp_taps_supported
 from .dp_mode import DataParallelMode
 from .layouts import pre_wrap_fqn, unwrap
+from .sdc_reference import PlainReference, reference_applies
 
 _log = logging.getLogger(__name__)
 _MAX = 1.7976931348623157e308
@@ -77,6 +78,7 @@ class SessionAudit:
         self._buffers: list[torch.Tensor] | None = None
         self._param_ref: str | None = None
         self._param_ref_step: int | None = None
+        self._reference = PlainReference(session) if reference_applies(session.plan) else None
         self.prime(session.step)
 
     # ---- clock -----------------------------------------------------------------------------
@@ -152,17 +154,38 @@ class SessionAudit:
                 peer = self._peer(step, window, rng, params, observed, obs_d, injected)
                 disagreed = peer is not None and not peer.matched
                 if peer is None or self.replay is AuditReplay.BOTH or self._anywhere(disagreed):
-                    replayed = self._replay(window, rng)
-                    exp_d = digest(replayed)
-                    matched, diff = self._compare(observed, replayed, exp_d == obs_d)
-                    mine.append(self._record(step, self.rank, self._unit(observed, replayed, matched), "same_rank",
-                                             exp_d, obs_d, matched, diff, injected=injected))
+                    mine.extend(self._own_replays(step, window, rng, observed, obs_d, injected))
                 if peer is not None:
                     mine.append(peer)
             finally:
                 self._restore(stash)
         everyone = self._gather(mine)
         return self._conclude(everyone)
+
+    def _own_replays(self, step: int, window: list, rng: Any, observed: dict, obs_d: str,
+                     injected: bool) -> list[SDCAuditRecord]:
+        """This rank's window replayed through the executor (``same_rank``) and, where a plain copy applies,
+        recomputed on it (``reference``): a reference mismatch the executor's replay reproduced is a
+        ``backend_defect``; one it did not reproduce, a ``device`` fault."""
+        replayed = self._replay(window, rng)
+        exp_d = digest(replayed)
+        matched, diff = self._compare(observed, replayed, exp_d == obs_d)
+        out = [self._record(step, self.rank, self._unit(observed, replayed, matched), "same_rank", exp_d, obs_d,
+                            matched, diff, injected=injected)]
+        if self._reference is not None:
+            reference = self._reference_gradient(window, rng)
+            ref_d = digest(reference)
+            ok, ref_diff = self._compare(observed, reference, ref_d == obs_d)
+            cause = "" if ok else ("backend_defect" if matched else "device")
+            out.append(self._record(step, self.rank, self._unit(observed, reference, ok), "reference", ref_d, obs_d,
+                                    ok, ref_diff, injected=injected, cause=cause))
+        return out
+
+    def _reference_gradient(self, window: list, rng: Any) -> dict[str, torch.Tensor]:
+        """The window's gradient on the session's plain module copy (``sdc_reference``), from ``rng``."""
+        assert self._reference is not None  # callers check
+        device = self.session.device
+        return self._reference.gradient(window, lambda: _set_rng_state(rng, device), self._buffers)
 
     def _peer(self, step: int, window: list, rng: Any, params: Any, observed: dict, obs_d: str,
               injected: bool) -> SDCAuditRecord | None:
@@ -181,7 +204,9 @@ class SessionAudit:
                                 _MAX, injected=subject["injected"])
         device = self.session.device
         window = [(x.to(device), y.to(device), s, w) for x, y, s, w in subject["window"]]
-        replayed = self._replay(window, subject["rng"])
+        # a plain copy of the module recomputes it where one applies (independent of the executor's machinery)
+        replayed = (self._reference_gradient(window, subject["rng"]) if self._reference is not None
+                    else self._replay(window, subject["rng"]))
         exp_d = digest(replayed)
         if self.bound > 0:
             matched, diff = self._compare(subject["values"], replayed)
@@ -248,13 +273,13 @@ class SessionAudit:
         return "local_gradient[" + ",".join(bad[:4]) + (",..." if len(bad) > 4 else "") + "]"
 
     def _record(self, step: int, rank: int, unit: str, replay: str, expected: str, observed: str, matched: bool,
-                diff: float, *, injected: bool) -> SDCAuditRecord:
+                diff: float, *, injected: bool, cause: str = "") -> SDCAuditRecord:
         diff = 0.0 if matched and self.bound == 0.0 else float(min(diff, _MAX))
         return SDCAuditRecord(
             family="training", step=step, rank=rank, unit=unit, replay=replay, expected_digest=expected,
             observed_digest=observed, matched=matched, action="none" if matched else self.policy.value,
             auditor_rank=self.rank, attributed_rank=None if matched else rank,
-            maximum_absolute_difference=diff, bound=self.bound, injected=injected,
+            maximum_absolute_difference=diff, bound=self.bound, injected=injected, cause=cause,
         )
 
     def _anywhere(self, flag: bool) -> bool:
@@ -286,6 +311,8 @@ class SessionAudit:
             _log.warning("SDC audit mismatch: %s at step %d on rank %s (%s replay by rank %s), policy %s",
                          r.unit, r.step, r.attributed_rank, r.replay, r.auditor_rank, self.policy)
         if bad and self.policy is AuditPolicy.RAISE:
+            if any(r.cause == "backend_defect" for r in bad):
+                raise BackendDefectError(records)
             raise SDCDetectedError(records)
         return records, bool(bad) and self.policy is AuditPolicy.SKIP_STEP
 
