@@ -98,7 +98,7 @@ class ChunkedEncodedData:
         """One ``RankRecord`` per worker and E-step (round = iteration), emitted by the workers themselves."""
         self._data = data
         source = as_source(data)
-        self._rows = data if source is None else None
+        self._audit_rows = data if source is None else None
         """The rows in memory, kept (not copied) while the SDC audit may recompute a chunk outside the backend."""
         self.source: OpenedSource | None = None if source is None else open_source(source, runner)
         """The source the rows are read from where they live (``files``, an RDD...), or None for rows in memory."""
@@ -407,10 +407,10 @@ class ChunkedEncodedData:
             rate = DEFAULT_AUDIT_RATE if chosen.audit_rate is None else float(chosen.audit_rate)
             self._audit = EMAudit(self._metered, rate=rate, policy=chosen.audit_policy, seed=chosen.audit_seed,
                                   fault_injector=chosen.fault_injector)
-            if self.reference_audit and self._rows is not None:
+            if self.reference_audit and self._audit_rows is not None:
                 self._audit.reference = self._reference_estep
         if self._audit is None or self._audit.reference is None:
-            self._rows = None
+            self._audit_rows = None
         self.ledger = ledger
         if ledger is not None:
             self._ledger_start(certificate)
@@ -418,8 +418,11 @@ class ChunkedEncodedData:
     def _reference_estep(self, chunk: int, estimator: Any, model: Any) -> ChunkResult:
         """Chunk ``chunk``'s E-step recomputed here from the rows this handle holds, outside the backend's
         runner and transport (the SDC audit's independent reference)."""
+        rows, encoder = self._audit_rows, self._encoder
+        if rows is None or encoder is None:
+            raise RuntimeError("this handle keeps no rows for the audit's reference (sources, SPMD or audit off)")
         a, b = self.bounds[chunk]
-        return chunk_estep(EncodedChunk(chunk, a, b, self._encoder.encode(self._rows[a:b])), (estimator, model))
+        return chunk_estep(EncodedChunk(chunk, a, b, encoder.encode(rows[a:b])), (estimator, model))
 
     def _ledger_start(self, certificate: Any) -> None:
         decision = self.admission

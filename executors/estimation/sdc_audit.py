@@ -22,6 +22,12 @@ Runners without placement (mpi, spark) recompute an audited chunk on the same ru
 computes chunk ``c`` at that iteration; ``index`` counts the flat numeric elements of the chunk's
 statistic in order.
 
+Replays through the backend only check it against itself, so where the handle holds the rows in memory
+(not on SPMD handles) every audited chunk is also compared, as the pass will fold it, with the
+handle's own E-step of the chunk's rows computed in the driver (``EMAuditor.audit_reference``; bitwise,
+else within ``EM_REFERENCE_TOLERANCE``). A mismatch is replayed on its worker through the backend:
+reproduced, it is a ``backend_defect``; not, a ``device`` fault; either raises unless the policy is ``warn``.
+
 The audit writes no ledger: ``take_events`` hands its findings (``SDCAuditRecord`` values and
 ``AuditNote`` values for lost / quarantined workers, in the order found) to the handle, which owns
 the run's ledger and writes them.

@@ -20,6 +20,12 @@ local gradient per parameter before the data-parallel reduction. Then, before th
    bound) already proves what a same-rank replay would: the default halves the audit's cost, the
    way the EM audit recomputes on another worker and calls a witness only on a mismatch.
 
+Where every rank holds the whole model (DDP, or one rank: ``sdc_reference.reference_applies``) the
+recomputations that judge the executor use a plain copy of the module (``sdc_reference.PlainReference``),
+not the executor's machinery: the peer replays its predecessor's window on it, and the same-rank step
+adds a ``reference`` record. A reference mismatch the executor's own replay reproduces is a
+``backend_defect`` (``BackendDefectError`` under ``raise``); one it does not reproduce is a ``device`` fault.
+
 Comparison is bitwise (digests; ``bound=0``, the CPU/gloo case) or within ``bound`` (max abs).
 Every rank ends with every rank's records (one all-gather), so the policy acts the same way on
 all of them: ``warn`` records and commits, ``skip_step`` keeps the update out, ``raise`` raises

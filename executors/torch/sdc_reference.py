@@ -43,7 +43,7 @@ def _strip_hooks(module: nn.Module) -> None:
     for tensor in [*module.parameters(), *module.buffers()]:
         tensor._backward_hooks = None
         if getattr(tensor, "_post_accumulate_grad_hooks", None) is not None:
-            tensor._post_accumulate_grad_hooks = None
+            tensor._post_accumulate_grad_hooks = None  # type: ignore[assignment]  # None is its unset state
 
 
 class PlainReference:

@@ -18,7 +18,7 @@ from .schedule import (
 from .training import AuditVerdict, TrainingAuditor
 
 __all__ = [
-    "AUDIT_POLICIES", "AuditSchedule", "BackendDefectError", "AuditVerdict", "BitFlip", "ChunkAudit", "DEFAULT_AUDIT_RATE",
-    "EMAuditor", "FaultInjector", "SDCDetectedError", "TrainingAuditor", "audit_uniform", "audited_fold",
-    "flip_bit",
+    "AUDIT_POLICIES", "AuditSchedule", "AuditVerdict", "BackendDefectError", "BitFlip", "ChunkAudit",
+    "DEFAULT_AUDIT_RATE", "EMAuditor", "FaultInjector", "SDCDetectedError", "TrainingAuditor", "audit_uniform",
+    "audited_fold", "flip_bit",
 ]
