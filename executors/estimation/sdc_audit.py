@@ -36,6 +36,7 @@ the run's ledger and writes them.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -313,10 +314,12 @@ class EMAudit:
         """The E-step entries of one audited pass (chunk order, for ``fold_pass``; each audited chunk's own
         result readable with ``chunk_result``) and the audit outcomes."""
         audited = self.audited_chunks(iteration, handle.num_chunks, first_of_fit=first_of_fit)
-        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited)
         if self.reference is None or not audited:
-            return entries, outcomes
-        return entries, outcomes + self._against_reference(entries, estimator, model, iteration, audited)
+            return self._backend_pass(handle, estimator, model, iteration, audited)
+        references = _Background(self.reference, audited, estimator, model)  # runs while the backend computes
+        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited)
+        return entries, outcomes + self._against_reference(entries, references.result(), estimator, model,
+                                                           iteration, audited)
 
     def _backend_pass(self, handle: Any, estimator: Any, model: Any, iteration: int,
                       audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
@@ -333,11 +336,10 @@ class EMAudit:
                 self._note_lost(exc)
         raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
 
-    def _against_reference(self, entries: list[Any], estimator: Any, model: Any, iteration: int,
-                           audited: tuple[int, ...]) -> tuple[ChunkAudit, ...]:
+    def _against_reference(self, entries: list[Any], references: dict[int, Any], estimator: Any, model: Any,
+                           iteration: int, audited: tuple[int, ...]) -> tuple[ChunkAudit, ...]:
         """Each audited chunk's statistic as the pass will fold it, against the reference computed outside the
         backend; a mismatch is replayed on the chunk's worker through the backend to classify it."""
-        assert self.reference is not None  # checked by the caller
         owners = self._chunk_owners(len(entries))
         outcomes = []
         for c in audited:
@@ -352,7 +354,7 @@ class EMAudit:
 
             outcomes.append(self.auditor.audit_reference(
                 iteration=iteration, chunk=c, worker=worker, statistic=chunk_result(entries, c),
-                reference=self.reference(c, estimator, model), replay=replay,
+                reference=references[c], replay=replay,
                 atol=self.tolerance.atol, rtol=self.tolerance.rtol))
         return tuple(outcomes)
 
@@ -434,6 +436,33 @@ class EMAudit:
                 )
             )
         return results, tuple(outcomes)
+
+
+class _Background:
+    """``reference(c, estimator, model)`` for each audited chunk on a thread of the driver, started at once, so the
+    recomputation overlaps the backend's pass (numpy releases the GIL; the driver mostly waits on its workers)."""
+
+    def __init__(self, reference: Callable[[int, Any, Any], Any], chunks: Sequence[int], estimator: Any,
+                 model: Any) -> None:
+        self._out: dict[int, Any] = {}
+        self._error: BaseException | None = None
+
+        def work() -> None:
+            try:
+                for c in chunks:
+                    self._out[c] = reference(c, estimator, model)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=work, name="em-audit-reference", daemon=True)
+        self._thread.start()
+
+    def result(self) -> dict[int, Any]:
+        """The references by chunk id (waits for the thread; re-raises what it raised)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._out
 
 
 # ---- ledger ---------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ class SessionAudit:
         self._buffers: list[torch.Tensor] | None = None
         self._param_ref: str | None = None
         self._param_ref_step: int | None = None
-        self._reference = PlainReference(session) if reference_applies(session.plan) else None
+        self._reference = _plain_reference(session)
         self.prime(session.step)
 
     # ---- clock -----------------------------------------------------------------------------
@@ -321,6 +321,21 @@ class SessionAudit:
                 raise BackendDefectError(records)
             raise SDCDetectedError(records)
         return records, bool(bad) and self.policy is AuditPolicy.SKIP_STEP
+
+
+def _plain_reference(session: Any) -> PlainReference | None:
+    """The session's plain module copy where one applies; None (the executor's own replays, with a warning)
+    when the module cannot be copied (``copy.deepcopy`` refused it)."""
+    if not reference_applies(session.plan):
+        return None
+    reference = PlainReference(session)
+    try:
+        reference.build()
+    except Exception as exc:  # noqa: BLE001 - any deepcopy failure: audit without the reference, said loudly
+        _log.warning("SDC audit: the module cannot be copied (%s: %s); audited steps are replayed through the "
+                     "executor only, without the plain-copy reference", type(exc).__name__, exc)
+        return None
+    return reference
 
 
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:

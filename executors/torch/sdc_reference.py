@@ -5,9 +5,10 @@ taps, its gradient-mean scheme); replaying the window through that machinery onl
 itself. :class:`PlainReference` keeps one plain copy of the unwrapped module per session (made once, no
 DDP/FSDP hooks, no tensor hooks; its parameters and buffers are refreshed by copy on each audited step)
 and recomputes the window there with plain torch: the same micro-batches, RNG state, autocast, loss and
-per-micro-step weight, ``backward()`` accumulating into the copy's ``.grad``. On CPU the result has the
-bits of an honest executor's local gradient (same ops, same order); elsewhere it agrees within the
-audit's ``bound``.
+per-micro-step weight, ``backward()`` accumulating into the copy's ``.grad``. It costs one more set of
+parameters and gradients in memory for the session's lifetime (reused, never reallocated per audit).
+On CPU the result has the bits of an honest executor's local gradient (same ops, same order);
+elsewhere it agrees within the audit's ``bound``.
 
 It applies where every rank holds the whole parameters and nothing else splits the model: plans whose
 world is their ``dp_replicate`` (DDP, or one rank). Sharded (FSDP2/HSDP), tensor/pipeline/context
@@ -54,7 +55,8 @@ class PlainReference:
         self._copy: nn.Module | None = None
         self._params: list[tuple[str, nn.Parameter, nn.Parameter]] = []
 
-    def _plain(self) -> nn.Module:
+    def build(self) -> nn.Module:
+        """The plain copy (made on the first call, before any audit hook is armed; reused after)."""
         if self._copy is None:
             plain = copy.deepcopy(unwrap(self.session.module))
             _strip_hooks(plain)
@@ -68,7 +70,7 @@ class PlainReference:
         """The window's local gradient on the plain copy, starting from the session's current parameters,
         ``buffers`` (the window's start) and the RNG state ``rng_restore()`` sets."""
         session = self.session
-        plain = self._plain()
+        plain = self.build()
         with torch.no_grad():
             for _, p, live in self._params:
                 p.copy_(live.detach())
