@@ -75,8 +75,10 @@ def test_audit_replay_both_replays_on_the_same_rank_and_a_peer_every_step(audit_
         run, plain = rank["clean"][f"{name}_both_audited"], rank["clean"][f"{name}_plain"]
         assert run["raised"] is None and not bad(run)
         commits = [r for r in run["receipts"] if not r["skipped"]]
-        assert len(commits) == BOTH_STEPS and len(records(run)) == 4 * BOTH_STEPS
-        assert {(r.replay, r.rank) for r in records(run)} == {(k, q) for k in ("same_rank", "peer") for q in (0, 1)}
+        # DDP: every rank also recomputes its window on a plain copy of the module (the reference); FSDP2 cannot
+        kinds = ("same_rank", "peer", "reference") if name == "ddp" else ("same_rank", "peer")
+        assert len(commits) == BOTH_STEPS and len(records(run)) == 2 * len(kinds) * BOTH_STEPS
+        assert {(r.replay, r.rank) for r in records(run)} == {(k, q) for k in kinds for q in (0, 1)}
         # bitwise the un-audited run over the same batches
         assert [r["loss"] for r in commits] == [r["loss"] for r in plain["receipts"][:BOTH_STEPS]]
 
@@ -91,15 +93,12 @@ def test_every_flip_detected_attributed_and_kept_out(audit_world: dict, name: st
             (5, "sdc_audit"),
             (7, "sdc_audit"),
         ]
-        # each flip: the same-rank replay and the peer's replay both blame the flipped rank
-        assert bad(run) == {
-            (2, "same_rank", 1, 1, "local_gradient", True),
-            (2, "peer", 1, 1, "local_gradient", True),
-            (5, "same_rank", 0, 0, "local_gradient", True),
-            (5, "peer", 0, 0, "local_gradient", True),
-            (7, "same_rank", 1, 1, "local_gradient", True),
-            (7, "peer", 1, 1, "local_gradient", True),
-        }
+        # each flip: the same-rank replay and the peer's replay both blame the flipped rank (DDP: so does the
+        # plain-copy reference, and as the executor's replay did not reproduce the flip, the cause is the device)
+        kinds = ("same_rank", "peer", "reference") if name == "ddp" else ("same_rank", "peer")
+        assert bad(run) == {(step, kind, flipped, flipped, "local_gradient", True)
+                            for step, flipped in ((2, 1), (5, 0), (7, 1)) for kind in kinds}
+        assert {r.cause for r in records(run) if not r.matched and r.replay == "reference"} <= {"device"}
         units = {r.unit for r in records(run) if not r.matched and r.replay == "same_rank"}
         assert units == {
             "local_gradient[blocks.0.up.weight]",
@@ -117,7 +116,8 @@ def test_warn_records_and_continues(audit_world: dict, name: str) -> None:
     for rank in ranks:
         run, clean = rank["flips"][f"{name}_warn"], rank["flips"][f"{name}_warn_clean"]
         assert not any(r["skipped"] for r in run["receipts"]) and run["step"] == 4
-        assert {(s, replay, att) for s, replay, _, att, _, _ in bad(run)} == {(2, "same_rank", 1), (2, "peer", 1)}
+        kinds = ("same_rank", "peer", "reference") if name == "ddp" else ("same_rank", "peer")
+        assert {(s, replay, att) for s, replay, _, att, _, _ in bad(run)} == {(2, kind, 1) for kind in kinds}
         assert all(r.action == "warn" for r in records(run) if not r.matched)
         assert run["params"] != clean["params"]  # the corrupted update went in, as warn allows
         assert run["receipts"][2]["extra"]["sdc_audit"]  # the findings travel in the receipt
@@ -129,7 +129,8 @@ def test_raise_raises_on_every_rank_and_leaves_state_consistent(audit_world: dic
     for rank in audit_world["ranks"]:
         run = rank["flips"][f"{name}_raise"]
         assert run["raised"]["at_batch"] == 5 and run["step"] == 5 and run["grads_cleared"]
-        assert run["raised"]["bad"] == [("peer", 0, 0, "local_gradient"), ("same_rank", 0, 0, "local_gradient")]
+        kinds = ("peer", "reference", "same_rank") if name == "ddp" else ("peer", "same_rank")
+        assert run["raised"]["bad"] == [(kind, 0, 0, "local_gradient") for kind in kinds]
         assert "silent data corruption detected" in run["raised"]["message"]
 
 
@@ -169,9 +170,11 @@ def test_certified_run_receipts_and_ledger(audit_world: dict) -> None:
     assert {e["certificate"] for e in entries} == {cert.certificate_id}
     audits = [e["payload"]["record"]["data"] for e in entries if e["kind"] == "audit"]
     # 4 audited windows x a peer replay of each of the 2 ranks, plus the flipped window's escalation:
-    # every rank's same-rank replay
-    assert len(audits) == 4 * 2 + 2
-    assert {(a["replay"], a["attributed_rank"]) for a in audits if not a["matched"]} == {("same_rank", 1), ("peer", 1)}
+    # every rank's same-rank replay and its plain-copy reference (DDP)
+    assert len(audits) == 4 * 2 + 2 * 2
+    assert {(a["replay"], a["attributed_rank"]) for a in audits if not a["matched"]} == {
+        ("same_rank", 1), ("peer", 1), ("reference", 1)}
+    assert {a["cause"] for a in audits if not a["matched"] and a["replay"] == "reference"} == {"device"}
 
 
 @pytest.fixture(scope="module")
