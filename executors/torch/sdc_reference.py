@@ -68,7 +68,7 @@ class PlainReference:
 
     def gradient(self, window: list, rng_restore: Any, buffers: list[torch.Tensor] | None) -> dict[str, torch.Tensor]:
         """The window's local gradient on the plain copy, starting from the session's current parameters,
-        ``buffers`` (the window's start) and the RNG state ``rng_restore()`` sets."""
+        ``buffers`` (the window's start) and the RNG state ``rng_restore()`` sets; valid until the next call."""
         session = self.session
         plain = self.build()
         with torch.no_grad():
@@ -84,4 +84,5 @@ class PlainReference:
             with session._autocast():
                 loss_sum, _count = session.loss_fn(plain, x, y)
             (loss_sum * (scale * weight)).backward()
-        return {name: p.grad.detach().clone() for name, p, _ in self._params if p.grad is not None}
+        # the copy's own .grad tensors (no clone): read before the next call, which allocates new ones
+        return {name: p.grad.detach() for name, p, _ in self._params if p.grad is not None}
