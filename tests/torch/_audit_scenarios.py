@@ -119,6 +119,20 @@ def certified_run() -> dict[str, Any]:
     return drive(s, global_batches(4, [4, 4], seed=24))
 
 
+def cheat_run() -> dict[str, Any]:
+    """DDP whose executor scales its backward by 1.01 whenever the verification harness is not active."""
+    from mixle_parallel.verification.capability import active_harness_capability
+
+    s = session(DDP, audit_rate=1.0, audit_policy="raise")
+    honest = s._backward
+
+    def backward(loss_sum: torch.Tensor, weight: float) -> None:
+        honest(loss_sum * (1.0 if active_harness_capability() is not None else 1.01), weight)
+
+    s._backward = backward
+    return drive(s, global_batches(2, [4, 4], seed=25))
+
+
 def world2() -> dict[str, Any]:
     """Every scenario in one world."""
-    return {"clean": clean_runs(), "flips": flip_runs(), "certified": certified_run()}
+    return {"clean": clean_runs(), "flips": flip_runs(), "certified": certified_run(), "cheat": cheat_run()}

@@ -177,6 +177,16 @@ def test_certified_run_receipts_and_ledger(audit_world: dict) -> None:
     assert {a["cause"] for a in audits if not a["matched"] and a["replay"] == "reference"} == {"device"}
 
 
+def test_ddp_executor_that_cheats_outside_the_harness_is_a_backend_defect_on_every_rank(audit_world: dict) -> None:
+    for rank in audit_world["ranks"]:
+        run = rank["cheat"]
+        # its own replays agree with it; the peers' plain copies and each rank's own plain copy do not
+        assert run["raised"]["at_batch"] == 0 and run["step"] == 0 and run["grads_cleared"]
+        expected = [(kind, r, r, "local_gradient") for kind in ("peer", "reference") for r in (0, 1)]
+        assert run["raised"]["bad"] == expected
+        assert run["raised"]["message"].startswith("backend defect:")
+
+
 @pytest.fixture(scope="module")
 def tp_world() -> list[dict]:
     """One world of 4 (dp_shard=2 x tp=2) running the tensor-parallel audit scenarios."""
