@@ -100,7 +100,8 @@ def test_single_process_runs_locally_and_receipts_say_so() -> None:
     receipt = session.train_batch(tokens[:, :-1], tokens[:, 1:])
     assert receipt.extra["admission"] == "local" and receipt.extra["certificate"] == "unverified"
     assert receipt.extra["audited"] is True  # the run's first step is always audited
-    assert [r.matched for r in session.audit_records] == [True]  # world of one: same-rank replay only
+    # world of one: a same-rank replay and the plain-copy reference, no peer
+    assert [(r.replay, r.matched) for r in session.audit_records] == [("same_rank", True), ("reference", True)]
     session.close()
 
 
