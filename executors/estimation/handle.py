@@ -20,7 +20,6 @@ from ...verification.ledger.chain import Ledger
 from .chunks import (
     ChunkResult,
     ChunkRunner,
-    EncodedChunk,
     EStepResult,
     GroupFold,
     chunk_bounds,
@@ -57,7 +56,7 @@ from .mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from .options import EncodedDataOptions, UnknownOptionError, VerificationOptions, option_names, sub_chunked
 from .placement_check import check_placement
 from .planner import placement_for_bounds
-from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt
+from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference
 from .sources import ChunkPlace, OpenedSource, as_source, open_source, source_layout, source_places
 
 __all__ = ["STRAGGLER_MIN_EXCESS_S", "ChunkedEncodedData", "handle_from_runner"]
@@ -98,8 +97,7 @@ class ChunkedEncodedData:
         """One ``RankRecord`` per worker and E-step (round = iteration), emitted by the workers themselves."""
         self._data = data
         source = as_source(data)
-        self._audit_rows = data if source is None else None
-        """The rows in memory, kept (not copied) while the SDC audit may recompute a chunk outside the backend."""
+        self._audit_rows = data if source is None else None  # kept (not copied) for the SDC audit's reference
         self.source: OpenedSource | None = None if source is None else open_source(source, runner)
         """The source the rows are read from where they live (``files``, an RDD...), or None for rows in memory."""
         part_rows = None if self.source is None else self.source.part_rows
@@ -408,21 +406,12 @@ class ChunkedEncodedData:
             self._audit = EMAudit(self._metered, rate=rate, policy=chosen.audit_policy, seed=chosen.audit_seed,
                                   fault_injector=chosen.fault_injector)
             if self.reference_audit and self._audit_rows is not None:
-                self._audit.reference = self._reference_estep
+                self._audit.reference = rows_reference(self)
         if self._audit is None or self._audit.reference is None:
             self._audit_rows = None
         self.ledger = ledger
         if ledger is not None:
             self._ledger_start(certificate)
-
-    def _reference_estep(self, chunk: int, estimator: Any, model: Any) -> ChunkResult:
-        """Chunk ``chunk``'s E-step recomputed here from the rows this handle holds, outside the backend's
-        runner and transport (the SDC audit's independent reference)."""
-        rows, encoder = self._audit_rows, self._encoder
-        if rows is None or encoder is None:
-            raise RuntimeError("this handle keeps no rows for the audit's reference (sources, SPMD or audit off)")
-        a, b = self.bounds[chunk]
-        return chunk_estep(EncodedChunk(chunk, a, b, encoder.encode(rows[a:b])), (estimator, model))
 
     def _ledger_start(self, certificate: Any) -> None:
         decision = self.admission

@@ -51,6 +51,7 @@ from ...verification.sdc.inject import flip_bit
 from ...verification.sdc.schedule import DEFAULT_AUDIT_RATE, audit_uniform
 from .chunks import (
     ChunkResult,
+    EncodedChunk,
     GroupFold,
     GroupStats,
     WorkerLostError,
@@ -63,7 +64,8 @@ from .chunks import (
 )
 from .engines.chunk_assignment import block_assignment
 
-__all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic"]
+__all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
+           "rows_reference"]
 
 
 # ---- fault injection inside a worker -------------------------------------------------------------
@@ -436,6 +438,20 @@ class EMAudit:
                 )
             )
         return results, tuple(outcomes)
+
+
+def rows_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult]:
+    """``reference(chunk, estimator, model)``: the chunk's E-step recomputed in the driver from the rows ``handle``
+    keeps (``_audit_rows``) with its encoder, outside the backend's runner and transport."""
+
+    def reference(chunk: int, estimator: Any, model: Any) -> ChunkResult:
+        rows, encoder = handle._audit_rows, handle._encoder
+        if rows is None or encoder is None:
+            raise RuntimeError("this handle keeps no rows for the audit's reference (sources, SPMD or audit off)")
+        a, b = handle.bounds[chunk]
+        return chunk_estep(EncodedChunk(chunk, a, b, encoder.encode(rows[a:b])), (estimator, model))
+
+    return reference
 
 
 class _Background:
