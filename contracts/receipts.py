@@ -20,7 +20,7 @@ from ._checks import (
 from .bounded_json import CONTRACT_LIMITS, check_shape
 from .errors import ContractError
 from .frozen_mapping import FrozenDict, to_frozen_dict
-from .serialization import MAX_INT, SCHEMA_VERSION, converter, from_dict, register_contract
+from .serialization import MAX_INT, SCHEMA_METADATA, SCHEMA_VERSION, converter, from_dict, register_contract
 
 NONFINITE_LOSS_KEY = "nonfinite_loss"
 """How a non-finite loss is written: ``"loss": null`` and ``extra["nonfinite_loss"]`` = ``"nan"``, ``"inf"``
@@ -39,7 +39,8 @@ class StepReceipt:
     """
 
     step: int = attrs.field(validator=non_negative_int)
-    loss: float = attrs.field(converter=to_float, validator=real_number)
+    loss: float = attrs.field(converter=to_float, validator=real_number,
+                              metadata={SCHEMA_METADATA: {"type": ["number", "null"]}})
     """Mean loss; a step skipped for a non-finite loss holds NaN/inf here (written as null, ``NONFINITE_LOSS_KEY``)."""
     local_examples: int = attrs.field(validator=non_negative_int)
     local_tokens: int = attrs.field(validator=non_negative_int)

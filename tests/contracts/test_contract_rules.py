@@ -288,3 +288,16 @@ class TestAdmissionCheck:
         a, b = make_certificate(), make_certificate()
         assert a.certificate_id == b.certificate_id and a.certificate_id.startswith("sha256:")
         assert make_certificate(executor_version="1.1").certificate_id != a.certificate_id
+
+
+@pytest.mark.parametrize("loss", [math.nan, math.inf, -math.inf])
+def test_a_receipt_with_a_non_finite_loss_is_valid_under_its_schema(loss: float) -> None:
+    import json
+
+    import jsonschema
+
+    from mixle_parallel.contracts import json_schema, to_json
+
+    document = json.loads(to_json(receipt(loss=loss, skipped=True)))
+    assert document["data"]["loss"] is None
+    jsonschema.validate(document, json_schema(StepReceipt))
