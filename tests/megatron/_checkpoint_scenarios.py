@@ -136,6 +136,13 @@ def checkpoint_body(rank: int, world: int, tmp: str) -> dict[str, Any]:
     out["foreign"] = _attempt(root)
     out["foreign_on_purpose"] = _attempt(root, allow_rollback=True)
     out["foreign_on_purpose"]["equal"] = _same(out["foreign_on_purpose"]["tensors"], theirs)
+    out["plain"] = _attempt(dcp)  # megatron's own folder, no signed generation around it
+    rolled = Path(tmp) / "rolled"
+    _save(3, rolled)
+    first_pointer = (rolled / "LATEST").read_bytes()
+    _save(4, rolled)
+    (rolled / "LATEST").write_bytes(first_pointer)  # LATEST rolled back to generation 1
+    out["rollback"] = _attempt(rolled)
     for result in out.values():
         if isinstance(result, dict):
             result.pop("tensors", None)

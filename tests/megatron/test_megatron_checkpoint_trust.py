@@ -60,3 +60,10 @@ def test_another_runs_generation_copied_over_ours_is_refused_unless_on_purpose(o
     assert "belongs to run" in foreign["error"], foreign
     assert foreign["unchanged"]
     assert outcomes["foreign_on_purpose"]["error"] is None and outcomes["foreign_on_purpose"]["equal"]
+
+
+def test_a_plain_megatron_folder_and_a_rolled_back_latest_are_refused(outcomes):
+    plain = outcomes["plain"]
+    assert plain["error"] is not None and "no checkpoint at" in plain["error"] and plain["unchanged"], plain
+    rollback = outcomes["rollback"]
+    assert rollback["error"] is not None and "rolled back" in rollback["error"] and rollback["unchanged"], rollback
