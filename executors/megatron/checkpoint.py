@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from .checkpoint_verified import begin_generation, finish_generation, verified_load
 from .stages import PipelineStage
 
 
@@ -65,6 +64,8 @@ def save_stage(stage: PipelineStage, optimizer: Any, path: str, *, step: int, pl
     ``path`` and publish it (collective)."""
     from megatron.core import dist_checkpointing
 
+    from .checkpoint_verified import begin_generation, finish_generation  # imports megatron-core
+
     root = Path(path)
     gen_dir, lineage = begin_generation(root)
     state = _state(stage, optimizer, loading=False)
@@ -77,6 +78,8 @@ def load_stage(stage: PipelineStage, optimizer: Any, path: str, *, trust: str = 
                allow_rollback: bool = False) -> dict[str, Any]:
     """Verify the generation ``path`` designates, then fill a session's stage and optimizer from its checked
     bytes, resharding to its plan; return the clocks."""
+    from .checkpoint_verified import verified_load  # imports megatron-core
+
     template = _state(stage, optimizer, loading=True)
     template["session"] = {"step": 0, "plan": ""}
     loaded = verified_load(template, path, trust=trust, allow_rollback=allow_rollback)
