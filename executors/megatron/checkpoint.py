@@ -5,15 +5,17 @@ a ``ShardedTensor``: megatron's tensor-parallel layers describe their own shards
 tensor is marked replicated across tp and dp. A checkpoint written under one plan therefore
 loads under another plan of the same model (different pp cut, tp, or dp). Optimizer state
 (Adam moments) follows its parameters; optimizer hyper-parameters come from the live session.
+
+``path`` is a checkpoint root: each save is a new signed generation under it and a load verifies the
+published one before megatron reads a byte of it (``checkpoint_verified``).
 """
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from .stages import PipelineStage
 
@@ -58,24 +60,29 @@ def _without_param_groups(state: Any) -> Any:
 
 
 def save_stage(stage: PipelineStage, optimizer: Any, path: str, *, step: int, plan: Any) -> None:
-    """Write a session's stage, optimizer state and step clock to the directory ``path`` (collective)."""
+    """Write a session's stage, optimizer state and step clock as a new signed generation under the root
+    ``path`` and publish it (collective)."""
     from megatron.core import dist_checkpointing
 
-    if dist.get_rank() == 0:
-        os.makedirs(path, exist_ok=True)
-    dist.barrier()
+    from .checkpoint_verified import begin_generation, finish_generation  # imports megatron-core
+
+    root = Path(path)
+    gen_dir, lineage = begin_generation(root)
     state = _state(stage, optimizer, loading=False)
     state["session"] = {"step": step, "plan": repr(plan)}
-    dist_checkpointing.save(state, path)
+    dist_checkpointing.save(state, str(gen_dir / "dcp"))
+    finish_generation(root, gen_dir, lineage)
 
 
-def load_stage(stage: PipelineStage, optimizer: Any, path: str) -> dict[str, Any]:
-    """Fill a session's stage and optimizer from ``path``, resharding to its plan; return the clocks."""
-    from megatron.core import dist_checkpointing
+def load_stage(stage: PipelineStage, optimizer: Any, path: str, *, trust: str = "signed",
+               allow_rollback: bool = False) -> dict[str, Any]:
+    """Verify the generation ``path`` designates, then fill a session's stage and optimizer from its checked
+    bytes, resharding to its plan; return the clocks."""
+    from .checkpoint_verified import verified_load  # imports megatron-core
 
     template = _state(stage, optimizer, loading=True)
     template["session"] = {"step": 0, "plan": ""}
-    loaded = dist_checkpointing.load(template, path)
+    loaded = verified_load(template, path, trust=trust, allow_rollback=allow_rollback)
     _copy_into(template["model"], loaded["model"])
     optimizer_state = optimizer.state_dict()
     _merge_state(optimizer_state, loaded["optimizer"])

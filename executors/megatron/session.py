@@ -48,8 +48,9 @@ def _split(tensor: torch.Tensor | None, parts: int, what: str) -> list[torch.Ten
 
 SAVE_OPTIONS = ("loader_state", "typed_scheduler_state", "extra", "asynchronous")
 """``TorchDistributedSession.save_checkpoint``'s keywords (torch_native honours them, megatron does not)."""
-LOAD_OPTIONS = ("allow_world_size_change", "trust", "allow_rollback")
-"""``TorchDistributedSession.load_checkpoint``'s keywords (torch_native honours them, megatron does not)."""
+LOAD_OPTIONS = ("allow_world_size_change",)
+"""``TorchDistributedSession.load_checkpoint``'s keywords that torch_native honours and megatron does not
+(a megatron checkpoint always reshards)."""
 
 
 def refuse_session_options(options: dict[str, Any], torch_only: tuple[str, ...], method: str) -> None:
@@ -322,13 +323,18 @@ class MegatronSession:
     def load_checkpoint(self, path: str, **options: Any) -> dict[str, Any]:
         """Load a checkpoint saved by any plan of the same model (resharded to this one); returns the saved clocks.
 
-        torch_native's load options (``allow_world_size_change``, ``trust``, ``allow_rollback``) are refused
-        by name: a megatron checkpoint always reshards, and is not signed.
+        The generation's signature (``trust="signed"``, or ``"unsigned"`` to skip it, logged) and lineage
+        (``allow_rollback=True`` loads an older one on purpose) are checked before any byte is used, as
+        torch_native's are. ``allow_world_size_change`` is refused by name: a megatron checkpoint always reshards.
         """
+        trust = options.pop("trust", "signed")
+        allow_rollback = options.pop("allow_rollback", False)
         refuse_session_options(options, LOAD_OPTIONS, "load_checkpoint")
+        if not isinstance(allow_rollback, bool):
+            raise TypeError(f"allow_rollback must be a bool, got {allow_rollback!r}")
         self._check_open()
         with self._compat():
-            info = load_stage(self.stage, self.optimizer, path)
+            info = load_stage(self.stage, self.optimizer, path, trust=trust, allow_rollback=allow_rollback)
         self._step = int(info["step"])
         self._reset_window()
         return info
