@@ -17,6 +17,7 @@ from mixle_parallel.executors.estimation import encoded_data, fit
 from tests.estimation.engines import chunk_probes as probes
 from tests.estimation.engines import em_case
 from tests.estimation.engines.engine_helpers import by_value
+from tests.estimation.sources import source_case
 
 pytestmark = pytest.mark.slow
 
@@ -24,14 +25,16 @@ TIMEOUT_S = 240.0
 """The fit's timeout: a fit that ends well before it was not ended by it (it would have raised)."""
 
 
-def _fit_with_a_stopped_worker(backend: str, pick: Callable[[Any], int], **options: Any) -> dict[str, Any]:
+def _fit_with_a_stopped_worker(backend: str, pick: Callable[[Any], int], data: Any = None,
+                               **options: Any) -> dict[str, Any]:
     """Fit em_case on ``backend`` with two workers; after pass 2 SIGSTOP the process ``pick(runner)`` names,
     SIGCONT it after the fit. Returns the fit's signature, the seconds it took, and what the runner reports:
     its stragglers, the chunks it recomputed and the workers live at the end."""
     est = em_case.estimator()
     kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
     stopped: list[int] = []
-    with encoded_data(em_case.data(), estimator=est, backend=backend, num_workers=2, timeout=TIMEOUT_S,
+    with encoded_data(em_case.data() if data is None else data, estimator=est, backend=backend, num_workers=2,
+                      timeout=TIMEOUT_S,
                       chunk_size=em_case.FIT_KWARGS["chunk_size"], admission="unverified", **options) as h:
 
         def stop_one(step: Any) -> None:
@@ -54,13 +57,13 @@ def _fit_with_a_stopped_worker(backend: str, pick: Callable[[Any], int], **optio
                 "recovered": list(h.runner.recovered_chunks), "live": list(h.runner.worker_ids())}
 
 
-def _check_outrun(got: dict[str, Any]) -> None:
+def _check_outrun(got: dict[str, Any], reference: Any = None) -> None:
     """Worker 1 was given up at the straggler deadline, its chunks recomputed, and the bits are the clean fit's."""
     assert got["stragglers"] == [1], "the stopped worker was not given up on"
     assert got["recovered"], "no chunk was recomputed"
     assert got["live"] == [0]
     assert got["took"] < TIMEOUT_S  # ended by the straggler deadline, not the timeout (which would have raised)
-    assert got["signature"] == em_case.reference()
+    assert got["signature"] == (em_case.reference() if reference is None else reference)
 
 
 @pytest.mark.timeout(600)
@@ -106,3 +109,19 @@ def test_spark_a_sigstopped_python_worker_is_outrun_and_the_fit_ends_on_the_same
         assert len(h.runner.stragglers) == 1 and h.runner.recovered_chunks, "the stopped task was not given up on"
     assert took < TIMEOUT_S
     assert em_case.signature(got) == em_case.reference()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("backend", ["dask", "ray"])
+def test_a_file_source_read_by_the_workers_survives_a_stopped_worker(backend, tmp_path, request):
+    """The rows live in files the workers read (never on the driver): the straggler's files are read again by
+    the others, and the bits are those of the same source fitted by one local worker."""
+    if backend == "dask":
+        pytest.importorskip("distributed", reason="dask.distributed is the optional [dask] extra")
+        pick: Callable[[Any], int] = lambda r: _dask_pid(r, 1)  # noqa: E731
+    else:
+        request.getfixturevalue("ray_session")
+        pick = lambda r: r.worker_pids()[1]  # noqa: E731
+    source = source_case.write_files(str(tmp_path), "npy")
+    _check_outrun(_fit_with_a_stopped_worker(backend, pick, data=source), source_case.source_reference(source))
+
