@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 import torch.distributed as dist
 from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
@@ -43,15 +42,13 @@ from ..torch.checkpoint_manifest import (
     DCP_DIR,
     CheckpointError,
     CorruptCheckpointError,
-    create_generation,
-    next_generation,
     publish,
     read_manifest,
     read_verified,
     write_manifest,
 )
 from ..torch.checkpoint_reader import VerifiedReader
-from ..torch.checkpoint_trust import CHECKPOINT_TRUST_MODES, Lineage, lineage_for_save, sign_generation
+from ..torch.checkpoint_trust import CHECKPOINT_TRUST_MODES, Lineage, open_generation, sign_generation
 
 __all__ = ["begin_generation", "finish_generation", "verified_load"]
 
@@ -72,11 +69,7 @@ def begin_generation(root: Path) -> tuple[Path, Lineage | None]:
     name, lineage = "", None
     if rank == 0:
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            lineage = lineage_for_save(root)
-            name = next_generation(root, after=lineage.number - 1)
-            lineage = attrs.evolve(lineage, number=int(name.removeprefix("gen-")))
-            create_generation(root, name)
+            name, lineage = open_generation(root)
         except (OSError, CheckpointError) as err:
             error = CheckpointError(f"cannot create a checkpoint generation under {root}: {err}")
     _agree(error, pg, world, what=f"creating a checkpoint generation under {root}")

@@ -46,7 +46,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, cast
 
-import attrs
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -62,10 +61,8 @@ from .checkpoint_manifest import (
     CheckpointError,
     CorruptCheckpointError,
     WorldSizeChangeError,
-    create_generation,
     derive_seed,
     manifest_problems,
-    next_generation,
     parse_json,
     publish,
     rank_file,
@@ -90,7 +87,7 @@ from .checkpoint_trust import (
     CHECKPOINT_TRUST_MODES,
     Lineage,
     UntrustedCheckpointError,
-    lineage_for_save,
+    open_generation,
     sign_generation,
     verify_generation,
 )
@@ -276,11 +273,7 @@ def _new_generation(root: Path, global_doc: dict[str, Any], rank_doc: dict[str, 
     generation, lineage = "", None
     if rank == 0:
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            lineage = lineage_for_save(root)
-            generation = next_generation(root, after=lineage.number - 1)
-            lineage = attrs.evolve(lineage, number=int(generation.removeprefix("gen-")))
-            create_generation(root, generation)
+            generation, lineage = open_generation(root)
             write_json_atomic(root / generation / STATE_NAME, global_doc)
         except OSError as err:
             error = CheckpointError(f"cannot create a checkpoint generation under {root}: {err}")

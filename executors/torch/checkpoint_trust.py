@@ -39,11 +39,13 @@ from .checkpoint_manifest import (
     SIGNATURE_NAME,
     CheckpointError,
     CorruptCheckpointError,
+    create_generation,
+    next_generation,
     write_json_atomic,
 )
 
 __all__ = ["CHECKPOINT_TRUST_MODES", "MANIFEST_TYPE", "SIGNATURE_NAME", "Lineage", "UntrustedCheckpointError",
-           "lineage_for_save", "sign_generation", "verify_generation"]
+           "lineage_for_save", "open_generation", "sign_generation", "verify_generation"]
 
 
 MANIFEST_TYPE = CHECKPOINT_MANIFEST_PREDICATE
@@ -126,6 +128,16 @@ def lineage_for_save(root: Path, *, trust_store: TrustStore | None = None) -> Li
         return Lineage(run_id=uuid.uuid4().hex, number=1)
     after = max(lineage.number, _run_mark(store, lineage.run_id)[0])
     return Lineage(run_id=lineage.run_id, number=after + 1, previous=previous.name, previous_manifest_sha256=digest)
+
+
+def open_generation(root: Path, *, trust_store: TrustStore | None = None) -> tuple[str, Lineage]:
+    """Rank 0 of a save: create the next generation folder under ``root`` (planted or stray ``gen-*`` folders are
+    skipped) and return its name with the lineage it will be signed with (the run ``LATEST`` names, continued)."""
+    root.mkdir(parents=True, exist_ok=True)
+    lineage = lineage_for_save(root, trust_store=trust_store)
+    name = next_generation(root, after=lineage.number - 1)
+    create_generation(root, name)
+    return name, attrs.evolve(lineage, number=int(name.removeprefix("gen-")))
 
 
 def sign_generation(generation_dir: str | os.PathLike[str], manifest_sha256: str, lineage: Lineage, *,
