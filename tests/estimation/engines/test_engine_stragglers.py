@@ -85,21 +85,21 @@ def test_dask_a_sigstopped_worker_is_outrun_and_the_fit_ends_on_the_same_bits(di
     _check_outrun(_fit_with_a_stopped_worker("dask", lambda r: _dask_pid(r, 1), direct_channel=direct))
 
 
-@pytest.mark.timeout(600)
-def test_spark_a_sigstopped_python_worker_is_outrun_and_the_fit_ends_on_the_same_bits(spark_context, tmp_path):
-    # the Python worker that takes the first chunk of pass 3 SIGSTOPs itself: which pooled worker takes a
-    # task is Spark's choice, so the test cannot stop one from outside beforehand
+def _spark_fit_with_a_stopped_python_worker(spark_context: Any, workdir: str, data: Any) -> Any:
+    """Fit em_case on spark; the Python worker that takes the first chunk of pass 3 SIGSTOPs itself (which
+    pooled worker takes a task is Spark's choice, so the test cannot stop one from outside beforehand). Checks
+    that one task was given up at the straggler deadline and its chunks recomputed; returns the fit."""
     by_value(probes)
-    est = probes.SabotageEstimator(em_case.estimator(), str(tmp_path), action="stop")
+    est = probes.SabotageEstimator(em_case.estimator(), workdir, action="stop")
     kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
-    with encoded_data(em_case.data(), estimator=est, backend="spark", client=spark_context, timeout=TIMEOUT_S,
+    with encoded_data(data, estimator=est, backend="spark", client=spark_context, timeout=TIMEOUT_S,
                       chunk_size=em_case.FIT_KWARGS["chunk_size"], admission="unverified") as h:
         began = time.monotonic()
         try:
             got = fit(h, est, on_step=est.arm_at(2), **kwargs)
         finally:
-            marker = tmp_path / "fired"
-            pid = marker.read_text() if marker.exists() else ""
+            marker = os.path.join(workdir, "fired")
+            pid = open(marker).read() if os.path.exists(marker) else ""
             if pid:
                 try:
                     os.kill(int(pid), signal.SIGCONT)
@@ -109,7 +109,32 @@ def test_spark_a_sigstopped_python_worker_is_outrun_and_the_fit_ends_on_the_same
         assert pid, "no Python worker stopped itself"
         assert len(h.runner.stragglers) == 1 and h.runner.recovered_chunks, "the stopped task was not given up on"
     assert took < TIMEOUT_S
+    return got
+
+
+@pytest.mark.timeout(600)
+def test_spark_a_sigstopped_python_worker_is_outrun_and_the_fit_ends_on_the_same_bits(spark_context, tmp_path):
+    got = _spark_fit_with_a_stopped_python_worker(spark_context, str(tmp_path), em_case.data())
     assert em_case.signature(got) == em_case.reference()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["rdd", "dataframe"])
+def test_a_spark_source_survives_a_stopped_python_worker(spark_context, tmp_path, kind):
+    """The rows are an RDD / DataFrame of three partitions read by Spark (encoded chunks cached on the
+    executors): the task stopped in pass 3 is cancelled at the straggler deadline and the pass runs again
+    from the cached partitions (a lost one from its lineage), on the bits of the same parts fitted locally."""
+    parts = np.split(em_case.data(), source_case.SPLITS)
+    rdd = spark_context.parallelize(list(range(3)), 3).flatMap(lambda i: [float(v) for v in parts[i]])
+    if kind == "dataframe":
+        from pyspark.sql import SparkSession
+
+        rdd = SparkSession(spark_context).createDataFrame(rdd.map(lambda v: (v,)), ["x"])
+    reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
+    work = tmp_path / "sabotage"
+    work.mkdir()
+    got = _spark_fit_with_a_stopped_python_worker(spark_context, str(work), rdd)
+    assert em_case.signature(got) == reference
 
 
 @pytest.mark.timeout(600)
