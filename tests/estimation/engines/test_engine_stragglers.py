@@ -177,3 +177,16 @@ def test_a_dask_collection_survives_a_stopped_worker_holding_its_partitions(kind
     reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
     _check_outrun(_fit_with_a_stopped_worker("dask", lambda r: _dask_pid(r, 1), data=_dask_collection(kind)),
                   reference)
+
+
+@pytest.mark.timeout(600)
+def test_a_ray_dataset_survives_a_stopped_actor(ray_session, tmp_path):
+    """The rows are a ``ray.data`` dataset of three blocks in the object store, read by the actors: the
+    stopped actor is killed at the straggler deadline and the other reads its blocks again from the store,
+    on the bits of the same parts fitted locally."""
+    import pandas as pd
+
+    parts = np.split(em_case.data(), source_case.SPLITS)
+    dataset = ray_session.data.from_pandas([pd.DataFrame({"x": p}) for p in parts])
+    reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
+    _check_outrun(_fit_with_a_stopped_worker("ray", lambda r: r.worker_pids()[1], data=dataset), reference)
