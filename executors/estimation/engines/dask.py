@@ -40,7 +40,6 @@ from ..chunks import (
 )
 from ..handle import handle_from_runner
 from ..options import EncodedDataOptions
-from ..sources.dask_collections import lend_to
 from .channel import ChannelClient, ChannelOffer, collect_replies
 from .chunk_assignment import home_blocks, ordered_results, requested_ids
 from .dask_channel import ACTOR_START_S, POLL_S, DirectPasses, call_outcomes, channel_host
@@ -211,7 +210,8 @@ class DaskRunner(DirectPasses):
             )
         loads = {}
         for worker, ids in zip(self._workers, home_blocks(self._chunks, self._workers)):
-            loads[worker] = self._invoke(worker, "load", {i: self._packed(i, worker) for i in ids}, True)
+            packed = {i: self._packed(i, worker) for i in ids}
+            loads[worker] = None if None in packed.values() else self._invoke(worker, "load", packed, True)
             for i in ids:
                 self._where[i] = worker
         for worker, call in loads.items():
@@ -245,10 +245,10 @@ class DaskRunner(DirectPasses):
                 load[target] += 1
                 targets.setdefault(target, []).append(i)
             _log.warning("dask: re-placing lost chunks %s onto %s", chunk_ids, sorted(targets))
-            calls = {
-                t: self._invoke(t, "load", {i: self._packed(i, t) for i in ids})
-                for t, ids in targets.items()
-            }
+            calls = {}
+            for t, ids in targets.items():
+                packed = {i: self._packed(i, t) for i in ids}
+                calls[t] = None if None in packed.values() else self._invoke(t, "load", packed)
             results = [self._await(t, call, deadline, f"take lost chunks {targets[t]}") for t, call in calls.items()]
             if None not in results:
                 break  # else a target died too: place again on the actors left
@@ -256,10 +256,6 @@ class DaskRunner(DirectPasses):
             for i in ids:
                 self._where[i] = target
         self.recoveries += len(chunk_ids)
-
-    def _packed(self, i: int, address: str) -> bytes:
-        """Chunk ``i`` packed for the holder at ``address`` (one in dask's memory elsewhere is moved there first)."""
-        return pack_for_holder(lend_to(self.client, self._chunks[i], address, self._lent))
 
     # -- calls --------------------------------------------------------------------------------
     def _invoke(self, address: str, method: str, *args: Any) -> Any:
@@ -461,7 +457,11 @@ class DaskRunner(DirectPasses):
             address = self._workers[w]
             task = pack_for_holder((t.fn, t.payload), task=True)
             ids = list(t.chunk_ids)
-            borrowed = {i: self._packed(i, address) for i in dict.fromkeys(ids) if self._where[i] != address}
+            packed = {i: self._packed(i, address) for i in dict.fromkeys(ids) if self._where[i] != address}
+            borrowed = {i: blob for i, blob in packed.items() if blob is not None}
+            if len(borrowed) < len(packed):  # the worker is gone, or was given up while chunks were moved there
+                calls.sent[w], calls.pending[w] = ids, (address, None)
+                continue
             orphans = [
                 i
                 for i in dict.fromkeys(borrowed)

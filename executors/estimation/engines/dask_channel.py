@@ -7,7 +7,8 @@ are re-placed through dask. A holder still silent at the straggler deadline (``d
 while others answered is a straggler: the scheduler drops its worker, and its chunks are re-placed
 and recomputed the same way (same bits). It is a mixin: it uses the runner's actors, placement and recovery
 (``_channels``, ``_channel_offer``, ``direct_channel``, ``_actors``, ``_where``, ``_invoke``,
-``_await``, ``_alive``, ``_forget``, ``_replace``, ``_check_losses``, ``_pass_timeout``).
+``_await``, ``_alive``, ``_forget``, ``_replace``, ``_check_losses``, ``_pass_timeout``). It also moves a
+dask collection's chunk to a holder (``_packed``), bounding dask's copy by the straggler deadline.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..chunks import WorkerTimeoutError
+from ..sources.dask_collections import lend_to
 from .channel import ChannelClient, ChannelOffer, wait_channels
 from .chunk_assignment import ordered_results
-from .deadline import Deadline, StragglerClock
+from .dask_holder import pack_for_holder
+from .dask_straggler import kill_worker_process, silent_in_copy
+from .deadline import Deadline, StragglerClock, straggler_deadline
 from .wire_bytes import WireBytes
 
 __all__ = ["ACTOR_START_S", "POLL_S", "DirectPasses", "call_outcomes", "channel_host"]
@@ -69,6 +73,8 @@ class DirectPasses:
     direct_channel: bool
     _actors: dict[str, Any]
     _where: list[str]
+    _chunks: list[Any]
+    _lent: list[Any]  # futures of chunks dask copied to a borrower (held while the pass uses them)
     name: str
     # the runner's actor calls, liveness and recovery (DaskRunner's methods)
     _invoke: Callable[..., Any]  # (address, method, *args): the actor call started, None when it is gone
@@ -99,9 +105,9 @@ class DirectPasses:
         return StragglerClock(self.timeout, self.straggler_timeout)
 
     def _outrun(self, address: str, owed: Sequence[int]) -> None:
-        """Give up on the holder at ``address``, silent past the straggler deadline: the scheduler drops its
-        worker (and closes it once it runs again), so its keys are recomputed elsewhere and nothing waits
-        on it; the caller re-places ``owed``. An abandoned actor call would keep that worker's actor thread
+        """Give up on the holder at ``address``, silent past the straggler deadline: its nanny kills its process
+        (``dask_straggler``) and the scheduler drops its worker, so its keys are recomputed elsewhere and nothing
+        waits on it; the caller re-places ``owed``. An abandoned actor call would keep that worker's actor thread
         busy, so the worker is never used again."""
         _log.warning("dask: worker %s is a straggler (silent past the straggler deadline); recomputing chunks "
                      "%s on the others and dropping it from the cluster", address, list(owed))
@@ -111,10 +117,47 @@ class DirectPasses:
         async def remove(dask_scheduler: Any, address: str, stimulus_id: str) -> Any:
             return await dask_scheduler.remove_worker(address=address, stimulus_id=stimulus_id, close=True)
 
+        kill_worker_process(self.client, address)  # its open connections close: no survivor's fetch waits on it
         try:
             self.client.run_on_scheduler(remove, address=address, stimulus_id=f"mixle-straggler-{uuid.uuid4().hex}")
         except Exception as exc:  # noqa: BLE001 - the worker stays listed; it is not used again all the same
             _log.warning("dask: the scheduler did not drop straggler %s (%r)", address, exc)
+
+    def _packed(self, i: int, address: str) -> bytes | None:
+        """Chunk ``i`` packed for the holder at ``address`` (one in dask's memory elsewhere is moved there first);
+        None when ``address`` is gone, or was given up as a straggler while the chunk was moved there."""
+        if not self._alive(address):
+            return None
+        chunk = lend_to(self.client, self._chunks[i], address, self._lent, self._settle_copy)
+        return None if chunk is None else pack_for_holder(chunk)
+
+    def _settle_copy(self, copy: Any, source: Any, address: str) -> bool:
+        """Wait for dask to copy a held chunk (``source``) to ``address``. Workers the copy waits on (``address``,
+        the chunk's holders) that answered passes before and stay silent past the straggler deadline are given
+        up (``_outrun``: killed, dropped; dask then recomputes the chunk from its graph). False when ``address``
+        is one of them; past the pass timeout ``WorkerTimeoutError``."""
+        import distributed
+
+        deadline = Deadline(self.timeout)
+        patience = straggler_deadline(0.0, self.timeout, self.straggler_timeout)
+        while self._alive(address):
+            remaining = deadline.remaining()
+            try:
+                distributed.wait(copy, timeout=patience if remaining is None else min(patience, remaining))
+                return True
+            except TimeoutError:
+                pass
+            if deadline.expired():
+                raise WorkerTimeoutError(f"dask did not move chunk future {source.key!r} to worker {address} within "
+                                         f"{self.timeout} s; a worker is hung. Raise timeout= (seconds) or restart it")
+            silent_ones = silent_in_copy(self.client, source, address, patience)
+            _log.warning("dask: moving chunk future %r to %s waits; silent past %.1f s: %s", source.key, address,
+                         patience, silent_ones)
+            for silent in silent_ones:
+                if silent in self._actors and silent in self._answered:
+                    self._outrun(silent, [i for i, w in enumerate(self._where) if w == silent])
+                    self._forget(silent)
+        return False
 
     @property
     def transport_bytes(self) -> int:

@@ -12,7 +12,7 @@ numeric columns (or one column of arrays); a Bag one row per element, as an RDD.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -83,18 +83,23 @@ def _same(chunk: Any) -> Any:
     return chunk
 
 
-def lend_to(client: Any, chunk: Any, address: str, keep: list[Any]) -> Any:
+def lend_to(client: Any, chunk: Any, address: str, keep: list[Any],
+            settle: Callable[[Any, Any, str], bool]) -> Any:
     """``chunk`` for the worker ``address``: a :class:`HeldChunk` is put there by dask first, by a task pinned to
     ``address`` (no transfer when it is there already; recomputed from the collection's graph when its worker
     is lost; the task's future appended to ``keep``, which the caller holds while it is used). Its recorded
-    ``home`` is not trusted: dask may since have dropped that replica. Any other chunk as it is."""
+    ``home`` is not trusted: dask may since have dropped that replica. ``settle(copy, source, address)`` waits
+    for the copy (the runner bounds it and gives up silent workers); None when it gave up ``address``
+    itself. Any other chunk as it is."""
     if not isinstance(chunk, HeldChunk):
         return chunk
     import distributed
 
-    copy = client.submit(_same, distributed.Future(chunk.key, client=client), workers=[address],
-                         allow_other_workers=False, pure=False)
-    distributed.wait(copy)
+    source: Any = distributed.Future(chunk.key, client=client)
+    copy = client.submit(_same, source, workers=[address], allow_other_workers=False, pure=False)
+    if not settle(copy, source, address):
+        copy.release()
+        return None
     if copy.status != "finished":
         client.gather(copy)  # raises why the chunk could not be rebuilt
     keep.append(copy)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
 from mixle_parallel.executors.estimation import encoded_data, fit
@@ -84,21 +85,21 @@ def test_dask_a_sigstopped_worker_is_outrun_and_the_fit_ends_on_the_same_bits(di
     _check_outrun(_fit_with_a_stopped_worker("dask", lambda r: _dask_pid(r, 1), direct_channel=direct))
 
 
-@pytest.mark.timeout(600)
-def test_spark_a_sigstopped_python_worker_is_outrun_and_the_fit_ends_on_the_same_bits(spark_context, tmp_path):
-    # the Python worker that takes the first chunk of pass 3 SIGSTOPs itself: which pooled worker takes a
-    # task is Spark's choice, so the test cannot stop one from outside beforehand
+def _spark_fit_with_a_stopped_python_worker(spark_context: Any, workdir: str, data: Any) -> Any:
+    """Fit em_case on spark; the Python worker that takes the first chunk of pass 3 SIGSTOPs itself (which
+    pooled worker takes a task is Spark's choice, so the test cannot stop one from outside beforehand). Checks
+    that one task was given up at the straggler deadline and its chunks recomputed; returns the fit."""
     by_value(probes)
-    est = probes.SabotageEstimator(em_case.estimator(), str(tmp_path), action="stop")
+    est = probes.SabotageEstimator(em_case.estimator(), workdir, action="stop")
     kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
-    with encoded_data(em_case.data(), estimator=est, backend="spark", client=spark_context, timeout=TIMEOUT_S,
+    with encoded_data(data, estimator=est, backend="spark", client=spark_context, timeout=TIMEOUT_S,
                       chunk_size=em_case.FIT_KWARGS["chunk_size"], admission="unverified") as h:
         began = time.monotonic()
         try:
             got = fit(h, est, on_step=est.arm_at(2), **kwargs)
         finally:
-            marker = tmp_path / "fired"
-            pid = marker.read_text() if marker.exists() else ""
+            marker = os.path.join(workdir, "fired")
+            pid = open(marker).read() if os.path.exists(marker) else ""
             if pid:
                 try:
                     os.kill(int(pid), signal.SIGCONT)
@@ -108,7 +109,32 @@ def test_spark_a_sigstopped_python_worker_is_outrun_and_the_fit_ends_on_the_same
         assert pid, "no Python worker stopped itself"
         assert len(h.runner.stragglers) == 1 and h.runner.recovered_chunks, "the stopped task was not given up on"
     assert took < TIMEOUT_S
+    return got
+
+
+@pytest.mark.timeout(600)
+def test_spark_a_sigstopped_python_worker_is_outrun_and_the_fit_ends_on_the_same_bits(spark_context, tmp_path):
+    got = _spark_fit_with_a_stopped_python_worker(spark_context, str(tmp_path), em_case.data())
     assert em_case.signature(got) == em_case.reference()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["rdd", "dataframe"])
+def test_a_spark_source_survives_a_stopped_python_worker(spark_context, tmp_path, kind):
+    """The rows are an RDD / DataFrame of three partitions read by Spark (encoded chunks cached on the
+    executors): the task stopped in pass 3 is cancelled at the straggler deadline and the pass runs again
+    from the cached partitions (a lost one from its lineage), on the bits of the same parts fitted locally."""
+    parts = np.split(em_case.data(), source_case.SPLITS)
+    rdd = spark_context.parallelize(list(range(3)), 3).flatMap(lambda i: [float(v) for v in parts[i]])
+    if kind == "dataframe":
+        from pyspark.sql import SparkSession
+
+        rdd = SparkSession(spark_context).createDataFrame(rdd.map(lambda v: (v,)), ["x"])
+    reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
+    work = tmp_path / "sabotage"
+    work.mkdir()
+    got = _spark_fit_with_a_stopped_python_worker(spark_context, str(work), rdd)
+    assert em_case.signature(got) == reference
 
 
 @pytest.mark.timeout(600)
@@ -125,3 +151,42 @@ def test_a_file_source_read_by_the_workers_survives_a_stopped_worker(backend, tm
     source = source_case.write_files(str(tmp_path), "npy")
     _check_outrun(_fit_with_a_stopped_worker(backend, pick, data=source), source_case.source_reference(source))
 
+
+
+
+def _dask_collection(kind: str) -> Any:
+    """em_case's rows as a dask Array or DataFrame of three partitions (cut at ``source_case.SPLITS``)."""
+    parts = np.split(em_case.data(), source_case.SPLITS)
+    if kind == "array":
+        da = pytest.importorskip("dask.array")
+        return da.from_array(em_case.data(), chunks=(tuple(len(p) for p in parts),))
+    pd = pytest.importorskip("pandas")
+    dd = pytest.importorskip("dask.dataframe")
+    return dd.from_map(lambda p: pd.DataFrame({"x": p}), parts)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["array", "dataframe"])
+def test_a_dask_collection_survives_a_stopped_worker_holding_its_partitions(kind, tmp_path):
+    """The rows are a dask collection whose partitions the workers computed and encoded where they are: the
+    stopped worker's chunks live only in its memory. Before, the SDC audit's placed pass waited forever for
+    dask to copy one of them to the other worker (no straggler clock there). Now the silent holder is given up
+    (killed through its nanny, dropped), dask recomputes its chunks from the collection's graph on the other
+    worker, and the fit ends on the bits of the same three parts fitted locally."""
+    pytest.importorskip("distributed", reason="dask.distributed is the optional [dask] extra")
+    reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
+    _check_outrun(_fit_with_a_stopped_worker("dask", lambda r: _dask_pid(r, 1), data=_dask_collection(kind)),
+                  reference)
+
+
+@pytest.mark.timeout(600)
+def test_a_ray_dataset_survives_a_stopped_actor(ray_session, tmp_path):
+    """The rows are a ``ray.data`` dataset of three blocks in the object store, read by the actors: the
+    stopped actor is killed at the straggler deadline and the other reads its blocks again from the store,
+    on the bits of the same parts fitted locally."""
+    import pandas as pd
+
+    parts = np.split(em_case.data(), source_case.SPLITS)
+    dataset = ray_session.data.from_pandas([pd.DataFrame({"x": p}) for p in parts])
+    reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
+    _check_outrun(_fit_with_a_stopped_worker("ray", lambda r: r.worker_pids()[1], data=dataset), reference)
