@@ -280,7 +280,7 @@ class _LedgerWalk:
         self.counts["receipt"] += 1
         if not scan.skipped:
             run.last_committed[rank] = step
-        run.last_step[rank] = step if previous is None else max(step, previous)
+        run.last_step[rank] = step  # not below ``previous``, checked above
         return True
 
     def _in_run(self, entry: LedgerEntry | RawEntry, run: _Run, fault: Any) -> None:
