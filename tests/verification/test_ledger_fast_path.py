@@ -27,7 +27,7 @@ from mixle_parallel.contracts.bounded_json import (
 )
 from mixle_parallel.contracts.receipts import receipt_facts, receipt_from_document
 from mixle_parallel.verification.ledger.entries import _canonical, entry_hash, iter_ledger
-from mixle_parallel.verification.ledger.receipt_line import RECEIPT_LINE, match_receipt
+from mixle_parallel.verification.ledger.receipt_line import RECEIPT_LINE, match_receipt, scan_receipt
 from mixle_parallel.verification.ledger.verify import verify_ledger
 
 
@@ -175,13 +175,13 @@ def test_the_receipt_pattern_gives_exactly_what_json_and_the_canonical_body_give
     ('"extra":{}', '"extra":{"a":1.50}'), ('"step":0', '"step":1234567890123456789'),
     ('"global_examples_observed":null', '"global_examples_observed":7'),  # fewer than local_examples (8)
     ('"microbatches":1', '"microbatches":0'), ('"optimizer":"sgd"', '"optimizer":"  "'),
-    ('"step":0', '"step":-1'),
+    ('"step":0', '"step":-1'), ('"seq":', '"seq":-'), ('"seq":', '"seq":9007199254740992'),
 ])
 def test_the_receipt_pattern_declines_every_non_canonical_token_and_every_invalid_receipt(ledger, old, new):
     line = next(line for line in _lines(ledger) if '"kind":"receipt"' in line and '"step":0' in line)
     edited = line.replace(old, new, 1).encode() + b"\n"
     assert edited != line.encode() + b"\n"
-    assert match_receipt(edited) is None
+    assert match_receipt(edited) is None and scan_receipt(edited) is None
 
 
 @pytest.mark.parametrize("line", [
@@ -289,8 +289,11 @@ def test_the_receipt_pattern_agrees_with_the_strict_path_on_any_receipt(values):
         strict = parse_json(line, LEDGER_LINE_LIMITS)
         facts = receipt_facts(strict["payload"]["receipt"])
     except ContractError:  # a line or a receipt the strict path refuses: the pattern must decline it
-        assert match_receipt(line) is None
+        assert match_receipt(line) is None and scan_receipt(line) is None
         return
-    found = match_receipt(line)
-    if found is not None:
+    found, scan = match_receipt(line), scan_receipt(line)
+    assert (found is None) == (scan is None)
+    if found is not None and scan is not None:
         assert found.record == strict and found.facts == facts and found.canonical == _canonical(body)
+        assert (scan.step, scan.skipped, scan.extra) == facts and scan.canonical == found.canonical
+        assert (scan.seq, scan.rank, scan.payload_step, scan.hash) == (0, 0, 0, strict["hash"])

@@ -198,25 +198,27 @@ def _entry(line: bytes, number: int, raw: bool) -> LedgerEntry | RawEntry:
     return RawEntry(**record, canonical=_body_bytes(line, record))
 
 
+def ledger_line(data: bytes, number: int, *, raw: bool = False) -> LedgerLine:
+    """Line ``number`` of a ledger, as read: its entry or its problem; a line without final newline is ``torn``."""
+    complete = data.endswith(b"\n")
+    try:
+        entry = _entry(data, number, raw)
+    except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as exc:
+        if complete:
+            return LedgerLine(number, None, f"not a ledger entry: {exc}")
+        return LedgerLine(number, None, f"torn last line (no final newline, {len(data)} bytes: {exc}); "
+                          "a crash during append? `truncate_torn_tail` removes it", torn=True)
+    if complete:
+        return LedgerLine(number, entry, None)
+    return LedgerLine(number, entry, "torn last line: it has no final newline; the last append may not "
+                      "have completed", torn=True)
+
+
 def iter_ledger(path: str | os.PathLike[str], *, raw: bool = False) -> Iterator[LedgerLine]:
     """Every line of the ledger in order, one at a time; a last line without newline is ``torn``.
 
     Entries are ``LedgerEntry`` objects, or ``RawEntry`` (payload not frozen, cheaper) with ``raw=True``.
     """
     with open(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            complete = line.endswith(b"\n")
-            try:
-                entry = _entry(line, number, raw)
-            except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as exc:
-                if complete:
-                    yield LedgerLine(number, None, f"not a ledger entry: {exc}")
-                else:
-                    yield LedgerLine(number, None, f"torn last line (no final newline, {len(line)} bytes: {exc}); "
-                                     "a crash during append? `truncate_torn_tail` removes it", torn=True)
-                continue
-            if complete:
-                yield LedgerLine(number, entry, None)
-            else:
-                yield LedgerLine(number, entry, "torn last line: it has no final newline; the last append may not "
-                                 "have completed", torn=True)
+        for number, data in enumerate(handle, start=1):
+            yield ledger_line(data, number, raw=raw)

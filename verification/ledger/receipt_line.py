@@ -9,7 +9,9 @@ line's item limit (so no size, depth or item limit can be passed). Such a line d
 ``json.loads`` gives, it is its own canonical encoding (no repeated key, no ``NaN``), and the bytes the
 hash covers are the line without its ``hash`` member. Anything else (another kind, an escape, a nested
 ``extra``, a field StepReceipt gains later) returns None and the strict parser reads the line: this
-path can only accept what the strict one accepts, the same way.
+path can only accept what the strict one accepts, the same way. ``scan_receipt`` is the same match for the
+audit: it returns only the fields the audit compares (no record dicts), so a clean receipt costs one match,
+one hash and a few comparisons.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ...contracts.bounded_json import LEDGER_LINE_LIMITS, parse_canonical
 from ...contracts.receipts import StepReceipt
 from ...contracts.serialization import SCHEMA_VERSION
 
-__all__ = ["RECEIPT_LINE", "ReceiptLine", "match_receipt"]
+__all__ = ["RECEIPT_LINE", "ReceiptLine", "ReceiptScan", "match_receipt", "scan_receipt"]
 
 _STR = rb'"([\x20\x21\x23-\x5b\x5d-\x7e]*)"'  # printable ASCII but '"' and '\': JSON decoding is the identity
 _INT = rb"(0|-?[1-9][0-9]{0,17})"  # canonical (no "-0", no leading zero), below 2**63-1
@@ -107,37 +109,92 @@ class ReceiptLine(NamedTuple):
     """(step, skipped, extra) of a receipt that passes every StepReceipt validator, as ``receipt_facts`` gives."""
 
 
+class ReceiptScan(NamedTuple):
+    """What the audit checks of a receipt line ``scan_receipt`` proved canonical and valid, without its record.
+
+    The audit reads millions of these: no payload dicts are built, only the fields its checks compare.
+    """
+
+    certificate: str
+    hash: str
+    prev: str
+    seq: int
+    rank: int
+    """The payload's ``rank``."""
+    payload_step: int
+    """The payload's ``step`` (the audit checks it equals the receipt's)."""
+    step: int
+    skipped: bool
+    extra: dict[str, Any]
+    """The receipt's ``extra`` (the payload's own ``extra`` is checked to be canonical JSON, then dropped)."""
+    canonical: bytes
+    """The canonical encoding of every field but ``hash`` (the line less its ``hash`` member)."""
+
+
+def _valid(line: bytes) -> tuple[re.Match[bytes], dict[str, Any], dict[str, Any], int | float] | None:
+    """The match of a canonical receipt line whose every token and receipt rule holds: with the receipt's
+    decoded ``extra``, the payload's ``extra`` and the loss. None when the line is not provably one."""
+    found = RECEIPT_LINE.fullmatch(line) if RECEIPT_LINE is not None and len(line) <= _MAX_LINE else None
+    if found is None:
+        return None
+    outer, seen_examples, seen_tokens, local_examples, local_tokens, loss = found.group(3, 9, 10, 11, 12, 13)
+    try:
+        inner = {} if found[8] == b"{}" else _object(found[8])
+        payload_extra = {} if outer == b"{}" else _object(outer)
+        value = _number(loss)
+    except _NotCanonical:
+        return None
+    if ((seen_examples != b"null" and int(seen_examples) < int(local_examples))
+            or (seen_tokens != b"null" and int(seen_tokens) < int(local_tokens)) or not 0 <= int(found[21]) < 2**53):
+        return None  # the strict path names the fault
+    return found, inner, payload_extra, value
+
+
+_HASH_KEY = len(b',"hash":"')
+"""Bytes between the end of the ``certificate`` value and the start of the ``hash`` value."""
+
+
+def _canonical(line: bytes, found: re.Match[bytes]) -> bytes:
+    """The line without its ``hash`` member (and newline): the bytes its hash covers."""
+    start, end = found.span(2)
+    return line[:start - _HASH_KEY] + line[end + 1:len(line) - (line[-1:] == b"\n")]
+
+
+def scan_receipt(line: bytes) -> ReceiptScan | None:
+    """What the audit checks of a canonical receipt line whose receipt is valid; None when the line is not
+    provably one (read it with ``match_receipt`` or the strict parser then: they name any fault)."""
+    valid = _valid(line)
+    if valid is None:
+        return None
+    found, inner, _, _ = valid
+    certificate, hash_, rank, skipped, step, payload_step, prev, seq = found.group(1, 2, 4, 17, 18, 19, 20, 21)
+    return tuple.__new__(ReceiptScan, (  # the tuple itself: a NamedTuple's __new__ is a Python call, a million times
+        certificate.decode("ascii"), hash_.decode("ascii"), prev.decode("ascii"), int(seq), int(rank),
+        int(payload_step), int(step), skipped == b"true", inner, _canonical(line, found)))
+
+
 def match_receipt(line: bytes) -> ReceiptLine | None:
     """The record, hashed bytes and receipt facts of a canonical receipt line whose receipt is valid.
 
     None when the line is not provably one (decode it with ``parse_json`` then; it names any fault).
     """
-    found = RECEIPT_LINE.fullmatch(line) if RECEIPT_LINE is not None and len(line) <= _MAX_LINE else None
-    if found is None:
+    valid = _valid(line)
+    if valid is None:
         return None
-    (certificate, _, outer_extra, rank, accumulation_steps, collective_bytes, data_parallel_size, extra,
-     global_examples, global_tokens, local_examples, local_tokens, loss, microbatches, optimizer, precision,
-     skipped, step, payload_step, prev, seq, time) = found.groups()
-    try:
-        data: dict[str, Any] = {
-            "accumulation_steps": int(accumulation_steps), "collective_bytes": int(collective_bytes),
-            "data_parallel_size": int(data_parallel_size), "extra": {} if extra == b"{}" else _object(extra),
-            "global_examples_observed": None if global_examples == b"null" else int(global_examples),
-            "global_tokens_observed": None if global_tokens == b"null" else int(global_tokens),
-            "local_examples": int(local_examples), "local_tokens": int(local_tokens), "loss": _number(loss),
-            "microbatches": int(microbatches), "optimizer": optimizer.decode("ascii"),
-            "precision": precision.decode("ascii"), "skipped": skipped == b"true", "step": int(step)}
-        payload = {"extra": {} if outer_extra == b"{}" else _object(outer_extra), "rank": int(rank),
-                   "receipt": {"data": data, "kind": "StepReceipt", "version": SCHEMA_VERSION},
-                   "step": int(payload_step)}
-    except _NotCanonical:
-        return None
-    seen_examples, seen_tokens, number = data["global_examples_observed"], data["global_tokens_observed"], int(seq)
-    if ((seen_examples is not None and seen_examples < data["local_examples"])
-            or (seen_tokens is not None and seen_tokens < data["local_tokens"]) or not 0 <= number < 2**53):
-        return None  # the strict path names the fault
-    cut, end = found.start(2) - len(b',"hash":"'), found.end(2) + 1
-    record = {"certificate": certificate.decode("ascii"), "hash": found[2].decode("ascii"), "kind": "receipt",
-              "payload": payload, "prev": prev.decode("ascii"), "seq": number, "time": time.decode("ascii")}
-    canonical = line[:cut] + line[end:len(line) - line.endswith(b"\n")]
-    return ReceiptLine(record, canonical, (data["step"], data["skipped"], data["extra"]))
+    found, inner, outer_extra, loss = valid
+    (certificate, hash_, _, rank, accumulation_steps, collective_bytes, data_parallel_size, _, global_examples,
+     global_tokens, local_examples, local_tokens, _, microbatches, optimizer, precision, skipped, step,
+     payload_step, prev, seq, time) = found.groups()
+    data: dict[str, Any] = {
+        "accumulation_steps": int(accumulation_steps), "collective_bytes": int(collective_bytes),
+        "data_parallel_size": int(data_parallel_size), "extra": inner,
+        "global_examples_observed": None if global_examples == b"null" else int(global_examples),
+        "global_tokens_observed": None if global_tokens == b"null" else int(global_tokens),
+        "local_examples": int(local_examples), "local_tokens": int(local_tokens), "loss": loss,
+        "microbatches": int(microbatches), "optimizer": optimizer.decode("ascii"),
+        "precision": precision.decode("ascii"), "skipped": skipped == b"true", "step": int(step)}
+    payload = {"extra": outer_extra, "rank": int(rank),
+               "receipt": {"data": data, "kind": "StepReceipt", "version": SCHEMA_VERSION}, "step": int(payload_step)}
+    record = {"certificate": certificate.decode("ascii"), "hash": hash_.decode("ascii"), "kind": "receipt",
+              "payload": payload, "prev": prev.decode("ascii"), "seq": int(seq), "time": time.decode("ascii")}
+    return ReceiptLine(record, _canonical(line, found), (data["step"], data["skipped"], inner))

@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from hashlib import sha256
 from typing import Any
 
@@ -38,8 +38,9 @@ from .entries import (
     RawEntry,
     entry_hash,
     hash_canonical,
-    iter_ledger,
+    ledger_line,
 )
+from .receipt_line import ReceiptScan, scan_receipt
 from .seal import check_head, check_seal, head_path, read_head
 
 MAX_FAULTS = 1000
@@ -110,6 +111,22 @@ def _plain(value: Any) -> Any:
     return value.to_dict() if isinstance(value, FrozenDict) else value
 
 
+def _link_problems(extra: Mapping[str, Any], certificate: str) -> list[str]:
+    """What a receipt's ``extra`` says about its run (certificate, admission mode) that the run contradicts."""
+    if not extra:
+        return []
+    problems = []
+    linked = extra.get("certificate")
+    if linked is not None and linked != certificate:
+        problems.append(f"receipt says certificate {linked!r}, the run's is {certificate!r}")
+    mode = extra.get("admission")
+    if mode == AdmissionMode.UNVERIFIED and certificate != UNVERIFIED:
+        problems.append(f"receipt says the run is unverified, but it started under certificate {certificate}")
+    if mode == AdmissionMode.CERTIFIED and certificate == UNVERIFIED:
+        problems.append("receipt says certified, but the run started unverified")
+    return problems
+
+
 def _check_payload(entry: LedgerEntry | RawEntry, run: _Run, fault: Any) -> None:
     payload = entry.payload
     if entry.kind == "receipt":
@@ -122,14 +139,8 @@ def _check_payload(entry: LedgerEntry | RawEntry, run: _Run, fault: Any) -> None
         rank = payload.get("rank", 0)
         if payload.get("step") != step:
             fault(f"payload step {payload.get('step')} differs from the receipt's step {step}")
-        linked = extra.get("certificate")
-        if linked is not None and linked != run.certificate:
-            fault(f"receipt says certificate {linked!r}, the run's is {run.certificate!r}")
-        mode = extra.get("admission")
-        if mode == AdmissionMode.UNVERIFIED and run.certificate != UNVERIFIED:
-            fault(f"receipt says the run is unverified, but it started under certificate {run.certificate}")
-        if mode == AdmissionMode.CERTIFIED and run.certificate == UNVERIFIED:
-            fault("receipt says certified, but the run started unverified")
+        for problem in _link_problems(extra, run.certificate):
+            fault(problem)
         previous = run.last_step.get(rank)
         if previous is not None and step < previous:
             fault(f"rank {rank} step went backwards: {step} after {previous}")
@@ -247,6 +258,31 @@ class _LedgerWalk:
         else:
             self._in_run(entry, self.run, fault)
 
+    def clean_receipt(self, index: int, scan: ReceiptScan) -> bool:
+        """Take receipt ``index`` from its scan when ``check`` would find no fault in it, leaving the state ``check``
+        leaves; False, changing nothing, when anything about it is off (``check`` then reads it and names that).
+
+        The audit's fast path: the same rules as ``check`` and ``_check_payload`` for a receipt, on the fields
+        ``scan_receipt`` proved (a valid StepReceipt in a canonical line), without building the entry.
+        """
+        run, key, step, rank = self.run, self.key, scan.step, scan.rank
+        if (scan.seq != index or scan.prev != self.prev_hash or run is None or run.ended
+                or scan.certificate != run.certificate or scan.payload_step != step
+                or (key is not None) != scan.hash.startswith("hmac-sha256:")
+                or hash_canonical(scan.canonical, key) != scan.hash or _link_problems(scan.extra, run.certificate)):
+            return False
+        previous = run.last_step.get(rank)
+        committed = None if scan.skipped else run.last_committed.get(rank)
+        if (previous is not None and step < previous) or (committed is not None and step <= committed):
+            return False
+        self.keyed = self.keyed or key is not None  # a hash taken here is HMAC-keyed exactly when a key is given
+        self.prev_hash = scan.hash
+        self.counts["receipt"] += 1
+        if not scan.skipped:
+            run.last_committed[rank] = step
+        run.last_step[rank] = step  # not below ``previous``, checked above
+        return True
+
     def _in_run(self, entry: LedgerEntry | RawEntry, run: _Run, fault: Any) -> None:
         """An entry inside a run: after no run_end, linked to the run's certificate, its payload, its seal."""
         if run.ended:
@@ -290,10 +326,10 @@ class _Head:
         except ValueError as exc:
             self.problem = str(exc)
 
-    def see(self, index: int, entry: LedgerEntry | RawEntry) -> None:
+    def see(self, index: int, hash_: str, kind: str) -> None:
         """Remember the (hash, kind) of the entry the head ends at."""
         if index == self.entries - 1:
-            self.covered = (entry.hash, entry.kind)
+            self.covered = (hash_, kind)
 
     def fault(self, count: int, end_line: int) -> LedgerFault | None:
         """The head's fault against a ledger of ``count`` entries, or None."""
@@ -307,24 +343,36 @@ class _Head:
 
 def _walk(path: str | os.PathLike[str], key: bytes | None, require_end: bool, heads: list[_Head],
           store: TrustStore) -> tuple[_LedgerWalk, list[LedgerFault]]:
-    """One streaming pass over the ledger (one line in memory at a time): the walk and its end/head faults."""
+    """One streaming pass over the ledger (one line in memory at a time): the walk and its end/head faults.
+
+    A complete receipt line that ``scan_receipt`` reads and ``clean_receipt`` takes is done; every other line
+    (another kind, anything non-canonical, any fault) is read by ``ledger_line`` and checked by ``check``.
+    """
     walk = _LedgerWalk(key, store)
     torn: tuple[int, str] | None = None
     problems = 0
     if os.path.exists(path):
-        for line in iter_ledger(path, raw=True):
-            walk.last_line = line.number
-            if line.torn:
-                torn = (line.number, line.problem or "torn last line")
-            if line.entry is None:
-                if not line.torn:
-                    problems += 1
-                    walk.add(LedgerFault(line.number, None, line.problem or "not a ledger entry"))
-                continue
-            for head in heads:
-                head.see(walk.count, line.entry)
-            walk.check(walk.count, line.number, line.entry)
-            walk.count += 1
+        with open(path, "rb") as handle:
+            for number, data in enumerate(handle, start=1):
+                walk.last_line = number
+                scan = scan_receipt(data) if data.endswith(b"\n") else None
+                if scan is not None and walk.clean_receipt(walk.count, scan):
+                    for head in heads:
+                        head.see(walk.count, scan.hash, "receipt")
+                    walk.count += 1
+                    continue
+                line = ledger_line(data, number, raw=True)
+                if line.torn:
+                    torn = (line.number, line.problem or "torn last line")
+                if line.entry is None:
+                    if not line.torn:
+                        problems += 1
+                        walk.add(LedgerFault(line.number, None, line.problem or "not a ledger entry"))
+                    continue
+                for head in heads:
+                    head.see(walk.count, line.entry.hash, line.entry.kind)
+                walk.check(walk.count, line.number, line.entry)
+                walk.count += 1
     faults = _end_faults(walk, torn, problems, require_end)
     faults += [f for f in (head.fault(walk.count, walk.last_line + 1) for head in heads) if f is not None]
     return walk, faults
