@@ -74,6 +74,7 @@ class DirectPasses:
     _actors: dict[str, Any]
     _where: list[str]
     _chunks: list[Any]
+    _owns_client: bool  # the runner started the cluster (so it may kill a straggler's process)
     _lent: list[Any]  # futures of chunks dask copied to a borrower (held while the pass uses them)
     name: str
     # the runner's actor calls, liveness and recovery (DaskRunner's methods)
@@ -105,8 +106,9 @@ class DirectPasses:
         return StragglerClock(self.timeout, self.straggler_timeout)
 
     def _outrun(self, address: str, owed: Sequence[int]) -> None:
-        """Give up on the holder at ``address``, silent past the straggler deadline: its nanny kills its process
-        (``dask_straggler``) and the scheduler drops its worker, so its keys are recomputed elsewhere and nothing
+        """Give up on the holder at ``address``, silent past the straggler deadline: on a cluster this runner
+        started, its nanny kills its process (``dask_straggler``); on a cluster the caller passed in, the process
+        is left alone. The scheduler drops its worker either way, so its keys are recomputed elsewhere and nothing
         waits on it; the caller re-places ``owed``. An abandoned actor call would keep that worker's actor thread
         busy, so the worker is never used again."""
         _log.warning("dask: worker %s is a straggler (silent past the straggler deadline); recomputing chunks "
@@ -117,7 +119,8 @@ class DirectPasses:
         async def remove(dask_scheduler: Any, address: str, stimulus_id: str) -> Any:
             return await dask_scheduler.remove_worker(address=address, stimulus_id=stimulus_id, close=True)
 
-        kill_worker_process(self.client, address)  # its open connections close: no survivor's fetch waits on it
+        if self._owns_client:  # its open connections close: no survivor's fetch waits on it
+            kill_worker_process(self.client, address)
         try:
             self.client.run_on_scheduler(remove, address=address, stimulus_id=f"mixle-straggler-{uuid.uuid4().hex}")
         except Exception as exc:  # noqa: BLE001 - the worker stays listed; it is not used again all the same

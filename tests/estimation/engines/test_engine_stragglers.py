@@ -180,6 +180,42 @@ def test_a_dask_collection_survives_a_stopped_worker_holding_its_partitions(kind
 
 
 @pytest.mark.timeout(600)
+def test_a_straggler_on_a_cluster_the_caller_passed_is_dropped_not_killed(tmp_path):
+    """On a ``client=`` the caller owns, the straggler is dropped from the scheduler and its chunks recomputed
+    (same bits), but its process is the caller's: it is not killed (it is still there, stopped, when the fit
+    ends). On the runner's own cluster it is killed through its nanny (the test above)."""
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is the optional [dask] extra")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  host="127.0.0.1") as cluster, distributed.Client(cluster) as client:
+        pids: list[int] = []
+
+        def pick(runner: Any) -> int:
+            pids.append(_dask_pid(runner, 1))
+            return pids[0]
+
+        still_there: list[bool] = []
+        original = os.kill
+
+        def spy(pid: int, sig: int) -> None:  # records, just before the test's SIGCONT, that the process exists
+            if sig == signal.SIGCONT and pid in pids:
+                try:
+                    original(pid, 0)
+                    still_there.append(True)
+                except ProcessLookupError:
+                    still_there.append(False)
+            original(pid, sig)
+
+        os.kill = spy  # type: ignore[assignment]
+        try:
+            reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
+            _check_outrun(_fit_with_a_stopped_worker("dask", pick, data=_dask_collection("array"), client=client),
+                          reference)
+        finally:
+            os.kill = original  # type: ignore[assignment]
+        assert still_there == [True], "the caller's straggler process was killed"
+
+
+@pytest.mark.timeout(600)
 def test_a_ray_dataset_survives_a_stopped_actor(ray_session, tmp_path):
     """The rows are a ``ray.data`` dataset of three blocks in the object store, read by the actors: the
     stopped actor is killed at the straggler deadline and the other reads its blocks again from the store,
