@@ -20,6 +20,7 @@ import attrs
 
 from ...contracts.bounded_json import LEDGER_LINE_LIMITS, parse_canonical, parse_json
 from ...contracts.frozen_mapping import FrozenDict, to_frozen_dict
+from .lines import OverlongLine, bounded_lines
 from .receipt_line import match_receipt
 
 GENESIS = "sha256:" + "0" * 64
@@ -220,5 +221,11 @@ def iter_ledger(path: str | os.PathLike[str], *, raw: bool = False) -> Iterator[
     Entries are ``LedgerEntry`` objects, or ``RawEntry`` (payload not frozen, cheaper) with ``raw=True``.
     """
     with open(path, "rb") as handle:
-        for number, data in enumerate(handle, start=1):
-            yield ledger_line(data, number, raw=raw)
+        for number, data in bounded_lines(handle, LEDGER_LINE_LIMITS.max_bytes):
+            yield ledger_line(data, number, raw=raw) if isinstance(data, bytes) else overlong_line(data, number)
+
+
+def overlong_line(line: OverlongLine, number: int) -> LedgerLine:
+    """Line ``number``, over the line limit and skipped unread: a problem (``torn`` when it is the unfinished last)."""
+    return LedgerLine(number, None, f"not a ledger entry: {line.problem(LEDGER_LINE_LIMITS.max_bytes)}",
+                      torn=not line.complete)

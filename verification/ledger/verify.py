@@ -26,6 +26,7 @@ from ...contracts import (
     SDCAuditRecord,
     from_dict,
 )
+from ...contracts.bounded_json import LEDGER_LINE_LIMITS
 from ...contracts.receipts import receipt_facts
 from ..attestation import read_unverified
 from ..keys import KEY_ENV, TrustStore, load_key
@@ -39,7 +40,9 @@ from .entries import (
     entry_hash,
     hash_canonical,
     ledger_line,
+    overlong_line,
 )
+from .lines import bounded_lines
 from .receipt_line import ReceiptScan, scan_receipt
 from .seal import check_head, check_seal, head_path, read_head
 
@@ -353,15 +356,18 @@ def _walk(path: str | os.PathLike[str], key: bytes | None, require_end: bool, he
     problems = 0
     if os.path.exists(path):
         with open(path, "rb") as handle:
-            for number, data in enumerate(handle, start=1):
+            for number, data in bounded_lines(handle, LEDGER_LINE_LIMITS.max_bytes):
                 walk.last_line = number
-                scan = scan_receipt(data) if data.endswith(b"\n") else None
-                if scan is not None and walk.clean_receipt(walk.count, scan):
-                    for head in heads:
-                        head.see(walk.count, scan.hash, "receipt")
-                    walk.count += 1
-                    continue
-                line = ledger_line(data, number, raw=True)
+                if not isinstance(data, bytes):
+                    line = overlong_line(data, number)
+                else:
+                    scan = scan_receipt(data) if data.endswith(b"\n") else None
+                    if scan is not None and walk.clean_receipt(walk.count, scan):
+                        for head in heads:
+                            head.see(walk.count, scan.hash, "receipt")
+                        walk.count += 1
+                        continue
+                    line = ledger_line(data, number, raw=True)
                 if line.torn:
                     torn = (line.number, line.problem or "torn last line")
                 if line.entry is None:
