@@ -170,6 +170,8 @@ class SessionAudit:
                 return [], self._param_ref
         now = self._param_digest()
         if self._param_ref is None or now == self._param_ref:
+            if reference is not None and not reference.sharded:
+                reference.load()  # the live parameters are as hashed: the copy (not loaded, or stale) follows them
             return [], now
         injected = bool(self.faults and self.faults.injected_params)
         return [self._record(step, self.rank, "parameters at rest", "same_rank", self._param_ref, now, False, _MAX,
