@@ -4,24 +4,26 @@ On an audited step (``verification.AuditSchedule``: rate r, plus the run's first
 records the window's micro-steps and the RNG state at its start; the comm taps capture this rank's
 local gradient per parameter before the data-parallel reduction. Then, before the commit:
 
-1. parameters at rest: a digest of this rank's local parameters taken after the last update is
-   compared with one taken now (a flip in parameter memory between steps);
-2. peer replay: every rank ships its window, RNG state, the digest of (batch, parameters) and of
-   its gradient; the next rank of its data-parallel group (same tp/cp/pp coordinate) recomputes its
-   predecessor's gradient from the shipped inputs and compares digests. Every rank replays at once,
-   so the tensor-parallel peers of a replaying rank replay the same predecessor batch with it and
-   their TP collectives line up; under TP each rank recomputes its own shard of the gradient;
+1. parameters at rest: the live parameters are compared with the state taken after the last update (a
+   flip in parameter memory between steps): bit for bit against the replicated plain copy loaded then
+   (DDP, one rank), else a digest of this rank's local parameters then and now;
+2. peer replay: in one exchange every rank ships its window, RNG state, the digest of (batch, parameters),
+   of its gradient and its at-rest verdict; the next rank of its data-parallel group (same tp/cp/pp
+   coordinate) recomputes its predecessor's gradient from the shipped inputs and compares digests. Every
+   rank replays at once, so the tensor-parallel peers of a replaying rank replay the same predecessor
+   batch with it and their TP collectives line up; under TP each rank recomputes its own shard;
 3. same-rank replay: the window is re-run on this rank with the same batches and RNG state (the
    taps capture without communicating) and its gradient is compared with the captured one. With
-   ``replay="peer"`` (the default) it runs when a peer replay disagreed anywhere (every rank then
-   replays its own window, which tells a fault in the original computation from a persistent or
-   auditor-side one) and where no peer exists (a world of one, pure TP); with ``replay="both"`` on
-   every audited step. A peer's independent recomputation that matches bitwise (or within the
-   bound) already proves what a same-rank replay would: the default halves the audit's cost, the
-   way the EM audit recomputes on another worker and calls a witness only on a mismatch.
+   ``replay="peer"`` (the default) it runs when a peer replay disagreed anywhere (the records exchange
+   shows it; every rank then replays its own window, which tells a fault in the original computation
+   from a persistent or auditor-side one) and where no peer exists (a world of one, pure TP); with
+   ``replay="both"`` on every audited step. A peer's independent recomputation that matches bitwise (or
+   within the bound) already proves what a same-rank replay would: the default halves the audit's cost,
+   the way the EM audit recomputes on another worker and calls a witness only on a mismatch.
 
-Where every rank holds the whole model (DDP, or one rank: ``sdc_reference.reference_applies``) the
-recomputations that judge the executor use a plain copy of the module (``sdc_reference.PlainReference``),
+Where a plain copy of the module computes a rank's whole local gradient (DDP, FSDP2, HSDP, one rank:
+``sdc_reference.reference_applies``) the recomputations that judge the executor use it
+(``sdc_reference.PlainReference``; FSDP2/HSDP gather the full parameters into it for the audited step),
 not the executor's machinery: the peer replays its predecessor's window on it, and the same-rank step
 adds a ``reference`` record. A reference mismatch the executor's own replay reproduces is a
 ``backend_defect`` (``BackendDefectError`` under ``raise``); one it does not reproduce is a ``device`` fault.
