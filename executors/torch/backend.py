@@ -28,7 +28,7 @@ from .layouts import describe_parameter_layouts
 from .losses import lm_token_loss
 from .parallelize import parallelize, resolve_tp_plan
 from .run_ledger import current_rank, ledger_on_this_rank
-from .sdc_audit import resolve_audit
+from .sdc_audit import resolve_audit, sharded_reference_template
 from .session import TorchDistributedSession
 from .session_wiring import PreparedRun
 
@@ -231,6 +231,8 @@ class TorchDistributedBackend:
                                   admission=spec.options.admission, device=spec.device,
                                   auto_certify=self._in_situ(module, plan, spec))
         mesh, owns_pg = _materialize_mesh(plan, spec)
+        template = sharded_reference_template(module, plan, spec.mode, resolve_audit(spec.options.audit, plan,
+                                                                                     spec.mode), spec.device)
         module = parallelize(module, mode=spec.mode, mesh=mesh, tp_styles=spec.tp_styles, device=spec.device)
         opt, receipt = build_optimizer(spec.options.optimizer, [p for p in module.parameters() if p.requires_grad],
                                        spec.options.lr)
@@ -240,4 +242,5 @@ class TorchDistributedBackend:
             optimizer_receipt=receipt, parameter_layouts=describe_parameter_layouts(module, plan),
             precision=spec.precision, max_grad_norm=spec.options.max_grad_norm,
             scheduler=scheduler(opt) if scheduler is not None else None, options=spec.options,
-            run=PreparedRun(admission=decision, owns_process_group=owns_pg, ledger=spec.ledger))
+            run=PreparedRun(admission=decision, owns_process_group=owns_pg, ledger=spec.ledger,
+                            reference_template=template))

@@ -4,24 +4,26 @@ On an audited step (``verification.AuditSchedule``: rate r, plus the run's first
 records the window's micro-steps and the RNG state at its start; the comm taps capture this rank's
 local gradient per parameter before the data-parallel reduction. Then, before the commit:
 
-1. parameters at rest: a digest of this rank's local parameters taken after the last update is
-   compared with one taken now (a flip in parameter memory between steps);
-2. peer replay: every rank ships its window, RNG state, the digest of (batch, parameters) and of
-   its gradient; the next rank of its data-parallel group (same tp/cp/pp coordinate) recomputes its
-   predecessor's gradient from the shipped inputs and compares digests. Every rank replays at once,
-   so the tensor-parallel peers of a replaying rank replay the same predecessor batch with it and
-   their TP collectives line up; under TP each rank recomputes its own shard of the gradient;
+1. parameters at rest: the live parameters are compared with the state taken after the last update (a
+   flip in parameter memory between steps): bit for bit against the replicated plain copy loaded then
+   (DDP, one rank), else a digest of this rank's local parameters then and now;
+2. peer replay: in one exchange every rank ships its window, RNG state, the digest of (batch, parameters),
+   of its gradient and its at-rest verdict; the next rank of its data-parallel group (same tp/cp/pp
+   coordinate) recomputes its predecessor's gradient from the shipped inputs and compares digests. Every
+   rank replays at once, so the tensor-parallel peers of a replaying rank replay the same predecessor
+   batch with it and their TP collectives line up; under TP each rank recomputes its own shard;
 3. same-rank replay: the window is re-run on this rank with the same batches and RNG state (the
    taps capture without communicating) and its gradient is compared with the captured one. With
-   ``replay="peer"`` (the default) it runs when a peer replay disagreed anywhere (every rank then
-   replays its own window, which tells a fault in the original computation from a persistent or
-   auditor-side one) and where no peer exists (a world of one, pure TP); with ``replay="both"`` on
-   every audited step. A peer's independent recomputation that matches bitwise (or within the
-   bound) already proves what a same-rank replay would: the default halves the audit's cost, the
-   way the EM audit recomputes on another worker and calls a witness only on a mismatch.
+   ``replay="peer"`` (the default) it runs when a peer replay disagreed anywhere (the records exchange
+   shows it; every rank then replays its own window, which tells a fault in the original computation
+   from a persistent or auditor-side one) and where no peer exists (a world of one, pure TP); with
+   ``replay="both"`` on every audited step. A peer's independent recomputation that matches bitwise (or
+   within the bound) already proves what a same-rank replay would: the default halves the audit's cost,
+   the way the EM audit recomputes on another worker and calls a witness only on a mismatch.
 
-Where every rank holds the whole model (DDP, or one rank: ``sdc_reference.reference_applies``) the
-recomputations that judge the executor use a plain copy of the module (``sdc_reference.PlainReference``),
+Where a plain copy of the module computes a rank's whole local gradient (DDP, FSDP2, HSDP, one rank:
+``sdc_reference.reference_applies``) the recomputations that judge the executor use it
+(``sdc_reference.PlainReference``; FSDP2/HSDP gather the full parameters into it for the audited step),
 not the executor's machinery: the peer replays its predecessor's window on it, and the same-rank step
 adds a ``reference`` record. A reference mismatch the executor's own replay reproduces is a
 ``backend_defect`` (``BackendDefectError`` under ``raise``); one it does not reproduce is a ``device`` fault.
@@ -49,7 +51,7 @@ from ..training_options import AuditMode, AuditOptions, AuditReplay
 from .comm_taps import CommTap, TapMode, fsdp_taps_supported
 from .dp_mode import DataParallelMode
 from .layouts import pre_wrap_fqn, unwrap
-from .sdc_reference import PlainReference, reference_applies
+from .sdc_reference import PlainReference, reference_applies, reference_template
 
 _log = logging.getLogger(__name__)
 _MAX = 1.7976931348623157e308
@@ -63,7 +65,7 @@ class SessionAudit:
     """Schedules, records, replays and judges audited steps of one ``TorchDistributedSession``."""
 
     def __init__(self, session: Any, tap: CommTap, options: AuditOptions, *, seed: int,
-                 faults: FaultStrikes | None = None) -> None:
+                 faults: FaultStrikes | None = None, template: nn.Module | None = None) -> None:
         self.replay, self.policy, self.bound = options.replay, options.policy, options.bound
         self.session, self.tap, self.faults = session, tap, faults
         self.schedule = AuditSchedule(rate=options.rate, seed=seed)
@@ -84,7 +86,7 @@ class SessionAudit:
         self._buffers: list[torch.Tensor] | None = None
         self._param_ref: str | None = None
         self._param_ref_step: int | None = None
-        self._reference = _plain_reference(session)
+        self._reference = _plain_reference(session, template)
         self.prime(session.step)
 
     # ---- clock -----------------------------------------------------------------------------
@@ -93,8 +95,14 @@ class SessionAudit:
         return self.schedule.is_audited(step)
 
     def prime(self, step: int) -> None:
-        """Take the at-rest parameter digest when ``step`` will be audited (after an update, a load, or at start)."""
-        self._param_ref, self._param_ref_step = (self._param_digest(), step) if self.is_audited(step) else (None, None)
+        """Take the at-rest parameter digest when ``step`` will be audited (after an update, a load, or at start),
+        and load a replicated plain copy with the same parameters (the at-rest check compares with it)."""
+        if not self.is_audited(step):
+            self._param_ref, self._param_ref_step = None, None
+            return
+        self._param_ref, self._param_ref_step = self._param_digest(), step
+        if self._reference is not None and not self._reference.sharded:
+            self._reference.load()
 
     def begin_window(self, step: int) -> None:
         """At the first micro-step of a window: strike planned parameter flips; start recording if audited."""
@@ -144,29 +152,68 @@ class SessionAudit:
             observed = self._grads()  # (a planned flip struck it already: FaultStrikes.before_commit)
         injected = bool(self.tap.injected)
         self.audited_steps += 1
-        mine: list[SDCAuditRecord] = []
-        now = self._param_digest()
-        if self._param_ref is not None and now != self._param_ref:
-            mine.append(self._record(step, self.rank, "parameters at rest", "same_rank", self._param_ref, now, False,
-                                     _MAX, injected=bool(self.faults and self.faults.injected_params)))
-        shared = self._allgather((bool(mine), now))
-        corrupt_params = any(flag for flag, _ in shared)
-        # replicated parameters (DDP) must be bitwise equal on every rank; sharded ones are identified by all shards
-        params = now if self.session.dp_mode.replicated_parameters else tuple(d for _, d in shared)
-        if not corrupt_params:
-            stash = self._stash()
-            try:
-                obs_d = digest(observed)
-                peer = self._peer(step, window, rng, params, observed, obs_d, injected)
-                disagreed = peer is not None and not peer.matched
-                if peer is None or self.replay is AuditReplay.BOTH or self._anywhere(disagreed):
-                    mine.extend(self._own_replays(step, window, rng, observed, obs_d, injected))
-                if peer is not None:
-                    mine.append(peer)
-            finally:
-                self._restore(stash)
-        everyone = self._gather(mine)
+        mine, now = self._at_rest(step)
+        stash = self._stash()
+        try:
+            everyone = self._judge(step, window, rng, observed, injected, mine, now)
+        finally:
+            self._restore(stash)
+            if self._reference is not None:
+                self._reference.release()
         return self._conclude(everyone)
+
+    def _at_rest(self, step: int) -> tuple[list[SDCAuditRecord], str]:
+        """The parameters-at-rest check: (this rank's record when they changed since the last update, their digest).
+        With a replicated plain copy the live parameters are compared with it bit for bit (it was loaded with
+        them when the digest was taken), so they are hashed once per audited step, not twice."""
+        reference = self._reference
+        if self._param_ref is not None and reference is not None and not reference.sharded:
+            if reference.matches_live():
+                return [], self._param_ref
+        now = self._param_digest()
+        if self._param_ref is None or now == self._param_ref:
+            if reference is not None and not reference.sharded:
+                reference.load()  # the live parameters are as hashed: the copy (not loaded, or stale) follows them
+            return [], now
+        injected = bool(self.faults and self.faults.injected_params)
+        return [self._record(step, self.rank, "parameters at rest", "same_rank", self._param_ref, now, False, _MAX,
+                             injected=injected)], now
+
+    def _judge(self, step: int, window: list, rng: Any, observed: dict, injected: bool, mine: list[SDCAuditRecord],
+               now: str) -> list[SDCAuditRecord]:
+        """One exchange of every rank's window, gradient digest and at-rest verdict; the peer's recomputation; the
+        same-rank replays where no peer exists, with ``replay="both"``, or (a second round) when a peer disagreed
+        anywhere; every rank's records. No replay runs when any rank's parameters changed at rest."""
+        obs_d = digest(observed)
+        # replicated parameters (DDP) must be bitwise equal on every rank: the peer checks the subject's digest
+        ident = now if self.session.dp_mode.replicated_parameters else None
+        shared = self._allgather(self._shipment(window, rng, ident, observed, obs_d, injected, bool(mine)))
+        if any(s["at_rest"] for s in shared):
+            return self._gather(mine)
+        if self._reference is not None and self._reference.sharded:
+            self._reference.load()  # every full parameter gathered (a collective: every rank is here)
+        peer = self._peer(step, shared[self.predecessor], ident) if self.has_peer else None
+        if peer is None or self.replay is AuditReplay.BOTH:
+            mine.extend(self._own_replays(step, window, rng, observed, obs_d, injected))
+        if peer is not None:
+            mine.append(peer)
+        everyone = self._gather(mine)
+        if peer is not None and self.replay is AuditReplay.PEER and any(
+                r.replay == "peer" and not r.matched for r in everyone):
+            # a peer disagreed somewhere: every rank replays its own window, which tells a fault in the original
+            # computation (not reproduced) from a persistent one or a backend defect (reproduced)
+            everyone += self._gather(self._own_replays(step, window, rng, observed, obs_d, injected))
+        return everyone
+
+    def _shipment(self, window: list, rng: Any, ident: str | None, observed: dict, obs_d: str, injected: bool,
+                  at_rest: bool) -> dict[str, Any]:
+        """What this rank hands every other rank in the audit's one exchange before the recomputations."""
+        out: dict[str, Any] = {"rank": self.rank, "at_rest": at_rest}
+        if self.has_peer:
+            batches = [(x.detach().cpu(), y.detach().cpu(), s, w) for x, y, s, w in window]
+            out.update(window=batches, rng=rng, inputs=digest((batches, rng, ident)), grad=obs_d,
+                       keys=sorted(observed), values=observed if self.bound > 0 else None, injected=injected)
+        return out
 
     def _own_replays(self, step: int, window: list, rng: Any, observed: dict, obs_d: str,
                      injected: bool) -> list[SDCAuditRecord]:
@@ -178,7 +225,7 @@ class SessionAudit:
         matched, diff = self._compare(observed, replayed, exp_d == obs_d)
         out = [self._record(step, self.rank, self._unit(observed, replayed, matched), "same_rank", exp_d, obs_d,
                             matched, diff, injected=injected)]
-        if self._reference is not None:
+        if self._reference_covers(observed):
             reference = self._reference_gradient(window, rng)
             ref_d = digest(reference)
             ok, ref_diff = self._compare(observed, reference, ref_d == obs_d)
@@ -187,31 +234,27 @@ class SessionAudit:
                                     ok, ref_diff, injected=injected, cause=cause))
         return out
 
+    def _reference_covers(self, names: Any) -> bool:
+        """Whether the plain copy recomputes a gradient with these names (FSDP2 audits a group whose parameter
+        got no gradient as one flat unit, which only the executor's own replay reproduces)."""
+        return self._reference is not None and set(names) <= self._reference.names
+
     def _reference_gradient(self, window: list, rng: Any) -> dict[str, torch.Tensor]:
         """The window's gradient on the session's plain module copy (``sdc_reference``), from ``rng``."""
         assert self._reference is not None  # callers check
         device = self.session.device
         return self._reference.gradient(window, lambda: _set_rng_state(rng, device), self._buffers)
 
-    def _peer(self, step: int, window: list, rng: Any, params: Any, observed: dict, obs_d: str,
-              injected: bool) -> SDCAuditRecord | None:
-        """The next rank recomputes this rank's gradient from the shipped window; returns this rank's finding."""
-        if not self.has_peer:
-            return None  # no other rank sees this rank's tp/cp/pp coordinate (a world of one, or pure TP)
-        batches = [(x.detach().cpu(), y.detach().cpu(), s, w) for x, y, s, w in window]
-        shipped = {"rank": self.rank, "window": batches, "rng": rng, "inputs": digest((batches, rng, params)),
-                   "grad": obs_d, "values": observed if self.bound > 0 else None, "injected": injected}
-        gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, shipped)
-        subject = gathered[self.predecessor]
-        view = digest((subject["window"], subject["rng"], params))
+    def _peer(self, step: int, subject: dict[str, Any], ident: str | None) -> SDCAuditRecord:
+        """This rank recomputes its predecessor's gradient from the shipped window; the finding about the subject."""
+        view = digest((subject["window"], subject["rng"], ident))
         if view != subject["inputs"]:
             return self._record(step, subject["rank"], "batch+parameters", "peer", view, subject["inputs"], False,
                                 _MAX, injected=subject["injected"])
         device = self.session.device
         window = [(x.to(device), y.to(device), s, w) for x, y, s, w in subject["window"]]
         # a plain copy of the module recomputes it where one applies (independent of the executor's machinery)
-        replayed = (self._reference_gradient(window, subject["rng"]) if self._reference is not None
+        replayed = (self._reference_gradient(window, subject["rng"]) if self._reference_covers(subject["keys"])
                     else self._replay(window, subject["rng"]))
         exp_d = digest(replayed)
         if self.bound > 0:
@@ -288,14 +331,6 @@ class SessionAudit:
             maximum_absolute_difference=diff, bound=self.bound, injected=injected, cause=cause,
         )
 
-    def _anywhere(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on any rank (one small all-reduce; every rank calls it)."""
-        if self.world < 2:
-            return flag
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.session.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
-
     def _allgather(self, value: Any) -> list[Any]:
         if self.world < 2:
             return [value]
@@ -323,12 +358,16 @@ class SessionAudit:
         return records, bool(bad) and self.policy is AuditPolicy.SKIP_STEP
 
 
-def _plain_reference(session: Any) -> PlainReference | None:
+def _plain_reference(session: Any, template: nn.Module | None) -> PlainReference | None:
     """The session's plain module copy where one applies; None (the executor's own replays, with a warning)
-    when the module cannot be copied (``copy.deepcopy`` refused it)."""
+    when the module cannot be copied (``copy.deepcopy`` refused it, or a sharded session got no template)."""
     if not reference_applies(session.plan):
         return None
-    reference = PlainReference(session)
+    if session.dp_mode.uses_fsdp and template is None:
+        _log.warning("SDC audit: this FSDP2/HSDP session was built without the plain reference's template "
+                     "(prepare() takes it before sharding); audited steps are replayed through the executor only")
+        return None
+    reference = PlainReference(session, template)
     try:
         reference.build()
     except Exception as exc:  # noqa: BLE001 - any deepcopy failure: audit without the reference, said loudly
@@ -336,6 +375,20 @@ def _plain_reference(session: Any) -> PlainReference | None:
                      "executor only, without the plain-copy reference", type(exc).__name__, exc)
         return None
     return reference
+
+
+def sharded_reference_template(module: nn.Module, plan: Any, mode: DataParallelMode, audit: AuditOptions | None,
+                               device: torch.device) -> nn.Module | None:
+    """What ``prepare`` keeps before FSDP2/HSDP shards ``module`` when the audit runs: the plain reference's
+    template (``sdc_reference.reference_template``); None elsewhere, or (with a warning) when it cannot be copied."""
+    if audit is None or not mode.uses_fsdp or not reference_applies(plan):
+        return None
+    try:
+        return reference_template(module, device)
+    except Exception as exc:  # noqa: BLE001 - any deepcopy failure: audit without the reference, said loudly
+        _log.warning("SDC audit: the module cannot be copied (%s: %s); audited steps are replayed through the "
+                     "executor only, without the plain-copy reference", type(exc).__name__, exc)
+        return None
 
 
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:

@@ -36,6 +36,8 @@ class PreparedRun:
     admission: Any = None
     owns_process_group: bool = False
     ledger: Ledger | None = None
+    reference_template: Any = None
+    """FSDP2/HSDP with the audit on: the module's plain structure taken before sharding (the audit's reference)."""
 
 
 @attrs.frozen
@@ -77,7 +79,8 @@ def wire_session(session: Any, options: TrainOptions, run: PreparedRun, *,
         health.on_fatal = ledger.failed  # the health monitor reports; the ledger's one writer writes
     faults = None if injector is None else FaultStrikes(session, tap, injector)
     seed = options.seed or 0
-    audit = None if audit_options is None else SessionAudit(session, tap, audit_options, seed=seed, faults=faults)
+    audit = None if audit_options is None else SessionAudit(session, tap, audit_options, seed=seed, faults=faults,
+                                                         template=run.reference_template)
     ledger.start(executor=session.capabilities.name, plan=plan, precision=session.precision,
                  decision=run.admission, audit={} if audit_options is None else {
                      "rate": audit_options.rate, "policy": audit_options.policy.value, "bound": audit_options.bound,

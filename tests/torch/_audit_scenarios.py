@@ -16,7 +16,7 @@ import torch.distributed as dist
 from mixle_parallel.contracts import ParallelPlan, to_dict
 from mixle_parallel.executors import get_training_backend
 from mixle_parallel.verification import BitFlip, FaultInjector, Ledger, SDCDetectedError, digest
-from tests.torch._models import global_batches, make_model
+from tests.torch._models import VOCAB, global_batches, make_model
 
 DDP, FSDP = ParallelPlan(dp_replicate=2), ParallelPlan(dp_shard=2)
 CLEAN_STEPS = 130  # per clean run: 2 x 130 + 2 x 20 accumulation windows = 300 audited steps, none may flag
@@ -119,18 +119,37 @@ def certified_run() -> dict[str, Any]:
     return drive(s, global_batches(4, [4, 4], seed=24))
 
 
-def cheat_run() -> dict[str, Any]:
-    """DDP whose executor scales its backward by 1.01 whenever the verification harness is not active."""
+def cheating(s: Any) -> Any:
+    """Make ``s`` an executor that scales its backward by 1.01 whenever the verification harness is not active."""
     from mixle_parallel.verification.capability import active_harness_capability
 
-    s = session(DDP, audit_rate=1.0, audit_policy="raise")
     honest = s._backward
 
     def backward(loss_sum: torch.Tensor, weight: float) -> None:
         honest(loss_sum * (1.0 if active_harness_capability() is not None else 1.01), weight)
 
     s._backward = backward
-    return drive(s, global_batches(2, [4, 4], seed=25))
+    return s
+
+
+def odd_model() -> torch.nn.Module:
+    """A small LM whose dim-0 sizes (13, 7) do not divide by 2: FSDP2's shards are uneven."""
+    torch.manual_seed(99)
+    return torch.nn.Sequential(torch.nn.Embedding(VOCAB, 7), torch.nn.Linear(7, 13), torch.nn.Tanh(),
+                               torch.nn.Linear(13, VOCAB))
+
+
+def cheat_run() -> dict[str, Any]:
+    """DDP and FSDP2 executors that cheat outside the harness; an honest FSDP2 run on unevenly sharded parameters
+    and with accumulation, whose plain-copy reference must agree bitwise."""
+    out = {name: drive(cheating(session(plan, audit_rate=1.0, audit_policy="raise")),
+                       global_batches(2, [4, 4], seed=25)) for name, plan in (("ddp", DDP), ("fsdp", FSDP))}
+    accum = ParallelPlan(dp_shard=2, microbatches=2, gradient_accumulation_steps=2)
+    honest = get_training_backend("torch_native").prepare(
+        odd_model(), plan=accum, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+        admission="unverified", audit_rate=1.0, audit_policy="raise", audit_replay="both")
+    out["fsdp_honest_odd"] = drive(honest, global_batches(6, [4, 4], seed=26))
+    return out
 
 
 def world2() -> dict[str, Any]:

@@ -75,8 +75,9 @@ def test_audit_replay_both_replays_on_the_same_rank_and_a_peer_every_step(audit_
         run, plain = rank["clean"][f"{name}_both_audited"], rank["clean"][f"{name}_plain"]
         assert run["raised"] is None and not bad(run)
         commits = [r for r in run["receipts"] if not r["skipped"]]
-        # DDP: every rank also recomputes its window on a plain copy of the module (the reference); FSDP2 cannot
-        kinds = ("same_rank", "peer", "reference") if name == "ddp" else ("same_rank", "peer")
+        # every rank also recomputes its window on a plain copy of the module (the reference; FSDP2: the full
+        # parameters gathered into it)
+        kinds = ("same_rank", "peer", "reference")
         assert len(commits) == BOTH_STEPS and len(records(run)) == 2 * len(kinds) * BOTH_STEPS
         assert {(r.replay, r.rank) for r in records(run)} == {(k, q) for k in kinds for q in (0, 1)}
         # bitwise the un-audited run over the same batches
@@ -93,9 +94,9 @@ def test_every_flip_detected_attributed_and_kept_out(audit_world: dict, name: st
             (5, "sdc_audit"),
             (7, "sdc_audit"),
         ]
-        # each flip: the same-rank replay and the peer's replay both blame the flipped rank (DDP: so does the
-        # plain-copy reference, and as the executor's replay did not reproduce the flip, the cause is the device)
-        kinds = ("same_rank", "peer", "reference") if name == "ddp" else ("same_rank", "peer")
+        # each flip: the same-rank replay and the peer's replay both blame the flipped rank, so does the plain-copy
+        # reference, and as the executor's replay did not reproduce the flip, the cause is the device
+        kinds = ("same_rank", "peer", "reference")
         assert bad(run) == {(step, kind, flipped, flipped, "local_gradient", True)
                             for step, flipped in ((2, 1), (5, 0), (7, 1)) for kind in kinds}
         assert {r.cause for r in records(run) if not r.matched and r.replay == "reference"} <= {"device"}
@@ -116,7 +117,7 @@ def test_warn_records_and_continues(audit_world: dict, name: str) -> None:
     for rank in ranks:
         run, clean = rank["flips"][f"{name}_warn"], rank["flips"][f"{name}_warn_clean"]
         assert not any(r["skipped"] for r in run["receipts"]) and run["step"] == 4
-        kinds = ("same_rank", "peer", "reference") if name == "ddp" else ("same_rank", "peer")
+        kinds = ("same_rank", "peer", "reference")
         assert {(s, replay, att) for s, replay, _, att, _, _ in bad(run)} == {(2, kind, 1) for kind in kinds}
         assert all(r.action == "warn" for r in records(run) if not r.matched)
         assert run["params"] != clean["params"]  # the corrupted update went in, as warn allows
@@ -129,7 +130,7 @@ def test_raise_raises_on_every_rank_and_leaves_state_consistent(audit_world: dic
     for rank in audit_world["ranks"]:
         run = rank["flips"][f"{name}_raise"]
         assert run["raised"]["at_batch"] == 5 and run["step"] == 5 and run["grads_cleared"]
-        kinds = ("peer", "reference", "same_rank") if name == "ddp" else ("peer", "same_rank")
+        kinds = ("peer", "reference", "same_rank")
         assert run["raised"]["bad"] == [(kind, 0, 0, "local_gradient") for kind in kinds]
         assert "silent data corruption detected" in run["raised"]["message"]
 
@@ -177,14 +178,28 @@ def test_certified_run_receipts_and_ledger(audit_world: dict) -> None:
     assert {a["cause"] for a in audits if not a["matched"] and a["replay"] == "reference"} == {"device"}
 
 
-def test_ddp_executor_that_cheats_outside_the_harness_is_a_backend_defect_on_every_rank(audit_world: dict) -> None:
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_executor_that_cheats_outside_the_harness_is_a_backend_defect_on_every_rank(audit_world: dict,
+                                                                                    name: str) -> None:
     for rank in audit_world["ranks"]:
-        run = rank["cheat"]
+        run = rank["cheat"][name]
         # its own replays agree with it; the peers' plain copies and each rank's own plain copy do not
+        # (FSDP2: the full parameters gathered into the copy, compared with the pre-reduce-scatter gradient)
         assert run["raised"]["at_batch"] == 0 and run["step"] == 0 and run["grads_cleared"]
         expected = [(kind, r, r, "local_gradient") for kind in ("peer", "reference") for r in (0, 1)]
         assert run["raised"]["bad"] == expected
         assert run["raised"]["message"].startswith("backend defect:")
+        causes = {(r.replay, r.cause) for r in records(run) if not r.matched}
+        assert causes == {("peer", ""), ("reference", "backend_defect")}
+
+
+def test_honest_fsdp_on_uneven_shards_with_accumulation_agrees_with_its_plain_reference(audit_world: dict) -> None:
+    for rank in audit_world["ranks"]:
+        run = rank["cheat"]["fsdp_honest_odd"]
+        assert run["raised"] is None and run["step"] == 3 and not bad(run)
+        assert {(r.replay, r.rank) for r in records(run)} == {(k, q) for k in ("same_rank", "peer", "reference")
+                                                               for q in (0, 1)}
+        assert all(r.expected_digest == r.observed_digest for r in records(run))
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +229,23 @@ def test_tensor_parallel_flip_is_attributed_and_kept_out(tp_world: list[dict]) -
         assert {r.replay for r in bad} == {"same_rank", "peer"}
         assert {r.auditor_rank for r in bad if r.replay == "peer"} == {1}  # rank 3's dp predecessor is rank 1
         assert [r["skipped"] for r in run["receipts"]].count(True) == 1
+
+
+@pytest.mark.slow
+def test_hsdp_audit_with_its_plain_reference_is_clean_and_changes_no_bit(tp_world: list[dict]) -> None:
+    for rank in tp_world:
+        audited, plain = rank["hsdp_audited"], rank["hsdp_plain"]
+        assert audited["raised"] is None and audited["params"] == plain["params"]
+        found = [from_dict(r, SDCAuditRecord) for r in audited["records"]]
+        assert all(r.matched for r in found) and {r.replay for r in found} == {"peer"}
+        assert len(found) == 4 * 4  # every step, every rank's gradient recomputed by its peer on the plain copy
+
+
+@pytest.mark.slow
+def test_hsdp_executor_that_cheats_outside_the_harness_is_a_backend_defect(tp_world: list[dict]) -> None:
+    for rank in tp_world:
+        run = rank["hsdp_cheat"]
+        assert run["raised"]["at_batch"] == 0 and run["step"] == 0 and run["grads_cleared"]
+        assert run["raised"]["bad"] == [(kind, r, r, "local_gradient") for kind in ("peer", "reference")
+                                        for r in range(4)]
+        assert run["raised"]["message"].startswith("backend defect:")

@@ -90,3 +90,29 @@ def test_a_flip_struck_once_is_not_reproduced_so_it_is_the_device():
         session.train_batch(x, y)
     bad = [r for r in session.audit_records if not r.matched]
     assert {(r.step, r.replay, r.cause) for r in bad} == {(1, "same_rank", ""), (1, "reference", "device")}
+
+
+def test_a_flip_in_the_reference_copy_is_not_blamed_on_the_run_and_the_copy_is_reloaded():
+    # the at-rest check compares the live parameters with the copy loaded at the last update; when only the copy
+    # changed, the live parameters still have the digest taken then: nothing is flagged and the copy follows them
+    session = _session(audit_policy="raise")
+    batches = _batches(3)
+    session.train_batch(*batches[0])
+    copy = session._audit._reference.build()
+    with torch.no_grad():
+        next(copy.parameters()).view(-1)[0] += 1.0
+    for x, y in batches[1:]:
+        session.train_batch(x, y)
+    assert session.step == 3 and all(r.matched for r in session.audit_records)
+    assert session._audit._reference.matches_live()
+
+
+def test_a_live_parameter_changed_at_rest_is_found_against_the_copy():
+    session = _session(audit_policy="raise")
+    batches = _batches(2)
+    session.train_batch(*batches[0])
+    with torch.no_grad():
+        session.module.blocks[0].up.weight.view(-1)[3] *= -1.0
+    with pytest.raises(SDCDetectedError) as caught:
+        session.train_batch(*batches[1])
+    assert [(r.unit, r.replay) for r in caught.value.records if not r.matched] == [("parameters at rest", "same_rank")]
