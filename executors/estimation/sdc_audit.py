@@ -46,9 +46,9 @@ import numpy as np
 from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, StepReceipt, choose
 from ...contracts.estimation import statistic_digest
 from ...verification.harness.em_reference import EM_REFERENCE_TOLERANCE
-from ...verification.sdc.em import ChunkAudit, EMAuditor
+from ...verification.sdc.em import ChunkAudit, EMAuditor, within_tolerance
 from ...verification.sdc.inject import flip_bit
-from ...verification.sdc.schedule import DEFAULT_AUDIT_RATE, audit_uniform
+from ...verification.sdc.schedule import DEFAULT_AUDIT_RATE, SDCDetectedError, audit_uniform
 from .chunks import (
     ChunkResult,
     EncodedChunk,
@@ -171,6 +171,10 @@ class EMAudit:
         sets it where it holds the rows); each audited chunk is also compared with it (``audit_reference``)."""
         self.tolerance = EM_REFERENCE_TOLERANCE
         """What a reference comparison allows where the bits differ (the harness's EM bound)."""
+        self.peer_replays = False
+        """With a reference, whether audited chunks are still also computed on a peer in the pass (mixle's
+        ``AuditedMPEncodedData`` counts those evaluations); by default the reference replaces the peer replay,
+        which only checked the backend against itself, and a mismatch is classified by a same-worker replay."""
         self._events: list[AuditEvent] = []
         self._taken = 0  # auditor records already moved to _events
 
@@ -317,47 +321,61 @@ class EMAudit:
         result readable with ``chunk_result``) and the audit outcomes."""
         audited = self.audited_chunks(iteration, handle.num_chunks, first_of_fit=first_of_fit)
         if self.reference is None or not audited:
-            return self._backend_pass(handle, estimator, model, iteration, audited)
+            return self._backend_pass(handle, estimator, model, iteration, audited, None)
         references = _Background(self.reference, audited, estimator, model)  # runs while the backend computes
-        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited)
+        if not self.peer_replays:
+            return self._backend_pass(handle, estimator, model, iteration, audited, references)
+        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited, None)
         return entries, outcomes + self._against_reference(entries, references.result(), estimator, model,
                                                            iteration, audited)
 
-    def _backend_pass(self, handle: Any, estimator: Any, model: Any, iteration: int,
-                      audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """The pass through the backend, audited chunks replayed on a peer (or on the same runner)."""
+    def _backend_pass(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
+                      references: _Background | None) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The pass through the backend; audited chunks checked against ``references`` (computed outside the
+        backend) where given, else replayed on a peer (or on the same runner)."""
         if not self.placement:
-            return self._same_runner(handle, estimator, model, iteration, audited)
+            return self._same_runner(handle, estimator, model, iteration, audited, references)
         pending = self.injector is not None and any(f.step == iteration for f in self.injector.pending)
         if not audited and not self.excluded and not pending:
             return handle.estep_entries(estimator, model), ()
         for _ in range(len(self.runner.worker_ids()) + 1):
             try:
-                return self._placed_pass(estimator, model, iteration, handle.num_chunks, audited)
+                return self._placed_pass(estimator, model, iteration, handle.num_chunks, audited, references)
             except WorkerUnavailableError as exc:
                 self._note_lost(exc)
         raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
 
+    def _replay(self, worker: int, c: int, estimator: Any, model: Any) -> Any:
+        """Chunk ``c`` recomputed through the backend on ``worker`` (or on the runner, without placement)."""
+        if self.placement:
+            value = self._round({worker: [c]}, estimator, model, None, set())[(worker, c)]
+        else:
+            value = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=[c])[0]
+        return chunk_result([value], 0) if isinstance(value, GroupStats) else value
+
     def _against_reference(self, entries: list[Any], references: dict[int, Any], estimator: Any, model: Any,
-                           iteration: int, audited: tuple[int, ...]) -> tuple[ChunkAudit, ...]:
+                           iteration: int, audited: tuple[int, ...],
+                           struck: set[tuple[int, int]] | None = None) -> tuple[ChunkAudit, ...]:
         """Each audited chunk's statistic as the pass will fold it, against the reference computed outside the
-        backend; a mismatch is replayed on the chunk's worker through the backend to classify it."""
+        backend; a mismatch is replayed on the chunk's worker through the backend to classify it. With
+        ``struck`` (a placed pass that replays on no peer) a device fault quarantines its worker where a
+        healthy one remains."""
         owners = self._chunk_owners(len(entries))
+        spare = struck is not None and len(self.healthy()) >= 2
         outcomes = []
         for c in audited:
             worker = owners[c]
 
             def replay(c: int = c, worker: int = worker) -> Any:
-                if self.placement:
-                    value = self._round({worker: [c]}, estimator, model, None, set())[(worker, c)]
-                else:
-                    value = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=[c])[0]
-                return chunk_result([value], 0) if isinstance(value, GroupStats) else value
+                return self._replay(worker, c, estimator, model)
 
             outcomes.append(self.auditor.audit_reference(
                 iteration=iteration, chunk=c, worker=worker, statistic=chunk_result(entries, c),
                 reference=references[c], replay=replay,
-                atol=self.tolerance.atol, rtol=self.tolerance.rtol))
+                atol=self.tolerance.atol, rtol=self.tolerance.rtol,
+                injected=struck is not None and any(k[1] == c for k in struck), can_quarantine=spare))
+            if outcomes[-1].quarantined is not None:
+                spare = len(self.healthy()) >= 2
         return tuple(outcomes)
 
     def _chunk_owners(self, num_chunks: int) -> list[int]:
@@ -368,22 +386,48 @@ class EMAudit:
             return list(self.runner.chunk_owners())
         return [w for w, ids in enumerate(block_assignment(num_chunks, self.runner.num_workers)) for _ in ids]
 
-    def _placed_pass(self, estimator: Any, model: Any, iteration: int, n: int,
-                     audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+    def _placed_pass(self, estimator: Any, model: Any, iteration: int, n: int, audited: tuple[int, ...],
+                     references: _Background | None) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """One placed pass. With ``references`` no chunk is computed twice (nothing in the tasks tells the
+        backend which chunk is audited beyond the own results it brings back); else each audited chunk is
+        also computed on its ring peer in the same round. Then the audit, and the mending of what it found."""
         healthy = self._healthy_or_raise()
         owners = self._owners(n, healthy)
-        auditor_of = {c: _ring_next(healthy, owners[c]) for c in audited}
         jobs: dict[int, list[int]] = {}
         for c in range(n):
             jobs.setdefault(owners[c], []).append(c)
-        for c, w in auditor_of.items():
-            if w is not None:
-                jobs.setdefault(w, []).append(c)
+        if references is None:
+            for c in audited:
+                w = _ring_next(healthy, owners[c])
+                if w is not None:
+                    jobs.setdefault(w, []).append(c)
         struck: set[tuple[int, int]] = set()
         values = self._round(jobs, estimator, model, iteration, struck, GroupFold(chunk_estep, n, frozenset(audited)))
         entries = [values[(owners[c], c)] for c in range(n)]
+        if references is not None:
+            refs = references.result()
+            outcomes = list(self._against_reference(entries, refs, estimator, model, iteration, audited, struck))
+            decided: dict[int, Any] = {}
+        else:
+            outcomes, decided = self._peer_audits(entries, values, owners, estimator, model, iteration, audited,
+                                                  struck)
+        for outcome in outcomes:
+            if outcome.quarantined is not None:
+                self._note(f"worker {outcome.quarantined} quarantined after a mismatch attributed to it on "
+                           f"chunk {outcome.chunk} at iteration {iteration}; its chunks are recomputed on the "
+                           "others", worker=outcome.quarantined, chunk=outcome.chunk, iteration=iteration)
+        self._mend(entries, decided, owners, estimator, model)
+        if references is not None:
+            self._recheck(entries, refs, outcomes)
+        return entries, tuple(outcomes)
+
+    def _peer_audits(self, entries: list[Any], values: dict[tuple[int, int], Any], owners: list[int],
+                     estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
+                     struck: set[tuple[int, int]]) -> tuple[list[ChunkAudit], dict[int, Any]]:
+        """Each audited chunk against its peer's replay (a witness on a mismatch; one worker left: a same-worker
+        replay); the outcomes and the statistics the audit decided on where they are not the primary's."""
         outcomes: list[ChunkAudit] = []
-        decided: dict[int, Any] = {}  # audited chunk -> its statistic, where the audit did not keep the primary's
+        decided: dict[int, Any] = {}
         live = self.live()
         for c in audited:
             primary = chunk_result(entries, c)
@@ -406,13 +450,15 @@ class EMAudit:
                 decided[c] = outcome.statistic
             if outcome.quarantined is not None:
                 decided.setdefault(c, outcome.statistic)
-                self._note(f"worker {outcome.quarantined} quarantined after a witnessed mismatch on "
-                           f"chunk {c} at iteration {iteration}; its chunks are recomputed on the others",
-                           worker=outcome.quarantined, chunk=c, iteration=iteration)
             outcomes.append(outcome)
-        # Chunks of a quarantined worker, and every group holding one of them or a chunk whose audited
-        # statistic is not its primary's, are recomputed per chunk on healthy workers (a group folded
-        # with a bad chunk in it cannot be mended in place); the audit's own statistic stands for those.
+        return outcomes, decided
+
+    def _mend(self, entries: list[Any], decided: dict[int, Any], owners: list[int], estimator: Any,
+              model: Any) -> None:
+        """Recompute, per chunk on healthy workers, the chunks of a quarantined worker and every group holding
+        one of them or a chunk whose audited statistic is not its primary's (a group folded with a bad chunk in
+        it cannot be mended in place); the audit's own statistic stands for the decided chunks."""
+        n = len(entries)
         touched = {group_of(n, c) for c in range(n) if owners[c] in self.auditor.quarantined} | {
             group_of(n, c) for c in decided}
         redo = sorted(c for a, b in touched for c in range(a, b) if c not in decided)
@@ -421,13 +467,25 @@ class EMAudit:
                 entries[c] = value
         for c, value in decided.items():
             entries[c] = value
-        return entries, tuple(outcomes)
 
-    def _same_runner(self, handle: Any, estimator: Any, model: Any, iteration: int,
-                     audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+    def _recheck(self, entries: list[Any], references: dict[int, Any], outcomes: Sequence[ChunkAudit]) -> None:
+        """After a quarantine, the recomputed chunk must agree with its reference, else nothing mended it."""
+        for outcome in outcomes:
+            if outcome.quarantined is None:
+                continue
+            ok, _, _ = within_tolerance(entries[outcome.chunk], references[outcome.chunk], self.tolerance.atol,
+                                        self.tolerance.rtol)
+            if not ok:
+                raise SDCDetectedError(outcome.records)
+
+    def _same_runner(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
+                     references: _Background | None) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         results = handle.estep_entries(estimator, model, raw=audited)
         if not audited:
             return results, ()
+        if references is not None:  # the reference replaces the replay; a mismatch is replayed to classify it
+            return results, self._against_reference(results, references.result(), estimator, model, iteration,
+                                                    audited)
         replays = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=list(audited))
         owners = self._chunk_owners(len(results))
         outcomes = []
