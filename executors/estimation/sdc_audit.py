@@ -35,7 +35,10 @@ the run's ledger and writes them.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
+import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -62,6 +65,7 @@ from .chunks import (
     group_of,
     supports_worker_placement,
 )
+from .combine_order import committed_result
 from .engines.chunk_assignment import block_assignment
 
 __all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
@@ -172,6 +176,7 @@ class EMAudit:
         self.tolerance = EM_REFERENCE_TOLERANCE
         """What a reference comparison allows where the bits differ (the harness's EM bound)."""
         self.peer_replays = False
+        self._secret = secrets.token_bytes(32)  # never leaves the driver: the backend cannot draw the sample
         """With a reference, whether audited chunks are still also computed on a peer in the pass (mixle's
         ``AuditedMPEncodedData`` counts those evaluations); by default the reference replaces the peer replay,
         which only checked the backend against itself, and a mismatch is classified by a same-worker replay."""
@@ -231,10 +236,27 @@ class EMAudit:
         return bool(self.auditor.quarantined or self.lost)
 
     def audited_chunks(self, iteration: int, num_chunks: int, *, first_of_fit: bool = False) -> tuple[int, ...]:
-        """Chunks audited at ``iteration``: the seeded sample, plus one on the first E-step of a fit."""
+        """Chunks audited at ``iteration``: the seeded sample, plus one on the first E-step of a fit. Against the
+        reference the sample is drawn with this handle's secret as well, so a backend that knows the seed and
+        the rule still cannot tell the audited chunks (the tasks name none; ``_reference_pass``)."""
+        if self.reference is not None and not self.peer_replays:
+            return self._secret_sample(iteration, num_chunks, first_of_fit)
         chosen = set(self.auditor.audited_chunks(iteration, num_chunks))
         if first_of_fit and not chosen and num_chunks:
             chosen.add(int(audit_uniform(self.auditor.seed, iteration, "em-fit-first") * num_chunks))
+        return tuple(sorted(chosen))
+
+    def _secret_sample(self, iteration: int, n: int, first_of_fit: bool) -> tuple[int, ...]:
+        """The ``rate`` sample of ``EMAuditor.audited_chunks`` (one chunk of iteration 0 always, one on a fit's
+        first E-step), each draw an HMAC of (seed, iteration, chunk) under ``self._secret``."""
+        def uniform(*parts: Any) -> float:
+            mac = hmac.new(self._secret, ":".join(map(str, (self.auditor.seed, iteration, *parts))).encode(),
+                           hashlib.sha256).digest()
+            return int.from_bytes(mac[:8], "big") / 2.0**64
+
+        chosen = {c for c in range(n) if uniform(c, "em") < self.auditor.rate}
+        if n and (iteration == 0 or (first_of_fit and not chosen)):
+            chosen.add(int(uniform("em-first") * n))
         return tuple(sorted(chosen))
 
     def _owners(self, num_chunks: int, healthy: list[int]) -> list[int]:
@@ -318,31 +340,74 @@ class EMAudit:
     def estep_results(self, handle: Any, estimator: Any, model: Any, iteration: int,
                       *, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         """The E-step entries of one audited pass (chunk order, for ``fold_pass``; each audited chunk's own
-        result readable with ``chunk_result``) and the audit outcomes."""
+        result, or its committed digest, readable with ``committed_result``) and the audit outcomes."""
         audited = self.audited_chunks(iteration, handle.num_chunks, first_of_fit=first_of_fit)
+        if self.reference is not None and not self.peer_replays:
+            references = _Background(self.reference, audited, estimator, model) if audited else None
+            return self._reference_pass(handle, estimator, model, iteration, audited, references)
         if self.reference is None or not audited:
-            return self._backend_pass(handle, estimator, model, iteration, audited, None)
+            return self._backend_pass(handle, estimator, model, iteration, audited)
         references = _Background(self.reference, audited, estimator, model)  # runs while the backend computes
-        if not self.peer_replays:
-            return self._backend_pass(handle, estimator, model, iteration, audited, references)
-        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited, None)
+        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited)
         return entries, outcomes + self._against_reference(entries, references.result(), estimator, model,
                                                            iteration, audited)
 
-    def _backend_pass(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
-                      references: _Background | None) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """The pass through the backend; audited chunks checked against ``references`` (computed outside the
-        backend) where given, else replayed on a peer (or on the same runner)."""
+    def _backend_pass(self, handle: Any, estimator: Any, model: Any, iteration: int,
+                      audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The pass through the backend, audited chunks replayed on a peer (or on the same runner)."""
         if not self.placement:
-            return self._same_runner(handle, estimator, model, iteration, audited, references)
+            return self._same_runner(handle, estimator, model, iteration, audited)
         pending = self.injector is not None and any(f.step == iteration for f in self.injector.pending)
         if not audited and not self.excluded and not pending:
             return handle.estep_entries(estimator, model), ()
         for _ in range(len(self.runner.worker_ids()) + 1):
             try:
-                return self._placed_pass(estimator, model, iteration, handle.num_chunks, audited, references)
+                return self._placed_pass(estimator, model, iteration, handle.num_chunks, audited)
             except WorkerUnavailableError as exc:
                 self._note_lost(exc)
+        raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
+
+    def _reference_pass(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
+                        references: _Background | None) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The pass, the same tasks whether or not (and whichever) chunks are audited: every folded group commits
+        to its chunks' digests, and only then are the audited chunks compared with ``references`` (computed
+        outside the backend meanwhile). A device fault quarantines its worker and its chunks are recomputed."""
+        pending = self.injector is not None and any(f.step == iteration for f in self.injector.pending)
+        struck: set[tuple[int, int]] = set()
+        if not (self.placement and (self.excluded or pending)):
+            entries = handle.estep_entries(estimator, model, commit=True)
+        else:
+            entries = self._committed_round(estimator, model, iteration, handle.num_chunks, struck)
+        if references is None:
+            return entries, ()
+        refs, owners = references.result(), self._chunk_owners(len(entries))
+        outcomes = self._against_reference(entries, refs, estimator, model, iteration, audited,
+                                           struck if self.placement else None, owners)
+        if self.placement and any(o.quarantined is not None for o in outcomes):
+            for o in outcomes:
+                if o.quarantined is not None:
+                    self._note(f"worker {o.quarantined} quarantined after a mismatch with the reference it did not "
+                               f"reproduce on chunk {o.chunk} at iteration {iteration}; its chunks are recomputed "
+                               "on the others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
+            self._mend(entries, {}, owners, estimator, model)
+            self._recheck(entries, refs, outcomes)
+        return entries, outcomes
+
+    def _committed_round(self, estimator: Any, model: Any, iteration: int, n: int,
+                         struck: set[tuple[int, int]]) -> list[Any]:
+        """The pass on the healthy workers only (planned flips struck), groups committed to their digests."""
+        for _ in range(len(self.runner.worker_ids()) + 1):
+            owners = self._owners(n, self._healthy_or_raise())
+            jobs: dict[int, list[int]] = {}
+            for c in range(n):
+                jobs.setdefault(owners[c], []).append(c)
+            try:
+                values = self._round(jobs, estimator, model, iteration, struck,
+                                     GroupFold(chunk_estep, n, frozenset(), True))
+            except WorkerUnavailableError as exc:
+                self._note_lost(exc)
+                continue
+            return [values[(owners[c], c)] for c in range(n)]
         raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
 
     def _replay(self, worker: int, c: int, estimator: Any, model: Any) -> Any:
@@ -354,13 +419,13 @@ class EMAudit:
         return chunk_result([value], 0) if isinstance(value, GroupStats) else value
 
     def _against_reference(self, entries: list[Any], references: dict[int, Any], estimator: Any, model: Any,
-                           iteration: int, audited: tuple[int, ...],
-                           struck: set[tuple[int, int]] | None = None) -> tuple[ChunkAudit, ...]:
+                           iteration: int, audited: tuple[int, ...], struck: set[tuple[int, int]] | None = None,
+                           owners: list[int] | None = None) -> tuple[ChunkAudit, ...]:
         """Each audited chunk's statistic as the pass will fold it, against the reference computed outside the
         backend; a mismatch is replayed on the chunk's worker through the backend to classify it. With
         ``struck`` (a placed pass that replays on no peer) a device fault quarantines its worker where a
         healthy one remains."""
-        owners = self._chunk_owners(len(entries))
+        owners = self._chunk_owners(len(entries)) if owners is None else owners
         spare = struck is not None and len(self.healthy()) >= 2
         outcomes = []
         for c in audited:
@@ -369,8 +434,9 @@ class EMAudit:
             def replay(c: int = c, worker: int = worker) -> Any:
                 return self._replay(worker, c, estimator, model)
 
+            own, committed = committed_result(entries, c)
             outcomes.append(self.auditor.audit_reference(
-                iteration=iteration, chunk=c, worker=worker, statistic=chunk_result(entries, c),
+                iteration=iteration, chunk=c, worker=worker, statistic=own, observed=committed,
                 reference=references[c], replay=replay,
                 atol=self.tolerance.atol, rtol=self.tolerance.rtol,
                 injected=struck is not None and any(k[1] == c for k in struck), can_quarantine=spare))
@@ -386,39 +452,29 @@ class EMAudit:
             return list(self.runner.chunk_owners())
         return [w for w, ids in enumerate(block_assignment(num_chunks, self.runner.num_workers)) for _ in ids]
 
-    def _placed_pass(self, estimator: Any, model: Any, iteration: int, n: int, audited: tuple[int, ...],
-                     references: _Background | None) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """One placed pass. With ``references`` no chunk is computed twice (nothing in the tasks tells the
-        backend which chunk is audited beyond the own results it brings back); else each audited chunk is
-        also computed on its ring peer in the same round. Then the audit, and the mending of what it found."""
+    def _placed_pass(self, estimator: Any, model: Any, iteration: int, n: int,
+                     audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """One placed pass, each audited chunk also computed on its ring peer in the same round; then the
+        audit, and the mending of what it found."""
         healthy = self._healthy_or_raise()
         owners = self._owners(n, healthy)
         jobs: dict[int, list[int]] = {}
         for c in range(n):
             jobs.setdefault(owners[c], []).append(c)
-        if references is None:
-            for c in audited:
-                w = _ring_next(healthy, owners[c])
-                if w is not None:
-                    jobs.setdefault(w, []).append(c)
+        for c in audited:
+            w = _ring_next(healthy, owners[c])
+            if w is not None:
+                jobs.setdefault(w, []).append(c)
         struck: set[tuple[int, int]] = set()
         values = self._round(jobs, estimator, model, iteration, struck, GroupFold(chunk_estep, n, frozenset(audited)))
         entries = [values[(owners[c], c)] for c in range(n)]
-        if references is not None:
-            refs = references.result()
-            outcomes = list(self._against_reference(entries, refs, estimator, model, iteration, audited, struck))
-            decided: dict[int, Any] = {}
-        else:
-            outcomes, decided = self._peer_audits(entries, values, owners, estimator, model, iteration, audited,
-                                                  struck)
+        outcomes, decided = self._peer_audits(entries, values, owners, estimator, model, iteration, audited, struck)
         for outcome in outcomes:
             if outcome.quarantined is not None:
-                self._note(f"worker {outcome.quarantined} quarantined after a mismatch attributed to it on "
+                self._note(f"worker {outcome.quarantined} quarantined after a witnessed mismatch on "
                            f"chunk {outcome.chunk} at iteration {iteration}; its chunks are recomputed on the "
                            "others", worker=outcome.quarantined, chunk=outcome.chunk, iteration=iteration)
         self._mend(entries, decided, owners, estimator, model)
-        if references is not None:
-            self._recheck(entries, refs, outcomes)
         return entries, tuple(outcomes)
 
     def _peer_audits(self, entries: list[Any], values: dict[tuple[int, int], Any], owners: list[int],
@@ -478,14 +534,11 @@ class EMAudit:
             if not ok:
                 raise SDCDetectedError(outcome.records)
 
-    def _same_runner(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
-                     references: _Background | None) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+    def _same_runner(self, handle: Any, estimator: Any, model: Any, iteration: int,
+                     audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         results = handle.estep_entries(estimator, model, raw=audited)
         if not audited:
             return results, ()
-        if references is not None:  # the reference replaces the replay; a mismatch is replayed to classify it
-            return results, self._against_reference(results, references.result(), estimator, model, iteration,
-                                                    audited)
         replays = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=list(audited))
         owners = self._chunk_owners(len(results))
         outcomes = []
