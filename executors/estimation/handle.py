@@ -70,8 +70,12 @@ class ChunkedEncodedData:
     """An encoded-data handle over any :class:`ChunkRunner`; same bits on every backend."""
 
     reference_audit = True
-    """Whether the SDC audit also recomputes audited chunks outside the backend (off on SPMD handles, whose
-    replays are collectives every rank must enter together)."""
+    """Whether the SDC audit also recomputes audited chunks outside the backend (where the rows are at hand)."""
+
+    def _attach_reference(self) -> None:
+        """Give the audit the driver's reference where this handle keeps the rows (SPMD handles agree on it)."""
+        if self._audit_rows is not None:
+            self._audit.reference = rows_reference(self)
 
     def __init__(self, runner: ChunkRunner, data: Any = None, options: EncodedDataOptions | None = None, *,
                  num_rows: int | None = None, owns_runner: bool = True, **params: Any) -> None:
@@ -406,8 +410,8 @@ class ChunkedEncodedData:
             rate = DEFAULT_AUDIT_RATE if chosen.audit_rate is None else float(chosen.audit_rate)
             self._audit = EMAudit(self._metered, rate=rate, policy=chosen.audit_policy, seed=chosen.audit_seed,
                                   fault_injector=chosen.fault_injector)
-            if self.reference_audit and self._audit_rows is not None:
-                self._audit.reference = rows_reference(self)
+            if self.reference_audit:
+                self._attach_reference()
         if self._audit is None or self._audit.reference is None:
             self._audit_rows = None
         self.ledger = ledger

@@ -1,32 +1,29 @@
-"""SDC audit of the EM E-step inside an encoded-data handle, plus its ledger receipts.
+"""SDC audit of the EM E-step inside an encoded-data handle.
 
-How a data pass is audited (``EMAudit.estep_results``), on a runner that can place work
-(``supports_worker_placement``: local, mp, dask, ray):
+With the reference (the handle holds the rows: ``rows_reference``; on SPMD handles every rank agrees on it,
+``spmd_audit``), ``EMAudit._reference_pass``:
 
-1. Each chunk has a primary worker (where it is resident, among the healthy workers). The
-   audited chunks of the iteration are a seeded ``rate`` fraction (``EMAuditor.audited_chunks``),
-   plus one chunk on the first E-step of every fit, so every fit audits at least one chunk.
-2. One round computes every chunk on its primary *and* every audited chunk on a different worker
-   (the next healthy worker after the primary), so the replays run in parallel with the pass.
-3. ``EMAuditor.audit_chunk`` compares the two by ``statistic_digest`` (canonical statistic bytes,
-   bitwise). On a mismatch a third worker witnesses; the majority names the faulty worker, which
-   is quarantined (policy ``quarantine``): it gets no further chunks, and every chunk it computed
-   in this pass is recomputed on the healthy workers, so the fit ends on the same bits as a clean
-   run. With only two healthy workers a mismatch cannot be attributed and raises
-   ``SDCDetectedError``; with ``policy="warn"`` it is recorded and the majority value used.
+1. The pass hands the backend the same tasks whichever chunks are audited: every chunk on its worker, no
+   chunk named, each folded group bringing back the ``statistic_digest`` of each of its chunks' own
+   results (``GroupFold(commit=True)``), a commitment. The audited chunks are a ``rate`` sample drawn by an
+   HMAC of (seed, iteration, chunk) under a per-handle secret, plus one on the first E-step of every fit.
+2. The driver recomputes each audited chunk's E-step from the rows on a thread while the workers fold; it is
+   the one recomputation (the backend computes no chunk twice).
+3. ``EMAuditor.audit_reference`` compares it with the committed digest; where they differ a replay on the
+   same worker through the backend decides: it reproduces the digest and lies within
+   ``EM_REFERENCE_TOLERANCE`` (rounding), it reproduces and lies beyond (``backend_defect``: raises unless
+   ``warn``), or it does not reproduce (``device``): under ``quarantine`` with a healthy worker left that
+   worker is quarantined, its chunks recomputed on the others and checked against the reference again, so
+   the fit ends on the same bits as a clean run.
 
-Runners without placement (mpi, spark) recompute an audited chunk on the same runner
-(``same_rank`` replays): a transient fault is detected but not attributed, and a mismatch raises
-(``warn``: recorded). Fault injection (``FaultInjector`` with ``BitFlip("statistic",
-"chunk:<c>", rank=<worker>, step=<iteration>, index, bit)``) strikes inside the worker that
-computes chunk ``c`` at that iteration; ``index`` counts the flat numeric elements of the chunk's
-statistic in order.
-
-Replays through the backend only check it against itself, so where the handle holds the rows in memory
-(not on SPMD handles) every audited chunk is also compared, as the pass will fold it, with the
-handle's own E-step of the chunk's rows computed in the driver (``EMAuditor.audit_reference``; bitwise,
-else within ``EM_REFERENCE_TOLERANCE``). A mismatch is replayed on its worker through the backend:
-reproduced, it is a ``backend_defect``; not, a ``device`` fault; either raises unless the policy is ``warn``.
+Without the reference (a source read by the workers; mixle's ``AuditedMPEncodedData``, whose peer
+evaluations are counted), on a runner that can place work (``supports_worker_placement``: local, mp, dask,
+ray) one round computes every chunk on its primary *and* every audited chunk (a seeded ``rate`` fraction,
+``EMAuditor.audited_chunks``) on the next healthy worker; ``EMAuditor.audit_chunk`` compares the two by
+``statistic_digest``; on a mismatch a third worker witnesses and the majority names the faulty worker, which
+is quarantined (two workers: ``SDCDetectedError``). Runners without placement (mpi, spark) recompute an
+audited chunk on the same runner (``same_rank`` replays). Fault injection (``audit_injection``) strikes
+inside the worker that computes a chunk.
 
 The audit writes no ledger: ``take_events`` hands its findings (``SDCAuditRecord`` values and
 ``AuditNote`` values for lost / quarantined workers, in the order found) to the handle, which owns
@@ -37,21 +34,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 
-from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, StepReceipt, choose
+from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, choose
 from ...contracts.estimation import statistic_digest
 from ...verification.harness.em_reference import EM_REFERENCE_TOLERANCE
 from ...verification.sdc.em import ChunkAudit, EMAuditor, within_tolerance
-from ...verification.sdc.inject import flip_bit
 from ...verification.sdc.schedule import DEFAULT_AUDIT_RATE, SDCDetectedError, audit_uniform
+from .audit_injection import chunk_estep_struck, flip_statistic  # re-exported here, their earlier home
+from .audit_receipt import em_receipt  # re-exported here, its earlier home
 from .chunks import (
     ChunkResult,
     EncodedChunk,
@@ -70,65 +66,6 @@ from .engines.chunk_assignment import block_assignment
 
 __all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
            "rows_reference"]
-
-
-# ---- fault injection inside a worker -------------------------------------------------------------
-def _numeric_size(value: Any) -> int:
-    if isinstance(value, np.ndarray):
-        return int(value.size) if value.dtype.kind in "fiuc" else 0
-    if isinstance(value, (float, np.floating)):
-        return 1
-    if isinstance(value, (tuple, list)):
-        return sum(_numeric_size(v) for v in value)
-    if isinstance(value, dict):
-        return sum(_numeric_size(value[k]) for k in sorted(value, key=str))
-    return 0
-
-
-def _flip_in(value: Any, left: list[int], bit: int) -> Any:
-    if left[0] < 0:
-        return value
-    if isinstance(value, np.ndarray) and value.dtype.kind in "fiuc":
-        if left[0] >= value.size:
-            left[0] -= value.size
-            return value
-        out = np.array(value, copy=True, order="C")
-        flip_bit(out, left[0], bit % (out.dtype.itemsize * 8))
-        left[0] = -1
-        return out
-    if isinstance(value, (float, np.floating)):
-        if left[0]:
-            left[0] -= 1
-            return value
-        box = np.array([value], dtype=np.float64)
-        flip_bit(box, 0, bit % 64)
-        left[0] = -1
-        return float(box[0])
-    if isinstance(value, tuple):
-        items = [_flip_in(v, left, bit) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    if isinstance(value, list):
-        return [_flip_in(v, left, bit) for v in value]
-    if isinstance(value, dict):
-        return {k: _flip_in(value[k], left, bit) for k in sorted(value, key=str)}
-    return value
-
-
-def flip_statistic(stats: Any, index: int, bit: int) -> Any:
-    """A copy of ``stats`` with ``bit`` of flat numeric element ``index`` (modulo the size) flipped."""
-    size = _numeric_size(stats)
-    if size == 0:
-        raise ValueError("this statistic holds no float or numeric-array element to flip")
-    return _flip_in(stats, [int(index) % size], int(bit))
-
-
-def chunk_estep_struck(chunk: Any, payload: tuple[Any, Any, dict[int, tuple[tuple[int, int], ...]]]) -> ChunkResult:
-    """``chunk_estep``, then the planned ``(index, bit)`` flips of this chunk applied to its statistic."""
-    estimator, model, flips = payload
-    result = chunk_estep(chunk, (estimator, model))
-    for index, bit in flips.get(chunk.chunk_id, ()):
-        result = result._replace(stats=flip_statistic(result.stats, index, bit))
-    return result
 
 
 # ---- the audit driver ------------------------------------------------------------------------------
@@ -176,6 +113,11 @@ class EMAudit:
         self.tolerance = EM_REFERENCE_TOLERANCE
         """What a reference comparison allows where the bits differ (the harness's EM bound)."""
         self.peer_replays = False
+        self.computes: Callable[[int], bool] | None = None
+        """Which audited chunks' reference this process computes (None: all; SPMD: each rank its own)."""
+        self.gather: Callable[[Any], list[Any]] | None = None
+        """SPMD: every rank's value in rank order (a collective), to share the references so every rank judges
+        the same and enters the same replays; None in one driver."""
         self._secret = secrets.token_bytes(32)  # never leaves the driver: the backend cannot draw the sample
         """With a reference, whether audited chunks are still also computed on a peer in the pass (mixle's
         ``AuditedMPEncodedData`` counts those evaluations); by default the reference replaces the peer replay,
@@ -343,7 +285,8 @@ class EMAudit:
         result, or its committed digest, readable with ``committed_result``) and the audit outcomes."""
         audited = self.audited_chunks(iteration, handle.num_chunks, first_of_fit=first_of_fit)
         if self.reference is not None and not self.peer_replays:
-            references = _Background(self.reference, audited, estimator, model) if audited else None
+            mine = [c for c in audited if self.computes is None or self.computes(c)]
+            references = _Background(self.reference, mine, estimator, model) if audited else None
             return self._reference_pass(handle, estimator, model, iteration, audited, references)
         if self.reference is None or not audited:
             return self._backend_pass(handle, estimator, model, iteration, audited)
@@ -380,7 +323,7 @@ class EMAudit:
             entries = self._committed_round(estimator, model, iteration, handle.num_chunks, struck)
         if references is None:
             return entries, ()
-        refs, owners = references.result(), self._chunk_owners(len(entries))
+        refs, owners = self._shared(references), self._chunk_owners(len(entries))
         outcomes = self._against_reference(entries, refs, estimator, model, iteration, audited,
                                            struck if self.placement else None, owners)
         if self.placement and any(o.quarantined is not None for o in outcomes):
@@ -392,6 +335,21 @@ class EMAudit:
             self._mend(entries, {}, owners, estimator, model)
             self._recheck(entries, refs, outcomes)
         return entries, outcomes
+
+    def _shared(self, references: _Background) -> dict[int, Any]:
+        """The references by chunk: this process's, or (SPMD) every rank's gathered, so each rank has them all;
+        a rank whose reference failed makes every rank raise, none is left waiting in a collective."""
+        if self.gather is None:
+            return references.result()
+        try:
+            mine, failure = references.result(), ""
+        except Exception as exc:  # noqa: BLE001 - shared with every rank, then raised on all
+            mine, failure = {}, f"{type(exc).__name__}: {exc}"
+        parts = self.gather((mine, failure))
+        failures = [f"rank {r}: {f}" for r, (_, f) in enumerate(parts) if f]
+        if failures:
+            raise RuntimeError(f"the SDC audit's reference failed on {'; '.join(failures)}")
+        return {c: v for part, _ in parts for c, v in part.items()}
 
     def _committed_round(self, estimator: Any, model: Any, iteration: int, n: int,
                          struck: set[tuple[int, int]]) -> list[Any]:
@@ -590,52 +548,3 @@ class _Background:
         if self._error is not None:
             raise self._error
         return self._out
-
-
-# ---- ledger ---------------------------------------------------------------------------------------
-def em_receipt(
-    iteration: int,
-    nobs: float,
-    log_likelihood: float,
-    *,
-    workers: int,
-    admission: Any,
-    outcomes: Sequence[ChunkAudit] = (),
-    quarantined: Sequence[int] = (),
-    observability: Mapping[str, Any] | None = None,
-    transport_bytes: int | None = None,
-) -> StepReceipt:
-    """The receipt of one EM iteration: rows, mean negative log-likelihood, admission and audit summary.
-
-    ``transport_bytes`` is what the runner handed its transport in the pass (requests with
-    the model, replies with the statistics); None when the runner does not count (``bytes_observed``
-    is then false and ``collective_bytes`` 0).
-    """
-    finite = math.isfinite(log_likelihood)
-    loss = -log_likelihood / nobs if finite and nobs > 0 else 0.0
-    records = [r for o in outcomes for r in o.records]
-    extra = {
-        **(admission.receipt_extra() if admission is not None else {}),
-        "kind": "em_iteration",
-        "log_likelihood": log_likelihood if finite else str(log_likelihood),
-        "audited_chunks": [o.chunk for o in outcomes],
-        "audit_mismatches": sum(1 for r in records if not r.matched),
-        "quarantined": sorted(int(w) for w in quarantined),
-        **({"observability": dict(observability)} if observability is not None else {}),
-        "bytes_observed": transport_bytes is not None,
-    }
-    rows = int(round(nobs))
-    return StepReceipt(
-        step=iteration,
-        loss=float(loss),
-        local_examples=rows,
-        local_tokens=0,
-        microbatches=1,
-        accumulation_steps=1,
-        data_parallel_size=max(1, int(workers)),
-        optimizer="em",
-        precision="fp64",
-        collective_bytes=int(transport_bytes or 0),
-        extra=extra,
-        global_examples_observed=rows,
-    )
