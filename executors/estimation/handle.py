@@ -56,7 +56,7 @@ from .mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from .options import EncodedDataOptions, UnknownOptionError, VerificationOptions, option_names, sub_chunked
 from .placement_check import check_placement
 from .planner import placement_for_bounds
-from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference
+from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference, source_reference
 from .sources import ChunkPlace, OpenedSource, as_source, open_source, source_layout, source_places
 
 __all__ = ["STRAGGLER_MIN_EXCESS_S", "ChunkedEncodedData", "handle_from_runner"]
@@ -73,9 +73,9 @@ class ChunkedEncodedData:
     """Whether the SDC audit also recomputes audited chunks outside the backend (where the rows are at hand)."""
 
     def _attach_reference(self) -> None:
-        """Give the audit the driver's reference where this handle keeps the rows (SPMD handles agree on it)."""
-        if self._audit_rows is not None:
-            self._audit.reference = rows_reference(self)
+        """Give the audit the driver's reference where this handle keeps the rows, or reads them again from
+        ``files(...)`` (SPMD handles agree on it)."""
+        self._audit.reference = rows_reference(self) if self._audit_rows is not None else source_reference(self)
 
     def __init__(self, runner: ChunkRunner, data: Any = None, options: EncodedDataOptions | None = None, *,
                  num_rows: int | None = None, owns_runner: bool = True, **params: Any) -> None:

@@ -4,7 +4,7 @@ With the reference (the handle holds the rows: ``rows_reference``; on SPMD handl
 ``spmd_audit``), ``EMAudit._reference_pass``:
 
 1. The pass hands the backend the same tasks whichever chunks are audited: every chunk on its worker, no
-   chunk named, each folded group bringing back the ``statistic_digest`` of each of its chunks' own
+   chunk named, each folded group bringing back the ``commit_digest`` of each of its chunks' own
    results (``GroupFold(commit=True)``), a commitment. The audited chunks are a ``rate`` sample drawn by an
    HMAC of (seed, iteration, chunk) under a per-handle secret, plus one on the first E-step of every fit.
 2. The driver recomputes each audited chunk's E-step from the rows on a thread while the workers fold; it is
@@ -61,11 +61,12 @@ from .chunks import (
     group_of,
     supports_worker_placement,
 )
-from .combine_order import committed_result
+from .combine_order import commit_digest, committed_result
 from .engines.chunk_assignment import block_assignment
+from .sources import materialize
 
 __all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
-           "rows_reference"]
+           "rows_reference", "source_reference"]
 
 
 # ---- the audit driver ------------------------------------------------------------------------------
@@ -394,7 +395,7 @@ class EMAudit:
 
             own, committed = committed_result(entries, c)
             outcomes.append(self.auditor.audit_reference(
-                iteration=iteration, chunk=c, worker=worker, statistic=own, observed=committed,
+                iteration=iteration, chunk=c, worker=worker, statistic=own, observed=committed, digest=commit_digest,
                 reference=references[c], replay=replay,
                 atol=self.tolerance.atol, rtol=self.tolerance.rtol,
                 injected=struck is not None and any(k[1] == c for k in struck), can_quarantine=spare))
@@ -519,6 +520,23 @@ def rows_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult]:
             raise RuntimeError("this handle keeps no rows for the audit's reference (sources, SPMD or audit off)")
         a, b = handle.bounds[chunk]
         return chunk_estep(EncodedChunk(chunk, a, b, encoder.encode(rows[a:b])), (estimator, model))
+
+    return reference
+
+
+def source_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult] | None:
+    """For a handle over ``files(...)``: ``reference(chunk, estimator, model)``, the chunk's rows read again from
+    its file by the driver (its place in the source: file, row offset) and E-stepped there, outside the
+    backend's runner and transport; None for other sources (an engine's collection lives on its cluster)."""
+    source = handle.source
+    if source is None or source.kind != "files":
+        return None
+
+    def reference(chunk: int, estimator: Any, model: Any) -> ChunkResult:
+        if handle._encoder is None:
+            raise RuntimeError("the audit's reference runs after the handle's chunks are encoded")
+        recipe = source.recipes([handle.places[chunk]], handle._encoder)[0]
+        return chunk_estep(materialize(recipe), (estimator, model))
 
     return reference
 

@@ -193,7 +193,8 @@ class EMAuditor:
 
     def audit_reference(self, *, iteration: int, chunk: int, worker: int, statistic: Any, reference: Any,
                         replay: Callable[[], Any], atol: float, rtol: float, injected: bool = False,
-                        can_quarantine: bool = False, observed: str | None = None) -> ChunkAudit:
+                        can_quarantine: bool = False, observed: str | None = None,
+                        digest: Callable[[Any], str] | None = None) -> ChunkAudit:
         """Compare the backend's ``statistic`` of ``chunk`` with the independent ``reference``: where the bits
         differ ``replay()`` recomputes it on ``worker`` through the backend. It matches when bitwise equal, or
         within ``atol + rtol * |reference|`` and reproduced bitwise (a deterministic rounding difference, e.g.
@@ -202,13 +203,15 @@ class EMAuditor:
         ``can_quarantine`` (a healthy worker remains to recompute) quarantines ``worker``; any other mismatch
         raises unless the policy is ``warn`` (quarantining a worker cannot mend software). ``observed`` is the
         digest the backend committed to when its ``statistic`` did not come back (None): the replay that
-        reproduces that digest stands for it; one that does not leaves the difference unknown (the float maximum)."""
-        expected = self.digest(reference)
-        observed = self.digest(statistic) if observed is None else observed
+        reproduces that digest stands for it; one that does not leaves the difference unknown (the float maximum).
+        ``digest`` replaces the auditor's checksum for this comparison (the one ``observed`` was made with)."""
+        digest = self.digest if digest is None else digest
+        expected = digest(reference)
+        observed = digest(statistic) if observed is None else observed
         matched, diff, bound, cause = True, 0.0, 0.0, ""
         if expected != observed:  # the tolerance admits a deterministic rounding difference, not a transient one
             replayed = replay()
-            reproduced = self.digest(replayed) == observed
+            reproduced = digest(replayed) == observed
             value = statistic if statistic is not None else replayed if reproduced else None
             matched, diff, bound = (within_tolerance(value, reference, atol, rtol) if value is not None else
                                     (False, _MAX, within_tolerance(reference, reference, atol, rtol)[2]))
