@@ -287,6 +287,7 @@ class AuditedMPEncodedData(ChunkedEncodedData):
         audit: Any = self._audit
         audit.runner = _PayloadTap(audit.runner, self)
         audit.audited_chunks = self._audited_chunks  # mixle's draw replaces the seeded sample (module doc)
+        audit.peer_replays = True  # mixle's primary/audit/witness evaluations, then the reference as well
 
     # -- mixle's instrumentation ----------------------------------------------------------------
     @property

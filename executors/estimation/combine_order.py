@@ -10,12 +10,14 @@ with the very same function (:func:`fold_pass`), so where a group was folded nev
 
 from __future__ import annotations
 
+import hashlib
+import pickle  # nosec B403 - bytes hashed here, never loaded
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
     "DEFAULT_CHUNK_MULTIPLE", "GroupFold", "GroupStats", "apply_chunk_fn", "chunk_result", "combine_groups",
-    "fold_group", "fold_pass", "group_of",
+    "commit_digest", "committed_result", "fold_group", "fold_pass", "group_of",
 ]
 
 DEFAULT_CHUNK_MULTIPLE = 12
@@ -33,6 +35,9 @@ class GroupStats(NamedTuple):
     log_likelihood: float
     stats: Any
     last: Any = None
+    digests: tuple[str, ...] = ()
+    """:func:`commit_digest` of each of the group's chunks' own results, in order, where the pass committed to
+    them (``GroupFold(commit=True)``)."""
 
 
 def _group_size(num_chunks: int) -> int:
@@ -92,11 +97,14 @@ class GroupFold(NamedTuple):
     """A pass's chunk function ``fn`` (returning ``(count, log_likelihood, stats)``, its payload's first
     item the estimator) whose results are folded on the worker: through :func:`apply_chunk_fn`, each
     combine group that lies wholly in a worker's chunk list comes back as one :class:`GroupStats`.
-    The ``raw`` chunks (the audited ones) also bring back their own results (see :func:`chunk_result`)."""
+    The ``raw`` chunks (the audited ones) also bring back their own results (see :func:`chunk_result`);
+    with ``commit`` every folded group brings back the digests of its chunks' own results instead, so the
+    task names no chunk and the audit picks one after the results are in (:func:`committed_result`)."""
 
     fn: Callable[[Any, Any], Any]
     num_chunks: int
     raw: frozenset[int] = frozenset()
+    commit: bool = False
 
     def __call__(self, chunk: Any, payload: Any) -> Any:
         """One chunk, not folded (what a runner that does not use ``apply_chunk_fn`` gets)."""
@@ -114,7 +122,9 @@ class GroupFold(NamedTuple):
             if b - a > 1 and c == a and ids[i:i + b - a] == list(range(a, b)):
                 results = [_call(self.fn, payload, j, chunk_of) for j in range(a, b)]
                 out.extend(results[j - a] if j in self.raw else None for j in range(a, b - 1))
-                out.append(fold_group(payload[0], results)._replace(last=results[-1] if b - 1 in self.raw else None))
+                out.append(fold_group(payload[0], results)._replace(
+                    last=results[-1] if b - 1 in self.raw else None,
+                    digests=tuple(commit_digest(r) for r in results) if self.commit else ()))
                 i += b - a
             else:
                 out.append(_call(self.fn, payload, c, chunk_of))
@@ -130,6 +140,27 @@ def chunk_result(entries: Sequence[Any], chunk: int) -> Any:
     if entry is None:
         raise KeyError(f"chunk {chunk}'s own result did not come back: pass it in GroupFold(raw=...)")
     return entry
+
+
+def commit_digest(result: Any) -> str:
+    """``sha256:<hex>`` of one chunk's E-step result as pickled: what a worker commits to for each chunk of a
+    folded group, cheap enough for every chunk of every pass (a tenth of ``statistic_digest``'s cost). Equal
+    digests mean equal bits (floats and arrays pickle exactly); differing ones are settled by a replay."""
+    return "sha256:" + hashlib.sha256(pickle.dumps(result, protocol=5)).hexdigest()
+
+
+def committed_result(entries: Sequence[Any], chunk: int) -> tuple[Any, str]:
+    """Chunk ``chunk``'s own result among a pass's entries, or None where only its digest came back (a group
+    folded with ``GroupFold(commit=True)``), and the :func:`commit_digest` the pass committed to for it."""
+    entry = entries[chunk]
+    if entry is not None and not isinstance(entry, GroupStats):
+        return entry, commit_digest(entry)
+    a, b = group_of(len(entries), chunk)
+    group = entries[b - 1]
+    if isinstance(group, GroupStats) and len(group.digests) == b - a:
+        return None, group.digests[chunk - a]
+    own = chunk_result(entries, chunk)
+    return own, commit_digest(own)
 
 
 def group_of(num_chunks: int, chunk: int) -> tuple[int, int]:

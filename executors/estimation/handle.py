@@ -56,7 +56,7 @@ from .mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from .options import EncodedDataOptions, UnknownOptionError, VerificationOptions, option_names, sub_chunked
 from .placement_check import check_placement
 from .planner import placement_for_bounds
-from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference
+from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference, source_reference
 from .sources import ChunkPlace, OpenedSource, as_source, open_source, source_layout, source_places
 
 __all__ = ["STRAGGLER_MIN_EXCESS_S", "ChunkedEncodedData", "handle_from_runner"]
@@ -70,8 +70,12 @@ class ChunkedEncodedData:
     """An encoded-data handle over any :class:`ChunkRunner`; same bits on every backend."""
 
     reference_audit = True
-    """Whether the SDC audit also recomputes audited chunks outside the backend (off on SPMD handles, whose
-    replays are collectives every rank must enter together)."""
+    """Whether the SDC audit also recomputes audited chunks outside the backend (where the rows are at hand)."""
+
+    def _attach_reference(self) -> None:
+        """Give the audit the driver's reference where this handle keeps the rows, or reads them again from
+        ``files(...)`` (SPMD handles agree on it)."""
+        self._audit.reference = rows_reference(self) if self._audit_rows is not None else source_reference(self)
 
     def __init__(self, runner: ChunkRunner, data: Any = None, options: EncodedDataOptions | None = None, *,
                  num_rows: int | None = None, owns_runner: bool = True, **params: Any) -> None:
@@ -213,11 +217,12 @@ class ChunkedEncodedData:
         estimator, model = self._bound(estimator, model)
         return [ChunkResult(*r) for r in self._map(chunk_estep, (estimator, model), estimator, model)]
 
-    def estep_entries(self, estimator: Any, model: Any, raw: Sequence[int] = ()) -> list[Any]:
+    def estep_entries(self, estimator: Any, model: Any, raw: Sequence[int] = (), *, commit: bool = False) -> list[Any]:
         """One pass's E-step entries for :func:`fold_pass`: groups folded on the workers where the runner
-        can, per chunk otherwise; the ``raw`` chunks' own results come back too (see ``chunk_result``)."""
+        can, per chunk otherwise; the ``raw`` chunks' own results come back too (see ``chunk_result``), and
+        with ``commit`` the digests of every chunk's own result (see ``committed_result``)."""
         estimator, model = self._bound(estimator, model)
-        fold = GroupFold(chunk_estep, self.num_chunks, frozenset(int(c) for c in raw))
+        fold = GroupFold(chunk_estep, self.num_chunks, frozenset(int(c) for c in raw), commit)
         # GroupFold is callable through its __call__, which mypy does not see on a NamedTuple
         return self._map(fold, (estimator, model), estimator, model)  # type: ignore[arg-type]  # NamedTuple __call__
 
@@ -405,8 +410,8 @@ class ChunkedEncodedData:
             rate = DEFAULT_AUDIT_RATE if chosen.audit_rate is None else float(chosen.audit_rate)
             self._audit = EMAudit(self._metered, rate=rate, policy=chosen.audit_policy, seed=chosen.audit_seed,
                                   fault_injector=chosen.fault_injector)
-            if self.reference_audit and self._audit_rows is not None:
-                self._audit.reference = rows_reference(self)
+            if self.reference_audit:
+                self._attach_reference()
         if self._audit is None or self._audit.reference is None:
             self._audit_rows = None
         self.ledger = ledger

@@ -1,32 +1,29 @@
-"""SDC audit of the EM E-step inside an encoded-data handle, plus its ledger receipts.
+"""SDC audit of the EM E-step inside an encoded-data handle.
 
-How a data pass is audited (``EMAudit.estep_results``), on a runner that can place work
-(``supports_worker_placement``: local, mp, dask, ray):
+With the reference (the handle holds the rows: ``rows_reference``; on SPMD handles every rank agrees on it,
+``spmd_audit``), ``EMAudit._reference_pass``:
 
-1. Each chunk has a primary worker (where it is resident, among the healthy workers). The
-   audited chunks of the iteration are a seeded ``rate`` fraction (``EMAuditor.audited_chunks``),
-   plus one chunk on the first E-step of every fit, so every fit audits at least one chunk.
-2. One round computes every chunk on its primary *and* every audited chunk on a different worker
-   (the next healthy worker after the primary), so the replays run in parallel with the pass.
-3. ``EMAuditor.audit_chunk`` compares the two by ``statistic_digest`` (canonical statistic bytes,
-   bitwise). On a mismatch a third worker witnesses; the majority names the faulty worker, which
-   is quarantined (policy ``quarantine``): it gets no further chunks, and every chunk it computed
-   in this pass is recomputed on the healthy workers, so the fit ends on the same bits as a clean
-   run. With only two healthy workers a mismatch cannot be attributed and raises
-   ``SDCDetectedError``; with ``policy="warn"`` it is recorded and the majority value used.
+1. The pass hands the backend the same tasks whichever chunks are audited: every chunk on its worker, no
+   chunk named, each folded group bringing back the ``commit_digest`` of each of its chunks' own
+   results (``GroupFold(commit=True)``), a commitment. The audited chunks are a ``rate`` sample drawn by an
+   HMAC of (seed, iteration, chunk) under a per-handle secret, plus one on the first E-step of every fit.
+2. The driver recomputes each audited chunk's E-step from the rows on a thread while the workers fold; it is
+   the one recomputation (the backend computes no chunk twice).
+3. ``EMAuditor.audit_reference`` compares it with the committed digest; where they differ a replay on the
+   same worker through the backend decides: it reproduces the digest and lies within
+   ``EM_REFERENCE_TOLERANCE`` (rounding), it reproduces and lies beyond (``backend_defect``: raises unless
+   ``warn``), or it does not reproduce (``device``): under ``quarantine`` with a healthy worker left that
+   worker is quarantined, its chunks recomputed on the others and checked against the reference again, so
+   the fit ends on the same bits as a clean run.
 
-Runners without placement (mpi, spark) recompute an audited chunk on the same runner
-(``same_rank`` replays): a transient fault is detected but not attributed, and a mismatch raises
-(``warn``: recorded). Fault injection (``FaultInjector`` with ``BitFlip("statistic",
-"chunk:<c>", rank=<worker>, step=<iteration>, index, bit)``) strikes inside the worker that
-computes chunk ``c`` at that iteration; ``index`` counts the flat numeric elements of the chunk's
-statistic in order.
-
-Replays through the backend only check it against itself, so where the handle holds the rows in memory
-(not on SPMD handles) every audited chunk is also compared, as the pass will fold it, with the
-handle's own E-step of the chunk's rows computed in the driver (``EMAuditor.audit_reference``; bitwise,
-else within ``EM_REFERENCE_TOLERANCE``). A mismatch is replayed on its worker through the backend:
-reproduced, it is a ``backend_defect``; not, a ``device`` fault; either raises unless the policy is ``warn``.
+Without the reference (a source read by the workers; mixle's ``AuditedMPEncodedData``, whose peer
+evaluations are counted), on a runner that can place work (``supports_worker_placement``: local, mp, dask,
+ray) one round computes every chunk on its primary *and* every audited chunk (a seeded ``rate`` fraction,
+``EMAuditor.audited_chunks``) on the next healthy worker; ``EMAuditor.audit_chunk`` compares the two by
+``statistic_digest``; on a mismatch a third worker witnesses and the majority names the faulty worker, which
+is quarantined (two workers: ``SDCDetectedError``). Runners without placement (mpi, spark) recompute an
+audited chunk on the same runner (``same_rank`` replays). Fault injection (``audit_injection``) strikes
+inside the worker that computes a chunk.
 
 The audit writes no ledger: ``take_events`` hands its findings (``SDCAuditRecord`` values and
 ``AuditNote`` values for lost / quarantined workers, in the order found) to the handle, which owns
@@ -35,20 +32,22 @@ the run's ledger and writes them.
 
 from __future__ import annotations
 
-import math
+import hashlib
+import hmac
+import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 
-from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, StepReceipt, choose
+from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, choose
 from ...contracts.estimation import statistic_digest
 from ...verification.harness.em_reference import EM_REFERENCE_TOLERANCE
-from ...verification.sdc.em import ChunkAudit, EMAuditor
-from ...verification.sdc.inject import flip_bit
-from ...verification.sdc.schedule import DEFAULT_AUDIT_RATE, audit_uniform
+from ...verification.sdc.em import ChunkAudit, EMAuditor, within_tolerance
+from ...verification.sdc.schedule import DEFAULT_AUDIT_RATE, SDCDetectedError, audit_uniform
+from .audit_injection import chunk_estep_struck, flip_statistic  # re-exported here, their earlier home
+from .audit_receipt import em_receipt  # re-exported here, its earlier home
 from .chunks import (
     ChunkResult,
     EncodedChunk,
@@ -62,69 +61,12 @@ from .chunks import (
     group_of,
     supports_worker_placement,
 )
+from .combine_order import commit_digest, committed_result
 from .engines.chunk_assignment import block_assignment
+from .sources import materialize
 
 __all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
-           "rows_reference"]
-
-
-# ---- fault injection inside a worker -------------------------------------------------------------
-def _numeric_size(value: Any) -> int:
-    if isinstance(value, np.ndarray):
-        return int(value.size) if value.dtype.kind in "fiuc" else 0
-    if isinstance(value, (float, np.floating)):
-        return 1
-    if isinstance(value, (tuple, list)):
-        return sum(_numeric_size(v) for v in value)
-    if isinstance(value, dict):
-        return sum(_numeric_size(value[k]) for k in sorted(value, key=str))
-    return 0
-
-
-def _flip_in(value: Any, left: list[int], bit: int) -> Any:
-    if left[0] < 0:
-        return value
-    if isinstance(value, np.ndarray) and value.dtype.kind in "fiuc":
-        if left[0] >= value.size:
-            left[0] -= value.size
-            return value
-        out = np.array(value, copy=True, order="C")
-        flip_bit(out, left[0], bit % (out.dtype.itemsize * 8))
-        left[0] = -1
-        return out
-    if isinstance(value, (float, np.floating)):
-        if left[0]:
-            left[0] -= 1
-            return value
-        box = np.array([value], dtype=np.float64)
-        flip_bit(box, 0, bit % 64)
-        left[0] = -1
-        return float(box[0])
-    if isinstance(value, tuple):
-        items = [_flip_in(v, left, bit) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    if isinstance(value, list):
-        return [_flip_in(v, left, bit) for v in value]
-    if isinstance(value, dict):
-        return {k: _flip_in(value[k], left, bit) for k in sorted(value, key=str)}
-    return value
-
-
-def flip_statistic(stats: Any, index: int, bit: int) -> Any:
-    """A copy of ``stats`` with ``bit`` of flat numeric element ``index`` (modulo the size) flipped."""
-    size = _numeric_size(stats)
-    if size == 0:
-        raise ValueError("this statistic holds no float or numeric-array element to flip")
-    return _flip_in(stats, [int(index) % size], int(bit))
-
-
-def chunk_estep_struck(chunk: Any, payload: tuple[Any, Any, dict[int, tuple[tuple[int, int], ...]]]) -> ChunkResult:
-    """``chunk_estep``, then the planned ``(index, bit)`` flips of this chunk applied to its statistic."""
-    estimator, model, flips = payload
-    result = chunk_estep(chunk, (estimator, model))
-    for index, bit in flips.get(chunk.chunk_id, ()):
-        result = result._replace(stats=flip_statistic(result.stats, index, bit))
-    return result
+           "rows_reference", "source_reference"]
 
 
 # ---- the audit driver ------------------------------------------------------------------------------
@@ -171,6 +113,16 @@ class EMAudit:
         sets it where it holds the rows); each audited chunk is also compared with it (``audit_reference``)."""
         self.tolerance = EM_REFERENCE_TOLERANCE
         """What a reference comparison allows where the bits differ (the harness's EM bound)."""
+        self.peer_replays = False
+        self.computes: Callable[[int], bool] | None = None
+        """Which audited chunks' reference this process computes (None: all; SPMD: each rank its own)."""
+        self.gather: Callable[[Any], list[Any]] | None = None
+        """SPMD: every rank's value in rank order (a collective), to share the references so every rank judges
+        the same and enters the same replays; None in one driver."""
+        self._secret = secrets.token_bytes(32)  # never leaves the driver: the backend cannot draw the sample
+        """With a reference, whether audited chunks are still also computed on a peer in the pass (mixle's
+        ``AuditedMPEncodedData`` counts those evaluations); by default the reference replaces the peer replay,
+        which only checked the backend against itself, and a mismatch is classified by a same-worker replay."""
         self._events: list[AuditEvent] = []
         self._taken = 0  # auditor records already moved to _events
 
@@ -227,10 +179,27 @@ class EMAudit:
         return bool(self.auditor.quarantined or self.lost)
 
     def audited_chunks(self, iteration: int, num_chunks: int, *, first_of_fit: bool = False) -> tuple[int, ...]:
-        """Chunks audited at ``iteration``: the seeded sample, plus one on the first E-step of a fit."""
+        """Chunks audited at ``iteration``: the seeded sample, plus one on the first E-step of a fit. Against the
+        reference the sample is drawn with this handle's secret as well, so a backend that knows the seed and
+        the rule still cannot tell the audited chunks (the tasks name none; ``_reference_pass``)."""
+        if self.reference is not None and not self.peer_replays:
+            return self._secret_sample(iteration, num_chunks, first_of_fit)
         chosen = set(self.auditor.audited_chunks(iteration, num_chunks))
         if first_of_fit and not chosen and num_chunks:
             chosen.add(int(audit_uniform(self.auditor.seed, iteration, "em-fit-first") * num_chunks))
+        return tuple(sorted(chosen))
+
+    def _secret_sample(self, iteration: int, n: int, first_of_fit: bool) -> tuple[int, ...]:
+        """The ``rate`` sample of ``EMAuditor.audited_chunks`` (one chunk of iteration 0 always, one on a fit's
+        first E-step), each draw an HMAC of (seed, iteration, chunk) under ``self._secret``."""
+        def uniform(*parts: Any) -> float:
+            mac = hmac.new(self._secret, ":".join(map(str, (self.auditor.seed, iteration, *parts))).encode(),
+                           hashlib.sha256).digest()
+            return int.from_bytes(mac[:8], "big") / 2.0**64
+
+        chosen = {c for c in range(n) if uniform(c, "em") < self.auditor.rate}
+        if n and (iteration == 0 or (first_of_fit and not chosen)):
+            chosen.add(int(uniform("em-first") * n))
         return tuple(sorted(chosen))
 
     def _owners(self, num_chunks: int, healthy: list[int]) -> list[int]:
@@ -314,8 +283,12 @@ class EMAudit:
     def estep_results(self, handle: Any, estimator: Any, model: Any, iteration: int,
                       *, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         """The E-step entries of one audited pass (chunk order, for ``fold_pass``; each audited chunk's own
-        result readable with ``chunk_result``) and the audit outcomes."""
+        result, or its committed digest, readable with ``committed_result``) and the audit outcomes."""
         audited = self.audited_chunks(iteration, handle.num_chunks, first_of_fit=first_of_fit)
+        if self.reference is not None and not self.peer_replays:
+            mine = [c for c in audited if self.computes is None or self.computes(c)]
+            references = _Background(self.reference, mine, estimator, model) if audited else None
+            return self._reference_pass(handle, estimator, model, iteration, audited, references)
         if self.reference is None or not audited:
             return self._backend_pass(handle, estimator, model, iteration, audited)
         references = _Background(self.reference, audited, estimator, model)  # runs while the backend computes
@@ -338,26 +311,96 @@ class EMAudit:
                 self._note_lost(exc)
         raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
 
+    def _reference_pass(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
+                        references: _Background | None) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The pass, the same tasks whether or not (and whichever) chunks are audited: every folded group commits
+        to its chunks' digests, and only then are the audited chunks compared with ``references`` (computed
+        outside the backend meanwhile). A device fault quarantines its worker and its chunks are recomputed."""
+        pending = self.injector is not None and any(f.step == iteration for f in self.injector.pending)
+        struck: set[tuple[int, int]] = set()
+        if not (self.placement and (self.excluded or pending)):
+            entries = handle.estep_entries(estimator, model, commit=True)
+        else:
+            entries = self._committed_round(estimator, model, iteration, handle.num_chunks, struck)
+        if references is None:
+            return entries, ()
+        refs, owners = self._shared(references), self._chunk_owners(len(entries))
+        outcomes = self._against_reference(entries, refs, estimator, model, iteration, audited,
+                                           struck if self.placement else None, owners)
+        if self.placement and any(o.quarantined is not None for o in outcomes):
+            for o in outcomes:
+                if o.quarantined is not None:
+                    self._note(f"worker {o.quarantined} quarantined after a mismatch with the reference it did not "
+                               f"reproduce on chunk {o.chunk} at iteration {iteration}; its chunks are recomputed "
+                               "on the others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
+            self._mend(entries, {}, owners, estimator, model)
+            self._recheck(entries, refs, outcomes)
+        return entries, outcomes
+
+    def _shared(self, references: _Background) -> dict[int, Any]:
+        """The references by chunk: this process's, or (SPMD) every rank's gathered, so each rank has them all;
+        a rank whose reference failed makes every rank raise, none is left waiting in a collective."""
+        if self.gather is None:
+            return references.result()
+        try:
+            mine, failure = references.result(), ""
+        except Exception as exc:  # noqa: BLE001 - shared with every rank, then raised on all
+            mine, failure = {}, f"{type(exc).__name__}: {exc}"
+        parts = self.gather((mine, failure))
+        failures = [f"rank {r}: {f}" for r, (_, f) in enumerate(parts) if f]
+        if failures:
+            raise RuntimeError(f"the SDC audit's reference failed on {'; '.join(failures)}")
+        return {c: v for part, _ in parts for c, v in part.items()}
+
+    def _committed_round(self, estimator: Any, model: Any, iteration: int, n: int,
+                         struck: set[tuple[int, int]]) -> list[Any]:
+        """The pass on the healthy workers only (planned flips struck), groups committed to their digests."""
+        for _ in range(len(self.runner.worker_ids()) + 1):
+            owners = self._owners(n, self._healthy_or_raise())
+            jobs: dict[int, list[int]] = {}
+            for c in range(n):
+                jobs.setdefault(owners[c], []).append(c)
+            try:
+                values = self._round(jobs, estimator, model, iteration, struck,
+                                     GroupFold(chunk_estep, n, frozenset(), True))
+            except WorkerUnavailableError as exc:
+                self._note_lost(exc)
+                continue
+            return [values[(owners[c], c)] for c in range(n)]
+        raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
+
+    def _replay(self, worker: int, c: int, estimator: Any, model: Any) -> Any:
+        """Chunk ``c`` recomputed through the backend on ``worker`` (or on the runner, without placement)."""
+        if self.placement:
+            value = self._round({worker: [c]}, estimator, model, None, set())[(worker, c)]
+        else:
+            value = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=[c])[0]
+        return chunk_result([value], 0) if isinstance(value, GroupStats) else value
+
     def _against_reference(self, entries: list[Any], references: dict[int, Any], estimator: Any, model: Any,
-                           iteration: int, audited: tuple[int, ...]) -> tuple[ChunkAudit, ...]:
+                           iteration: int, audited: tuple[int, ...], struck: set[tuple[int, int]] | None = None,
+                           owners: list[int] | None = None) -> tuple[ChunkAudit, ...]:
         """Each audited chunk's statistic as the pass will fold it, against the reference computed outside the
-        backend; a mismatch is replayed on the chunk's worker through the backend to classify it."""
-        owners = self._chunk_owners(len(entries))
+        backend; a mismatch is replayed on the chunk's worker through the backend to classify it. With
+        ``struck`` (a placed pass that replays on no peer) a device fault quarantines its worker where a
+        healthy one remains."""
+        owners = self._chunk_owners(len(entries)) if owners is None else owners
+        spare = struck is not None and len(self.healthy()) >= 2
         outcomes = []
         for c in audited:
             worker = owners[c]
 
             def replay(c: int = c, worker: int = worker) -> Any:
-                if self.placement:
-                    value = self._round({worker: [c]}, estimator, model, None, set())[(worker, c)]
-                else:
-                    value = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=[c])[0]
-                return chunk_result([value], 0) if isinstance(value, GroupStats) else value
+                return self._replay(worker, c, estimator, model)
 
+            own, committed = committed_result(entries, c)
             outcomes.append(self.auditor.audit_reference(
-                iteration=iteration, chunk=c, worker=worker, statistic=chunk_result(entries, c),
+                iteration=iteration, chunk=c, worker=worker, statistic=own, observed=committed, digest=commit_digest,
                 reference=references[c], replay=replay,
-                atol=self.tolerance.atol, rtol=self.tolerance.rtol))
+                atol=self.tolerance.atol, rtol=self.tolerance.rtol,
+                injected=struck is not None and any(k[1] == c for k in struck), can_quarantine=spare))
+            if outcomes[-1].quarantined is not None:
+                spare = len(self.healthy()) >= 2
         return tuple(outcomes)
 
     def _chunk_owners(self, num_chunks: int) -> list[int]:
@@ -370,20 +413,36 @@ class EMAudit:
 
     def _placed_pass(self, estimator: Any, model: Any, iteration: int, n: int,
                      audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """One placed pass, each audited chunk also computed on its ring peer in the same round; then the
+        audit, and the mending of what it found."""
         healthy = self._healthy_or_raise()
         owners = self._owners(n, healthy)
-        auditor_of = {c: _ring_next(healthy, owners[c]) for c in audited}
         jobs: dict[int, list[int]] = {}
         for c in range(n):
             jobs.setdefault(owners[c], []).append(c)
-        for c, w in auditor_of.items():
+        for c in audited:
+            w = _ring_next(healthy, owners[c])
             if w is not None:
                 jobs.setdefault(w, []).append(c)
         struck: set[tuple[int, int]] = set()
         values = self._round(jobs, estimator, model, iteration, struck, GroupFold(chunk_estep, n, frozenset(audited)))
         entries = [values[(owners[c], c)] for c in range(n)]
+        outcomes, decided = self._peer_audits(entries, values, owners, estimator, model, iteration, audited, struck)
+        for outcome in outcomes:
+            if outcome.quarantined is not None:
+                self._note(f"worker {outcome.quarantined} quarantined after a witnessed mismatch on "
+                           f"chunk {outcome.chunk} at iteration {iteration}; its chunks are recomputed on the "
+                           "others", worker=outcome.quarantined, chunk=outcome.chunk, iteration=iteration)
+        self._mend(entries, decided, owners, estimator, model)
+        return entries, tuple(outcomes)
+
+    def _peer_audits(self, entries: list[Any], values: dict[tuple[int, int], Any], owners: list[int],
+                     estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
+                     struck: set[tuple[int, int]]) -> tuple[list[ChunkAudit], dict[int, Any]]:
+        """Each audited chunk against its peer's replay (a witness on a mismatch; one worker left: a same-worker
+        replay); the outcomes and the statistics the audit decided on where they are not the primary's."""
         outcomes: list[ChunkAudit] = []
-        decided: dict[int, Any] = {}  # audited chunk -> its statistic, where the audit did not keep the primary's
+        decided: dict[int, Any] = {}
         live = self.live()
         for c in audited:
             primary = chunk_result(entries, c)
@@ -406,13 +465,15 @@ class EMAudit:
                 decided[c] = outcome.statistic
             if outcome.quarantined is not None:
                 decided.setdefault(c, outcome.statistic)
-                self._note(f"worker {outcome.quarantined} quarantined after a witnessed mismatch on "
-                           f"chunk {c} at iteration {iteration}; its chunks are recomputed on the others",
-                           worker=outcome.quarantined, chunk=c, iteration=iteration)
             outcomes.append(outcome)
-        # Chunks of a quarantined worker, and every group holding one of them or a chunk whose audited
-        # statistic is not its primary's, are recomputed per chunk on healthy workers (a group folded
-        # with a bad chunk in it cannot be mended in place); the audit's own statistic stands for those.
+        return outcomes, decided
+
+    def _mend(self, entries: list[Any], decided: dict[int, Any], owners: list[int], estimator: Any,
+              model: Any) -> None:
+        """Recompute, per chunk on healthy workers, the chunks of a quarantined worker and every group holding
+        one of them or a chunk whose audited statistic is not its primary's (a group folded with a bad chunk in
+        it cannot be mended in place); the audit's own statistic stands for the decided chunks."""
+        n = len(entries)
         touched = {group_of(n, c) for c in range(n) if owners[c] in self.auditor.quarantined} | {
             group_of(n, c) for c in decided}
         redo = sorted(c for a, b in touched for c in range(a, b) if c not in decided)
@@ -421,7 +482,16 @@ class EMAudit:
                 entries[c] = value
         for c, value in decided.items():
             entries[c] = value
-        return entries, tuple(outcomes)
+
+    def _recheck(self, entries: list[Any], references: dict[int, Any], outcomes: Sequence[ChunkAudit]) -> None:
+        """After a quarantine, the recomputed chunk must agree with its reference, else nothing mended it."""
+        for outcome in outcomes:
+            if outcome.quarantined is None:
+                continue
+            ok, _, _ = within_tolerance(entries[outcome.chunk], references[outcome.chunk], self.tolerance.atol,
+                                        self.tolerance.rtol)
+            if not ok:
+                raise SDCDetectedError(outcome.records)
 
     def _same_runner(self, handle: Any, estimator: Any, model: Any, iteration: int,
                      audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
@@ -454,6 +524,23 @@ def rows_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult]:
     return reference
 
 
+def source_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult] | None:
+    """For a handle over ``files(...)``: ``reference(chunk, estimator, model)``, the chunk's rows read again from
+    its file by the driver (its place in the source: file, row offset) and E-stepped there, outside the
+    backend's runner and transport; None for other sources (an engine's collection lives on its cluster)."""
+    source = handle.source
+    if source is None or source.kind != "files":
+        return None
+
+    def reference(chunk: int, estimator: Any, model: Any) -> ChunkResult:
+        if handle._encoder is None:
+            raise RuntimeError("the audit's reference runs after the handle's chunks are encoded")
+        recipe = source.recipes([handle.places[chunk]], handle._encoder)[0]
+        return chunk_estep(materialize(recipe), (estimator, model))
+
+    return reference
+
+
 class _Background:
     """``reference(c, estimator, model)`` for each audited chunk on a thread of the driver, started at once, so the
     recomputation overlaps the backend's pass (numpy releases the GIL; the driver mostly waits on its workers)."""
@@ -479,52 +566,3 @@ class _Background:
         if self._error is not None:
             raise self._error
         return self._out
-
-
-# ---- ledger ---------------------------------------------------------------------------------------
-def em_receipt(
-    iteration: int,
-    nobs: float,
-    log_likelihood: float,
-    *,
-    workers: int,
-    admission: Any,
-    outcomes: Sequence[ChunkAudit] = (),
-    quarantined: Sequence[int] = (),
-    observability: Mapping[str, Any] | None = None,
-    transport_bytes: int | None = None,
-) -> StepReceipt:
-    """The receipt of one EM iteration: rows, mean negative log-likelihood, admission and audit summary.
-
-    ``transport_bytes`` is what the runner handed its transport in the pass (requests with
-    the model, replies with the statistics); None when the runner does not count (``bytes_observed``
-    is then false and ``collective_bytes`` 0).
-    """
-    finite = math.isfinite(log_likelihood)
-    loss = -log_likelihood / nobs if finite and nobs > 0 else 0.0
-    records = [r for o in outcomes for r in o.records]
-    extra = {
-        **(admission.receipt_extra() if admission is not None else {}),
-        "kind": "em_iteration",
-        "log_likelihood": log_likelihood if finite else str(log_likelihood),
-        "audited_chunks": [o.chunk for o in outcomes],
-        "audit_mismatches": sum(1 for r in records if not r.matched),
-        "quarantined": sorted(int(w) for w in quarantined),
-        **({"observability": dict(observability)} if observability is not None else {}),
-        "bytes_observed": transport_bytes is not None,
-    }
-    rows = int(round(nobs))
-    return StepReceipt(
-        step=iteration,
-        loss=float(loss),
-        local_examples=rows,
-        local_tokens=0,
-        microbatches=1,
-        accumulation_steps=1,
-        data_parallel_size=max(1, int(workers)),
-        optimizer="em",
-        precision="fp64",
-        collective_bytes=int(transport_bytes or 0),
-        extra=extra,
-        global_examples_observed=rows,
-    )

@@ -192,26 +192,43 @@ class EMAuditor:
         return self._finish(ChunkAudit(iteration, chunk, (record,), statistic))
 
     def audit_reference(self, *, iteration: int, chunk: int, worker: int, statistic: Any, reference: Any,
-                        replay: Callable[[], Any], atol: float, rtol: float, injected: bool = False) -> ChunkAudit:
-        """Compare the backend's ``statistic`` of ``chunk`` with the independent ``reference`` (bitwise, else
-        within ``atol + rtol * |reference|``); on a mismatch ``replay()`` recomputes it on ``worker`` through
-        the backend to classify it: reproduced bitwise is a ``backend_defect`` (software, deterministic),
-        not reproduced a ``device`` fault of ``worker``. Any mismatch raises unless the policy is ``warn``
-        (quarantining a worker cannot mend software, and the reference is not the backend's bits)."""
-        expected, observed = self.digest(reference), self.digest(statistic)
-        matched, diff, bound = (True, 0.0, 0.0) if expected == observed else within_tolerance(
-            statistic, reference, atol, rtol)
-        cause = ""
-        if not matched:
-            cause = "backend_defect" if self.digest(replay()) == observed else "device"
-        action = "none" if matched else ("warn" if self.policy is AuditPolicy.WARN else "raise")
+                        replay: Callable[[], Any], atol: float, rtol: float, injected: bool = False,
+                        can_quarantine: bool = False, observed: str | None = None,
+                        digest: Callable[[Any], str] | None = None) -> ChunkAudit:
+        """Compare the backend's ``statistic`` of ``chunk`` with the independent ``reference``: where the bits
+        differ ``replay()`` recomputes it on ``worker`` through the backend. It matches when bitwise equal, or
+        within ``atol + rtol * |reference|`` and reproduced bitwise (a deterministic rounding difference, e.g.
+        another engine); else a reproduced mismatch is a ``backend_defect`` (software, deterministic), one not
+        reproduced a ``device`` fault of ``worker``. A device fault under policy ``quarantine`` with
+        ``can_quarantine`` (a healthy worker remains to recompute) quarantines ``worker``; any other mismatch
+        raises unless the policy is ``warn`` (quarantining a worker cannot mend software). ``observed`` is the
+        digest the backend committed to when its ``statistic`` did not come back (None): the replay that
+        reproduces that digest stands for it; one that does not leaves the difference unknown (the float maximum).
+        ``digest`` replaces the auditor's checksum for this comparison (the one ``observed`` was made with)."""
+        digest = self.digest if digest is None else digest
+        expected = digest(reference)
+        observed = digest(statistic) if observed is None else observed
+        matched, diff, bound, cause = True, 0.0, 0.0, ""
+        if expected != observed:  # the tolerance admits a deterministic rounding difference, not a transient one
+            replayed = replay()
+            reproduced = digest(replayed) == observed
+            value = statistic if statistic is not None else replayed if reproduced else None
+            matched, diff, bound = (within_tolerance(value, reference, atol, rtol) if value is not None else
+                                    (False, _MAX, within_tolerance(reference, reference, atol, rtol)[2]))
+            matched = matched and reproduced
+            cause = "" if matched else "backend_defect" if reproduced else "device"
+        quarantine = (cause == "device" and can_quarantine and self.policy is AuditPolicy.QUARANTINE)
+        action = "none" if matched else ("warn" if self.policy is AuditPolicy.WARN else
+                                         "quarantine" if quarantine else "raise")
         record = SDCAuditRecord(
             family="em", step=iteration, rank=worker, unit=f"chunk:{chunk}", replay="reference",
             expected_digest=expected, observed_digest=observed, matched=matched, action=action,
             auditor_rank=None, attributed_rank=None if matched else worker,
             maximum_absolute_difference=diff, bound=bound, injected=injected, cause=cause,
         )
-        return self._finish(ChunkAudit(iteration, chunk, (record,), statistic))
+        if quarantine:
+            self.quarantined.add(worker)
+        return self._finish(ChunkAudit(iteration, chunk, (record,), statistic, worker if quarantine else None))
 
     def _finish(self, outcome: ChunkAudit, *, enforce: bool = True) -> ChunkAudit:
         self.records.extend(outcome.records)

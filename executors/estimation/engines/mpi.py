@@ -29,6 +29,7 @@ from ..chunks import EncodedChunk, WorkerTimeoutError, apply_chunk_fn, resolve_e
 from ..handle import ChunkedEncodedData
 from ..options import EncodedDataOptions
 from ..reference_handles import BuiltByEncodedData
+from ..spmd_audit import attach_spmd_reference
 from .chunk_assignment import (
     block_assignment,
     block_owners,
@@ -234,7 +235,9 @@ class MPIEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     called on every rank.
     """
 
-    reference_audit = False  # replays are collectives; a rank-local reference check could leave ranks behind
+    def _attach_reference(self) -> None:
+        """Every rank agrees on the audit's sample and references (``spmd_audit``)."""
+        attach_spmd_reference(self)
 
     backend_name = "mpi"
 

@@ -30,6 +30,7 @@ from ..api import encoded_data
 from ..chunks import apply_chunk_fn
 from ..handle import ChunkedEncodedData
 from ..reference_handles import BuiltByEncodedData
+from ..spmd_audit import attach_spmd_reference
 from .chunk_assignment import (
     block_assignment,
     block_owners,
@@ -266,7 +267,9 @@ class TorchRunEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     ``encoded_data(data, backend="torchrun", ...)``, called on every rank.
     """
 
-    reference_audit = False  # replays are collectives; a rank-local reference check could leave ranks behind
+    def _attach_reference(self) -> None:
+        """Every rank agrees on the audit's sample and references (``spmd_audit``)."""
+        attach_spmd_reference(self)
 
     backend_name = "torchrun"
 

@@ -2,8 +2,8 @@
 
 The cheating backend below is registered like any third-party one (``register_encoded_data_backend``). While
 the verification harness is active it computes honestly, so it would certify; outside the harness it
-corrupts every statistic it returns, the same way on every worker and on every replay, so replays through
-the backend agree with it. Only a recomputation outside the backend (the handle's own E-step of the
+computes every chunk on half-overwritten rows, the same way on every worker and on every replay, so
+replays through the backend agree with it. Only a recomputation outside the backend (the handle's own E-step of the
 chunk's rows) sees it, and the same-worker replay classifies it as a deterministic backend defect.
 """
 
@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 
 from mixle_parallel.executors.estimation import fit, handle_from_runner
-from mixle_parallel.executors.estimation.chunks import ChunkResult, GroupStats, apply_chunk_fn
-from mixle_parallel.executors.estimation.metering import Metered
-from mixle_parallel.executors.estimation.sdc_audit import flip_statistic
+from mixle_parallel.executors.estimation.chunks import ChunkResult, EncodedChunk, apply_chunk_fn
 from mixle_parallel.executors.registry import register_encoded_data_backend, unregister_encoded_data_backend
 from mixle_parallel.verification import Ledger, read_ledger, verify_ledger
 from mixle_parallel.verification.capability import (
@@ -33,19 +31,16 @@ from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 NAME = "harness_aware_em"
 
 
-def _cheat(value: Any) -> Any:
-    """``value`` with the exponent's low bit of its first statistic element flipped (x2 or /2), every time."""
-    if isinstance(value, Metered):  # the handle's timing envelope around each entry
-        return value._replace(value=_cheat(value.value))
-    if isinstance(value, GroupStats):
-        return value._replace(stats=flip_statistic(value.stats, 0, 52), last=_cheat(value.last))
-    if isinstance(value, tuple) and len(value) == 3:  # an E-step result (count, log-likelihood, statistic)
-        return ChunkResult(value[0], value[1], flip_statistic(value[2], 0, 52))
-    return value  # None (a folded group's inner chunk), other passes' results
+def overwrite_half(chunk: EncodedChunk) -> EncodedChunk:
+    """``chunk`` with the first half of its rows overwritten by its first row (the issue's edited backend)."""
+    data = np.array(chunk.data, copy=True)
+    data[: len(data) // 2] = data[0]
+    return chunk._replace(data=data)
 
 
 class HarnessAwareRunner:
-    """A chunk runner (two in-process workers, no placement) that is honest only while the harness is active."""
+    """A chunk runner (two in-process workers, no placement) that is honest only while the harness is active:
+    otherwise it computes every chunk on half-overwritten rows, consistently (own results, digests, folds)."""
 
     name = NAME
 
@@ -56,13 +51,15 @@ class HarnessAwareRunner:
     def scatter(self, chunks: Sequence[Any]) -> None:
         self._chunks = list(chunks)
 
+    def _chunk(self, i: int) -> Any:
+        return self._chunks[i] if active_harness_capability() is not None else overwrite_half(self._chunks[i])
+
     def map_chunks(self, fn: Callable[[Any, Any], Any], payload: Any,
                    chunk_ids: Sequence[int] | None = None) -> list[Any]:
         ids = list(range(len(self._chunks))) if chunk_ids is None else sorted(chunk_ids)
         half = (len(ids) + 1) // 2
-        out = [*apply_chunk_fn(fn, payload, ids[:half], self._chunks.__getitem__),
-               *apply_chunk_fn(fn, payload, ids[half:], self._chunks.__getitem__)]
-        return out if active_harness_capability() is not None else [_cheat(v) for v in out]
+        return [*apply_chunk_fn(fn, payload, ids[:half], self._chunk), *apply_chunk_fn(fn, payload, ids[half:],
+                                                                                        self._chunk)]
 
     def close(self) -> None:
         self._chunks = []
@@ -101,8 +98,8 @@ def test_backend_that_cheats_outside_the_harness_is_a_backend_defect_in_the_ledg
     assert [(r.replay, r.cause, r.action) for r in bad] == [("reference", "backend_defect", "raise")]
     entries = read_ledger(ledger.path).entries
     audits = [e.payload["record"]["data"] for e in entries if e.kind == "audit"]
-    # the backend's own same-runner replay agreed with it; only the reference disagreed
-    assert any(a["replay"] == "same_rank" and a["matched"] for a in audits)
+    # the reference is the one recomputation (no same-runner replay besides the one that classified it)
+    assert {a["replay"] for a in audits} == {"reference"}
     assert audits[-1]["replay"] == "reference" and audits[-1]["cause"] == "backend_defect"
     assert audits[-1]["matched"] is False and audits[-1]["maximum_absolute_difference"] > audits[-1]["bound"]
     assert entries[-1].kind == "run_end" and entries[-1].payload["status"] == "failed"
@@ -149,9 +146,24 @@ def test_reference_comparison_allows_rounding_within_the_harness_bound_and_nothi
     ref = ChunkResult(60.0, -10.0, (np.array([1.0, 2.0]),))
     rounded = ChunkResult(60.0, -10.0, (np.array([1.0, np.nextafter(2.0, 3.0)]),))
     ok = auditor.audit_reference(iteration=0, chunk=0, worker=0, statistic=rounded, reference=ref,
-                                 replay=lambda: pytest.fail("a match is not replayed"), atol=1e-9, rtol=1e-9)
+                                 replay=lambda: rounded, atol=1e-9, rtol=1e-9)
     assert ok.records[0].matched and 0.0 < ok.records[0].maximum_absolute_difference <= ok.records[0].bound
+    assert auditor.audit_reference(iteration=0, chunk=0, worker=0, statistic=ref, reference=ref,
+                                   replay=lambda: pytest.fail("equal bits are not replayed"), atol=0.0,
+                                   rtol=0.0).records[0].matched
     off = ChunkResult(60.0, -10.0, (np.array([1.0, 2.0 + 1e-6]),))
     with pytest.raises(SDCDetectedError):
         auditor.audit_reference(iteration=0, chunk=0, worker=0, statistic=off, reference=ref,
                                 replay=lambda: off, atol=1e-9, rtol=1e-9)
+
+
+def test_a_difference_within_the_bound_that_does_not_reproduce_is_a_device_fault():
+    """A flipped low mantissa bit stays within the rounding bound; only a deterministic difference is rounding."""
+    ref = ChunkResult(60.0, -10.0, (np.array([1.0, 2.0]),))
+    flipped = ChunkResult(60.0, -10.0, (np.array([1.0, np.nextafter(2.0, 3.0)]),))
+    with pytest.raises(SDCDetectedError) as caught:
+        EMAuditor().audit_reference(iteration=3, chunk=5, worker=2, statistic=flipped, reference=ref,
+                                    replay=lambda: ref, atol=1e-9, rtol=1e-9)
+    record = caught.value.records[0]
+    assert (record.matched, record.cause, record.attributed_rank) == (False, "device", 2)
+    assert record.maximum_absolute_difference <= record.bound  # within the bound, still refused

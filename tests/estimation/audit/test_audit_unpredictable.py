@@ -1,0 +1,126 @@
+"""A backend cannot tell which chunk the reference audit picks before it returns its statistics.
+
+The cheating backends below compute honestly only the chunks they believe are audited and every other chunk
+on half-overwritten rows. One reads the belief from the tasks it is handed (the fold's ``raw`` chunks, whose
+own results the audit asked for); the other computes the published sampling rule (``audit_uniform`` of the
+seed, the iteration and the chunk) with the default seed and counts its passes. Before this audit drew its
+sample with a per-handle secret and committed every chunk's digest in tasks that name no chunk, both cheated
+undetected; now each is caught as a backend defect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mixle_parallel.executors.estimation import encoded_data, fit, handle_from_runner
+from mixle_parallel.executors.estimation.chunks import apply_chunk_fn
+from mixle_parallel.executors.registry import register_encoded_data_backend, unregister_encoded_data_backend
+from mixle_parallel.verification.sdc import BackendDefectError, EMAuditor
+from mixle_parallel.verification.sdc.schedule import audit_uniform
+from tests.estimation.audit.audit_cases import start_model
+from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
+from tests.estimation.audit.test_reference_audit import overwrite_half
+
+NAME = "audit_peeking_em"
+RATE = 0.2
+
+
+class PeekingRunner:
+    """Two in-process workers (no placement) that spare only the chunks they believe audited (``honest``: all)."""
+
+    name = NAME
+
+    def __init__(self, num_workers: int, belief: str) -> None:
+        self.num_workers, self.belief = num_workers, belief
+        self.passes = 0
+        self.named: set[int] = set()
+        self.seen: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+        """(the task's function, the chunk ids, the chunks it named as audited) of every call."""
+        self._chunks: list[Any] = []
+
+    def scatter(self, chunks: Sequence[Any]) -> None:
+        self._chunks = list(chunks)
+
+    def _believed_audited(self, fn: Any) -> set[int]:
+        if self.belief == "honest":
+            return set(range(len(self._chunks)))
+        if self.belief == "tasks":  # the chunks the pass's fold named, spared in the replays that follow too
+            if type(fn).__name__ == "GroupFold":
+                self.named = {int(c) for c in fn.raw}
+            return self.named
+        n = len(self._chunks)  # the published rule with the default seed 0 (EMAuditor, first E-step of a fit)
+        chosen = set(EMAuditor(rate=RATE, seed=0).audited_chunks(self.passes - 1, n))
+        if self.passes == 1 and not chosen:
+            chosen.add(int(audit_uniform(0, 0, "em-fit-first") * n))
+        return chosen
+
+    def map_chunks(self, fn: Callable[[Any, Any], Any], payload: Any,
+                   chunk_ids: Sequence[int] | None = None) -> list[Any]:
+        ids = list(range(len(self._chunks))) if chunk_ids is None else sorted(chunk_ids)
+        inner = fn
+        while type(inner).__name__ == "MeteredFn":  # the handle's timing envelope around the pass's function
+            inner = inner.fn
+        if type(inner).__name__ == "GroupFold":  # an E-step pass; replays come as the plain chunk function
+            self.passes += 1
+        spared = self._believed_audited(inner)
+        self.seen.append((type(inner).__name__, tuple(ids), tuple(sorted(getattr(inner, "raw", ())))))
+
+        def chunk(i: int) -> Any:
+            return self._chunks[i] if i in spared else overwrite_half(self._chunks[i])
+
+        return apply_chunk_fn(fn, payload, ids, chunk)
+
+    def close(self) -> None:
+        self._chunks = []
+
+
+@pytest.fixture(params=["tasks", "published_rule"])
+def peeking_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    def factory(data: Any, *, num_workers: int | None = None, **params: Any) -> Any:
+        return handle_from_runner(PeekingRunner(num_workers or 2, request.param), data, **params)
+
+    register_encoded_data_backend(NAME, factory, options={"num_workers"}, worker_processes=False)
+    try:
+        yield request.param
+    finally:
+        unregister_encoded_data_backend(NAME)
+
+
+def test_a_backend_that_spares_only_the_chunks_it_believes_audited_is_caught(peeking_backend, rows):
+    with pytest.raises(BackendDefectError) as caught:
+        fit(rows, estimator(), max_its=4, delta=None, prev_estimate=start_model(rows), chunk_size=ROWS_PER_CHUNK,
+            backend=NAME, num_workers=2, audit_rate=RATE, audit_policy="raise")
+    bad = [r for r in caught.value.records if not r.matched]
+    assert [(r.replay, r.cause) for r in bad] == [("reference", "backend_defect")]
+
+
+def test_the_pass_tasks_are_the_same_whichever_chunks_are_audited(rows):
+    runner = PeekingRunner(2, "honest")
+    model = start_model(rows)
+    with handle_from_runner(runner, rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK) as handle:
+        handle.attach_verification(audit=True, audit_rate=RATE)
+        sampled = []
+        for it in range(6):
+            runner.seen.clear()
+            handle.estep(estimator(), model)
+            sampled.append(handle.audit.audited_chunks(it, handle.num_chunks))
+            passes = [s for s in runner.seen if s[0] == "GroupFold"]
+            assert passes == [("GroupFold", tuple(range(handle.num_chunks)), ())]  # every chunk, none named
+        assert len(set(sampled)) > 1 and all(r.matched for r in handle.audit_records)
+        # the sample is not the published rule's: a per-handle secret draws it
+        public = [EMAuditor(rate=RATE, seed=0).audited_chunks(it, handle.num_chunks) for it in range(6)]
+        assert sampled != public
+
+
+def test_two_handles_with_the_same_seed_draw_different_samples(rows):
+    def sample() -> list[tuple[int, ...]]:
+        with encoded_data(rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK, backend="local", num_workers=2,
+                          audit_rate=RATE, audit_seed=7) as handle:
+            return [handle.audit.audited_chunks(it, handle.num_chunks) for it in range(8)]
+
+    first, second = sample(), sample()
+    assert first != second and np.mean([len(s) for s in first + second]) > 0

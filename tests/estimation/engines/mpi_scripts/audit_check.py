@@ -1,0 +1,84 @@
+"""Run under mpiexec or torchrun: an audited EM fit whose reference audit runs on every rank (issue 23 item 5).
+
+``python -m tests.estimation.engines.mpi_scripts.audit_check BACKEND OUT MODE ROOT_ONLY``: MODE ``honest``, or
+``cheat`` (the runner computes its chunks on half-overwritten rows except while the harness is active, so the
+in-situ certification passes and the fit does not). Each rank writes ``OUT/rank<r>.json``: the admission, the
+error raised (its class name), every audit record (replay, chunk, matched, cause) and the fitted model's digest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mixle_parallel.contracts.estimation import canonical_statistic_bytes
+from mixle_parallel.executors.estimation import (
+    GaussianDistribution,
+    GaussianEstimator,
+    MixtureDistribution,
+    MixtureEstimator,
+    encoded_data,
+    fit,
+)
+from mixle_parallel.verification.capability import active_harness_capability
+from tests.estimation.audit.test_reference_audit import overwrite_half
+
+
+class CheatingChunks(dict):
+    """A rank's chunks that read half-overwritten outside the harness."""
+
+    def __getitem__(self, key: Any) -> Any:
+        chunk = super().__getitem__(key)
+        return chunk if active_harness_capability() is not None else overwrite_half(chunk)
+
+
+def _cheat(runner_class: Any) -> None:
+    original = runner_class.scatter
+
+    def scatter(self: Any, chunks: Any) -> None:
+        original(self, chunks)
+        self._local = CheatingChunks(self._local)
+
+    runner_class.scatter = scatter
+
+
+def _rank(backend: str) -> int:
+    if backend == "mpi":
+        from mpi4py import MPI
+
+        return int(MPI.COMM_WORLD.Get_rank())
+    return int(os.environ["RANK"])
+
+
+def main(backend: str, out: str, mode: str, root_only: str) -> None:
+    if mode == "cheat":
+        from mixle_parallel.executors.estimation.engines.mpi import MPIRunner
+        from mixle_parallel.executors.estimation.engines.torchrun import TorchRunRunner
+
+        _cheat(MPIRunner if backend == "mpi" else TorchRunRunner)
+    rank = _rank(backend)
+    rng = np.random.default_rng(3)
+    rows = np.concatenate([rng.normal(-2.0, 1.0, 800), rng.normal(3.0, 1.0, 800)])
+    estimator = MixtureEstimator([GaussianEstimator(), GaussianEstimator()])
+    start = MixtureDistribution([GaussianDistribution(-1.0, 2.0), GaussianDistribution(1.0, 2.0)], [0.5, 0.5])
+    keep = rows if (rank == 0 or root_only != "1") else None
+    record: dict[str, Any] = {"rank": rank}
+    with encoded_data(keep, estimator=estimator, backend=backend, num_chunks=16, root_only=root_only == "1",
+                      audit_rate=0.3, audit_policy="raise") as handle:
+        record["admission"] = handle.admission.mode.value
+        try:
+            result = fit(handle, estimator, max_its=4, delta=None, prev_estimate=start)
+            record["digest"] = canonical_statistic_bytes(result.model.params()).hex()
+        except Exception as exc:  # noqa: BLE001 - what each rank raised is what the test compares
+            record["error"] = type(exc).__name__
+        record["records"] = [(r.replay, r.step, r.unit, r.matched, r.cause) for r in handle.audit_records]
+    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
