@@ -137,6 +137,50 @@ def test_a_spark_source_survives_a_stopped_python_worker(spark_context, tmp_path
     assert em_case.signature(got) == reference
 
 
+def _evaluated(marks: str) -> Callable[[int], list[float]]:
+    """The rows of source partition ``part``, leaving one marker file in ``marks`` per evaluation (on the executor)."""
+    parts = np.split(em_case.data(), source_case.SPLITS)
+
+    def rows(i: int) -> list[float]:
+        import uuid
+
+        open(os.path.join(marks, f"{i}-{uuid.uuid4().hex}"), "w").close()
+        return [float(v) for v in parts[i]]
+
+    return rows
+
+
+@pytest.mark.timeout(600)
+def test_spark_chunks_lost_mid_fit_are_recomputed_from_their_lineage(spark_context, tmp_path):
+    """Spark's own recovery on a source that lives with the workers: after pass 2 the cached encoded chunks are
+    dropped (``unpersist``: what losing the executors that held them does to the cache); every later pass reads
+    the partitions again through their lineage (the user's RDD, then the encoder) and the fit ends on the bits of
+    the same parts fitted locally. The markers count each partition's evaluations: once to encode, then once
+    per pass after the loss, the same for every partition."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    rdd = spark_context.parallelize(list(range(3)), 3).flatMap(_evaluated(str(marks)))
+    reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
+    est = em_case.estimator()
+    kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
+    lost: list[int] = []
+    with encoded_data(rdd, estimator=est, backend="spark", client=spark_context, timeout=TIMEOUT_S,
+                      chunk_size=em_case.FIT_KWARGS["chunk_size"], admission="unverified", audit=False) as h:
+
+        def lose_the_cache(step: Any) -> None:
+            if step.iteration == 2:
+                before = len(os.listdir(marks))
+                h.runner._rdd.unpersist(blocking=True)
+                lost.append(before)
+
+        got = fit(h, est, on_step=lose_the_cache, **kwargs)
+    evaluations = [name.split("-")[0] for name in os.listdir(marks)]
+    counts = {p: evaluations.count(p) for p in "012"}
+    assert lost and len(evaluations) > lost[0], "no partition was read again after the cache was lost"
+    assert len(set(counts.values())) == 1 and counts["0"] > 1, counts
+    assert em_case.signature(got) == reference
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("backend", ["dask", "ray"])
 def test_a_file_source_read_by_the_workers_survives_a_stopped_worker(backend, tmp_path, request):
