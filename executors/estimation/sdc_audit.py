@@ -5,8 +5,9 @@ With the reference (the handle holds the rows: ``rows_reference``; on SPMD handl
 
 1. The pass hands the backend the same tasks whichever chunks are audited: every chunk on its worker, no
    chunk named, each folded group bringing back the ``commit_digest`` of each of its chunks' own
-   results (``GroupFold(commit=True)``), a commitment. The audited chunks are a ``rate`` sample drawn by an
-   HMAC of (seed, iteration, chunk) under a per-handle secret, plus one on the first E-step of every fit.
+   results (``GroupFold(commit=True)``), a commitment. The audited chunks are a ``rate`` sample drawn from a
+   generator seeded with an HMAC of (seed, iteration) under a per-handle secret, plus one on the first E-step
+   of every fit.
 2. The driver recomputes each audited chunk's E-step from the rows on a thread while the workers fold; it is
    the one recomputation (the backend computes no chunk twice).
 3. ``EMAuditor.audit_reference`` compares it with the committed digest; where they differ a replay on the
@@ -40,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 
 from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, choose
 from ...contracts.estimation import statistic_digest
@@ -191,15 +193,13 @@ class EMAudit:
 
     def _secret_sample(self, iteration: int, n: int, first_of_fit: bool) -> tuple[int, ...]:
         """The ``rate`` sample of ``EMAuditor.audited_chunks`` (one chunk of iteration 0 always, one on a fit's
-        first E-step), each draw an HMAC of (seed, iteration, chunk) under ``self._secret``."""
-        def uniform(*parts: Any) -> float:
-            mac = hmac.new(self._secret, ":".join(map(str, (self.auditor.seed, iteration, *parts))).encode(),
-                           hashlib.sha256).digest()
-            return int.from_bytes(mac[:8], "big") / 2.0**64
-
-        chosen = {c for c in range(n) if uniform(c, "em") < self.auditor.rate}
+        first E-step), drawn from a generator seeded with an HMAC of (seed, iteration) under ``self._secret``:
+        one HMAC per pass, not one per chunk, and as unpredictable without the secret."""
+        mac = hmac.new(self._secret, f"{self.auditor.seed}:{iteration}:em".encode(), hashlib.sha256).digest()
+        draws = np.random.Generator(np.random.PCG64(int.from_bytes(mac, "big"))).random(n + 1)
+        chosen = {int(c) for c in np.flatnonzero(draws[:n] < self.auditor.rate)}
         if n and (iteration == 0 or (first_of_fit and not chosen)):
-            chosen.add(int(uniform("em-first") * n))
+            chosen.add(min(int(draws[n] * n), n - 1))
         return tuple(sorted(chosen))
 
     def _owners(self, num_chunks: int, healthy: list[int]) -> list[int]:
