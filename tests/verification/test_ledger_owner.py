@@ -72,13 +72,14 @@ def test_audited_em_fit_ledger_is_written_by_the_handle(rows: np.ndarray, start:
     assert verify_ledger(ledger.path).ok
 
 
-def test_em_mismatch_without_witness_still_reaches_the_ledger(rows: np.ndarray, start: Any,
-                                                                tmp_path: pathlib.Path) -> None:
+def test_em_mismatch_that_raises_still_reaches_the_ledger(rows: np.ndarray, start: Any,
+                                                           tmp_path: pathlib.Path) -> None:
+    """The fit raises on the mismatch (policy ``raise``); its audit records are in the ledger all the same."""
     ledger = Ledger(tmp_path / "two.jsonl")
     injector = FaultInjector([BitFlip("statistic", "chunk:0", rank=0, step=0, index=0, bit=40)])
     with pytest.raises(SDCDetectedError):
         with encoded_data(rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK, backend="local", num_workers=2,
-                          audit_rate=1.0, fault_injector=injector, ledger=ledger) as handle:
+                          audit_rate=1.0, audit_policy="raise", fault_injector=injector, ledger=ledger) as handle:
             handle.estep(estimator(), start)
     audits = _audit_payloads(ledger.path)
     assert audits and any(not a["record"]["data"]["matched"] for a in audits)
@@ -116,7 +117,11 @@ def test_quarantine_note_follows_its_audit_records(rows: np.ndarray, start: Any,
     entries = read_ledger(ledger.path).entries
     note = next(i for i, e in enumerate(entries) if e.kind == "note" and "quarantined" in e.payload["message"])
     before = [e for e in entries[:note] if e.kind == "audit"]
-    assert before[-1].payload["record"]["data"]["replay"] == "witness"  # peer + witness records, then the note
+    # the failed reference comparison (the witness since the driver's reference replaced the peer replay) is in the
+    # ledger before the note that acts on it
+    failed = [a.payload["record"]["data"] for a in before if not a.payload["record"]["data"]["matched"]]
+    assert [(r["replay"], r["unit"], r["cause"], r["attributed_rank"]) for r in failed] == [
+        ("reference", "chunk:0", "device", 0)]
     assert entries[note].payload["extra"] == {"worker": 0, "chunk": 0, "iteration": 0}
     assert verify_ledger(ledger.path).ok
 
