@@ -107,10 +107,11 @@ class DirectPasses:
 
     def _outrun(self, address: str, owed: Sequence[int]) -> None:
         """Give up on the holder at ``address``, silent past the straggler deadline: on a cluster this runner
-        started, its nanny kills its process (``dask_straggler``); on a cluster the caller passed in, the process
-        is left alone. The scheduler drops its worker either way, so its keys are recomputed elsewhere and nothing
-        waits on it; the caller re-places ``owed``. An abandoned actor call would keep that worker's actor thread
-        busy, so the worker is never used again."""
+        started, its nanny kills its process (``dask_straggler``); on a cluster the caller passed in, no signal
+        is sent (dask's own ``close=True`` below asks its nanny to close the worker). The scheduler drops its
+        worker either way, so its keys are recomputed elsewhere and nothing waits on it; the caller re-places
+        ``owed``. An abandoned actor call would keep that worker's actor thread busy, so the worker is never
+        used again."""
         _log.warning("dask: worker %s is a straggler (silent past the straggler deadline); recomputing chunks "
                      "%s on the others and dropping it from the cluster", address, list(owed))
         self.stragglers.append(self._workers.index(address) if address in self._workers else -1)
