@@ -296,12 +296,16 @@ class EMAudit:
         return entries, outcomes + self._against_reference(entries, references.result(), estimator, model,
                                                            iteration, audited)
 
+    def _injection_pending(self, iteration: int) -> bool:
+        """Whether a planned fault strikes at ``iteration`` (the pass then runs placed, so it can strike)."""
+        return self.injector is not None and any(f.step == iteration for f in self.injector.pending)
+
     def _backend_pass(self, handle: Any, estimator: Any, model: Any, iteration: int,
                       audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         """The pass through the backend, audited chunks replayed on a peer (or on the same runner)."""
         if not self.placement:
             return self._same_runner(handle, estimator, model, iteration, audited)
-        pending = self.injector is not None and any(f.step == iteration for f in self.injector.pending)
+        pending = self._injection_pending(iteration)
         if not audited and not self.excluded and not pending:
             return handle.estep_entries(estimator, model), ()
         for _ in range(len(self.runner.worker_ids()) + 1):
@@ -316,7 +320,7 @@ class EMAudit:
         """The pass, the same tasks whether or not (and whichever) chunks are audited: every folded group commits
         to its chunks' digests, and only then are the audited chunks compared with ``references`` (computed
         outside the backend meanwhile). A device fault quarantines its worker and its chunks are recomputed."""
-        pending = self.injector is not None and any(f.step == iteration for f in self.injector.pending)
+        pending = self._injection_pending(iteration)
         struck: set[tuple[int, int]] = set()
         if not (self.placement and (self.excluded or pending)):
             entries = handle.estep_entries(estimator, model, commit=True)

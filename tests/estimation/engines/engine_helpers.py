@@ -83,3 +83,29 @@ def run_mpi(
     if check:
         assert sorted(r["rank"] for r in rows) == list(range(n)), proc.stdout + proc.stderr
     return sorted(rows, key=lambda r: r["rank"])
+
+
+_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launch_two_ranks(backend: str, module: str, args: list[str], home: Path,
+                     out: Path) -> tuple[list[dict[str, Any]], str]:
+    """Run ``python -m module backend *args`` as a real 2-rank job (``mpiexec -n 2`` for ``mpi``, ``torchrun
+    --standalone`` otherwise) on the trust store at ``home``; each rank writes ``rank<r>.json`` into ``out``
+    (which ``args`` names). Returns those and the job's stderr; skips where mpi4py or mpiexec is missing."""
+    if backend == "mpi":
+        pytest.importorskip("mpi4py", reason="mpi4py is the optional [mpi] extra")
+        exe = mpiexec()
+        if exe is None:
+            pytest.skip("no mpiexec found: install the [mpi] extra (mpi4py + mpich)")
+        command, env = [exe, "-n", "2", sys.executable, "-m", module], mpi_env(exe)
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                   module]
+        env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+    env = {**env, "MIXLE_PARALLEL_HOME": str(home), "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("MIXLE_PARALLEL_CERTIFICATE", None)
+    done = subprocess.run([*command, backend, *args], env=env, cwd=str(REPO_ROOT), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], done.stderr

@@ -9,10 +9,6 @@ run reuses it; with the trust store's policy ``off`` the job is refused naming t
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,32 +16,16 @@ import pytest
 
 from mixle_parallel.verification.attestation import load_certificate, open_envelope
 from mixle_parallel.verification.keys import TrustStore
-from tests.estimation.engines.engine_helpers import REPO_ROOT, mpi_env, mpiexec
+from tests.estimation.engines.engine_helpers import launch_two_ranks
 
 pytestmark = pytest.mark.slow
 
 MODULE = "tests.estimation.engines.mpi_scripts.insitu_check"
-_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _launch(backend: str, home: Path, out: Path) -> tuple[list[dict[str, Any]], str]:
     out.mkdir(parents=True)
-    if backend == "mpi":
-        pytest.importorskip("mpi4py", reason="mpi4py is the optional [mpi] extra")
-        exe = mpiexec()
-        if exe is None:
-            pytest.skip("no mpiexec found: install the [mpi] extra (mpi4py + mpich)")
-        command, env = [exe, "-n", "2", sys.executable, "-m", MODULE], mpi_env(exe)
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-                   MODULE]
-        env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
-    env = {**env, "MIXLE_PARALLEL_HOME": str(home), "PYTHONPATH": str(REPO_ROOT)}
-    env.pop("MIXLE_PARALLEL_CERTIFICATE", None)
-    done = subprocess.run([*command, backend, str(out)], env=env, cwd=str(REPO_ROOT), capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], done.stderr
+    return launch_two_ranks(backend, MODULE, [str(out)], home, out)
 
 
 @pytest.mark.parametrize("backend, transport, launcher", [("mpi", "mpi", "mpiexec"), ("torchrun", "torchrun",

@@ -9,42 +9,23 @@ caught on every rank as a backend defect. Before, SPMD handles ran no reference 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.estimation.engines.engine_helpers import REPO_ROOT, mpi_env, mpiexec
+from tests.estimation.engines.engine_helpers import launch_two_ranks
 
 pytestmark = pytest.mark.slow
 
 MODULE = "tests.estimation.engines.mpi_scripts.audit_check"
-_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _launch(backend: str, tmp: Path, mode: str, root_only: bool = False) -> list[dict[str, Any]]:
     out = tmp / f"{backend}-{mode}-{int(root_only)}"
     out.mkdir(parents=True)
-    if backend == "mpi":
-        pytest.importorskip("mpi4py", reason="mpi4py is the optional [mpi] extra")
-        exe = mpiexec()
-        if exe is None:
-            pytest.skip("no mpiexec found: install the [mpi] extra (mpi4py + mpich)")
-        command, env = [exe, "-n", "2", sys.executable, "-m", MODULE], mpi_env(exe)
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-                   MODULE]
-        env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
-    env = {**env, "MIXLE_PARALLEL_HOME": str(tmp / "home"), "PYTHONPATH": str(REPO_ROOT)}
-    env.pop("MIXLE_PARALLEL_CERTIFICATE", None)
-    done = subprocess.run([*command, backend, str(out), mode, "1" if root_only else "0"], env=env,
-                          cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks, _ = launch_two_ranks(backend, MODULE, [str(out), mode, "1" if root_only else "0"], tmp / "home", out)
+    return ranks
 
 
 @pytest.mark.parametrize("backend, root_only", [("mpi", False), ("mpi", True), ("torchrun", False)])
