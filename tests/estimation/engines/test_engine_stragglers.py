@@ -202,10 +202,10 @@ def _dask_collection(kind: str) -> Any:
     """em_case's rows as a dask Array or DataFrame of three partitions (cut at ``source_case.SPLITS``)."""
     parts = np.split(em_case.data(), source_case.SPLITS)
     if kind == "array":
-        da = pytest.importorskip("dask.array")
+        da = pytest.importorskip("dask.array", reason="dask.array is part of the optional [dask] extra")
         return da.from_array(em_case.data(), chunks=(tuple(len(p) for p in parts),))
-    pd = pytest.importorskip("pandas")
-    dd = pytest.importorskip("dask.dataframe")
+    pd = pytest.importorskip("pandas", reason="pandas comes with the optional [dask] extra")
+    dd = pytest.importorskip("dask.dataframe", reason="dask.dataframe is part of the optional [dask] extra")
     return dd.from_map(lambda p: pd.DataFrame({"x": p}), parts)
 
 
