@@ -70,6 +70,13 @@ def world2() -> dict[str, Any]:
                               FaultInjector([BitFlip("gradient", "blocks.1.up.weight", rank=1, step=1, index=3,
                                                      bit=28)])), flips),
     }
+    freed = session(TP2, tp_plan=TP_PLAN, audit_rate=1.0, audit_policy="raise")
+    freed.train_batch(*clean[0][0])
+    copy = freed._audit._tp_reference.plain.build()
+    # after the audited step the gathered full parameters and the copy's gradients are gone again
+    out["freed"] = {"audited": freed._audit.audited_steps, "numel": sum(p.numel() for p in copy.parameters()),
+                    "grads": [p.grad for p in copy.parameters() if p.grad is not None]}
+    freed.close()
     limit, sdc_tp_reference.MAX_REFERENCE_BYTES = sdc_tp_reference.MAX_REFERENCE_BYTES, 1024
     try:  # the module is "too large for one rank": the reference is skipped and every audited receipt says why
         out["oversized"] = drive(session(TP2, tp_plan=TP_PLAN, audit_rate=1.0, audit_policy="raise"), flips)

@@ -294,6 +294,12 @@ def test_tp2_audit_against_the_plain_reference_is_clean_and_changes_no_bit(tp2_w
 
 
 @pytest.mark.slow
+def test_tp2_reference_frees_the_gathered_parameters_after_the_audit(tp2_world: list[dict]) -> None:
+    for rank in tp2_world:
+        assert rank["freed"] == {"audited": 1, "numel": 0, "grads": []}
+
+
+@pytest.mark.slow
 def test_tp2_executor_that_cheats_outside_the_harness_is_a_backend_defect_on_every_rank(tp2_world: list[dict]) -> None:
     for rank in tp2_world:
         run = rank["cheat"]
