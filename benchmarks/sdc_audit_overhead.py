@@ -11,7 +11,10 @@ each over the measured steps (the mean, not the median: audited steps are the ra
 measured steps were audited, and their ratio (target <= 1.05 at the default rate). ``--rate 1.0``
 audits every step: its ratio is the cost of one audited step relative to a plain one.
 
-    python benchmarks/sdc_audit_overhead.py [--steps 200] [--warmup 5] [--dim 256] [--rate R]
+``--tp`` adds a tensor-parallel row (tp=2, both ranks on the same batch): its audited steps also gather the full
+parameters into a plain copy and judge each rank's gradient shard against it within a tolerance.
+
+    python benchmarks/sdc_audit_overhead.py [--steps 200] [--warmup 5] [--dim 256] [--rate R] [--tp]
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from train_step_overhead import LM, add_step_arguments
 
 from mixle_parallel.verification.harness.mesh import run_world
 
+TP_PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise", "head": "colwise_replicate"}
+"""The ``--tp`` row's tensor-parallel plan for the benchmark LM."""
+
 
 def worker(rank: int, world_size: int, args: argparse.Namespace) -> list[tuple]:
     """One rank of the 2-rank gloo world (started by the project's one spawner); its rows of the table."""
@@ -32,13 +38,17 @@ def worker(rank: int, world_size: int, args: argparse.Namespace) -> list[tuple]:
     from mixle_parallel.executors import get_training_backend
 
     rows = []
-    g = torch.Generator().manual_seed(rank)
-    x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
-    y = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
-    for kind, plan in (("ddp", ParallelPlan(dp_replicate=2)), ("fsdp", ParallelPlan(dp_shard=2))):
+    plans = [("ddp", ParallelPlan(dp_replicate=2)), ("fsdp", ParallelPlan(dp_shard=2))]
+    for kind, plan in plans + ([("tp", ParallelPlan(tp=2))] if args.tp else []):
+        g = torch.Generator().manual_seed(rank if plan.tp == 1 else 0)  # TP ranks share their batch
+        x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
+        y = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
         sessions = {}
         audited_options = {} if args.rate is None else {"audit_rate": args.rate}
-        for label, options in (("plain", {"audit": False}), ("audited", audited_options)):
+        if plan.tp > 1:
+            audited_options = {**audited_options, "tp_plan": TP_PLAN}
+        plain_options = {"audit": False, **({"tp_plan": TP_PLAN} if plan.tp > 1 else {})}
+        for label, options in (("plain", plain_options), ("audited", audited_options)):
             torch.manual_seed(0)
             sessions[label] = get_training_backend("torch_native").prepare(
                 LM(args.vocab, args.dim, args.depth), plan=plan, **options,
@@ -75,6 +85,7 @@ def worker(rank: int, world_size: int, args: argparse.Namespace) -> list[tuple]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_step_arguments(parser, steps=200)
+    parser.add_argument("--tp", action="store_true", help="add a tensor-parallel (tp=2) row")
     parser.add_argument("--rate", type=float, default=None,
                         help="audit rate of the audited session (default: the session's default, 0.05)")
     args = parser.parse_args()

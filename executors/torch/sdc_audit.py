@@ -27,6 +27,9 @@ Where a plain copy of the module computes a rank's whole local gradient (DDP, FS
 not the executor's machinery: the peer replays its predecessor's window on it, and the same-rank step
 adds a ``reference`` record. A reference mismatch the executor's own replay reproduces is a
 ``backend_defect`` (``BackendDefectError`` under ``raise``); one it does not reproduce is a ``device`` fault.
+Tensor-parallel plans (``sdc_tp_reference``) keep the executor's bitwise peer replay and add, on every audited
+step, each rank's gradient shard against its shard of the plain copy's full gradient, within the harness's
+tolerance; beyond it, every rank replays its own window through the executor to tell the two causes apart.
 
 Comparison is bitwise (digests; ``bound=0``, the CPU/gloo case) or within ``bound`` (max abs).
 Every rank ends with every rank's records (one all-gather), so the policy acts the same way on
@@ -52,6 +55,14 @@ from .comm_taps import CommTap, TapMode, fsdp_taps_supported
 from .dp_mode import DataParallelMode
 from .layouts import pre_wrap_fqn, unwrap
 from .sdc_reference import PlainReference, reference_applies, reference_template
+from .sdc_tp_reference import (
+    TensorParallelReference,
+    attribute_causes,
+    build_tp_reference,
+    reference_record,
+    tp_reference_applies,
+    tp_reference_skip_reason,
+)
 
 _log = logging.getLogger(__name__)
 _MAX = 1.7976931348623157e308
@@ -87,6 +98,16 @@ class SessionAudit:
         self._param_ref: str | None = None
         self._param_ref_step: int | None = None
         self._reference = _plain_reference(session, template)
+        # tensor parallelism: the plain copy judges this rank's gradient shard within a tolerance (sdc_tp_reference)
+        tp_reference: tuple[TensorParallelReference | None, str | None] = (None, None)
+        if tp_reference_applies(session.plan):
+            tp_reference = build_tp_reference(session, template, options.bound)
+        self._tp_reference, self.reference_skipped = tp_reference
+        if self.reference_skipped is not None:
+            _log.warning("SDC audit: the tensor-parallel plain reference is skipped (%s); audited steps are "
+                         "replayed through the executor only", self.reference_skipped)
+        self.step_reference_skipped: str | None = None
+        """Why this audited step ran without the plain reference a TP session otherwise uses (receipts say it)."""
         self.prime(session.step)
 
     # ---- clock -----------------------------------------------------------------------------
@@ -153,13 +174,15 @@ class SessionAudit:
         injected = bool(self.tap.injected)
         self.audited_steps += 1
         mine, now = self._at_rest(step)
+        self.step_reference_skipped = self.reference_skipped
         stash = self._stash()
         try:
             everyone = self._judge(step, window, rng, observed, injected, mine, now)
         finally:
             self._restore(stash)
-            if self._reference is not None:
-                self._reference.release()
+            for reference in (self._reference, self._tp_reference):
+                if reference is not None:
+                    reference.release()
         return self._conclude(everyone)
 
     def _at_rest(self, step: int) -> tuple[list[SDCAuditRecord], str]:
@@ -190,20 +213,38 @@ class SessionAudit:
         shared = self._allgather(self._shipment(window, rng, ident, observed, obs_d, injected, bool(mine)))
         if any(s["at_rest"] for s in shared):
             return self._gather(mine)
-        if self._reference is not None and self._reference.sharded:
-            self._reference.load()  # every full parameter gathered (a collective: every rank is here)
+        for reference in (self._reference, self._tp_reference):
+            if reference is not None and reference.sharded:
+                reference.load()  # every full parameter gathered (a collective: every rank is here)
         peer = self._peer(step, shared[self.predecessor], ident) if self.has_peer else None
-        if peer is None or self.replay is AuditReplay.BOTH:
+        own = peer is None or self.replay is AuditReplay.BOTH
+        if own:
             mine.extend(self._own_replays(step, window, rng, observed, obs_d, injected))
+        if self._tp_reference is not None:
+            mine.extend(self._tp_check(step, window, rng, observed, obs_d, injected))
         if peer is not None:
             mine.append(peer)
         everyone = self._gather(mine)
-        if peer is not None and self.replay is AuditReplay.PEER and any(
-                r.replay == "peer" and not r.matched for r in everyone):
-            # a peer disagreed somewhere: every rank replays its own window, which tells a fault in the original
-            # computation (not reproduced) from a persistent one or a backend defect (reproduced)
+        if not own and any(r.replay in ("peer", "reference") and not r.matched for r in everyone):
+            # a peer (or the TP reference) disagreed somewhere: every rank replays its own window, which tells a
+            # fault in the original computation (not reproduced) from a persistent one or a backend defect (reproduced)
             everyone += self._gather(self._own_replays(step, window, rng, observed, obs_d, injected))
-        return everyone
+        return attribute_causes(everyone) if self._tp_reference is not None else everyone
+
+    def _tp_check(self, step: int, window: list, rng: Any, observed: dict, obs_d: str,
+                  injected: bool) -> list[SDCAuditRecord]:
+        """Tensor parallelism: this rank's gradient shard against its shard of the plain copy's full gradient,
+        within the reference's tolerance (``sdc_tp_reference``); no record, and the receipt says why, when the
+        captured gradients are not the copy's parameters (none captured, or FSDP2's flat fallback unit)."""
+        reference = self._tp_reference
+        assert reference is not None  # callers check
+        if not observed or not set(observed) <= reference.names:
+            self.step_reference_skipped = (f"the local gradients captured ({sorted(observed)[:4]}) are not the "
+                                           "module's parameters, so the plain copy has nothing to compare")
+            return []
+        device = self.session.device
+        found = reference.compare(window, lambda: _set_rng_state(rng, device), self._buffers, observed)
+        return [reference_record(self, step, found, obs_d, injected)]
 
     def _shipment(self, window: list, rng: Any, ident: str | None, observed: dict, obs_d: str, injected: bool,
                   at_rest: bool) -> dict[str, Any]:
@@ -284,7 +325,8 @@ class SessionAudit:
         return self._grads() if self._direct or self._unsynced_replay else self.tap.take()
 
     def _grads(self) -> dict[str, torch.Tensor]:
-        return {n: p.grad.detach().clone() for n, p in self.session.named_trainable() if p.grad is not None}
+        # a DTensor gradient (TP without a data-parallel wrapper): this rank's shard, so a digest is this rank's
+        return {n: _local(p.grad).detach().clone() for n, p in self.session.named_trainable() if p.grad is not None}
 
     def _stash(self) -> dict[str, Any]:
         session = self.session
@@ -379,9 +421,15 @@ def _plain_reference(session: Any, template: nn.Module | None) -> PlainReference
 
 def sharded_reference_template(module: nn.Module, plan: Any, mode: DataParallelMode, audit: AuditOptions | None,
                                device: torch.device) -> nn.Module | None:
-    """What ``prepare`` keeps before FSDP2/HSDP shards ``module`` when the audit runs: the plain reference's
-    template (``sdc_reference.reference_template``); None elsewhere, or (with a warning) when it cannot be copied."""
-    if audit is None or not mode.uses_fsdp or not reference_applies(plan):
+    """What ``prepare`` keeps before FSDP2/HSDP shards or TP splits ``module`` when the audit runs: the plain
+    reference's template (``sdc_reference.reference_template``); None elsewhere, when the TP reference is skipped
+    (``sdc_tp_reference.tp_reference_skip_reason``), or (with a warning) when it cannot be copied."""
+    if audit is None:
+        return None
+    if tp_reference_applies(plan):
+        if tp_reference_skip_reason(module) is not None:
+            return None
+    elif not mode.uses_fsdp or not reference_applies(plan):
         return None
     try:
         return reference_template(module, device)
@@ -409,6 +457,10 @@ def audit_supported(plan: Any, mode: DataParallelMode) -> str | None:
     if plan.cp > 1:
         return ("the in-session SDC audit does not replay context-parallel sequence shards yet "
                 "(pass audit=False, or audit those runs with verification.verify)")
+    if plan.tp > 1 and mode.unit_shard_dim(plan):
+        return ("the in-session SDC audit sees no local gradient under dp_replicate x tp without dp_shard (FSDP2 "
+                "issues no reduce-scatter over its size-1 shard group); pass audit=False, or use dp_shard for the "
+                "data-parallel axis")
     if mode.uses_fsdp and not fsdp_taps_supported():
         return "the FSDP2 audit needs FSDPModule.set_custom_reduce_scatter (torch >= 2.8)"
     return None
@@ -455,8 +507,8 @@ class FaultStrikes:
         """Without a data-parallel reduction, strike a due gradient flip into the accumulated ``.grad``."""
         if self._direct and self.tap.wants_flip():
             for name, p in self.session.named_trainable():
-                if p.grad is not None:
-                    self.tap.inject(name, p.grad)
+                if p.grad is not None:  # a DTensor's own shard (the flip is this rank's, no collective)
+                    self.tap.inject(name, _local(p.grad))
 
     def end_window(self) -> None:
         """The window committed or was dropped: DDP's gradient hooks come off (later steps cost nothing)."""

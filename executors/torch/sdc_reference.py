@@ -16,8 +16,10 @@ hashing them twice. Under FSDP2/HSDP the copy is made by ``prepare`` before the 
 (``reference_template``: the module's structure with empty parameters, no second copy of the weights);
 ``load()`` gathers every parameter's full tensor into it for the audited step (a collective: every rank
 calls it) and ``release()`` frees them again, so the full parameters exist only while a window is audited.
-Tensor, pipeline and context-parallel plans keep the executor's own replays: their local gradient is a
-shard computed with collectives in another summation order, which a plain copy does not reproduce bitwise.
+Tensor-parallel sessions use the copy the same way (template taken before TP splits the module, full
+tensors gathered per audited step), but their local gradient is a shard computed with collectives in another
+summation order, which the copy does not reproduce bitwise: ``sdc_tp_reference`` judges it within a tolerance.
+Pipeline and context-parallel plans keep the executor's own replays.
 """
 
 from __future__ import annotations
@@ -119,9 +121,9 @@ class PlainReference:
 
     def __init__(self, session: Any, template: nn.Module | None = None) -> None:
         self.session = session
-        self.sharded = bool(session.dp_mode.uses_fsdp)
+        self.sharded = bool(session.dp_mode.uses_fsdp) or int(session.plan.tp) > 1
         if self.sharded and template is None:
-            raise ValueError("a sharded (FSDP2/HSDP) session's plain reference needs the template prepare() takes "
+            raise ValueError("a sharded (FSDP2/HSDP/TP) session's plain reference needs the template prepare() takes "
                              "before sharding (sdc_reference.reference_template)")
         self._template = template
         self._copy: nn.Module | None = None

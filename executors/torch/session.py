@@ -197,6 +197,8 @@ class TorchDistributedSession(SessionBase):
         extra: dict[str, Any] = {"audited": audited}
         if records:
             extra["sdc_audit"] = [to_dict(r)["data"] for r in records]
+        if audited and self._audit.step_reference_skipped is not None:  # TP: no plain reference, said why
+            extra["sdc_reference_skipped"] = self._audit.step_reference_skipped
         return extra, keep_out
 
     def _skip_window(self, reason: str, extra: dict[str, Any]) -> StepReceipt:

@@ -216,8 +216,12 @@ def test_tensor_parallel_audit_is_clean_and_changes_no_bit(tp_world: list[dict])
         assert audited["params"] == plain["params"]  # bitwise: the audit changes nothing
         assert [r["loss"] for r in audited["receipts"]] == [r["loss"] for r in plain["receipts"]]
         found = [from_dict(r, SDCAuditRecord) for r in audited["records"]]
-        assert {r.replay for r in found} == {"peer"} and all(r.matched for r in found)
-        assert len(found) == 12 * 4  # every step, every rank's gradient replayed by its peer
+        assert {r.replay for r in found} == {"peer", "reference"} and all(r.matched for r in found)
+        # every step, every rank's gradient replayed by its peer (bitwise) and its shard judged against the plain
+        # copy's full gradient (within the tolerance: bound > 0, the honest difference below it)
+        assert len(found) == 12 * 4 * 2
+        assert all(r.expected_digest == r.observed_digest for r in found if r.replay == "peer")
+        assert all(0 < r.maximum_absolute_difference <= r.bound < 1e-4 for r in found if r.replay == "reference")
 
 
 @pytest.mark.slow
@@ -226,7 +230,9 @@ def test_tensor_parallel_flip_is_attributed_and_kept_out(tp_world: list[dict]) -
         run = rank["flip"]
         bad = [r for r in (from_dict(d, SDCAuditRecord) for d in run["records"]) if not r.matched]
         assert bad and {r.attributed_rank for r in bad} == {3}
-        assert {r.replay for r in bad} == {"same_rank", "peer"}
+        assert {r.replay for r in bad} == {"same_rank", "peer", "reference"}
+        assert {r.cause for r in bad if r.replay == "reference"} == {"device"}  # the executor's replay did not
+        # reproduce the flip
         assert {r.auditor_rank for r in bad if r.replay == "peer"} == {1}  # rank 3's dp predecessor is rank 1
         assert [r["skipped"] for r in run["receipts"]].count(True) == 1
 
@@ -249,3 +255,80 @@ def test_hsdp_executor_that_cheats_outside_the_harness_is_a_backend_defect(tp_wo
         assert run["raised"]["bad"] == [(kind, r, r, "local_gradient") for kind in ("peer", "reference")
                                         for r in range(4)]
         assert run["raised"]["message"].startswith("backend defect:")
+
+
+@pytest.mark.slow
+def test_fsdp_tensor_parallel_executor_that_cheats_outside_the_harness_is_a_backend_defect(
+        tp_world: list[dict]) -> None:
+    for rank in tp_world:
+        run = rank["cheat"]
+        # its peers replay it through its own code and agree; each rank's shard of the plain copy's gradient does not
+        assert run["raised"]["at_batch"] == 0 and run["step"] == 0 and run["grads_cleared"]
+        assert run["raised"]["bad"] == [("reference", r, r, "local_gradient") for r in range(4)]
+        assert run["raised"]["message"].startswith("backend defect:")
+        found = [from_dict(r, SDCAuditRecord) for r in run["records"]]
+        assert {(r.replay, r.cause) for r in found if not r.matched} == {("reference", "backend_defect")}
+        assert {r.rank for r in found if r.replay == "same_rank" and r.matched} == {0, 1, 2, 3}
+
+
+@pytest.fixture(scope="module")
+def tp2_world() -> list[dict]:
+    """One world of 2 (tp=2, no data-parallel axis) running the tensor-parallel reference scenarios."""
+    return run_world(2, "tests.torch._audit_tp_scenarios", "world2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["", "accum_"])
+def test_tp2_audit_against_the_plain_reference_is_clean_and_changes_no_bit(tp2_world: list[dict], name: str) -> None:
+    for rank in tp2_world:
+        audited, plain = rank[f"{name}audited"], rank[f"{name}plain"]
+        assert audited["raised"] is None and audited["params"] == plain["params"]
+        assert [r["loss"] for r in audited["receipts"]] == [r["loss"] for r in plain["receipts"]]
+        commits = [r for r in audited["receipts"] if not r["skipped"]]
+        assert all(r["extra"]["audited"] and "sdc_reference_skipped" not in r["extra"] for r in commits)
+        found = [from_dict(r, SDCAuditRecord) for r in audited["records"]]
+        # no peer under pure TP: each rank replays its own window (bitwise) and judges it against the plain copy
+        assert all(r.matched for r in found) and len(found) == len(commits) * 2 * 2
+        assert {(r.replay, r.rank) for r in found} == {(k, q) for k in ("same_rank", "reference") for q in (0, 1)}
+        assert all(0 < r.maximum_absolute_difference <= r.bound < 1e-4 for r in found if r.replay == "reference")
+
+
+@pytest.mark.slow
+def test_tp2_reference_frees_the_gathered_parameters_after_the_audit(tp2_world: list[dict]) -> None:
+    for rank in tp2_world:
+        assert rank["freed"] == {"audited": 1, "numel": 0, "grads": []}
+
+
+@pytest.mark.slow
+def test_tp2_executor_that_cheats_outside_the_harness_is_a_backend_defect_on_every_rank(tp2_world: list[dict]) -> None:
+    for rank in tp2_world:
+        run = rank["cheat"]
+        assert run["raised"]["at_batch"] == 0 and run["step"] == 0 and run["grads_cleared"]
+        assert run["raised"]["bad"] == [("reference", 0, 0, "local_gradient"), ("reference", 1, 1, "local_gradient")]
+        assert run["raised"]["message"].startswith("backend defect:")
+        found = [from_dict(r, SDCAuditRecord) for r in run["records"]]
+        assert all(r.matched for r in found if r.replay == "same_rank")  # its own replays agree with it
+        assert {r.cause for r in found if not r.matched} == {"backend_defect"}
+        assert all(r.maximum_absolute_difference > 100 * r.bound for r in found if not r.matched)
+
+
+@pytest.mark.slow
+def test_tp2_gradient_flip_is_a_device_fault_of_its_rank(tp2_world: list[dict]) -> None:
+    for rank in tp2_world:
+        run = rank["flip"]
+        found = [from_dict(r, SDCAuditRecord) for r in run["records"]]
+        bad = [r for r in found if not r.matched]
+        assert {(r.step, r.replay, r.attributed_rank, r.cause) for r in bad} == {
+            (1, "same_rank", 1, ""), (1, "reference", 1, "device")}
+        assert [r["skipped"] for r in run["receipts"]] == [False, True, False, False]
+
+
+@pytest.mark.slow
+def test_tp2_reference_skipped_for_a_module_too_large_for_one_rank_says_why(tp2_world: list[dict]) -> None:
+    for rank in tp2_world:
+        run = rank["oversized"]
+        assert run["raised"] is None
+        assert all("above the reference's one-rank limit" in r["extra"]["sdc_reference_skipped"]
+                   for r in run["receipts"])
+        found = [from_dict(r, SDCAuditRecord) for r in run["records"]]
+        assert {r.replay for r in found} == {"same_rank"}  # the executor's own replays only, said in every receipt
