@@ -65,6 +65,7 @@ from .chunks import (
 )
 from .combine_order import commit_digest, committed_result
 from .engines.chunk_assignment import block_assignment
+from .fold_binding import bind_folded_sums
 from .sources import materialize
 
 __all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
@@ -122,6 +123,7 @@ class EMAudit:
         """SPMD: every rank's value in rank order (a collective), to share the references so every rank judges
         the same and enters the same replays; None in one driver."""
         self._secret = secrets.token_bytes(32)  # never leaves the driver: the backend cannot draw the sample
+        self._owner = secrets.token_hex(8)  # names this audit's passes in the workers' retained results
         """With a reference, whether audited chunks are still also computed on a peer in the pass (mixle's
         ``AuditedMPEncodedData`` counts those evaluations); by default the reference replaces the peer replay,
         which only checked the backend against itself, and a mismatch is classified by a same-worker replay."""
@@ -322,24 +324,34 @@ class EMAudit:
         outside the backend meanwhile). A device fault quarantines its worker and its chunks are recomputed."""
         pending = self._injection_pending(iteration)
         struck: set[tuple[int, int]] = set()
+        token = f"{self._owner}:{iteration}"
         if not (self.placement and (self.excluded or pending)):
-            entries = handle.estep_entries(estimator, model, commit=True)
+            entries = handle.estep_entries(estimator, model, commit=True, retain=token)
         else:
-            entries = self._committed_round(estimator, model, iteration, handle.num_chunks, struck)
+            entries = self._committed_round(estimator, model, iteration, handle.num_chunks, struck, token)
         if references is None:
             return entries, ()
         refs, owners = self._shared(references), self._chunk_owners(len(entries))
         outcomes = self._against_reference(entries, refs, estimator, model, iteration, audited,
                                            struck if self.placement else None, owners)
-        if self.placement and any(o.quarantined is not None for o in outcomes):
-            for o in outcomes:
-                if o.quarantined is not None:
-                    self._note(f"worker {o.quarantined} quarantined after a mismatch with the reference it did not "
-                               f"reproduce on chunk {o.chunk} at iteration {iteration}; its chunks are recomputed "
-                               "on the others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
-            self._mend(entries, {}, owners, estimator, model)
-            self._recheck(entries, refs, outcomes)
-        return entries, outcomes
+        self._mend_quarantined(entries, outcomes, owners, estimator, model, iteration)
+        self._recheck(entries, refs, outcomes)
+        folds = bind_folded_sums(self, entries, (estimator, model), iteration, audited, owners, token)
+        self._mend_quarantined(entries, folds, owners, estimator, model, iteration)
+        return entries, outcomes + folds
+
+    def _mend_quarantined(self, entries: list[Any], outcomes: Sequence[ChunkAudit], owners: list[int], estimator: Any,
+                          model: Any, iteration: int) -> None:
+        """After a device fault quarantined a worker (a placed runner), recompute its chunks on the others."""
+        if not (self.placement and any(o.quarantined is not None for o in outcomes)):
+            return
+        for o in outcomes:
+            if o.quarantined is not None:
+                unit = o.records[0].unit.replace(":", " ")
+                self._note(f"worker {o.quarantined} quarantined after a mismatch with the reference it did not "
+                           f"reproduce on {unit} at iteration {iteration}; its chunks are recomputed "
+                           "on the others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
+        self._mend(entries, {}, owners, estimator, model)
 
     def _shared(self, references: _Background) -> dict[int, Any]:
         """The references by chunk: this process's, or (SPMD) every rank's gathered, so each rank has them all;
@@ -357,7 +369,7 @@ class EMAudit:
         return {c: v for part, _ in parts for c, v in part.items()}
 
     def _committed_round(self, estimator: Any, model: Any, iteration: int, n: int,
-                         struck: set[tuple[int, int]]) -> list[Any]:
+                         struck: set[tuple[int, int]], token: str = "") -> list[Any]:
         """The pass on the healthy workers only (planned flips struck), groups committed to their digests."""
         for _ in range(len(self.runner.worker_ids()) + 1):
             owners = self._owners(n, self._healthy_or_raise())
@@ -366,7 +378,7 @@ class EMAudit:
                 jobs.setdefault(owners[c], []).append(c)
             try:
                 values = self._round(jobs, estimator, model, iteration, struck,
-                                     GroupFold(chunk_estep, n, frozenset(), True))
+                                     GroupFold(chunk_estep, n, frozenset(), True, token))
             except WorkerUnavailableError as exc:
                 self._note_lost(exc)
                 continue
