@@ -209,13 +209,15 @@ def commit_digest(result: Any) -> str:
 
 def committed_result(entries: Sequence[Any], chunk: int) -> tuple[Any, str]:
     """Chunk ``chunk``'s own result among a pass's entries, or None where only its digest came back (a group
-    folded with ``GroupFold(commit=True)``), and the :func:`commit_digest` the pass committed to for it."""
+    folded with ``GroupFold(commit=True)``), and the :func:`commit_digest` the pass committed to for it (an own
+    result that came back, a ``raw`` chunk's, is preferred: the peer replays compare it)."""
     entry = entries[chunk]
     if entry is not None and not isinstance(entry, GroupStats):
         return entry, commit_digest(entry)
     a, b = group_of(len(entries), chunk)
     group = entries[b - 1]
-    if isinstance(group, GroupStats) and len(group.digests) == b - a:
+    own_came_back = chunk == b - 1 and isinstance(group, GroupStats) and group.last is not None
+    if isinstance(group, GroupStats) and len(group.digests) == b - a and not own_came_back:
         return None, group.digests[chunk - a]
     own = chunk_result(entries, chunk)
     return own, commit_digest(own)

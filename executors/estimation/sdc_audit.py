@@ -291,28 +291,43 @@ class EMAudit:
             mine = [c for c in audited if self.computes is None or self.computes(c)]
             references = _Background(self.reference, mine, estimator, model) if audited else None
             return self._reference_pass(handle, estimator, model, iteration, audited, references)
-        if self.reference is None or not audited:
+        if self.reference is None:
             return self._backend_pass(handle, estimator, model, iteration, audited)
-        references = _Background(self.reference, audited, estimator, model)  # runs while the backend computes
-        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited)
-        return entries, outcomes + self._against_reference(entries, references.result(), estimator, model,
-                                                           iteration, audited)
+        return self._named_and_secret_pass(handle, estimator, model, iteration, audited, first_of_fit)
+
+    def _named_and_secret_pass(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
+                               first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The pass with peer replays of the chunks it names (mixle's draw) and, on it, the secret sample's
+        reference audit and group opening, so sparing exactly the named chunks does not pass."""
+        secret, token = self._secret_sample(iteration, handle.num_chunks, first_of_fit), f"{self._owner}:{iteration}"
+        chunks = tuple(sorted(set(audited) | set(secret)))
+        references = _Background(self.reference, chunks, estimator, model) if chunks else None  # type: ignore[arg-type]
+        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited, token)
+        if references is None:
+            return entries, outcomes
+        refs = references.result()  # mixle's chunks, then the secret ones, against the reference
+        outcomes += self._against_reference(entries, refs, estimator, model, iteration, chunks)
+        owners = self._chunk_owners(len(entries))
+        folds = bind_folded_sums(self, entries, (estimator, model), iteration, secret, owners, token)
+        self._mend_quarantined(entries, folds, owners, estimator, model, iteration)
+        return entries, outcomes + folds
 
     def _injection_pending(self, iteration: int) -> bool:
         """Whether a planned fault strikes at ``iteration`` (the pass then runs placed, so it can strike)."""
         return self.injector is not None and any(f.step == iteration for f in self.injector.pending)
 
     def _backend_pass(self, handle: Any, estimator: Any, model: Any, iteration: int,
-                      audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """The pass through the backend, audited chunks replayed on a peer (or on the same runner)."""
+                      audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The pass through the backend, audited chunks replayed on a peer (or on the same runner); with a
+        ``token`` every folded group also commits to its chunks' digests and keeps their results."""
         if not self.placement:
-            return self._same_runner(handle, estimator, model, iteration, audited)
+            return self._same_runner(handle, estimator, model, iteration, audited, token)
         pending = self._injection_pending(iteration)
         if not audited and not self.excluded and not pending:
-            return handle.estep_entries(estimator, model), ()
+            return handle.estep_entries(estimator, model, commit=bool(token), retain=token), ()
         for _ in range(len(self.runner.worker_ids()) + 1):
             try:
-                return self._placed_pass(estimator, model, iteration, handle.num_chunks, audited)
+                return self._placed_pass(estimator, model, iteration, handle.num_chunks, audited, token)
             except WorkerUnavailableError as exc:
                 self._note_lost(exc)
         raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
@@ -343,15 +358,13 @@ class EMAudit:
     def _mend_quarantined(self, entries: list[Any], outcomes: Sequence[ChunkAudit], owners: list[int], estimator: Any,
                           model: Any, iteration: int) -> None:
         """After a device fault quarantined a worker (a placed runner), recompute its chunks on the others."""
-        if not (self.placement and any(o.quarantined is not None for o in outcomes)):
-            return
-        for o in outcomes:
-            if o.quarantined is not None:
-                unit = o.records[0].unit.replace(":", " ")
-                self._note(f"worker {o.quarantined} quarantined after a mismatch with the reference it did not "
-                           f"reproduce on {unit} at iteration {iteration}; its chunks are recomputed "
-                           "on the others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
-        self._mend(entries, {}, owners, estimator, model)
+        found = [o for o in outcomes if o.quarantined is not None] if self.placement else []
+        for o in found:
+            self._note(f"worker {o.quarantined} quarantined after a mismatch with the reference it did not reproduce "
+                       f"on {o.records[0].unit.replace(':', ' ')} at iteration {iteration}; its chunks are "
+                       "recomputed on the others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
+        if found:
+            self._mend(entries, {}, owners, estimator, model)
 
     def _shared(self, references: _Background) -> dict[int, Any]:
         """The references by chunk: this process's, or (SPMD) every rank's gathered, so each rank has them all;
@@ -428,7 +441,7 @@ class EMAudit:
         return [w for w, ids in enumerate(block_assignment(num_chunks, self.runner.num_workers)) for _ in ids]
 
     def _placed_pass(self, estimator: Any, model: Any, iteration: int, n: int,
-                     audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+                     audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         """One placed pass, each audited chunk also computed on its ring peer in the same round; then the
         audit, and the mending of what it found."""
         healthy = self._healthy_or_raise()
@@ -441,7 +454,8 @@ class EMAudit:
             if w is not None:
                 jobs.setdefault(w, []).append(c)
         struck: set[tuple[int, int]] = set()
-        values = self._round(jobs, estimator, model, iteration, struck, GroupFold(chunk_estep, n, frozenset(audited)))
+        values = self._round(jobs, estimator, model, iteration, struck,
+                             GroupFold(chunk_estep, n, frozenset(audited), bool(token), token))
         entries = [values[(owners[c], c)] for c in range(n)]
         outcomes, decided = self._peer_audits(entries, values, owners, estimator, model, iteration, audited, struck)
         for outcome in outcomes:
@@ -510,8 +524,8 @@ class EMAudit:
                 raise SDCDetectedError(outcome.records)
 
     def _same_runner(self, handle: Any, estimator: Any, model: Any, iteration: int,
-                     audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        results = handle.estep_entries(estimator, model, raw=audited)
+                     audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        results = handle.estep_entries(estimator, model, raw=audited, commit=bool(token), retain=token)
         if not audited:
             return results, ()
         replays = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=list(audited))

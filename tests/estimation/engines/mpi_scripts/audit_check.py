@@ -3,8 +3,9 @@
 ``python -m tests.estimation.engines.mpi_scripts.audit_check BACKEND OUT MODE ROOT_ONLY``: MODE ``honest``, or
 ``cheat`` (the runner computes its chunks on half-overwritten rows except while the harness is active, so the
 in-situ certification passes and the fit does not), or ``scale`` / ``drop`` (outside the harness the rank returns
-honest chunk digests but a wrong folded sum: ``tests.estimation.audit.fold_cheats``). Each rank writes ``OUT/rank<r>.json``: the admission, the
-error raised (its class name), every audit record (replay, chunk, matched, cause) and the fitted model's digest.
+honest chunk digests but a wrong folded sum: ``tests.estimation.audit.fold_cheats``). Each rank writes
+``OUT/rank<r>.json``: the admission, the error raised (its class name), every audit record (replay, chunk,
+matched, cause) and the fitted model's digest.
 """
 
 from __future__ import annotations
