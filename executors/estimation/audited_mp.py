@@ -15,6 +15,11 @@ evaluation of an audited chunk as mixle's payload (pickled ``(count, statistic)`
 until ``arm_corruption(None)``, and each mismatch's :class:`SDCAuditReceipt` carries mixle's fields
 (byte sizes, sha256 of the payloads and of their canonical statistic bytes, ``first_diff_byte_offset``,
 ``mismatch_reason``, the witness, the suspects, the quarantine status).
+
+mixle's draw is named in the pass (its own results come back), so a backend could spare exactly those chunks;
+the same passes therefore also run the secret-sample reference audit (``EMAudit._named_and_secret_pass``):
+every folded group commits to its chunks' digests, the secretly drawn chunks are compared with the reference
+and their groups opened. Its records join ``audit_records``; mixle's round fields count mixle's draw only.
 """
 
 from __future__ import annotations
@@ -300,6 +305,9 @@ class AuditedMPEncodedData(ChunkedEncodedData):
         if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0.0 <= value <= 1.0:
             raise ValueError(f"audit_rate must be finite and within [0, 1], got {value!r}")
         self._audit_rate = float(value)
+        audit = getattr(self, "_audit", None)
+        if audit is not None:  # the secret sample's reference audit runs at the same rate
+            audit.auditor.rate = self._audit_rate
 
     def _audited_chunks(self, iteration: int, num_chunks: int, *, first_of_fit: bool = False) -> tuple[int, ...]:
         """This round's audited chunks: ``round(audit_rate x chunks)`` drawn without replacement from ``rng``."""
@@ -356,8 +364,9 @@ class AuditedMPEncodedData(ChunkedEncodedData):
 
     @property
     def last_round_audited_shards(self) -> set[int]:
-        """Chunks audited in the last E-step."""
-        return {o.chunk for o in self.last_audits}
+        """Chunks audited in the last E-step (mixle's draw; the secret sample's reference audit is in the records)."""
+        return {o.chunk for o in self.last_audits
+                if o.chunk in self._round_roles and o.records[0].unit.startswith("chunk:")}
 
     def arm_corruption(self, flips: CorruptionHook | BitFlip | Iterable[BitFlip] | FaultInjector | None) -> None:
         """mixle's payload hook ``hook(worker_id, chunk_id, role, payload) -> payload`` (module doc), active until
@@ -416,7 +425,8 @@ class AuditedMPEncodedData(ChunkedEncodedData):
             return super().estep(estimator, model)
         finally:
             fresh = list(self.audit_records)[records_before:]
-            audited = {r.unit for r in fresh}
+            named = {f"chunk:{c}" for c in self._round_roles}  # mixle's draw, not the secret sample's
+            audited = {r.unit for r in fresh if r.unit in named}
             witnesses = sum(r.replay == "witness" for r in fresh)
             self.last_round_audit_eval_count = 2 * len(audited) + witnesses
             self.last_round_audit_mismatches = audit_receipts(fresh, self._payloads, rtol=self.audit_rtol,

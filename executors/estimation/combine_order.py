@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import pickle  # nosec B403 - bytes hashed here, never loaded
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
-    "DEFAULT_CHUNK_MULTIPLE", "GroupFold", "GroupStats", "apply_chunk_fn", "chunk_result", "combine_groups",
-    "commit_digest", "committed_result", "fold_group", "fold_pass", "group_of",
+    "DEFAULT_CHUNK_MULTIPLE", "GroupFold", "GroupReveal", "GroupStats", "apply_chunk_fn", "chunk_result",
+    "combine_groups", "commit_digest", "committed_result", "fold_group", "fold_pass", "group_of",
 ]
 
 DEFAULT_CHUNK_MULTIPLE = 12
@@ -99,12 +100,15 @@ class GroupFold(NamedTuple):
     combine group that lies wholly in a worker's chunk list comes back as one :class:`GroupStats`.
     The ``raw`` chunks (the audited ones) also bring back their own results (see :func:`chunk_result`);
     with ``commit`` every folded group brings back the digests of its chunks' own results instead, so the
-    task names no chunk and the audit picks one after the results are in (:func:`committed_result`)."""
+    task names no chunk and the audit picks one after the results are in (:func:`committed_result`). With a
+    ``retain`` token (``"<owner>:<pass>"``) the worker also keeps its folded groups' own results until the
+    owner's next pass, for a :class:`GroupReveal` to hand back (the audit opens a group after the pass)."""
 
     fn: Callable[[Any, Any], Any]
     num_chunks: int
     raw: frozenset[int] = frozenset()
     commit: bool = False
+    retain: str = ""
 
     def __call__(self, chunk: Any, payload: Any) -> Any:
         """One chunk, not folded (what a runner that does not use ``apply_chunk_fn`` gets)."""
@@ -121,6 +125,8 @@ class GroupFold(NamedTuple):
             a, b = group_of(self.num_chunks, c)
             if b - a > 1 and c == a and ids[i:i + b - a] == list(range(a, b)):
                 results = [_call(self.fn, payload, j, chunk_of) for j in range(a, b)]
+                if self.retain:
+                    _retain(self.retain, a, results)
                 out.extend(results[j - a] if j in self.raw else None for j in range(a, b - 1))
                 out.append(fold_group(payload[0], results)._replace(
                     last=results[-1] if b - 1 in self.raw else None,
@@ -129,6 +135,58 @@ class GroupFold(NamedTuple):
             else:
                 out.append(_call(self.fn, payload, c, chunk_of))
                 i += 1
+        return out
+
+
+_RETAINED: dict[str, tuple[str, dict[int, Any]]] = {}
+"""In a worker process: per owner (a handle's audit), its latest pass token and the own results of the chunks
+of the groups it folded in that pass, by chunk id (a worker keeps one pass per owner)."""
+_RETAINED_OWNERS = 8
+"""The most owners a worker process keeps a pass for (handles sharing an in-process runner); the oldest goes."""
+_RETAINED_LOCK = threading.Lock()
+
+
+def _retain(token: str, first: int, results: Sequence[Any]) -> None:
+    """Keep a folded group's own results under ``token``; a new pass of the same owner drops the last one."""
+    owner = token.split(":", 1)[0]
+    with _RETAINED_LOCK:
+        held = _RETAINED.get(owner)
+        if held is None or held[0] != token:
+            _RETAINED.pop(owner, None)
+            while len(_RETAINED) >= _RETAINED_OWNERS:
+                _RETAINED.pop(next(iter(_RETAINED)))
+            held = _RETAINED[owner] = (token, {})
+        held[1].update(zip(range(first, first + len(results)), results))
+
+
+def _retained(token: str, chunk: int) -> tuple[bool, Any]:
+    """(found, chunk ``chunk``'s own result retained under ``token`` in this process)."""
+    with _RETAINED_LOCK:
+        held = _RETAINED.get(token.split(":", 1)[0])
+        if held is None or held[0] != token or chunk not in held[1]:
+            return False, None
+        return True, held[1][chunk]
+
+
+class GroupReveal(NamedTuple):
+    """A follow-up task on the worker that folded a pass with ``GroupFold(retain=token)``: the own results of
+    the chunks asked for, as that pass computed them (kept in the worker). A chunk this process did not keep
+    (another process got the task, or the owner ran a newer pass) is computed again with ``fn``; either way
+    the audit checks each value against the digest the pass committed to."""
+
+    fn: Callable[[Any, Any], Any]
+    token: str
+
+    def __call__(self, chunk: Any, payload: Any) -> Any:
+        """One chunk computed again (what a runner that does not use ``apply_chunk_fn`` gets)."""
+        return self.fn(chunk, payload)
+
+    def apply_block(self, ids: Sequence[int], chunk_of: Callable[[int], Any], payload: Any) -> list[Any]:
+        """The retained own result of each of ``ids`` (in that order), computed again where none is kept."""
+        out = []
+        for c in ids:
+            found, value = _retained(self.token, c)
+            out.append(value if found else _call(self.fn, payload, c, chunk_of))
         return out
 
 
@@ -151,13 +209,15 @@ def commit_digest(result: Any) -> str:
 
 def committed_result(entries: Sequence[Any], chunk: int) -> tuple[Any, str]:
     """Chunk ``chunk``'s own result among a pass's entries, or None where only its digest came back (a group
-    folded with ``GroupFold(commit=True)``), and the :func:`commit_digest` the pass committed to for it."""
+    folded with ``GroupFold(commit=True)``), and the :func:`commit_digest` the pass committed to for it (an own
+    result that came back, a ``raw`` chunk's, is preferred: the peer replays compare it)."""
     entry = entries[chunk]
     if entry is not None and not isinstance(entry, GroupStats):
         return entry, commit_digest(entry)
     a, b = group_of(len(entries), chunk)
     group = entries[b - 1]
-    if isinstance(group, GroupStats) and len(group.digests) == b - a:
+    own_came_back = chunk == b - 1 and isinstance(group, GroupStats) and group.last is not None
+    if isinstance(group, GroupStats) and len(group.digests) == b - a and not own_came_back:
         return None, group.digests[chunk - a]
     own = chunk_result(entries, chunk)
     return own, commit_digest(own)

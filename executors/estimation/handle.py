@@ -217,12 +217,14 @@ class ChunkedEncodedData:
         estimator, model = self._bound(estimator, model)
         return [ChunkResult(*r) for r in self._map(chunk_estep, (estimator, model), estimator, model)]
 
-    def estep_entries(self, estimator: Any, model: Any, raw: Sequence[int] = (), *, commit: bool = False) -> list[Any]:
+    def estep_entries(self, estimator: Any, model: Any, raw: Sequence[int] = (), *, commit: bool = False,
+                      retain: str = "") -> list[Any]:
         """One pass's E-step entries for :func:`fold_pass`: groups folded on the workers where the runner
         can, per chunk otherwise; the ``raw`` chunks' own results come back too (see ``chunk_result``), and
-        with ``commit`` the digests of every chunk's own result (see ``committed_result``)."""
+        with ``commit`` the digests of every chunk's own result (see ``committed_result``); with ``retain`` the
+        workers keep their folded groups' own results for a ``GroupReveal`` (the audit opens groups)."""
         estimator, model = self._bound(estimator, model)
-        fold = GroupFold(chunk_estep, self.num_chunks, frozenset(int(c) for c in raw), commit)
+        fold = GroupFold(chunk_estep, self.num_chunks, frozenset(int(c) for c in raw), commit, retain)
         # GroupFold is callable through its __call__, which mypy does not see on a NamedTuple
         return self._map(fold, (estimator, model), estimator, model)  # type: ignore[arg-type]  # NamedTuple __call__
 

@@ -65,6 +65,7 @@ from .chunks import (
 )
 from .combine_order import commit_digest, committed_result
 from .engines.chunk_assignment import block_assignment
+from .fold_binding import bind_folded_sums
 from .sources import materialize
 
 __all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
@@ -122,6 +123,7 @@ class EMAudit:
         """SPMD: every rank's value in rank order (a collective), to share the references so every rank judges
         the same and enters the same replays; None in one driver."""
         self._secret = secrets.token_bytes(32)  # never leaves the driver: the backend cannot draw the sample
+        self._owner = secrets.token_hex(8)  # names this audit's passes in the workers' retained results
         """With a reference, whether audited chunks are still also computed on a peer in the pass (mixle's
         ``AuditedMPEncodedData`` counts those evaluations); by default the reference replaces the peer replay,
         which only checked the backend against itself, and a mismatch is classified by a same-worker replay."""
@@ -289,28 +291,43 @@ class EMAudit:
             mine = [c for c in audited if self.computes is None or self.computes(c)]
             references = _Background(self.reference, mine, estimator, model) if audited else None
             return self._reference_pass(handle, estimator, model, iteration, audited, references)
-        if self.reference is None or not audited:
+        if self.reference is None:
             return self._backend_pass(handle, estimator, model, iteration, audited)
-        references = _Background(self.reference, audited, estimator, model)  # runs while the backend computes
-        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited)
-        return entries, outcomes + self._against_reference(entries, references.result(), estimator, model,
-                                                           iteration, audited)
+        return self._named_and_secret_pass(handle, estimator, model, iteration, audited, first_of_fit)
+
+    def _named_and_secret_pass(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
+                               first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The pass with peer replays of the chunks it names (mixle's draw) and, on it, the secret sample's
+        reference audit and group opening, so sparing exactly the named chunks does not pass."""
+        secret, token = self._secret_sample(iteration, handle.num_chunks, first_of_fit), f"{self._owner}:{iteration}"
+        chunks = tuple(sorted(set(audited) | set(secret)))
+        references = _Background(self.reference, chunks, estimator, model) if chunks else None  # type: ignore[arg-type]
+        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited, token)
+        if references is None:
+            return entries, outcomes
+        refs = references.result()  # mixle's chunks, then the secret ones, against the reference
+        outcomes += self._against_reference(entries, refs, estimator, model, iteration, chunks)
+        owners = self._chunk_owners(len(entries))
+        folds = bind_folded_sums(self, entries, (estimator, model), iteration, secret, owners, token)
+        self._mend_quarantined(entries, folds, owners, estimator, model, iteration)
+        return entries, outcomes + folds
 
     def _injection_pending(self, iteration: int) -> bool:
         """Whether a planned fault strikes at ``iteration`` (the pass then runs placed, so it can strike)."""
         return self.injector is not None and any(f.step == iteration for f in self.injector.pending)
 
     def _backend_pass(self, handle: Any, estimator: Any, model: Any, iteration: int,
-                      audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """The pass through the backend, audited chunks replayed on a peer (or on the same runner)."""
+                      audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The pass through the backend, audited chunks replayed on a peer (or on the same runner); with a
+        ``token`` every folded group also commits to its chunks' digests and keeps their results."""
         if not self.placement:
-            return self._same_runner(handle, estimator, model, iteration, audited)
+            return self._same_runner(handle, estimator, model, iteration, audited, token)
         pending = self._injection_pending(iteration)
         if not audited and not self.excluded and not pending:
-            return handle.estep_entries(estimator, model), ()
+            return handle.estep_entries(estimator, model, commit=bool(token), retain=token), ()
         for _ in range(len(self.runner.worker_ids()) + 1):
             try:
-                return self._placed_pass(estimator, model, iteration, handle.num_chunks, audited)
+                return self._placed_pass(estimator, model, iteration, handle.num_chunks, audited, token)
             except WorkerUnavailableError as exc:
                 self._note_lost(exc)
         raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
@@ -322,24 +339,32 @@ class EMAudit:
         outside the backend meanwhile). A device fault quarantines its worker and its chunks are recomputed."""
         pending = self._injection_pending(iteration)
         struck: set[tuple[int, int]] = set()
+        token = f"{self._owner}:{iteration}"
         if not (self.placement and (self.excluded or pending)):
-            entries = handle.estep_entries(estimator, model, commit=True)
+            entries = handle.estep_entries(estimator, model, commit=True, retain=token)
         else:
-            entries = self._committed_round(estimator, model, iteration, handle.num_chunks, struck)
+            entries = self._committed_round(estimator, model, iteration, handle.num_chunks, struck, token)
         if references is None:
             return entries, ()
         refs, owners = self._shared(references), self._chunk_owners(len(entries))
         outcomes = self._against_reference(entries, refs, estimator, model, iteration, audited,
                                            struck if self.placement else None, owners)
-        if self.placement and any(o.quarantined is not None for o in outcomes):
-            for o in outcomes:
-                if o.quarantined is not None:
-                    self._note(f"worker {o.quarantined} quarantined after a mismatch with the reference it did not "
-                               f"reproduce on chunk {o.chunk} at iteration {iteration}; its chunks are recomputed "
-                               "on the others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
+        self._mend_quarantined(entries, outcomes, owners, estimator, model, iteration)
+        self._recheck(entries, refs, outcomes)
+        folds = bind_folded_sums(self, entries, (estimator, model), iteration, audited, owners, token)
+        self._mend_quarantined(entries, folds, owners, estimator, model, iteration)
+        return entries, outcomes + folds
+
+    def _mend_quarantined(self, entries: list[Any], outcomes: Sequence[ChunkAudit], owners: list[int], estimator: Any,
+                          model: Any, iteration: int) -> None:
+        """After a device fault quarantined a worker (a placed runner), recompute its chunks on the others."""
+        found = [o for o in outcomes if o.quarantined is not None] if self.placement else []
+        for o in found:
+            self._note(f"worker {o.quarantined} quarantined after a mismatch with the reference it did not reproduce "
+                       f"on {o.records[0].unit.replace(':', ' ')} at iteration {iteration}; its chunks are "
+                       "recomputed on the others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
+        if found:
             self._mend(entries, {}, owners, estimator, model)
-            self._recheck(entries, refs, outcomes)
-        return entries, outcomes
 
     def _shared(self, references: _Background) -> dict[int, Any]:
         """The references by chunk: this process's, or (SPMD) every rank's gathered, so each rank has them all;
@@ -357,7 +382,7 @@ class EMAudit:
         return {c: v for part, _ in parts for c, v in part.items()}
 
     def _committed_round(self, estimator: Any, model: Any, iteration: int, n: int,
-                         struck: set[tuple[int, int]]) -> list[Any]:
+                         struck: set[tuple[int, int]], token: str = "") -> list[Any]:
         """The pass on the healthy workers only (planned flips struck), groups committed to their digests."""
         for _ in range(len(self.runner.worker_ids()) + 1):
             owners = self._owners(n, self._healthy_or_raise())
@@ -366,7 +391,7 @@ class EMAudit:
                 jobs.setdefault(owners[c], []).append(c)
             try:
                 values = self._round(jobs, estimator, model, iteration, struck,
-                                     GroupFold(chunk_estep, n, frozenset(), True))
+                                     GroupFold(chunk_estep, n, frozenset(), True, token))
             except WorkerUnavailableError as exc:
                 self._note_lost(exc)
                 continue
@@ -416,7 +441,7 @@ class EMAudit:
         return [w for w, ids in enumerate(block_assignment(num_chunks, self.runner.num_workers)) for _ in ids]
 
     def _placed_pass(self, estimator: Any, model: Any, iteration: int, n: int,
-                     audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+                     audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         """One placed pass, each audited chunk also computed on its ring peer in the same round; then the
         audit, and the mending of what it found."""
         healthy = self._healthy_or_raise()
@@ -429,7 +454,8 @@ class EMAudit:
             if w is not None:
                 jobs.setdefault(w, []).append(c)
         struck: set[tuple[int, int]] = set()
-        values = self._round(jobs, estimator, model, iteration, struck, GroupFold(chunk_estep, n, frozenset(audited)))
+        values = self._round(jobs, estimator, model, iteration, struck,
+                             GroupFold(chunk_estep, n, frozenset(audited), bool(token), token))
         entries = [values[(owners[c], c)] for c in range(n)]
         outcomes, decided = self._peer_audits(entries, values, owners, estimator, model, iteration, audited, struck)
         for outcome in outcomes:
@@ -498,8 +524,8 @@ class EMAudit:
                 raise SDCDetectedError(outcome.records)
 
     def _same_runner(self, handle: Any, estimator: Any, model: Any, iteration: int,
-                     audited: tuple[int, ...]) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        results = handle.estep_entries(estimator, model, raw=audited)
+                     audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        results = handle.estep_entries(estimator, model, raw=audited, commit=bool(token), retain=token)
         if not audited:
             return results, ()
         replays = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=list(audited))

@@ -230,13 +230,36 @@ class EMAuditor:
             self.quarantined.add(worker)
         return self._finish(ChunkAudit(iteration, chunk, (record,), statistic, worker if quarantine else None))
 
+    def audit_fold(self, *, iteration: int, first: int, last: int, worker: int, expected: str, observed: str,
+                   replay: Callable[[], str], can_quarantine: bool = False) -> ChunkAudit:
+        """A combine group's folded sum, bound to its chunks' committed results: ``expected`` digests the digests
+        the pass committed to with the driver's own fold of the chunks' revealed results, ``observed`` the
+        revealed results' digests with the sum the backend returned. Where they differ ``replay()`` folds and
+        reveals the group again on ``worker`` through the backend (its ``observed``): reproduced, a
+        ``backend_defect``; not, a ``device`` fault of ``worker``, quarantined under ``quarantine`` with
+        ``can_quarantine``. Anything else that differs raises unless the policy is ``warn``."""
+        matched, cause = expected == observed, ""
+        if not matched:
+            cause = "backend_defect" if replay() == observed else "device"
+        quarantine = cause == "device" and can_quarantine and self.policy is AuditPolicy.QUARANTINE
+        action = "none" if matched else ("warn" if self.policy is AuditPolicy.WARN else
+                                         "quarantine" if quarantine else "raise")
+        record = SDCAuditRecord(
+            family="em", step=iteration, rank=worker, unit=f"group:{first}-{last}", replay="reference",
+            expected_digest=expected, observed_digest=observed, matched=matched, action=action, auditor_rank=None,
+            attributed_rank=None if matched else worker, cause=cause,
+        )
+        if quarantine:
+            self.quarantined.add(worker)
+        return self._finish(ChunkAudit(iteration, first, (record,), None, worker if quarantine else None))
+
     def _finish(self, outcome: ChunkAudit, *, enforce: bool = True) -> ChunkAudit:
         self.records.extend(outcome.records)
         bad = [r for r in outcome.records if not r.matched]
         if bad:
             _log.warning(
-                "EM audit mismatch on chunk %d, iteration %d: attributed to worker %s, action %s",
-                outcome.chunk,
+                "EM audit mismatch on %s, iteration %d: attributed to worker %s, action %s",
+                bad[0].unit,
                 outcome.iteration,
                 bad[0].attributed_rank,
                 bad[0].action,

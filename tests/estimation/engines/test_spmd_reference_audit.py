@@ -45,3 +45,15 @@ def test_a_runner_cheating_outside_the_harness_is_a_backend_defect_on_every_rank
     assert ranks[0]["records"] == ranks[1]["records"]
     bad = [r for r in ranks[0]["records"] if not r[3]]
     assert [(r[0], r[4]) for r in bad] == [("reference", "backend_defect")]
+
+
+@pytest.mark.parametrize("backend, how", [("mpi", "scale"), ("torchrun", "drop")])
+def test_a_rank_with_honest_digests_and_a_wrong_folded_sum_is_a_backend_defect_on_every_rank(backend, how, tmp_path):
+    """Each rank folds the groups it owns; the groups holding audited chunks are opened (the owner rank hands back
+    the results it kept, all-gathered) and re-folded on every rank, so every rank raises the same error."""
+    ranks = _launch(backend, tmp_path, how)
+    assert [r["admission"] for r in ranks] == ["certified", "certified"]
+    assert [r.get("error") for r in ranks] == ["BackendDefectError", "BackendDefectError"], ranks
+    assert ranks[0]["records"] == ranks[1]["records"]
+    bad = [r for r in ranks[0]["records"] if not r[3]]
+    assert [(r[0], r[2].split(":")[0], r[4]) for r in bad] == [("reference", "group", "backend_defect")]

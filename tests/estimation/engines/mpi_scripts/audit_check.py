@@ -2,8 +2,10 @@
 
 ``python -m tests.estimation.engines.mpi_scripts.audit_check BACKEND OUT MODE ROOT_ONLY``: MODE ``honest``, or
 ``cheat`` (the runner computes its chunks on half-overwritten rows except while the harness is active, so the
-in-situ certification passes and the fit does not). Each rank writes ``OUT/rank<r>.json``: the admission, the
-error raised (its class name), every audit record (replay, chunk, matched, cause) and the fitted model's digest.
+in-situ certification passes and the fit does not), or ``scale`` / ``drop`` (outside the harness the rank returns
+honest chunk digests but a wrong folded sum: ``tests.estimation.audit.fold_cheats``). Each rank writes
+``OUT/rank<r>.json``: the admission, the error raised (its class name), every audit record (replay, chunk,
+matched, cause) and the fitted model's digest.
 """
 
 from __future__ import annotations
@@ -55,7 +57,18 @@ def _rank(backend: str) -> int:
     return int(os.environ["RANK"])
 
 
+def _cheat_folds(backend: str, how: str) -> None:
+    import importlib
+
+    from tests.estimation.audit.fold_cheats import cheating_apply
+
+    module: Any = importlib.import_module(f"mixle_parallel.executors.estimation.engines.{backend}")
+    module.apply_chunk_fn = cheating_apply(module.apply_chunk_fn, how)
+
+
 def main(backend: str, out: str, mode: str, root_only: str) -> None:
+    if mode in ("scale", "drop"):
+        _cheat_folds(backend, mode)
     if mode == "cheat":
         from mixle_parallel.executors.estimation.engines.mpi import MPIRunner
         from mixle_parallel.executors.estimation.engines.torchrun import TorchRunRunner
