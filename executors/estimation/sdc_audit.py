@@ -65,7 +65,6 @@ from .chunks import (
 )
 from .combine_order import commit_digest, committed_result
 from .engines.chunk_assignment import block_assignment
-from .sources import materialize
 
 __all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
            "rows_reference", "source_reference"]
@@ -529,18 +528,19 @@ def rows_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult]:
 
 
 def source_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult] | None:
-    """For a handle over ``files(...)``: ``reference(chunk, estimator, model)``, the chunk's rows read again from
-    its file by the driver (its place in the source: file, row offset) and E-stepped there, outside the
-    backend's runner and transport; None for other sources (an engine's collection lives on its cluster)."""
+    """For a handle over a source: ``reference(chunk, estimator, model)``, the chunk's rows fetched again into this
+    process by its place in the source (file or partition, row offset) through the source's plain data API
+    (a file read; dask, Spark or Ray computing that one partition slice; a rank's own rows), encoded and
+    E-stepped here, outside the backend's runner, E-step and transport; None for a source that cannot read
+    one chunk alone."""
     source = handle.source
-    if source is None or source.kind != "files":
+    if source is None or not source.reads_chunks:
         return None
 
     def reference(chunk: int, estimator: Any, model: Any) -> ChunkResult:
         if handle._encoder is None:
             raise RuntimeError("the audit's reference runs after the handle's chunks are encoded")
-        recipe = source.recipes([handle.places[chunk]], handle._encoder)[0]
-        return chunk_estep(materialize(recipe), (estimator, model))
+        return chunk_estep(source.read_chunk(handle.places[chunk], handle._encoder), (estimator, model))
 
     return reference
 
