@@ -1,7 +1,7 @@
 """SDC audit of the EM E-step inside an encoded-data handle.
 
-With the reference (the handle holds the rows: ``rows_reference``; on SPMD handles every rank agrees on it,
-``spmd_audit``), ``EMAudit._reference_pass``:
+With the reference (the handle holds the rows: ``rows_reference``; or fetches one chunk again from its source:
+``source_reference``; on SPMD handles every rank agrees on it, ``spmd_audit``), ``EMAudit._reference_pass``:
 
 1. The pass hands the backend the same tasks whichever chunks are audited: every chunk on its worker, no
    chunk named, each folded group bringing back the ``commit_digest`` of each of its chunks' own
@@ -17,7 +17,7 @@ With the reference (the handle holds the rows: ``rows_reference``; on SPMD handl
    worker is quarantined, its chunks recomputed on the others and checked against the reference again, so
    the fit ends on the same bits as a clean run.
 
-Without the reference (a source read by the workers; mixle's ``AuditedMPEncodedData``, whose peer
+Without the reference (a source that cannot read one chunk alone; mixle's ``AuditedMPEncodedData``, whose peer
 evaluations are counted), on a runner that can place work (``supports_worker_placement``: local, mp, dask,
 ray) one round computes every chunk on its primary *and* every audited chunk (a seeded ``rate`` fraction,
 ``EMAuditor.audited_chunks``) on the next healthy worker; ``EMAuditor.audit_chunk`` compares the two by
