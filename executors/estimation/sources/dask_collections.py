@@ -56,7 +56,7 @@ def _slice_rows(part: Any, lo: int, hi: int, rows: int, where: str) -> Any:
     if len(found) != rows:
         raise ValueError(f"{where} held {rows} rows when counted and {len(found)} now: the collection is not the "
                          "same on every evaluation; persist it (collection.persist()) first")
-    return np.array(found[lo:hi])
+    return np.array(found[lo:hi]) if isinstance(found, np.ndarray) else found[lo:hi]  # rows of fields stay rows
 
 
 def _encode_slice(part: Any, recipe: PartitionChunk) -> Any:
