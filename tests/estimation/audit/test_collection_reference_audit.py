@@ -112,3 +112,25 @@ def test_an_engine_side_estep_corrupted_on_every_replay_is_a_backend_defect(back
         _audited(data, backend, CheatingMixture(), **engine)
     bad = [r for r in caught.value.records if not r.matched]
     assert bad and {(r.replay, r.cause) for r in bad} == {("reference", "backend_defect")}, bad
+
+
+@pytest.mark.parametrize("backend", ["dask", "ray"])
+def test_a_flipped_bit_on_a_worker_holding_a_collection_is_a_device_fault_quarantined_and_mended(backend, request):
+    """The same-worker replay does not reproduce a flip, so against the driver's reference it is a device fault:
+    the worker is quarantined, its chunks recomputed on the others, and the fit ends on the unaudited bits."""
+    from mixle_parallel.verification import BitFlip, FaultInjector
+
+    fixture, make = CASES[backend]
+    data, engine = make(request.getfixturevalue(fixture))
+    clean = _plain(data, backend, **engine)
+    injector = FaultInjector()
+    with encoded_data(data, estimator=em_case.estimator(), backend=backend, chunk_size=CHUNK, admission="unverified",
+                      audit_rate=0.3, fault_injector=injector, **engine) as handle:
+        chunk = handle.audit.audited_chunks(1, handle.num_chunks)[0]
+        worker = handle.audit._chunk_owners(handle.num_chunks)[chunk]
+        injector.add(BitFlip("statistic", f"chunk:{chunk}", rank=worker, step=1, index=2, bit=50))
+        result = fit(handle, em_case.estimator(), **FIT)
+    bad = [r for r in result.audit_records if not r.matched]
+    assert [(r.replay, r.unit, r.cause, r.action, r.attributed_rank) for r in bad] == [
+        ("reference", f"chunk:{chunk}", "device", "quarantine", worker)]
+    assert result.quarantined == (worker,) and em_case.signature(result) == em_case.signature(clean)
