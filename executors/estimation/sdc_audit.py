@@ -1,7 +1,7 @@
 """SDC audit of the EM E-step inside an encoded-data handle.
 
-With the reference (the handle holds the rows: ``rows_reference``; on SPMD handles every rank agrees on it,
-``spmd_audit``), ``EMAudit._reference_pass``:
+With the reference (the handle holds the rows: ``rows_reference``; or fetches one chunk again from its source:
+``source_reference``; on SPMD handles every rank agrees on it, ``spmd_audit``), ``EMAudit._reference_pass``:
 
 1. The pass hands the backend the same tasks whichever chunks are audited: every chunk on its worker, no
    chunk named, each folded group bringing back the ``commit_digest`` of each of its chunks' own
@@ -17,7 +17,7 @@ With the reference (the handle holds the rows: ``rows_reference``; on SPMD handl
    worker is quarantined, its chunks recomputed on the others and checked against the reference again, so
    the fit ends on the same bits as a clean run.
 
-Without the reference (a source read by the workers; mixle's ``AuditedMPEncodedData``, whose peer
+Without the reference (a source that cannot read one chunk alone; mixle's ``AuditedMPEncodedData``, whose peer
 evaluations are counted), on a runner that can place work (``supports_worker_placement``: local, mp, dask,
 ray) one round computes every chunk on its primary *and* every audited chunk (a seeded ``rate`` fraction,
 ``EMAuditor.audited_chunks``) on the next healthy worker; ``EMAuditor.audit_chunk`` compares the two by
@@ -66,7 +66,6 @@ from .chunks import (
 from .combine_order import commit_digest, committed_result
 from .engines.chunk_assignment import block_assignment
 from .fold_binding import bind_folded_sums
-from .sources import materialize
 
 __all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
            "rows_reference", "source_reference"]
@@ -555,18 +554,19 @@ def rows_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult]:
 
 
 def source_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult] | None:
-    """For a handle over ``files(...)``: ``reference(chunk, estimator, model)``, the chunk's rows read again from
-    its file by the driver (its place in the source: file, row offset) and E-stepped there, outside the
-    backend's runner and transport; None for other sources (an engine's collection lives on its cluster)."""
+    """For a handle over a source: ``reference(chunk, estimator, model)``, the chunk's rows fetched again into this
+    process by its place in the source (file or partition, row offset) through the source's plain data API
+    (a file read; dask, Spark or Ray computing that one partition slice; a rank's own rows), encoded and
+    E-stepped here, outside the backend's runner, E-step and transport; None for a source that cannot read
+    one chunk alone."""
     source = handle.source
-    if source is None or source.kind != "files":
+    if source is None or not source.reads_chunks:
         return None
 
     def reference(chunk: int, estimator: Any, model: Any) -> ChunkResult:
         if handle._encoder is None:
             raise RuntimeError("the audit's reference runs after the handle's chunks are encoded")
-        recipe = source.recipes([handle.places[chunk]], handle._encoder)[0]
-        return chunk_estep(materialize(recipe), (estimator, model))
+        return chunk_estep(source.read_chunk(handle.places[chunk], handle._encoder), (estimator, model))
 
     return reference
 

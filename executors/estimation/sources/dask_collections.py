@@ -50,6 +50,15 @@ def _count_rows(part: Any) -> int:
     return len(part)
 
 
+def _slice_rows(part: Any, lo: int, hi: int, rows: int, where: str) -> Any:
+    """Rows ``[lo, hi)`` of a computed partition (checked to hold ``rows`` rows, as when it was counted)."""
+    found = _rows_of(part)
+    if len(found) != rows:
+        raise ValueError(f"{where} held {rows} rows when counted and {len(found)} now: the collection is not the "
+                         "same on every evaluation; persist it (collection.persist()) first")
+    return np.array(found[lo:hi]) if isinstance(found, np.ndarray) else found[lo:hi]  # rows of fields stay rows
+
+
 def _encode_slice(part: Any, recipe: PartitionChunk) -> Any:
     """One chunk of a computed partition, encoded on the worker that holds the partition."""
     rows = _rows_of(part)
@@ -131,20 +140,24 @@ class DaskCollection:
         if client is None or not hasattr(runner, "_workers"):
             raise ValueError("a dask collection is read by the dask backend over a distributed.Client; a client "
                              "that only submits and gathers cannot hold its chunks: pass a distributed.Client")
-        raw = client.compute(_delayed_parts(self.data))
+        parts = _delayed_parts(self.data)
+        raw = client.compute(parts)
         counts = client.gather(client.map(_count_rows, raw, pure=False))
-        return OpenedDaskCollection(client, raw, tuple(int(n) for n in counts))
+        return OpenedDaskCollection(client, raw, tuple(int(n) for n in counts), parts)
 
 
 class OpenedDaskCollection(OpenedSource):
     """Computed partitions on the cluster; chunks become futures next to them, then held by the actors."""
 
     kind = "dask"
+    reads_chunks = True
 
-    def __init__(self, client: Any, raw: list[Any], part_rows: tuple[int, ...]) -> None:
+    def __init__(self, client: Any, raw: list[Any], part_rows: tuple[int, ...], parts: Sequence[Any] = ()) -> None:
         self.client = client
         self.raw = raw
         self.part_rows = part_rows
+        self.parts = list(parts)
+        """The partitions as delayed objects (the collection's graph, no data): what ``chunk_rows`` recomputes."""
         self.encoded: list[Any] = []
         """One future per chunk (held for the handle's life: dask recomputes a lost one from the graph)."""
 
@@ -170,6 +183,22 @@ class OpenedDaskCollection(OpenedSource):
                           stop_offset=r.stop_offset, encoder=None, key=f.key, home=str((homes.get(f.key) or [""])[0]))
                 for r, f in zip(slices, self.encoded)]
 
+    def chunk_rows(self, place: ChunkPlace) -> Any:
+        """The chunk's rows, computed by dask from the collection's graph (its partition, sliced on the worker that
+        computes it) and gathered here: one chunk crosses to this process, not the partition."""
+        import dask
+
+        if not self.parts:
+            raise RuntimeError("this dask source was opened without its partitions' graph; reopen it")
+        part = place.part
+        task = dask.delayed(_slice_rows, pure=False)(self.parts[part], place.offset, place.stop_offset,
+                                                     self.part_rows[part], self.describe_part(part))
+        future = self.client.compute(task)
+        try:
+            return future.result()
+        finally:
+            future.release()
+
     def close(self) -> None:
         """Release the partitions and chunk futures."""
         for future in [*self.raw, *self.encoded]:
@@ -177,4 +206,4 @@ class OpenedDaskCollection(OpenedSource):
                 future.release()
             except Exception:  # noqa: BLE001 - a closed client has released them already
                 pass
-        self.raw, self.encoded = [], []
+        self.raw, self.encoded, self.parts = [], [], []

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..chunks import EncodedChunk
 from .files import FileSource, file_recipes
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
@@ -98,6 +99,7 @@ class OpenedFiles(OpenedSource):
     """``files(...)``: parts are the files; any worker can read any chunk."""
 
     kind = "files"
+    reads_chunks = True
 
     def __init__(self, source: FileSource) -> None:
         self.source = source
@@ -110,6 +112,14 @@ class OpenedFiles(OpenedSource):
     def recipes(self, places: Sequence[ChunkPlace], encoder: Any) -> list[Any]:
         """A :class:`~.files.FileChunk` per chunk."""
         return list(file_recipes(self.source, places, encoder))
+
+    def chunk_rows(self, place: ChunkPlace) -> Any:
+        """The chunk's rows, read here from its file (its row range only)."""
+        return file_recipes(self.source, [place], None)[0].rows()
+
+    def read_chunk(self, place: ChunkPlace, encoder: Any) -> EncodedChunk:
+        """The chunk built here from its file, as a worker builds it (:class:`~.files.FileChunk`)."""
+        return file_recipes(self.source, [place], encoder)[0].build()
 
 
 def open_source(source: Any, runner: Any) -> OpenedSource:

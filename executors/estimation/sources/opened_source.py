@@ -5,9 +5,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
+from ..chunks import EncodedChunk
 from .layout import ChunkPlace
+from .recipes import ChunkRecipe, encode_rows
 
 __all__ = ["OpenedSource"]
+
+
+@attrs.frozen(kw_only=True)
+class _FetchedChunk(ChunkRecipe):
+    """A chunk whose rows were fetched to this process (``OpenedSource.read_chunk``); ``described`` names its part."""
+
+    described: str
+
+    @property
+    def where(self) -> str:
+        """The part, in words (for errors)."""
+        return self.described
 
 
 class OpenedSource:
@@ -15,10 +31,13 @@ class OpenedSource:
 
     Subclasses give ``recipes`` (one per chunk place), may place chunks their own way (``place``), say which
     worker must hold which chunks (``owners``: None lets the runner choose) and free what they hold
-    (``close``)."""
+    (``close``). Those that can fetch one chunk's rows into this process through the engine's plain data
+    API (``reads_chunks``, ``chunk_rows``) give the SDC audit its reference outside the backend."""
 
     kind = "source"
     part_rows: tuple[int, ...] = ()
+    reads_chunks = False
+    """Whether ``chunk_rows`` can fetch one chunk's rows into this process (the audit's reference reads so)."""
 
     def describe_part(self, part: int) -> str:
         """Part ``part``, in words."""
@@ -35,6 +54,19 @@ class OpenedSource:
     def owners(self, places: Sequence[ChunkPlace], num_workers: int) -> list[list[int]] | None:
         """The chunk ids each worker must hold, or None (any worker may build any chunk)."""
         return None
+
+    def chunk_rows(self, place: ChunkPlace) -> Any:
+        """The rows of the one chunk at ``place``, fetched into this process by the engine's plain data API (not
+        through the backend's runner, E-step or transport)."""
+        raise NotImplementedError(f"a {self.kind} source cannot fetch one chunk's rows into this process")
+
+    def read_chunk(self, place: ChunkPlace, encoder: Any) -> EncodedChunk:
+        """The chunk at ``place`` built here: its rows fetched (``chunk_rows``), checked and encoded with ``encoder``;
+        what the SDC audit's reference E-steps, holding one chunk at a time."""
+        recipe = _FetchedChunk(chunk_id=place.chunk_id, start=place.start, stop=place.stop, part=place.part,
+                               offset=place.offset, stop_offset=place.stop_offset, encoder=encoder,
+                               described=self.describe_part(place.part))
+        return encode_rows(recipe, self.chunk_rows(place))
 
     def close(self) -> None:
         """Free what the source holds on the engine (nothing by default)."""

@@ -58,6 +58,7 @@ class OpenedRankLocal(OpenedSource):
     """The ranks' row counts known: rank ``r`` holds exactly the chunks of part ``r``."""
 
     kind = "rank_local"
+    reads_chunks = True
 
     def __init__(self, rows: Any, rank: int, counts: tuple[int, ...]) -> None:
         self.rows = rows
@@ -76,6 +77,15 @@ class OpenedRankLocal(OpenedSource):
             mine = recipe.part == self.rank
             out.append(encode_rows(recipe, rows[recipe.offset:recipe.stop_offset]) if mine else None)
         return out
+
+    def chunk_rows(self, place: ChunkPlace) -> Any:
+        """The chunk's rows from this rank's own rows as passed (not the encoded chunks the runner holds); only
+        this rank's chunks (part ``rank``) are here."""
+        if place.part != self.rank:
+            raise RuntimeError(f"chunk {place.chunk_id} is rank {place.part}'s; rank {self.rank} holds only its own "
+                               "rows")
+        rows = self.rows if not isinstance(self.rows, list) else numeric_rows(self.rows)
+        return rows[place.offset:place.stop_offset]
 
     def owners(self, places: Sequence[ChunkPlace], num_workers: int) -> list[list[int]] | None:
         """Rank ``r`` holds the chunks of part ``r``."""

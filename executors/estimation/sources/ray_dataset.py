@@ -9,6 +9,7 @@ tensors gives vector rows, one scalar column scalar rows, several scalar columns
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +59,19 @@ class BlockChunk(ChunkRecipe):
         return block_rows(ray.get(self.block[0]), self.lo + self.offset, self.lo + self.stop_offset, self.where)
 
 
+def _block_slice(block: Any, lo: int, hi: int, where: str) -> np.ndarray:
+    """Rows ``[lo, hi)`` of a block, in a Ray task beside the store (``OpenedRayDataset.chunk_rows``)."""
+    return block_rows(block, lo, hi, where)
+
+
+@functools.lru_cache(maxsize=1)
+def _slicer() -> Any:
+    """``_block_slice`` as a Ray remote function needing no CPU (made once; Ray exports it again to a new session)."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_retries=0)(_block_slice)
+
+
 def _materialized(dataset: Any) -> Any:
     """``dataset.materialize()`` in the dataset's own row order."""
     import ray
@@ -100,6 +114,7 @@ class OpenedRayDataset(OpenedSource):
     """A materialized dataset: its blocks are the parts; a :class:`BlockChunk` per chunk."""
 
     kind = "ray"
+    reads_chunks = True
 
     def __init__(self, held: Any, blocks: list[tuple[Any, int, int]]) -> None:
         self.held = held
@@ -115,6 +130,16 @@ class OpenedRayDataset(OpenedSource):
         return [BlockChunk(chunk_id=p.chunk_id, start=p.start, stop=p.stop, part=p.part, offset=p.offset,
                            stop_offset=p.stop_offset, encoder=encoder, block=(self.blocks[p.part][0],),
                            lo=self.blocks[p.part][1]) for p in places]
+
+    def chunk_rows(self, place: ChunkPlace) -> Any:
+        """The chunk's rows: a Ray task (no CPU reserved, so the actors holding every CPU do not block it) slices
+        its block where the block is and returns only the chunk's rows here."""
+        import ray
+
+        if not self.blocks:
+            raise RuntimeError("this ray dataset source is closed; its blocks are gone")
+        ref, lo, _ = self.blocks[place.part]
+        return ray.get(_slicer().remote(ref, lo + place.offset, lo + place.stop_offset, self.describe_part(place.part)))
 
     def close(self) -> None:
         """Drop the dataset's blocks (the store frees them)."""

@@ -81,6 +81,19 @@ def _encoder_job(by_part: dict[int, list[PartitionChunk]], counts: Sequence[int]
     return encode
 
 
+def _slice_job(lo: int, hi: int, rows: int, where: str,
+               read: Callable[[list[Any]], Any]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The function one partition runs for the audit's reference: its rows read, checked, rows ``[lo, hi)`` kept."""
+    def rows_of(records: Iterator[Any]) -> Iterator[Any]:
+        found = read(list(records))
+        if len(found) != rows:
+            raise ValueError(f"{where} held {rows} rows when counted and {len(found)} now: the data is not the same "
+                             "on every evaluation; cache it (rdd.cache() / df.cache()) first")
+        yield np.array(found[lo:hi]) if isinstance(found, np.ndarray) else found[lo:hi]
+
+    return rows_of
+
+
 def _count_partition(index: int, records: Iterator[Any]) -> Iterator[tuple[int, int]]:
     yield index, sum(1 for _ in records)
 
@@ -121,6 +134,7 @@ class OpenedSparkRows(OpenedSource):
     """A counted RDD: chunks are built by mapping its partitions (``SparkRunner.place_partitions``)."""
 
     kind = "spark"
+    reads_chunks = True
 
     def __init__(self, rdd: Any, part_rows: tuple[int, ...], read: Callable[[list[Any]], Any]) -> None:
         self.rdd = rdd
@@ -134,6 +148,16 @@ class OpenedSparkRows(OpenedSource):
     def recipes(self, places: Sequence[ChunkPlace], encoder: Any) -> list[Any]:
         """A :class:`PartitionChunk` per chunk."""
         return list(partition_recipes(places, encoder, "RDD partition"))
+
+    def chunk_rows(self, place: ChunkPlace) -> Any:
+        """The chunk's rows: one Spark job (``SparkContext.runJob``) on its partition alone, which keeps the chunk's
+        row range on the executor and sends only that here."""
+        job = _slice_job(place.offset, place.stop_offset, self.part_rows[place.part], self.describe_part(place.part),
+                         self.read)
+        found = self.rdd.context.runJob(self.rdd, job, partitions=[place.part])
+        if len(found) != 1:
+            raise RuntimeError(f"Spark returned {len(found)} results for {self.describe_part(place.part)}, not one")
+        return found[0]
 
     def place(self, runner: Any, places: Sequence[ChunkPlace], encoder: Any) -> None:
         """Map every partition to its encoded chunks, cached on the executors."""

@@ -1,11 +1,13 @@
 """Run under mpiexec or torchrun: an audited EM fit whose reference audit runs on every rank (issue 23 item 5).
 
-``python -m tests.estimation.engines.mpi_scripts.audit_check BACKEND OUT MODE ROOT_ONLY``: MODE ``honest``, or
+``python -m tests.estimation.engines.mpi_scripts.audit_check BACKEND OUT MODE ROOT_ONLY [DATA]``: MODE ``honest``,
 ``cheat`` (the runner computes its chunks on half-overwritten rows except while the harness is active, so the
 in-situ certification passes and the fit does not), or ``scale`` / ``drop`` (outside the harness the rank returns
-honest chunk digests but a wrong folded sum: ``tests.estimation.audit.fold_cheats``). Each rank writes
-``OUT/rank<r>.json``: the admission, the error raised (its class name), every audit record (replay, chunk,
-matched, cause) and the fitted model's digest.
+honest chunk digests but a wrong folded sum: ``tests.estimation.audit.fold_cheats``). DATA ``rows`` (default: the
+rows in memory), ``files:FOLDER`` (every rank passes ``files(FOLDER/part-*.npy)``) or ``rank_local`` (rank r passes
+the r-th half of the rows). Each rank writes ``OUT/rank<r>.json``: the admission, the error raised (its class
+name), every audit record (replay, chunk, matched, cause), the fitted model's digest and, honest, the digest of the
+same fit unaudited.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from mixle_parallel.executors.estimation import (
     MixtureDistribution,
     MixtureEstimator,
     encoded_data,
+    files,
     fit,
+    rank_local,
 )
 from mixle_parallel.verification.capability import active_harness_capability
 from tests.estimation.audit.test_reference_audit import overwrite_half
@@ -66,7 +70,34 @@ def _cheat_folds(backend: str, how: str) -> None:
     module.apply_chunk_fn = cheating_apply(module.apply_chunk_fn, how)
 
 
-def main(backend: str, out: str, mode: str, root_only: str) -> None:
+def _data(kind: str, rows: np.ndarray, rank: int, root_only: str) -> Any:
+    """What this rank passes as ``data=``: its rows, a ``files(...)`` source or its ``rank_local`` half."""
+    if kind.startswith("files:"):
+        return files(os.path.join(kind.removeprefix("files:"), "part-*.npy"))
+    if kind == "rank_local":
+        return rank_local(np.split(rows, 2)[rank])
+    return rows if (rank == 0 or root_only != "1") else None
+
+
+def _fit(data: Any, backend: str, root_only: str, **audit: Any) -> dict[str, Any]:
+    """The audited (or, with ``audit=False``, plain) fit of ``data``: the handle's admission, digest or error,
+    and its audit records."""
+    estimator = MixtureEstimator([GaussianEstimator(), GaussianEstimator()])
+    start = MixtureDistribution([GaussianDistribution(-1.0, 2.0), GaussianDistribution(1.0, 2.0)], [0.5, 0.5])
+    record: dict[str, Any] = {}
+    with encoded_data(data, estimator=estimator, backend=backend, num_chunks=16, root_only=root_only == "1",
+                      **audit) as handle:
+        record["admission"] = handle.admission.mode.value
+        try:
+            result = fit(handle, estimator, max_its=4, delta=None, prev_estimate=start)
+            record["digest"] = canonical_statistic_bytes(result.model.params()).hex()
+        except Exception as exc:  # noqa: BLE001 - what each rank raised is what the test compares
+            record["error"] = type(exc).__name__
+        record["records"] = [(r.replay, r.step, r.unit, r.matched, r.cause) for r in handle.audit_records]
+    return record
+
+
+def main(backend: str, out: str, mode: str, root_only: str, kind: str = "rows") -> None:
     if mode in ("scale", "drop"):
         _cheat_folds(backend, mode)
     if mode == "cheat":
@@ -77,19 +108,10 @@ def main(backend: str, out: str, mode: str, root_only: str) -> None:
     rank = _rank(backend)
     rng = np.random.default_rng(3)
     rows = np.concatenate([rng.normal(-2.0, 1.0, 800), rng.normal(3.0, 1.0, 800)])
-    estimator = MixtureEstimator([GaussianEstimator(), GaussianEstimator()])
-    start = MixtureDistribution([GaussianDistribution(-1.0, 2.0), GaussianDistribution(1.0, 2.0)], [0.5, 0.5])
-    keep = rows if (rank == 0 or root_only != "1") else None
-    record: dict[str, Any] = {"rank": rank}
-    with encoded_data(keep, estimator=estimator, backend=backend, num_chunks=16, root_only=root_only == "1",
-                      audit_rate=0.3, audit_policy="raise") as handle:
-        record["admission"] = handle.admission.mode.value
-        try:
-            result = fit(handle, estimator, max_its=4, delta=None, prev_estimate=start)
-            record["digest"] = canonical_statistic_bytes(result.model.params()).hex()
-        except Exception as exc:  # noqa: BLE001 - what each rank raised is what the test compares
-            record["error"] = type(exc).__name__
-        record["records"] = [(r.replay, r.step, r.unit, r.matched, r.cause) for r in handle.audit_records]
+    record = _fit(_data(kind, rows, rank, root_only), backend, root_only, audit_rate=0.3, audit_policy="raise")
+    record["rank"] = rank
+    if mode == "honest":
+        record["plain_digest"] = _fit(_data(kind, rows, rank, root_only), backend, root_only, audit=False).get("digest")
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
 
 

@@ -1,0 +1,55 @@
+"""One chunk's rows fetched into this process (``OpenedSource.chunk_rows`` / ``read_chunk``): the audit's reference.
+
+What each source hands the SDC audit's reference: exactly the chunk's rows (a file's row range, a rank's own
+rows), encoded as a worker encodes them; rows of fields stay rows; a partition whose row count changed since it
+was counted is refused naming the fix; a rank asked for another rank's chunk refuses. The engines' own fetches
+(dask, Spark, Ray) run on real clusters in tests/estimation/audit/test_collection_reference_audit.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mixle_parallel.executors.estimation import GaussianEstimator
+from mixle_parallel.executors.estimation.sources import ChunkPlace, files, materialize, open_source, source_places
+from mixle_parallel.executors.estimation.sources.dask_collections import _slice_rows
+from mixle_parallel.executors.estimation.sources.rank_local import OpenedRankLocal
+from mixle_parallel.executors.estimation.sources.spark_rows import _slice_job
+
+
+def test_a_file_chunk_read_here_is_the_chunk_a_worker_builds(tmp_path):
+    rows = np.random.default_rng(1).normal(size=90)
+    np.save(tmp_path / "a.npy", rows[:40])
+    np.save(tmp_path / "b.npy", rows[40:])
+    opened = open_source(files(str(tmp_path / "*.npy")), runner=None)
+    places = source_places([(0, 20), (20, 40), (40, 70), (70, 90)], opened.part_rows)
+    encoder = GaussianEstimator().encoder()
+    for place, recipe in zip(places, opened.recipes(places, encoder)):
+        here = opened.read_chunk(place, encoder)
+        assert (here.chunk_id, here.start, here.stop) == (place.chunk_id, place.start, place.stop)
+        assert np.array_equal(here.data, materialize(recipe).data)
+        assert np.array_equal(opened.chunk_rows(place), rows[place.start:place.stop])
+
+
+def test_a_rank_reads_its_own_chunks_from_the_rows_it_passed_and_no_other():
+    rows = np.arange(10.0)
+    opened = OpenedRankLocal(rows, rank=1, counts=(5, 10))
+    mine = ChunkPlace(chunk_id=2, part=1, offset=3, stop_offset=7, start=8, stop=12)
+    assert np.array_equal(opened.chunk_rows(mine), rows[3:7])
+    assert np.array_equal(opened.read_chunk(mine, GaussianEstimator().encoder()).data, rows[3:7])
+    theirs = ChunkPlace(chunk_id=0, part=0, offset=0, stop_offset=5, start=0, stop=5)
+    with pytest.raises(RuntimeError, match="rank 0's; rank 1 holds only its own rows"):
+        opened.chunk_rows(theirs)
+
+
+def test_a_partition_slice_keeps_rows_of_fields_and_refuses_a_changed_partition():
+    fields = [(1.0, "a"), (2.0, "b"), (3.0, "c")]
+    assert _slice_rows(fields, 1, 3, 3, "dask partition 0") == fields[1:3]  # rows of fields stay rows
+    assert np.array_equal(_slice_rows(np.arange(6.0), 2, 4, 6, "dask partition 0"), [2.0, 3.0])
+    with pytest.raises(ValueError, match=r"dask partition 4 held 5 rows when counted and 6 now.*persist"):
+        _slice_rows(np.arange(6.0), 0, 2, 5, "dask partition 4")
+    job = _slice_job(1, 3, 4, "RDD partition 2", lambda records: np.asarray(records))
+    assert np.array_equal(next(job(iter([1.0, 2.0, 3.0, 4.0]))), [2.0, 3.0])
+    with pytest.raises(ValueError, match=r"RDD partition 2 held 4 rows when counted and 3 now.*cache"):
+        next(job(iter([1.0, 2.0, 3.0])))
