@@ -235,8 +235,9 @@ class SessionAudit:
         return out
 
     def _reference_covers(self, names: Any) -> bool:
-        """Whether the plain copy recomputes a gradient with these names (FSDP2 audits a group whose parameter
-        got no gradient as one flat unit, which only the executor's own replay reproduces)."""
+        """Whether the plain copy recomputes a gradient with these names (a parameter that got no gradient has
+        none on either side; only an FSDP2 input the taps could not split per parameter falls to the executor's
+        own replay)."""
         return self._reference is not None and set(names) <= self._reference.names
 
     def _reference_gradient(self, window: list, rng: Any) -> dict[str, torch.Tensor]:

@@ -137,10 +137,12 @@ class PlainReference:
             else:
                 plain = copy.deepcopy(unwrap(self.session.module))
                 _strip_hooks(plain)
-            mine = dict(self.session.named_trainable())
-            self._params = [(pre_wrap_fqn(n), p, mine[pre_wrap_fqn(n)])
-                            for n, p in plain.named_parameters() if pre_wrap_fqn(n) in mine]
-            self._names = frozenset(name for name, _, _ in self._params)
+            # every parameter is loaded (a frozen one too: the forward needs it); gradients are the trainable ones
+            live = {pre_wrap_fqn(n): p for n, p in unwrap(self.session.module).named_parameters()}
+            self._params = [(pre_wrap_fqn(n), p, live[pre_wrap_fqn(n)])
+                            for n, p in plain.named_parameters() if pre_wrap_fqn(n) in live]
+            trainable = {name for name, _ in self.session.named_trainable()}
+            self._names = frozenset(name for name, _, _ in self._params if name in trainable)
             self._copy = plain
         return self._copy
 
@@ -196,4 +198,4 @@ class PlainReference:
                 loss_sum, _count = session.loss_fn(plain, x, y)
             (loss_sum * (scale * weight)).backward()
         # the copy's own .grad tensors (no clone): read before the next call, which allocates new ones
-        return {name: p.grad.detach() for name, p, _ in self._params if p.grad is not None}
+        return {name: p.grad.detach() for name, p, _ in self._params if p.grad is not None and name in self._names}
