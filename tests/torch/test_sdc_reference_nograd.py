@@ -13,8 +13,7 @@ import pytest
 
 from tests.torch._world import run_world
 
-pytestmark = pytest.mark.skipif(
-    not pytest.importorskip("torch.distributed").is_available(), reason="needs torch.distributed (extra: torch)")
+pytestmark = pytest.mark.slow  # a 2-rank gloo world, like test_sdc_audit.py
 
 
 @pytest.fixture(scope="module")
