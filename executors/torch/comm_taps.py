@@ -113,6 +113,12 @@ class CommTap:
         return out
 
 
+def owned(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """``view`` as a tensor of its own: a clone only when it still shares ``base``'s memory (a reshape across
+    ranks' chunks already copied it; a second copy would only cost time)."""
+    return view.clone() if view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr() else view
+
+
 def nbytes(t: torch.Tensor) -> int:
     """Bytes of a tensor's elements (what a collective moves for it)."""
     return t.numel() * t.element_size()
@@ -209,7 +215,7 @@ class _Layout:
         out = {}
         for name, shape, offset, rows, inner in self.entries:
             padded = table[:, offset:offset + rows * inner].reshape(self.world * rows, *shape[1:])
-            out[name] = padded[: shape[0]].clone() if shape else padded.reshape(()).clone()
+            out[name] = owned(padded[: shape[0]] if shape else padded.reshape(()), flat)
         return out
 
     def write_back(self, flat: torch.Tensor, name: str, value: torch.Tensor) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .comm_taps import owned
 from .layouts import pre_wrap_fqn, unwrap
 
 __all__ = ["PlainReference", "reference_applies", "reference_template"]
@@ -109,7 +110,7 @@ def gather_full(params: list[Any]) -> list[torch.Tensor]:
     out, offset = [], 0
     for p, r, i in zip(params, rows, inner):
         block = rows_table[:, offset:offset + r * i].reshape(world * r, *p.shape[1:])
-        out.append(block[: p.shape[0]].clone())
+        out.append(owned(block[: p.shape[0]], table))
         offset += r * i
     return out
 
