@@ -6,7 +6,7 @@ local gradient per parameter before the data-parallel reduction. Then, before th
 
 1. parameters at rest: the live parameters are compared with the state taken after the last update (a
    flip in parameter memory between steps): bit for bit against the replicated plain copy loaded then
-   (DDP, one rank), else a digest of this rank's local parameters then and now;
+   (DDP, one rank), else (FSDP2/HSDP) bit for bit against a copy of this rank's local shards taken then;
 2. peer replay: in one exchange every rank ships its window, RNG state, the digest of (batch, parameters),
    of its gradient and its at-rest verdict; the next rank of its data-parallel group (same tp/cp/pp
    coordinate) recomputes its predecessor's gradient from the shipped inputs and compares digests. Every
@@ -53,7 +53,7 @@ from ..training_options import AuditMode, AuditOptions, AuditReplay
 from .comm_taps import CommTap, TapMode, fsdp_taps_supported
 from .dp_mode import DataParallelMode
 from .layouts import pre_wrap_fqn, unwrap
-from .sdc_reference import PlainReference, reference_applies, reference_template
+from .sdc_reference import PlainReference, reference_applies, reference_template, same_bits
 
 _log = logging.getLogger(__name__)
 _MAX = 1.7976931348623157e308
@@ -90,6 +90,7 @@ class SessionAudit:
         self._rng: dict[str, torch.Tensor] | None = None
         self._buffers: list[torch.Tensor] | None = None
         self._param_ref: str | None = None
+        self._param_saved: dict[str, torch.Tensor] | None = None  # sharded: the local parameters' bits at rest
         self._param_ref_step: int | None = None
         self._reference = _plain_reference(session, template)
         self.prime(session.step)
@@ -100,12 +101,17 @@ class SessionAudit:
         return self.schedule.is_audited(step)
 
     def prime(self, step: int) -> None:
-        """Take the at-rest parameter digest when ``step`` will be audited (after an update, a load, or at start),
-        and load a replicated plain copy with the same parameters (the at-rest check compares with it)."""
+        """Take the parameters at rest when ``step`` will be audited (after an update, a load, or at start):
+        replicated, their digest (the peer checks it) and the plain copy loaded with them (the at-rest check
+        compares with it); sharded, a copy of this rank's local shards (cheaper than hashing them twice)."""
+        self._param_ref, self._param_saved, self._param_ref_step = None, None, None
         if not self.is_audited(step):
-            self._param_ref, self._param_ref_step = None, None
             return
-        self._param_ref, self._param_ref_step = self._param_digest(), step
+        self._param_ref_step = step
+        if not self.session.dp_mode.replicated_parameters:
+            self._param_saved = {name: t.clone() for name, t in self._local_params().items()}
+            return
+        self._param_ref = self._param_digest()
         if self._reference is not None and not self._reference.sharded:
             self._reference.load()
 
@@ -167,10 +173,12 @@ class SessionAudit:
                 self._reference.release()
         return self._conclude(everyone)
 
-    def _at_rest(self, step: int) -> tuple[list[SDCAuditRecord], str]:
+    def _at_rest(self, step: int) -> tuple[list[SDCAuditRecord], str | None]:
         """The parameters-at-rest check: (this rank's record when they changed since the last update, their digest).
         With a replicated plain copy the live parameters are compared with it bit for bit (it was loaded with
         them when the digest was taken), so they are hashed once per audited step, not twice."""
+        if not self.session.dp_mode.replicated_parameters:
+            return self._sharded_at_rest(step), None
         reference = self._reference
         if self._param_ref is not None and reference is not None and not reference.sharded:
             if reference.matches_live():
@@ -184,8 +192,21 @@ class SessionAudit:
         return [self._record(step, self.rank, "parameters at rest", "same_rank", self._param_ref, now, False, _MAX,
                              injected=injected)], now
 
+    def _sharded_at_rest(self, step: int) -> list[SDCAuditRecord]:
+        """Sharded parameters: this rank's local shards bit for bit against their copy taken at ``prime``; the
+        digests of both only in the record of a change."""
+        saved, self._param_saved = self._param_saved, None
+        if saved is None:
+            return []
+        live = self._local_params()
+        if saved.keys() == live.keys() and all(same_bits(saved[n], live[n]) for n in live):
+            return []
+        injected = bool(self.faults and self.faults.injected_params)
+        return [self._record(step, self.rank, "parameters at rest", "same_rank", digest(saved), digest(live), False,
+                             _MAX, injected=injected)]
+
     def _judge(self, step: int, window: list, rng: Any, observed: dict, injected: bool, mine: list[SDCAuditRecord],
-               now: str) -> list[SDCAuditRecord]:
+               now: str | None) -> list[SDCAuditRecord]:
         """One exchange of every rank's window, gradient digest and at-rest verdict; the peer's recomputation; the
         same-rank replays where no peer exists, with ``replay="both"``, or (a second round) when a peer disagreed
         anywhere; every rank's records. No replay runs when any rank's parameters changed at rest."""
@@ -307,8 +328,11 @@ class SessionAudit:
             for b, saved in zip(session.module.buffers(), stash["buffers"]):
                 b.copy_(saved)
 
+    def _local_params(self) -> dict[str, torch.Tensor]:
+        return {name: _local(p).detach() for name, p in self.session.named_trainable()}
+
     def _param_digest(self) -> str:
-        return digest({name: _local(p).detach() for name, p in self.session.named_trainable()})
+        return digest(self._local_params())
 
     # ---- judging -------------------------------------------------------------------------------
     def _compare(self, observed: dict, replayed: dict, same: bool | None = None) -> tuple[bool, float]:

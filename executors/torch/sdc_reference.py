@@ -32,7 +32,7 @@ from torch import nn
 from .comm_taps import owned
 from .layouts import pre_wrap_fqn, unwrap
 
-__all__ = ["PlainReference", "reference_applies", "reference_template"]
+__all__ = ["PlainReference", "reference_applies", "reference_template", "same_bits"]
 
 
 def reference_applies(plan: Any) -> bool:
@@ -70,6 +70,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s raw bits as integers of its width (bitwise equality: -0.0 != 0.0, NaN payloads count)."""
     width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
     return t.view(width) if width is not None and t.dtype != width else t
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same bits (shape, dtype and every byte; -0.0 != 0.0, NaN payloads count)."""
+    return a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
 
 
 def _dim0_shards(params: list[Any]) -> tuple[Any, int] | None:
@@ -168,7 +173,7 @@ class PlainReference:
 
     def matches_live(self) -> bool:
         """True when every loaded parameter still has the live parameter's bits (replicated sessions)."""
-        return self.loaded and all(torch.equal(_bits(p), _bits(live.detach())) for _, p, live in self._params)
+        return self.loaded and all(same_bits(p, live.detach()) for _, p, live in self._params)
 
     def release(self) -> None:
         """Sharded: drop the gathered full parameters and the copy's gradients (memory only while auditing)."""
