@@ -20,7 +20,9 @@ gradient per parameter before it is reduced, *inject* a planned bit flip into it
 capture without communicating (the audit's recomputation must not reach other ranks' gradients).
 FSDP2's reduce-scatter input is the unsharded local gradients laid out by ``chunk_cat`` (dim-0
 chunks per rank, padded), which ``_unchunk`` inverts exactly; for fp32/bf16 FSDP2 does not
-pre-divide it, so the captured values are the raw local gradients.
+pre-divide it, so the captured values are the raw local gradients. When a parameter of the group got
+no gradient (a layer the forward skipped) the input leaves it out; the captured copy is split per
+parameter after the reduction, by the parameters FSDP2 then gave a gradient (``CommTap.take``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class CommTap:
         self.counts: Counter[str] = Counter()
         self.mode = TapMode.PASS
         self.captured: dict[str, torch.Tensor] = {}
+        self.deferred: list[tuple[TapReduceScatter, int, torch.Tensor]] = []
+        """FSDP2 reduce-scatter inputs captured before it was known which parameters they hold (see ``take``)."""
         self.injector: Any = None
         self.step = 0
         self.injected: list[str] = []
@@ -101,9 +105,18 @@ class CommTap:
         return struck
 
     def take(self) -> dict[str, torch.Tensor]:
-        """The captured gradients (and forget them)."""
-        out, self.captured = self.captured, {}
+        """The captured gradients (and forget them); a flat FSDP2 input that left a parameter out (it got no
+        gradient) is split per parameter now, once FSDP2 has given a gradient to exactly those that had one."""
+        for owner, world, flat in self.deferred:
+            self.captured.update(owner.split_deferred(flat, world))
+        out, self.captured, self.deferred = self.captured, {}, []
         return out
+
+
+def owned(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """``view`` as a tensor of its own: a clone only when it still shares ``base``'s memory (a reshape across
+    ranks' chunks already copied it; a second copy would only cost time)."""
+    return view.clone() if view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr() else view
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -202,7 +215,7 @@ class _Layout:
         out = {}
         for name, shape, offset, rows, inner in self.entries:
             padded = table[:, offset:offset + rows * inner].reshape(self.world * rows, *shape[1:])
-            out[name] = padded[: shape[0]].clone() if shape else padded.reshape(()).clone()
+            out[name] = owned(padded[: shape[0]] if shape else padded.reshape(()), flat)
         return out
 
     def write_back(self, flat: torch.Tensor, name: str, value: torch.Tensor) -> None:
@@ -274,6 +287,16 @@ class TapReduceScatter:
         """Plain allocation, as FSDP2's default comm."""
         return torch.empty(*size, dtype=dtype, device=device)
 
+    def split_deferred(self, flat: torch.Tensor, world: int) -> dict[str, torch.Tensor]:
+        """A flat input captured when some parameter got no gradient, per parameter: FSDP2 lays out exactly the
+        parameters it gave a sharded ``.grad`` after this reduction (the session clears them to None between
+        windows; a replay clears them first), in its order. The flat buffer as one unit when that does not add up."""
+        with_grad = [(n, _pre_fsdp_shape(p)) for n, p in self.params if p.requires_grad and p.grad is not None]
+        layout = _Layout(with_grad, world)
+        if not with_grad or layout.row_numel * world != flat.numel():
+            return {self.fallback_name: flat}
+        return layout.unchunk(flat)
+
     def _layout_for(self, flat: torch.Tensor, world: int) -> _Layout | None:
         if self._layout is None or self._layout.world != world:
             layout = _Layout([(n, _pre_fsdp_shape(p)) for n, p in self.params if p.requires_grad], world)
@@ -297,7 +320,10 @@ class TapReduceScatter:
                         else:
                             input_tensor.copy_(grad)
             if tap.mode is not TapMode.PASS:
-                tap.captured.update(grads)
+                if layout is None:  # which parameters it holds is known after the reduction (take() splits it)
+                    tap.deferred.append((self, world, grads[self.fallback_name]))
+                else:
+                    tap.captured.update(grads)
         if tap.mode is TapMode.REPLAY:
             output_tensor.zero_()  # discarded by the audit; zeros keep FSDP2's bookkeeping finite
             return None

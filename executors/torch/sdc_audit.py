@@ -6,7 +6,7 @@ local gradient per parameter before the data-parallel reduction. Then, before th
 
 1. parameters at rest: the live parameters are compared with the state taken after the last update (a
    flip in parameter memory between steps): bit for bit against the replicated plain copy loaded then
-   (DDP, one rank), else a digest of this rank's local parameters then and now;
+   (DDP, one rank), else (FSDP2/HSDP) bit for bit against a copy of this rank's local shards taken then;
 2. peer replay: in one exchange every rank ships its window, RNG state, the digest of (batch, parameters),
    of its gradient and its at-rest verdict; the next rank of its data-parallel group (same tp/cp/pp
    coordinate) recomputes its predecessor's gradient from the shipped inputs and compares digests. Every
@@ -32,7 +32,8 @@ step, each rank's gradient shard against its shard of the plain copy's full grad
 tolerance; beyond it, every rank replays its own window through the executor to tell the two causes apart.
 
 Comparison is bitwise (digests; ``bound=0``, the CPU/gloo case) or within ``bound`` (max abs).
-Every rank ends with every rank's records (one all-gather), so the policy acts the same way on
+Every rank ends with every rank's records (one all-gather; on a clean step at the defaults a one-integer
+all-reduce saying so, every rank rebuilding the records from the first exchange), so the policy acts the same way on
 all of them: ``warn`` records and commits, ``skip_step`` keeps the update out, ``raise`` raises
 ``SDCDetectedError`` on every rank. Gradients, RNG state and buffers are restored after replays,
 so a clean audited run is bitwise the run without audit.
@@ -43,6 +44,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -54,7 +56,7 @@ from ..training_options import AuditMode, AuditOptions, AuditReplay
 from .comm_taps import CommTap, TapMode, fsdp_taps_supported
 from .dp_mode import DataParallelMode
 from .layouts import pre_wrap_fqn, unwrap
-from .sdc_reference import PlainReference, reference_applies, reference_template
+from .sdc_reference import PlainReference, reference_applies, reference_template, same_bits
 from .sdc_tp_reference import (
     TensorParallelReference,
     attribute_causes,
@@ -83,9 +85,12 @@ class SessionAudit:
         self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.world = session.plan.world_size
         # the whole data-parallel group: the ranks sharing this rank's pp, cp and tp coordinates
-        dp_group = next(g for g in session.plan.data_parallel_group_ranks() if self.rank in g)
+        groups = session.plan.data_parallel_group_ranks()
+        dp_group = next(g for g in groups if self.rank in g)
         self.has_peer = len(dp_group) > 1
-        self.predecessor = dp_group[(dp_group.index(self.rank) - 1) % len(dp_group)]
+        # every auditor's subject: the rank before it in its data-parallel group
+        self._subject_of = {a: g[(i - 1) % len(g)] for g in groups for i, a in enumerate(g)}
+        self.predecessor = self._subject_of[self.rank]
         self._direct = session.dp_mode is DataParallelMode.NONE
         # DDP: local gradients come from on-demand hooks; replays run under no_sync() and read p.grad
         self._access = tap.ddp_access
@@ -96,6 +101,7 @@ class SessionAudit:
         self._rng: dict[str, torch.Tensor] | None = None
         self._buffers: list[torch.Tensor] | None = None
         self._param_ref: str | None = None
+        self._param_saved: dict[str, torch.Tensor] | None = None  # sharded: the local parameters' bits at rest
         self._param_ref_step: int | None = None
         self._reference = _plain_reference(session, template)
         # tensor parallelism: the plain copy judges this rank's gradient shard within a tolerance (sdc_tp_reference)
@@ -116,12 +122,17 @@ class SessionAudit:
         return self.schedule.is_audited(step)
 
     def prime(self, step: int) -> None:
-        """Take the at-rest parameter digest when ``step`` will be audited (after an update, a load, or at start),
-        and load a replicated plain copy with the same parameters (the at-rest check compares with it)."""
+        """Take the parameters at rest when ``step`` will be audited (after an update, a load, or at start):
+        replicated, their digest (the peer checks it) and the plain copy loaded with them (the at-rest check
+        compares with it); sharded, a copy of this rank's local shards (cheaper than hashing them twice)."""
+        self._param_ref, self._param_saved, self._param_ref_step = None, None, None
         if not self.is_audited(step):
-            self._param_ref, self._param_ref_step = None, None
             return
-        self._param_ref, self._param_ref_step = self._param_digest(), step
+        self._param_ref_step = step
+        if not self.session.dp_mode.replicated_parameters:
+            self._param_saved = {name: t.clone() for name, t in self._local_params().items()}
+            return
+        self._param_ref = self._param_digest()
         if self._reference is not None and not self._reference.sharded:
             self._reference.load()
 
@@ -185,10 +196,12 @@ class SessionAudit:
                     reference.release()
         return self._conclude(everyone)
 
-    def _at_rest(self, step: int) -> tuple[list[SDCAuditRecord], str]:
+    def _at_rest(self, step: int) -> tuple[list[SDCAuditRecord], str | None]:
         """The parameters-at-rest check: (this rank's record when they changed since the last update, their digest).
         With a replicated plain copy the live parameters are compared with it bit for bit (it was loaded with
         them when the digest was taken), so they are hashed once per audited step, not twice."""
+        if not self.session.dp_mode.replicated_parameters:
+            return self._sharded_at_rest(step), None
         reference = self._reference
         if self._param_ref is not None and reference is not None and not reference.sharded:
             if reference.matches_live():
@@ -202,8 +215,21 @@ class SessionAudit:
         return [self._record(step, self.rank, "parameters at rest", "same_rank", self._param_ref, now, False, _MAX,
                              injected=injected)], now
 
+    def _sharded_at_rest(self, step: int) -> list[SDCAuditRecord]:
+        """Sharded parameters: this rank's local shards bit for bit against their copy taken at ``prime``; the
+        digests of both only in the record of a change."""
+        saved, self._param_saved = self._param_saved, None
+        if saved is None:
+            return []
+        live = self._local_params()
+        if saved.keys() == live.keys() and all(same_bits(saved[n], live[n]) for n in live):
+            return []
+        injected = bool(self.faults and self.faults.injected_params)
+        return [self._record(step, self.rank, "parameters at rest", "same_rank", digest(saved), digest(live), False,
+                             _MAX, injected=injected)]
+
     def _judge(self, step: int, window: list, rng: Any, observed: dict, injected: bool, mine: list[SDCAuditRecord],
-               now: str) -> list[SDCAuditRecord]:
+               now: str | None) -> list[SDCAuditRecord]:
         """One exchange of every rank's window, gradient digest and at-rest verdict; the peer's recomputation; the
         same-rank replays where no peer exists, with ``replay="both"``, or (a second round) when a peer disagreed
         anywhere; every rank's records. No replay runs when any rank's parameters changed at rest."""
@@ -224,7 +250,7 @@ class SessionAudit:
             mine.extend(self._tp_check(step, window, rng, observed, obs_d, injected))
         if peer is not None:
             mine.append(peer)
-        everyone = self._gather(mine)
+        everyone = self._findings(step, mine, shared)
         if not own and any(r.replay in ("peer", "reference") and not r.matched for r in everyone):
             # a peer (or the TP reference) disagreed somewhere: every rank replays its own window, which tells a
             # fault in the original computation (not reproduced) from a persistent one or a backend defect (reproduced)
@@ -250,9 +276,10 @@ class SessionAudit:
                   at_rest: bool) -> dict[str, Any]:
         """What this rank hands every other rank in the audit's one exchange before the recomputations."""
         out: dict[str, Any] = {"rank": self.rank, "at_rest": at_rest}
-        if self.has_peer:
-            batches = [(x.detach().cpu(), y.detach().cpu(), s, w) for x, y, s, w in window]
-            out.update(window=batches, rng=rng, inputs=digest((batches, rng, ident)), grad=obs_d,
+        if self.has_peer:  # tensors travel as raw bytes: pickling a tensor runs torch.save, unpickling torch.load
+            batches = [(_to_wire(x), _to_wire(y), s, w) for x, y, s, w in window]
+            rng_wire = {k: _to_wire(v) for k, v in rng.items()}
+            out.update(window=batches, rng=rng_wire, inputs=digest((batches, rng_wire, ident)), grad=obs_d,
                        keys=sorted(observed), values=observed if self.bound > 0 else None, injected=injected)
         return out
 
@@ -276,8 +303,9 @@ class SessionAudit:
         return out
 
     def _reference_covers(self, names: Any) -> bool:
-        """Whether the plain copy recomputes a gradient with these names (FSDP2 audits a group whose parameter
-        got no gradient as one flat unit, which only the executor's own replay reproduces)."""
+        """Whether the plain copy recomputes a gradient with these names (a parameter that got no gradient has
+        none on either side; only an FSDP2 input the taps could not split per parameter falls to the executor's
+        own replay)."""
         return self._reference is not None and set(names) <= self._reference.names
 
     def _reference_gradient(self, window: list, rng: Any) -> dict[str, torch.Tensor]:
@@ -293,17 +321,17 @@ class SessionAudit:
             return self._record(step, subject["rank"], "batch+parameters", "peer", view, subject["inputs"], False,
                                 _MAX, injected=subject["injected"])
         device = self.session.device
-        window = [(x.to(device), y.to(device), s, w) for x, y, s, w in subject["window"]]
+        window = [(_from_wire(x).to(device), _from_wire(y).to(device), s, w) for x, y, s, w in subject["window"]]
+        rng = {k: _from_wire(v) for k, v in subject["rng"].items()}
         # a plain copy of the module recomputes it where one applies (independent of the executor's machinery)
-        replayed = (self._reference_gradient(window, subject["rng"]) if self._reference_covers(subject["keys"])
-                    else self._replay(window, subject["rng"]))
+        replayed = (self._reference_gradient(window, rng) if self._reference_covers(subject["keys"])
+                    else self._replay(window, rng))
         exp_d = digest(replayed)
         if self.bound > 0:
             matched, diff = self._compare(subject["values"], replayed)
         else:
             matched, diff = exp_d == subject["grad"], 0.0 if exp_d == subject["grad"] else _MAX
-        unit = f"local_gradient inputs={subject['inputs'][:23]}"
-        return self._record(step, subject["rank"], unit, "peer", exp_d, subject["grad"], matched, diff,
+        return self._record(step, subject["rank"], _peer_unit(subject), "peer", exp_d, subject["grad"], matched, diff,
                             injected=subject["injected"])
 
     # ---- replay mechanics --------------------------------------------------------------------
@@ -342,8 +370,11 @@ class SessionAudit:
             for b, saved in zip(session.module.buffers(), stash["buffers"]):
                 b.copy_(saved)
 
+    def _local_params(self) -> dict[str, torch.Tensor]:
+        return {name: _local(p).detach() for name, p in self.session.named_trainable()}
+
     def _param_digest(self) -> str:
-        return digest({name: _local(p).detach() for name, p in self.session.named_trainable()})
+        return digest(self._local_params())
 
     # ---- judging -------------------------------------------------------------------------------
     def _compare(self, observed: dict, replayed: dict, same: bool | None = None) -> tuple[bool, float]:
@@ -364,12 +395,12 @@ class SessionAudit:
         return "local_gradient[" + ",".join(bad[:4]) + (",..." if len(bad) > 4 else "") + "]"
 
     def _record(self, step: int, rank: int, unit: str, replay: str, expected: str, observed: str, matched: bool,
-                diff: float, *, injected: bool, cause: str = "") -> SDCAuditRecord:
+                diff: float, *, injected: bool, cause: str = "", auditor: int | None = None) -> SDCAuditRecord:
         diff = 0.0 if matched and self.bound == 0.0 else float(min(diff, _MAX))
         return SDCAuditRecord(
             family="training", step=step, rank=rank, unit=unit, replay=replay, expected_digest=expected,
             observed_digest=observed, matched=matched, action="none" if matched else self.policy.value,
-            auditor_rank=self.rank, attributed_rank=None if matched else rank,
+            auditor_rank=self.rank if auditor is None else auditor, attributed_rank=None if matched else rank,
             maximum_absolute_difference=diff, bound=self.bound, injected=injected, cause=cause,
         )
 
@@ -379,6 +410,26 @@ class SessionAudit:
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, value)
         return gathered
+
+    def _findings(self, step: int, mine: list[SDCAuditRecord], shared: list[dict[str, Any]]) -> list[SDCAuditRecord]:
+        """Every rank's records of this round. When each rank's only record is a bitwise peer match (a clean step
+        at the defaults) one all-reduce says so and every rank rebuilds them from the exchange it already holds,
+        instead of a second all-gather of records; otherwise the records are gathered."""
+        quick = (self.bound == 0.0 and len(mine) == 1 and mine[0].replay == "peer" and mine[0].matched)
+        if self.world < 2 or not self._everywhere(quick):
+            return self._gather(mine)
+        return [self._peer_match(step, shared[self._subject_of[a]], a) for a in range(self.world)]
+
+    def _peer_match(self, step: int, subject: dict[str, Any], auditor: int) -> SDCAuditRecord:
+        """The record ``auditor`` makes when its recomputation of ``subject``'s gradient matched bitwise."""
+        return self._record(step, subject["rank"], _peer_unit(subject), "peer", subject["grad"], subject["grad"], True,
+                            0.0, injected=subject["injected"], auditor=auditor)
+
+    def _everywhere(self, flag: bool) -> bool:
+        """True when ``flag`` holds on every rank (one all-reduce of one integer)."""
+        value = torch.tensor([int(flag)], dtype=torch.int32, device=self.session.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return bool(value.item())
 
     def _gather(self, mine: list[SDCAuditRecord]) -> list[SDCAuditRecord]:
         if self.world < 2:
@@ -437,6 +488,23 @@ def sharded_reference_template(module: nn.Module, plan: Any, mode: DataParallelM
         _log.warning("SDC audit: the module cannot be copied (%s: %s); audited steps are replayed through the "
                      "executor only, without the plain-copy reference", type(exc).__name__, exc)
         return None
+
+
+def _peer_unit(subject: dict[str, Any]) -> str:
+    """The unit a peer's record names: the local gradient of the shipped inputs (their digest's prefix)."""
+    return f"local_gradient inputs={subject['inputs'][:23]}"
+
+
+def _to_wire(t: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """A tensor as (dtype, shape, its bytes as a numpy array) for the audit's exchange (bit for bit)."""
+    t = t.detach().cpu().contiguous()
+    return str(t.dtype).removeprefix("torch."), tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy()
+
+
+def _from_wire(wire: tuple[str, tuple[int, ...], np.ndarray]) -> torch.Tensor:
+    """The tensor ``_to_wire`` shipped (a CPU tensor with the same dtype, shape and bits)."""
+    dtype, shape, raw = wire
+    return torch.from_numpy(np.ascontiguousarray(raw, dtype=np.uint8)).view(getattr(torch, dtype)).reshape(shape)
 
 
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:

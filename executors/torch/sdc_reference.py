@@ -31,9 +31,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .comm_taps import owned
 from .layouts import pre_wrap_fqn, unwrap
 
-__all__ = ["PlainReference", "reference_applies", "reference_template"]
+__all__ = ["PlainReference", "reference_applies", "reference_template", "same_bits"]
 
 
 def reference_applies(plan: Any) -> bool:
@@ -71,6 +72,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s raw bits as integers of its width (bitwise equality: -0.0 != 0.0, NaN payloads count)."""
     width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
     return t.view(width) if width is not None and t.dtype != width else t
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same bits (shape, dtype and every byte; -0.0 != 0.0, NaN payloads count)."""
+    return a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
 
 
 def _dim0_shards(params: list[Any]) -> tuple[Any, int] | None:
@@ -111,7 +117,7 @@ def gather_full(params: list[Any]) -> list[torch.Tensor]:
     out, offset = [], 0
     for p, r, i in zip(params, rows, inner):
         block = rows_table[:, offset:offset + r * i].reshape(world * r, *p.shape[1:])
-        out.append(block[: p.shape[0]].clone())
+        out.append(owned(block[: p.shape[0]], table))
         offset += r * i
     return out
 
@@ -139,10 +145,12 @@ class PlainReference:
             else:
                 plain = copy.deepcopy(unwrap(self.session.module))
                 _strip_hooks(plain)
-            mine = dict(self.session.named_trainable())
-            self._params = [(pre_wrap_fqn(n), p, mine[pre_wrap_fqn(n)])
-                            for n, p in plain.named_parameters() if pre_wrap_fqn(n) in mine]
-            self._names = frozenset(name for name, _, _ in self._params)
+            # every parameter is loaded (a frozen one too: the forward needs it); gradients are the trainable ones
+            live = {pre_wrap_fqn(n): p for n, p in unwrap(self.session.module).named_parameters()}
+            self._params = [(pre_wrap_fqn(n), p, live[pre_wrap_fqn(n)])
+                            for n, p in plain.named_parameters() if pre_wrap_fqn(n) in live]
+            trainable = {name for name, _ in self.session.named_trainable()}
+            self._names = frozenset(name for name, _, _ in self._params if name in trainable)
             self._copy = plain
         return self._copy
 
@@ -167,7 +175,7 @@ class PlainReference:
 
     def matches_live(self) -> bool:
         """True when every loaded parameter still has the live parameter's bits (replicated sessions)."""
-        return self.loaded and all(torch.equal(_bits(p), _bits(live.detach())) for _, p, live in self._params)
+        return self.loaded and all(same_bits(p, live.detach()) for _, p, live in self._params)
 
     def release(self) -> None:
         """Sharded: drop the gathered full parameters and the copy's gradients (memory only while auditing)."""
@@ -198,4 +206,4 @@ class PlainReference:
                 loss_sum, _count = session.loss_fn(plain, x, y)
             (loss_sum * (scale * weight)).backward()
         # the copy's own .grad tensors (no clone): read before the next call, which allocates new ones
-        return {name: p.grad.detach() for name, p, _ in self._params if p.grad is not None}
+        return {name: p.grad.detach() for name, p, _ in self._params if p.grad is not None and name in self._names}

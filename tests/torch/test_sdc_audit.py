@@ -69,6 +69,16 @@ def test_clean_audited_steps_never_flag_and_change_no_bit(audit_world: dict) -> 
     assert audited == 2 * 300  # 300 clean audited steps, seen (and replayed) by each of the two ranks
 
 
+def test_every_rank_holds_the_same_records_of_clean_steps(audit_world: dict) -> None:
+    # on a clean step each rank makes its own peer record and rebuilds the others' from the exchange (one
+    # all-reduce says every peer matched): what it rebuilds must be exactly what the auditor recorded
+    ranks = audit_world["ranks"]
+    for name in ("ddp", "fsdp", "ddp_accum", "fsdp_accum"):
+        mine = [records(rank["clean"][f"{name}_audited"]) for rank in ranks]
+        assert mine[0] and mine[0] == mine[1]  # rank 0's own records equal rank 1's rebuilt ones, and back
+        assert all(r.matched and r.expected_digest == r.observed_digest for r in mine[0])
+
+
 @pytest.mark.parametrize("name", ["ddp", "fsdp"])
 def test_audit_replay_both_replays_on_the_same_rank_and_a_peer_every_step(audit_world: dict, name: str) -> None:
     for rank in audit_world["ranks"]:
