@@ -545,6 +545,7 @@ def resolve_audit(options: AuditOptions, plan: Any, mode: DataParallelMode) -> A
         return options
     if options.mode is AuditMode.ON:
         raise ValueError(f"audit=True but {reason}")
+    _log.warning("SDC audit off for this run: %s", reason)  # the default cannot audit this plan: say so, once
     return None
 
 

@@ -27,12 +27,16 @@ def test_the_reference_covers_tensor_parallelism_beside_data_parallel_axes_only(
     assert not ref.tp_reference_applies(ParallelPlan(tp=2, pp=2))
 
 
-def test_dp_replicate_by_tp_without_dp_shard_refuses_the_audit_instead_of_comparing_nothing() -> None:
+def test_dp_replicate_by_tp_without_dp_shard_refuses_the_audit_instead_of_comparing_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
     plan = ParallelPlan(dp_replicate=2, tp=2)
     mode = DataParallelMode.for_plan(plan)
     with pytest.raises(ValueError, match="audit=True but .*no local gradient.*dp_shard"):
         resolve_audit(AuditOptions(mode=True), plan, mode)
-    assert resolve_audit(AuditOptions(), plan, mode) is None  # the default: off, not a vacuous pass
+    with caplog.at_level("WARNING", logger="mixle_parallel.executors.torch.sdc_audit"):
+        assert resolve_audit(AuditOptions(), plan, mode) is None  # the default: off, not a vacuous pass
+    assert any("SDC audit off for this run" in r.getMessage() and "dp_shard" in r.getMessage()
+               for r in caplog.records)  # and it says so
     fsdp_tp = ParallelPlan(dp_shard=2, tp=2)
     assert resolve_audit(AuditOptions(mode=True), fsdp_tp, DataParallelMode.for_plan(fsdp_tp)) is not None
 
