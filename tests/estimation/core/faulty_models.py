@@ -1,5 +1,8 @@
 """Estimators that kill or hang the worker process that claims a marker file (fault-injection tests).
 
+Only a worker claims it: the process that built the estimator (the driver, whose SDC audit E-steps audited
+chunks with the same estimator for its reference) never does, or the test would kill itself.
+
 The wrapped statistics are the inner estimator's, untouched, so a recovered fit must end on the
 same bits as an uninterrupted one. Module-level so spawned mp workers can import it.
 """
@@ -21,11 +24,11 @@ def _claim(marker: str) -> bool:
 
 
 class FaultyAccumulator:
-    def __init__(self, inner: Any, marker: str, mode: str) -> None:
-        self.inner, self.marker, self.mode = inner, marker, mode
+    def __init__(self, inner: Any, marker: str, mode: str, driver_pid: int) -> None:
+        self.inner, self.marker, self.mode, self.driver_pid = inner, marker, mode, driver_pid
 
     def update(self, enc: Any, weights: Any, model: Any) -> Any:
-        if _claim(self.marker):
+        if os.getpid() != self.driver_pid and _claim(self.marker):
             if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(3600)  # hang
@@ -51,7 +54,8 @@ class FaultyFactory:
         self.est = est
 
     def make(self) -> FaultyAccumulator:
-        return FaultyAccumulator(self.est.inner.accumulator_factory().make(), self.est.marker, self.est.mode)
+        est = self.est
+        return FaultyAccumulator(est.inner.accumulator_factory().make(), est.marker, est.mode, est.driver_pid)
 
 
 class FaultyEstimator:
@@ -59,6 +63,7 @@ class FaultyEstimator:
 
     def __init__(self, inner: Any, marker: str, mode: str = "kill") -> None:
         self.inner, self.marker, self.mode = inner, marker, mode
+        self.driver_pid = os.getpid()  # pickled to the workers: they claim, this process never does
 
     def accumulator_factory(self) -> FaultyFactory:
         return FaultyFactory(self)
