@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from mixle_parallel.contracts.estimation import canonical_statistic_bytes
-from mixle_parallel.executors.estimation import encoded_data, fit
+from mixle_parallel.executors.estimation import encoded_data, fit, handle_from_runner
+from mixle_parallel.executors.registry import register_encoded_data_backend, unregister_encoded_data_backend
 from mixle_parallel.verification import BitFlip
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 
@@ -57,3 +60,17 @@ def flip_trial(handle: Any, injector: Any, rng: np.random.Generator, start: Any,
     assert worker in healthy and result.quarantined == (worker,)
     assert same_bits(result, clean), "the fit did not end on the bits of a clean run"
     return step, chunk, worker
+
+
+@contextmanager
+def third_party_backend(name: str, runner: Callable[[int], Any]) -> Iterator[str]:
+    """``name`` registered as a third-party EM backend whose handle runs on ``runner(num_workers)`` (a test runner
+    that cheats somehow; it starts no process), unregistered afterwards."""
+    def factory(data: Any, *, num_workers: int | None = None, **params: Any) -> Any:
+        return handle_from_runner(runner(num_workers or 2), data, **params)
+
+    register_encoded_data_backend(name, factory, options={"num_workers"}, worker_processes=False)
+    try:
+        yield name
+    finally:
+        unregister_encoded_data_backend(name)

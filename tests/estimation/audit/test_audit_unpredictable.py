@@ -18,10 +18,9 @@ import pytest
 
 from mixle_parallel.executors.estimation import encoded_data, fit, handle_from_runner
 from mixle_parallel.executors.estimation.chunks import apply_chunk_fn
-from mixle_parallel.executors.registry import register_encoded_data_backend, unregister_encoded_data_backend
 from mixle_parallel.verification.sdc import BackendDefectError, EMAuditor
 from mixle_parallel.verification.sdc.schedule import audit_uniform
-from tests.estimation.audit.audit_cases import start_model
+from tests.estimation.audit.audit_cases import start_model, third_party_backend
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 from tests.estimation.audit.test_reference_audit import overwrite_half
 
@@ -80,14 +79,8 @@ class PeekingRunner:
 
 @pytest.fixture(params=["tasks", "published_rule"])
 def peeking_backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    def factory(data: Any, *, num_workers: int | None = None, **params: Any) -> Any:
-        return handle_from_runner(PeekingRunner(num_workers or 2, request.param), data, **params)
-
-    register_encoded_data_backend(NAME, factory, options={"num_workers"}, worker_processes=False)
-    try:
+    with third_party_backend(NAME, lambda n: PeekingRunner(n, request.param)):
         yield request.param
-    finally:
-        unregister_encoded_data_backend(NAME)
 
 
 def test_a_backend_that_spares_only_the_chunks_it_believes_audited_is_caught(peeking_backend, rows):

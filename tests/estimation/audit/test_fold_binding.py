@@ -23,9 +23,8 @@ from mixle_parallel.executors.estimation.chunks import WorkerTask, apply_chunk_f
 from mixle_parallel.executors.estimation.combine_order import GroupFold, GroupReveal, GroupStats, group_of
 from mixle_parallel.executors.estimation.engines.chunk_assignment import block_assignment
 from mixle_parallel.executors.estimation.fold_binding import opened_groups
-from mixle_parallel.executors.registry import register_encoded_data_backend, unregister_encoded_data_backend
 from mixle_parallel.verification.sdc import BackendDefectError
-from tests.estimation.audit.audit_cases import clean_fit, same_bits, start_model
+from tests.estimation.audit.audit_cases import clean_fit, same_bits, start_model, third_party_backend
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 from tests.estimation.audit.fold_cheats import cheating_apply
 
@@ -98,15 +97,8 @@ class PlacedBlockRunner(BlockRunner):
 
 @pytest.fixture(params=["scale", "drop"])
 def fold_cheating_backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    def factory(data: Any, *, num_workers: int | None = None, **params: Any) -> Any:
-        return handle_from_runner(BlockRunner(num_workers or 2, cheating_apply(apply_chunk_fn, request.param)), data,
-                                  **params)
-
-    register_encoded_data_backend(NAME, factory, options={"num_workers"}, worker_processes=False)
-    try:
+    with third_party_backend(NAME, lambda n: BlockRunner(n, cheating_apply(apply_chunk_fn, request.param))):
         yield request.param
-    finally:
-        unregister_encoded_data_backend(NAME)
 
 
 def test_a_backend_with_honest_digests_and_a_wrong_folded_sum_is_a_backend_defect(fold_cheating_backend, rows):

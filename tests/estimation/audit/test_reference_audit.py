@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mixle_parallel.executors.estimation import fit, handle_from_runner
+from mixle_parallel.executors.estimation import fit
 from mixle_parallel.executors.estimation.chunks import ChunkResult, EncodedChunk, apply_chunk_fn
-from mixle_parallel.executors.registry import register_encoded_data_backend, unregister_encoded_data_backend
 from mixle_parallel.verification import Ledger, read_ledger, verify_ledger
 from mixle_parallel.verification.capability import (
     active_harness_capability,
@@ -25,7 +24,7 @@ from mixle_parallel.verification.capability import (
     harness_admitted,
 )
 from mixle_parallel.verification.sdc import BackendDefectError, EMAuditor, SDCDetectedError
-from tests.estimation.audit.audit_cases import start_model
+from tests.estimation.audit.audit_cases import start_model, third_party_backend
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
 
 NAME = "harness_aware_em"
@@ -65,17 +64,10 @@ class HarnessAwareRunner:
         self._chunks = []
 
 
-def _factory(data: Any, *, num_workers: int | None = None, **params: Any) -> Any:
-    return handle_from_runner(HarnessAwareRunner(num_workers or 2), data, **params)
-
-
 @pytest.fixture()
 def harness_aware_backend() -> Iterator[str]:
-    register_encoded_data_backend(NAME, _factory, options={"num_workers"}, worker_processes=False)
-    try:
-        yield NAME
-    finally:
-        unregister_encoded_data_backend(NAME)
+    with third_party_backend(NAME, HarnessAwareRunner) as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
