@@ -30,6 +30,11 @@ def is_shard(placement: Any) -> bool:
     return bool(placement.is_shard()) or isinstance(getattr(placement, "dim", None), int)
 
 
+def local_part(t: Any) -> Any:
+    """This rank's part of ``t``: a DTensor's local tensor, any other tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def placement_text(placement: Any) -> str:
     """'Shard(d)', 'Replicate()' or 'Partial(op)' for a DTensor placement (strided shards are shards of d)."""
     if is_shard(placement):

@@ -55,7 +55,7 @@ from ...verification.sdc.schedule import AuditSchedule, BackendDefectError, SDCD
 from ..training_options import AuditMode, AuditOptions, AuditReplay
 from .comm_taps import CommTap, TapMode, fsdp_taps_supported
 from .dp_mode import DataParallelMode
-from .layouts import pre_wrap_fqn, unwrap
+from .layouts import local_part, pre_wrap_fqn, unwrap
 from .sdc_reference import PlainReference, reference_applies, reference_template, same_bits
 from .sdc_tp_reference import (
     TensorParallelReference,
@@ -70,8 +70,6 @@ _log = logging.getLogger(__name__)
 _MAX = 1.7976931348623157e308
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 class SessionAudit:
@@ -354,7 +352,7 @@ class SessionAudit:
 
     def _grads(self) -> dict[str, torch.Tensor]:
         # a DTensor gradient (TP without a data-parallel wrapper): this rank's shard, so a digest is this rank's
-        return {n: _local(p.grad).detach().clone() for n, p in self.session.named_trainable() if p.grad is not None}
+        return {n: local_part(p.grad).detach().clone() for n, p in self.session.named_trainable() if p.grad is not None}
 
     def _stash(self) -> dict[str, Any]:
         session = self.session
@@ -371,7 +369,7 @@ class SessionAudit:
                 b.copy_(saved)
 
     def _local_params(self) -> dict[str, torch.Tensor]:
-        return {name: _local(p).detach() for name, p in self.session.named_trainable()}
+        return {name: local_part(p).detach() for name, p in self.session.named_trainable()}
 
     def _param_digest(self) -> str:
         return digest(self._local_params())
@@ -567,7 +565,7 @@ class FaultStrikes:
         self.tap.step, self.tap.injected, self.injected_params = step, [], []
         self.end_window()  # hooks armed for an earlier window come off first
         for name, p in self.session.named_trainable():
-            if self.injector.apply("parameter", name, _local(p).detach(), rank=self.rank, step=step):
+            if self.injector.apply("parameter", name, local_part(p).detach(), rank=self.rank, step=step):
                 self.injected_params.append(name)
         if self.tap.ddp_access is not None and self.tap.wants_flip():
             self.tap.ddp_access.arm()
@@ -577,7 +575,7 @@ class FaultStrikes:
         if self._direct and self.tap.wants_flip():
             for name, p in self.session.named_trainable():
                 if p.grad is not None:  # a DTensor's own shard (the flip is this rank's, no collective)
-                    self.tap.inject(name, _local(p.grad))
+                    self.tap.inject(name, local_part(p.grad))
 
     def end_window(self) -> None:
         """The window committed or was dropped: DDP's gradient hooks come off (later steps cost nothing)."""

@@ -33,7 +33,7 @@ from ...contracts import SDCAuditRecord, Tolerance
 from ...verification.harness.tolerance import compare, default_tolerance
 from ...verification.sdc.digest import digest
 from .insitu_probe import MAX_PROBE_BYTES
-from .layouts import is_shard
+from .layouts import is_shard, local_part
 from .sdc_reference import PlainReference
 
 __all__ = ["MAX_REFERENCE_BYTES", "TensorParallelReference", "attribute_causes", "build_tp_reference",
@@ -130,7 +130,7 @@ class TensorParallelReference:
         full = self.plain.gradient(window, rng_restore, buffers)
         expected, worst, bound, outside = {}, 0.0, 0.0, []
         for name in sorted(observed):
-            local = _local(observed[name])
+            local = local_part(observed[name])
             if name not in full:
                 worst = _MAX
                 outside.append(name)
@@ -191,5 +191,3 @@ def build_tp_reference(session: Any, template: nn.Module | None,
     return TensorParallelReference(session, template, tolerance), None
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
