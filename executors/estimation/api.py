@@ -15,24 +15,24 @@ from typing import Any
 from ...contracts import AdmissionMode, NotAdmittedError
 from ...contracts.estimation import EncodedDataHandle
 from ..registry import available_encoded_data_backends, get_encoded_data_backend
-from .backend_declaration import (
+from .admission.em_admission import admit_encoded_data, refuse_unbound_code
+from .compat.mixle_interop import adapt_mixle_objects
+from .em_pass.data_checks import check_rows
+from .em_pass.engine_choice import resolve_engine
+from .engines.backend_declaration import (
     BackendDeclaration,
     backend_declaration,
     builtin_declarations,
     capped_workers,
     check_backend_options,
 )
-from .builtin_backends import (
+from .engines.builtin_backends import (
     BUILTIN_ENCODED_DATA_BACKENDS,
     builtin_backend_name,
     register_builtin_encoded_data_backends,
 )
-from .data_checks import check_rows
-from .em_admission import admit_encoded_data, refuse_unbound_code
-from .engine_choice import resolve_engine
-from .mixle_interop import adapt_mixle_objects
+from .engines.process_watch import started_by
 from .options import EncodedDataOptions, VerificationOptions, split_keywords
-from .process_watch import started_by
 from .sources import check_source
 
 __all__ = ["EncodedDataControlConflictError", "EncodedDataOptions", "VerificationOptions", "encoded_data",

@@ -12,13 +12,13 @@ import attrs
 import numpy as np
 
 from .api import handle_for, is_encoded_data_handle, options_from_keywords
-from .chunks import seed_from
-from .initialization import initial_model, resolve_init
-from .mixle_interop import (
+from .compat.mixle_interop import (
     as_estimator,
     unwrap_mixle,
     wrap_mixle_model,
 )
+from .em_pass.chunks import seed_from
+from .fitting.initialization import initial_model, resolve_init
 
 __all__ = ["EMStep", "FitOptions", "FitResult", "as_estimator", "fit", "optimize"]
 

@@ -21,8 +21,8 @@ import attrs
 
 from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, choose
 from ..registry import normalize_backend_name
-from .chunks import chunk_bounds
-from .minibatch import check_minibatch_options
+from .em_pass.chunks import chunk_bounds
+from .fitting.minibatch import check_minibatch_options
 
 __all__ = [
     "HANDLE_OPTIONS",

@@ -219,7 +219,7 @@ def run_demo(argv: Sequence[str], console: Console) -> int:
 def _run(args: argparse.Namespace, console: Console) -> int:
     """The four phases and the summary (see the module docstring)."""
     from mixle_parallel.demo.train import demo_workload
-    from mixle_parallel.executors.estimation.harness_adapter import VerifiableEncodedData
+    from mixle_parallel.executors.estimation.admission.harness_adapter import VerifiableEncodedData
     from mixle_parallel.verification import verify_ledger
 
     out = Path(args.out).resolve()
