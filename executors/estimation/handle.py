@@ -56,7 +56,7 @@ from .mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from .options import EncodedDataOptions, UnknownOptionError, VerificationOptions, option_names, sub_chunked
 from .placement_check import check_placement
 from .planner import placement_for_bounds
-from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference, source_reference
+from .sdc_audit import EM_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference, source_reference
 from .sources import ChunkPlace, OpenedSource, as_source, open_source, source_layout, source_places
 
 __all__ = ["STRAGGLER_MIN_EXCESS_S", "ChunkedEncodedData", "handle_from_runner"]
@@ -409,7 +409,7 @@ class ChunkedEncodedData:
             raise ValueError(f"{'=, '.join(shaping)}= shape(s) the SDC audit, which is off for {self.num_workers} "
                              f"worker(s) by default; pass audit=True (or drop {'=, '.join(shaping)}=)")
         if on:
-            rate = DEFAULT_AUDIT_RATE if chosen.audit_rate is None else float(chosen.audit_rate)
+            rate = EM_AUDIT_RATE if chosen.audit_rate is None else float(chosen.audit_rate)
             self._audit = EMAudit(self._metered, rate=rate, policy=chosen.audit_policy, seed=chosen.audit_seed,
                                   fault_injector=chosen.fault_injector)
             if self.reference_audit:
