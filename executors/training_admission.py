@@ -14,7 +14,7 @@ def admit_training(executor: Any, plan: ParallelPlan, precision: str, *, certifi
                    device: Any, auto_certify: AutoCertify | None = None) -> AdmissionDecision:
     """The gate for a training run of ``executor`` on ``plan`` at ``precision`` on ``device`` (a ``torch.device``
     or a device kind): a certificate that fits, ``admission="unverified"``, a single CPU process, or the
-    harness's own trial; else, for a launched run with ``auto_certify`` (``training_insitu``), a certificate made
+    harness's own trial; else, for a launched run with ``auto_certify`` (``training_in_situ``), a certificate made
     in situ on the run's own ranks when the trust store's policy allows it; else ``NotAdmittedError``. Runs before
     any mesh or transform exists (and before any process group unless it certifies in situ)."""
     kind = getattr(device, "type", device)

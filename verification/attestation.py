@@ -28,7 +28,6 @@ import platform
 from pathlib import Path
 from typing import Any
 
-import rfc8785
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import Signature, Signer
 
@@ -44,6 +43,7 @@ from ..contracts import (
     to_json,
 )
 from ..contracts.bounded_json import SIGNED_LIMITS, parse_json, read_limited
+from ..contracts.canonical_json import signed_json_bytes
 from .keys import KeyPurpose, TrustStore, TrustStoreError
 from .safe_files import write_atomic
 from .source_binding import code_files, files_digest
@@ -124,7 +124,7 @@ def sign_certificate(certificate: AdmissionCertificate, signer: Signer) -> Certi
 
 def sign_statement(document: dict[str, Any], signer: Signer) -> CertificateEnvelope:
     """A DSSE envelope around any in-toto Statement (RFC 8785 canonical JSON), signed by ``signer``."""
-    envelope = Envelope(rfc8785.dumps(document), IN_TOTO_PAYLOAD_TYPE, {})
+    envelope = Envelope(signed_json_bytes(document), IN_TOTO_PAYLOAD_TYPE, {})
     envelope.sign(signer)
     document = envelope.to_dict()
     return CertificateEnvelope(

@@ -17,7 +17,7 @@ from ...contracts import ParallelPlan
 from ...contracts.estimation import statistic_digest
 from ...contracts.placement import Placement
 from ...verification.ledger.chain import Ledger
-from .audit.sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference, source_reference
+from .audit.sdc_audit import EM_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference, source_reference
 from .compat.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from .em_pass.chunks import (
     ChunkResult,
@@ -409,7 +409,7 @@ class ChunkedEncodedData:
             raise ValueError(f"{'=, '.join(shaping)}= shape(s) the SDC audit, which is off for {self.num_workers} "
                              f"worker(s) by default; pass audit=True (or drop {'=, '.join(shaping)}=)")
         if on:
-            rate = DEFAULT_AUDIT_RATE if chosen.audit_rate is None else float(chosen.audit_rate)
+            rate = EM_AUDIT_RATE if chosen.audit_rate is None else float(chosen.audit_rate)
             self._audit = EMAudit(self._metered, rate=rate, policy=chosen.audit_policy, seed=chosen.audit_seed,
                                   fault_injector=chosen.fault_injector)
             if self.reference_audit:

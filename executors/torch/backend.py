@@ -19,11 +19,11 @@ from ...contracts import (
 )
 from ...verification.ledger import Ledger
 from ..training_admission import admit_training
-from ..training_insitu import in_situ_certifier
+from ..training_in_situ import in_situ_certifier
 from ..training_options import TrainOptions
 from .device_mesh import build_mesh, ensure_process_group, require_torch, resolve_device
 from .dp_mode import DataParallelMode
-from .insitu_probe import probe_module
+from .in_situ_probe import probe_module
 from .layouts import describe_parameter_layouts
 from .losses import lm_token_loss
 from .parallelize import parallelize, resolve_tp_plan
@@ -201,7 +201,7 @@ class TorchDistributedBackend:
         return tuple(updates)
 
     def _in_situ(self, module: nn.Module, plan: ParallelPlan, spec: PrepareSpec) -> Any:
-        """The gate's in-situ certification for a launched run (``training_insitu``): the harness's workload on
+        """The gate's in-situ certification for a launched run (``training_in_situ``): the harness's workload on
         these ranks through ``torch_native``'s harness adapter, plus the probe of ``module`` (copied, never
         touched) through this backend."""
         def probe() -> Any:

@@ -26,7 +26,7 @@ from .conftest import child_env
 
 pytestmark = pytest.mark.slow
 
-JOB = pathlib.Path(__file__).resolve().parent / "_insitu_job.py"
+JOB = pathlib.Path(__file__).resolve().parent / "_in_situ_job.py"
 CERTIFYING = "mixle-parallel: certifying torch_native"
 
 

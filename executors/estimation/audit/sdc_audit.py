@@ -47,7 +47,7 @@ from ....contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, choose
 from ....contracts.estimation import statistic_digest
 from ....verification.harness.em_reference import EM_REFERENCE_TOLERANCE
 from ....verification.sdc.em import ChunkAudit, EMAuditor, within_tolerance
-from ....verification.sdc.schedule import DEFAULT_AUDIT_RATE, SDCDetectedError, audit_uniform
+from ....verification.sdc.schedule import EM_AUDIT_RATE, SDCDetectedError, audit_uniform
 from ..em_pass.chunks import (
     ChunkResult,
     EncodedChunk,
@@ -67,7 +67,7 @@ from .audit_injection import chunk_estep_struck, flip_statistic  # re-exported h
 from .audit_receipt import em_receipt  # re-exported here, its earlier home
 from .fold_binding import bind_folded_sums
 
-__all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
+__all__ = ["EM_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
            "rows_reference", "source_reference"]
 
 
@@ -97,7 +97,7 @@ AuditEvent = SDCAuditRecord | AuditNote
 class EMAudit:
     """The SDC audit state of one handle: the seeded auditor, quarantined and lost workers, injector."""
 
-    def __init__(self, runner: Any, *, rate: float = DEFAULT_AUDIT_RATE,
+    def __init__(self, runner: Any, *, rate: float = EM_AUDIT_RATE,
                  policy: AuditPolicy | str = AuditPolicy.QUARANTINE, seed: int = 0, fault_injector: Any = None) -> None:
         self.runner = runner
         chosen = choose(AuditPolicy, policy, option="audit_policy", allowed=EM_AUDIT_POLICIES)

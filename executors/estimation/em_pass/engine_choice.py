@@ -1,5 +1,9 @@
 """``engine=`` and ``precision=`` of ``encoded_data``: which compute engine runs the E-step, checked up front.
 
+Two words are kept apart, as in mixle 0.8.2's ``encoded_data``: the *engine* (``engine=``, here) is what computes
+the E-step (numpy or torch); the *backend* (``backend=``) is the transport that runs the chunks (local, mp, mpi,
+spark, dask, ray, torchrun, ...; the modules of ``engines/``, a folder that keeps its older name for now).
+
 The numpy engine (the default) computes in float64 only. The torch engine (``engine="torch"``,
 ``"torch:cpu"``, ``"torch:cuda"``, ``"torch:cuda:1"``, or a mixle ``TorchEngine`` object) runs
 the E-step kernels of the models in :data:`TORCH_KERNEL_MODELS` on torch tensors in fp64 or fp32.
@@ -29,7 +33,8 @@ from ..models import (
 )
 
 __all__ = [
-    "EM_ENGINES", "ENGINE_PRECISIONS", "TORCH_KERNEL_MODELS", "EngineChoice", "kernel_kind", "resolve_engine",
+    "EM_ENGINES", "ENGINE_PRECISIONS", "TORCH_KERNEL_MODELS", "EngineChoice", "engine_hint", "kernel_kind",
+    "resolve_engine",
     "supported_names", "torch_kernel_problem",
 ]
 
@@ -92,6 +97,24 @@ def _engine_parts(engine: Any) -> tuple[str, str | None, Any]:
                      f"'torch:cuda:<i>') or a mixle compute engine, got {type(engine).__name__} {engine!r}")
 
 
+def engine_hint(backend: Any) -> str:
+    """When ``backend=`` was given a compute engine's name, a sentence saying that ``engine=`` takes it (else "")."""
+    if isinstance(backend, str) and backend.split(":")[0].strip().lower() in EM_ENGINES:
+        return (f". {backend!r} is a compute engine (what runs the E-step): pass engine={backend!r}; backend= "
+                "names the transport that runs the chunks")
+    return ""
+
+
+def _backend_hint(engine: Any) -> str:
+    """When ``engine=`` was given a transport's name, say that ``backend=`` takes it."""
+    from ..registry import is_encoded_data_backend  # only on this error
+
+    if isinstance(engine, str) and is_encoded_data_backend(engine):
+        return (f". {engine!r} is a backend (the transport that runs the chunks): pass backend={engine!r}; "
+                "engine= names the compute engine of the E-step")
+    return ""
+
+
 def resolve_engine(engine: Any, precision: Any) -> EngineChoice | None:
     """The engine to run the E-step (None: the numpy engine), or ValueError naming what is wrong.
 
@@ -102,7 +125,7 @@ def resolve_engine(engine: Any, precision: Any) -> EngineChoice | None:
     name, device, engine_dtype = _engine_parts(engine)
     if name not in EM_ENGINES:
         raise ValueError(f"unknown EM engine {engine!r}; engines: {', '.join(EM_ENGINES)} (torch also as "
-                         "'torch:cpu', 'torch:cuda' or 'torch:cuda:<i>')")
+                         f"'torch:cpu', 'torch:cuda' or 'torch:cuda:<i>'){_backend_hint(engine)}")
     if name == "numpy":
         if device not in (None, "cpu"):
             raise ValueError(f"the numpy engine runs on the cpu only, got engine={engine!r}; use engine='torch:cuda'")

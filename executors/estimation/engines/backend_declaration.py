@@ -152,7 +152,7 @@ def capped_workers(declaration: BackendDeclaration, options: EncodedDataOptions,
 
 
 def refuse_for_runner(backend: str, given: Mapping[str, Any], which: str, needed: str) -> None:
-    """Refuse the engine keywords in ``given``, which ``backend`` honours only with ``needed`` (not ``which``)."""
+    """Refuse the backend keywords in ``given``, which ``backend`` honours only with ``needed`` (not ``which``)."""
     if given:
         names = ", ".join(f"{k}=" for k in sorted(given))
         raise ValueError(f"option(s) {names} are not honoured by backend {backend!r} over {which}: its task runner "

@@ -1,6 +1,6 @@
 """Run under mpiexec or torchrun with no certificate anywhere: ``encoded_data`` certifies in situ (issue 23 item 1).
 
-``python -m tests.estimation.engines.mpi_scripts.insitu_check BACKEND OUT``: each rank writes ``OUT/rank<r>.json``
+``python -m tests.estimation.engines.mpi_scripts.in_situ_check BACKEND OUT``: each rank writes ``OUT/rank<r>.json``
 with the handle's admission mode and certificate id, or the refusal's text.
 """
 

@@ -1,6 +1,6 @@
 """A plain torchrun training script for the in-situ certification tests: ``prepare`` with no certificate anywhere.
 
-``python -m torch.distributed.run --nproc-per-node 2 _insitu_job.py OUT MODE``; MODE is ``ddp``, ``fsdp`` or
+``python -m torch.distributed.run --nproc-per-node 2 _in_situ_job.py OUT MODE``; MODE is ``ddp``, ``fsdp`` or
 ``skewed`` (a module whose backward differs per rank: the probe of the user's module must refuse it). Each rank
 writes ``OUT/rank<r>.json``: the receipt's admission and certificate, or the refusal's text.
 """

@@ -1,6 +1,6 @@
 """Cost of in-situ certification: seconds a launched run spends certifying on its own ranks vs its step time.
 
-    python benchmarks/insitu_certification.py [--worlds 2 4] [--steps 20] [--only ddp fsdp2 em-mpi em-torchrun]
+    python benchmarks/in_situ_certification.py [--worlds 2 4] [--steps 20] [--only ddp fsdp2 em-mpi em-torchrun]
 
 Each row is one real launched job on a fresh trust store (a temporary ``MIXLE_PARALLEL_HOME``, so nothing
 is found and the run certifies in situ): ``torchrun --nproc-per-node N`` for DDP (``dp_replicate=N``),
@@ -107,7 +107,7 @@ def worker(kind: str, out: str, steps: int) -> None:
         else:
             rank = int(os.environ["RANK"])
     if rank == 0:
-        figures["insitu_s"] = _certificate_seconds(os.environ["MIXLE_PARALLEL_HOME"])
+        figures["in_situ_s"] = _certificate_seconds(os.environ["MIXLE_PARALLEL_HOME"])
         Path(out).write_text(json.dumps(figures))
 
 
@@ -121,7 +121,7 @@ def _mpiexec() -> str:
 
 def launch(kind: str, world: int, steps: int) -> dict[str, Any]:
     """Run one job of ``world`` ranks on a fresh trust store; rank 0's figures."""
-    with tempfile.TemporaryDirectory(prefix="insitu-bench-") as folder:
+    with tempfile.TemporaryDirectory(prefix="in-situ-bench-") as folder:
         out = os.path.join(folder, "figures.json")
         env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV and k != "MIXLE_PARALLEL_CERTIFICATE"}
         env.update(MIXLE_PARALLEL_HOME=os.path.join(folder, "home"), OMP_NUM_THREADS="1")
@@ -152,8 +152,8 @@ def main() -> None:
     for kind in args.only:
         for world in args.worlds:
             f = launch(kind, world, args.steps)
-            print(f"{kind:<13}{world:>6}{f['insitu_s']:>13.2f}{f['prepare_s']:>13.2f}{f['step_s'] * 1e3:>11.2f}"
-                  f"{f['insitu_s'] / f['step_s']:>16.0f}", flush=True)
+            print(f"{kind:<13}{world:>6}{f['in_situ_s']:>13.2f}{f['prepare_s']:>13.2f}{f['step_s'] * 1e3:>11.2f}"
+                  f"{f['in_situ_s'] / f['step_s']:>16.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import torch
 from tests.megatron._scenarios import HID, mlp, mse
 
 
-def insitu_body(rank: int, world: int, home: str) -> dict[str, Any]:
+def in_situ_body(rank: int, world: int, home: str) -> dict[str, Any]:
     """prepare twice on dp_replicate=2 (the trust store at ``home`` starts empty); the receipts' admission."""
     warnings.filterwarnings("ignore")
     os.environ["MIXLE_PARALLEL_HOME"] = home
