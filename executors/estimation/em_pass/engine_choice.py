@@ -107,7 +107,7 @@ def engine_hint(backend: Any) -> str:
 
 def _backend_hint(engine: Any) -> str:
     """When ``engine=`` was given a transport's name, say that ``backend=`` takes it."""
-    from ..registry import is_encoded_data_backend  # only on this error
+    from ...registry import is_encoded_data_backend  # only on this error
 
     if isinstance(engine, str) and is_encoded_data_backend(engine):
         return (f". {engine!r} is a backend (the transport that runs the chunks): pass backend={engine!r}; "
