@@ -1,0 +1,51 @@
+"""``save_checkpoint(..., provenance=True)``: the generation gets a signed statement beside it (one process)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is the optional [torch] extra")
+
+
+def _session(ledger=None):
+    import torch
+
+    from mixle_parallel.contracts import ParallelPlan
+    from mixle_parallel.executors import get_training_backend
+    from tests.torch._models import SEQ, VOCAB, TinyLM
+
+    torch.manual_seed(0)
+    session = get_training_backend("torch_native").prepare(
+        TinyLM(), plan=ParallelPlan(), optimizer="SGD", lr=0.1, **({"ledger": ledger} if ledger else {}))
+    tokens = torch.randint(0, VOCAB, (4, SEQ + 1), generator=torch.Generator().manual_seed(0))
+    session.train_batch(tokens[:, :-1], tokens[:, 1:])
+    return session
+
+
+def test_a_final_save_writes_the_generation_provenance(tmp_path):
+    from mixle_parallel.executors.torch.checkpoint_trust import generation_lineage
+    from mixle_parallel.verification.provenance import open_provenance, subject_problems
+
+    session = _session(tmp_path / "ledger.jsonl")
+    handle = session.save_checkpoint(str(tmp_path / "ckpt"), provenance=True, data="TinyLM tokens, seed 0")
+    session.close()
+    statement_file = tmp_path / "ckpt" / f"{handle.path.name}.intoto.json"
+    statement, _ = open_provenance(statement_file)
+    names = {s["name"] for s in statement["subject"]}
+    assert {"gen-00000001/MANIFEST.json", "gen-00000001/MANIFEST.sig", "gen-00000001/state.json"} <= names
+    assert subject_problems(statement_file, statement) == []
+    external = statement["predicate"]["buildDefinition"]["externalParameters"]
+    assert external["run_id"] == generation_lineage(handle.path)[1].run_id
+    assert external["artefact"]["kind"] == "checkpoint-generation"
+    assert external["data"] == {"kind": "described", "description": "TinyLM tokens, seed 0"}
+
+
+def test_provenance_is_refused_without_a_ledger_or_on_an_asynchronous_save(tmp_path):
+    session = _session()
+    with pytest.raises(ValueError, match="synchronous save"):
+        session.save_checkpoint(str(tmp_path / "a"), provenance=True, asynchronous=True)
+    with pytest.raises(ValueError, match="pass provenance=True"):
+        session.save_checkpoint(str(tmp_path / "a"), data="x")
+    with pytest.raises(ValueError, match="binds the run's ledger"):
+        session.save_checkpoint(str(tmp_path / "b"), provenance=True)
+    session.close()
