@@ -49,3 +49,25 @@ def test_provenance_is_refused_without_a_ledger_or_on_an_asynchronous_save(tmp_p
     with pytest.raises(ValueError, match="binds the run's ledger"):
         session.save_checkpoint(str(tmp_path / "b"), provenance=True)
     session.close()
+
+
+def test_verify_run_checks_generations_and_refuses_a_tampered_one(tmp_path):
+    from mixle_parallel.run_verification import verify_run
+
+    session = _session(tmp_path / "ledger.jsonl")
+    session.save_checkpoint(str(tmp_path / "ckpt"))
+    session.save_checkpoint(str(tmp_path / "ckpt"), provenance=True, data="TinyLM tokens, seed 0")
+    session.close()
+    verdict = verify_run(tmp_path)
+    by_target = {(c.check, c.target): c for c in verdict.checks}
+    assert by_target[("checkpoint", "ckpt/gen-00000001")].ok and by_target[("checkpoint", "ckpt/gen-00000002")].ok
+    assert by_target[("checkpoint", "ckpt/LATEST")].ok and by_target[("provenance", "ckpt/gen-00000002.intoto.json")].ok
+    assert by_target[("files", ".")].ok and by_target[("ledger", "ledger.jsonl")].ok
+    # one process on CPU runs without a certificate: the statement says so, and verify-run does not pass it
+    assert "unverified" in by_target[("agreement", "ckpt/gen-00000002.intoto.json")].detail and not verdict.ok
+    shard = next((tmp_path / "ckpt" / "gen-00000002" / "dcp").glob("*.distcp"))
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # one bit flipped
+    failed = {(c.check, c.target): c.detail for c in verify_run(tmp_path).failures}
+    assert "sha256 differs" in failed[("checkpoint", "ckpt/gen-00000002")]
+    assert shard.name in failed[("provenance", "ckpt/gen-00000002.intoto.json")]
