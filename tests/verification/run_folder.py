@@ -24,10 +24,17 @@ def make_run(run: Path, *, steps: int = 4) -> Path:
     envelope = certify([make_evidence(PLAN)], executor=StubExecutor(), plan=PLAN, precision="fp32", store=False)
     save_certificate(envelope, run / "certificate-stub.json")
     ledger = Ledger(run / "ledger.jsonl")
+    ledger.run_start(plan=PLAN, certificate=envelope, executor="stub", extra={"admission": "certified"})
+    for iteration in range(3):  # an EM fit first: its receipts carry the log-likelihood
+        ledger.receipt(attrs.evolve(make_receipt(iteration), optimizer="em", extra={
+            "kind": "em_iteration", "log_likelihood": -500.0 + 100 * (1 - 0.5 ** iteration)}))
+    ledger.audit(attrs.evolve(make_audit(1), family="em", unit="chunk:3"))
+    ledger.run_end(steps=3)
     ledger.run_start(plan=PLAN, certificate=envelope, executor="stub",
                      extra={"precision": "fp32", "admission": "certified"})
     for step in range(steps):
-        ledger.receipt(attrs.evolve(make_receipt(step), loss=2.0 / (step + 1)))
+        health = {"rank_step_s": [0.1 + 0.01 * step, 0.12 + 0.005 * step]}
+        ledger.receipt(attrs.evolve(make_receipt(step), loss=2.0 / (step + 1), extra={"health": health}))
         if step % 2 == 0:
             ledger.audit(make_audit(step, rank=step % 2))
     ledger.audit(attrs.evolve(make_audit(steps - 1, rank=1), matched=False, action="warn", cause="device",
