@@ -30,6 +30,8 @@ from mixle_parallel.verification.ledger import head_path, iter_ledger
 __all__ = ["RunSeries", "collect", "main_report", "render", "write_report"]
 
 _W, _H, _PAD = 600, 260, 48
+_LEFT = 72
+"""Room left of the y axis for its tick labels (a log-likelihood of -53,750 is six characters)."""
 _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 _CAUSE_COLOURS = {"device": "#d62728", "backend_defect": "#bcbd22", "unattributed": "#ff7f0e"}
 
@@ -147,18 +149,18 @@ def _axes(xs: Sequence[float], ys: Sequence[float]) -> tuple[Any, Any, list[str]
         y0, y1 = y0 - abs(y0) * 0.1 - 1e-9, y1 + abs(y1) * 0.1 + 1e-9
 
     def sx(x: float) -> float:
-        return _PAD + (x - x0) / (x1 - x0) * (_W - 1.5 * _PAD)
+        return _LEFT + (x - x0) / (x1 - x0) * (_W - _LEFT - _PAD / 2)
 
     def sy(y: float) -> float:
         return _H - _PAD + -(y - y0) / (y1 - y0) * (_H - 2.2 * _PAD)
 
-    parts = [f'<line x1="{_PAD}" y1="{_H - _PAD}" x2="{_W - _PAD / 2}" y2="{_H - _PAD}" stroke="#333"/>',
-             f'<line x1="{_PAD}" y1="{_PAD * 1.1}" x2="{_PAD}" y2="{_H - _PAD}" stroke="#333"/>']
+    parts = [f'<line x1="{_LEFT}" y1="{_H - _PAD}" x2="{_W - _PAD / 2}" y2="{_H - _PAD}" stroke="#333"/>',
+             f'<line x1="{_LEFT}" y1="{_PAD * 1.1}" x2="{_LEFT}" y2="{_H - _PAD}" stroke="#333"/>']
     for t in _ticks(x0, x1, integer=all(float(x).is_integer() for x in xs)):
         parts.append(f'<text x="{sx(t):.1f}" y="{_H - _PAD + 14}" font-size="10" text-anchor="middle">{t:g}</text>')
     for t in _ticks(y0, y1, integer=all(float(y).is_integer() for y in ys)):
-        parts.append(f'<text x="{_PAD - 4}" y="{sy(t) + 3:.1f}" font-size="10" text-anchor="end">{t:.4g}</text>')
-        parts.append(f'<line x1="{_PAD}" y1="{sy(t):.1f}" x2="{_W - _PAD / 2}" y2="{sy(t):.1f}" stroke="#eee"/>')
+        parts.append(f'<text x="{_LEFT - 4}" y="{sy(t) + 3:.1f}" font-size="10" text-anchor="end">{t:.6g}</text>')
+        parts.append(f'<line x1="{_LEFT}" y1="{sy(t):.1f}" x2="{_W - _PAD / 2}" y2="{sy(t):.1f}" stroke="#eee"/>')
     return sx, sy, parts
 
 
@@ -206,12 +208,17 @@ def audit_timeline(audits: Sequence[Mapping[str, Any]]) -> str:
         colour = _CAUSE_COLOURS.get(a["cause"], "#d62728") if finding else "#2ca02c"
         if finding:
             causes[a["cause"]] = causes.get(a["cause"], 0) + 1
-        parts.append(f'<circle class="point{" finding" if finding else ""}" cx="{sx(float(a["step"])):.1f}" '
-                     f'cy="{sy(float(a["rank"])):.1f}" r="{5 if finding else 3.5}" fill="{colour}" opacity="0.8">'
-                     f'<title>{html.escape(str(a["family"]))} step {a["step"]} rank {a["rank"]} '
-                     f'{html.escape(str(a["unit"]))}: {"FINDING " + a["cause"] if finding else "matched"}</title>'
-                     '</circle>')
-    legend = [("matched", "#2ca02c", len(audits) - sum(causes.values()))]
+        x, y, r = sx(float(a["step"])), sy(float(a["rank"])), 5 if finding else 3.5
+        tip = (f'<title>{html.escape(str(a["family"]))} step {a["step"]} rank {a["rank"]} '
+               f'{html.escape(str(a["unit"]))}: {"FINDING " + a["cause"] if finding else "matched"}</title>')
+        mark = "point finding" if finding else "point"
+        if a["family"] == "em":  # an EM chunk: a square; a training step: a dot
+            parts.append(f'<rect class="{mark}" x="{x - r:.1f}" y="{y - r:.1f}" width="{2 * r}" height="{2 * r}" '
+                         f'fill="{colour}" opacity="0.8">{tip}</rect>')
+        else:
+            parts.append(f'<circle class="{mark}" cx="{x:.1f}" cy="{y:.1f}" r="{r}" fill="{colour}" '
+                         f'opacity="0.8">{tip}</circle>')
+    legend = [("● training step  ■ EM chunk; matched", "#2ca02c", len(audits) - sum(causes.values()))]
     legend += [(f"finding: {c}", _CAUSE_COLOURS.get(c, "#d62728"), n) for c, n in sorted(causes.items())]
     for index, (label, colour, count) in enumerate(legend):
         parts.append(f'<text x="{_W - _PAD / 2}" y="{14 + 13 * index}" font-size="11" fill="{colour}" '
