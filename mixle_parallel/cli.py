@@ -152,8 +152,8 @@ _COMMANDS = {
                               "--import MODULE registers a third party's) against the single-process reference "
                               "on a small real mesh"),
     "certify": ("main_certify", "verify, then sign and store an admission certificate for the plan family"),
-    "keys": ("main_keys", "the trust store: keys init | trust PUBKEY [--for certify,ledger,checkpoint] | list | "
-                          "revoke KEYID | policy [on|off|trusted-keys-only]"),
+    "keys": ("main_keys", "the trust store: keys init | trust PUBKEY [--for certify,ledger,checkpoint,provenance] | "
+                          "list | revoke KEYID | policy [on|off|trusted-keys-only]"),
     "audit": ("main_audit", "verify a ledger's hash chain, step order and certificate links"),
     "conformance": ("main_conformance", "run the standard contract and executor checks against a backend "
                                         "(registered name or module:attr, as verify)"),
