@@ -141,6 +141,17 @@ def _ledgers(walk: _Walk) -> None:
                  f"audits; {report.signed_head}")
 
 
+def _breaks_chain(gen: Path, lineage: Any, previous: tuple[str, str, str]) -> bool:
+    """Whether ``gen``'s signed lineage contradicts the generation before it in the folder (name, digest, run);
+    a previous generation that is no longer in the folder (removed by hand) is not a contradiction."""
+    name, digest, run_id = previous
+    if lineage.run_id != run_id:
+        return True
+    if lineage.previous == name:
+        return bool(lineage.previous_manifest_sha256 != digest)
+    return lineage.previous is None or os.path.lexists(gen.parent / lineage.previous)
+
+
 def _generation(walk: _Walk, gen: Path, previous: tuple[str, str, str] | None) -> tuple[str, str, str] | None:
     """Check one generation; (name, signed manifest sha256, run id) when its signature holds."""
     from mixle_parallel.executors.torch.checkpoint_manifest import (
@@ -162,7 +173,7 @@ def _generation(walk: _Walk, gen: Path, previous: tuple[str, str, str] | None) -
         return None
     walk.account(*(gen / rel for rel in manifest["files"]))
     problems = [f"{walk.rel(Path(file))}: {problem}" for file, problem in manifest_problems(gen, manifest)]
-    if previous is not None and (lineage.previous, lineage.previous_manifest_sha256, lineage.run_id) != previous:
+    if previous is not None and _breaks_chain(gen, lineage, previous):
         problems.append(f"its signed lineage (previous {lineage.previous}, run {lineage.run_id}) does not follow "
                         f"{previous[0]} of run {previous[2]}: a generation was swapped or copied in")
     walk.generations[gen.resolve()] = lineage.run_id

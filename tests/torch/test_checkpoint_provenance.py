@@ -71,3 +71,23 @@ def test_verify_run_checks_generations_and_refuses_a_tampered_one(tmp_path):
     failed = {(c.check, c.target): c.detail for c in verify_run(tmp_path).failures}
     assert "sha256 differs" in failed[("checkpoint", "ckpt/gen-00000002")]
     assert shard.name in failed[("provenance", "ckpt/gen-00000002.intoto.json")]
+
+
+def test_verify_run_refuses_a_generation_of_another_run_swapped_in(tmp_path):
+    import shutil
+
+    from mixle_parallel.run_verification import verify_run
+
+    run = tmp_path / "run"
+    session = _session(run / "ledger.jsonl")
+    session.save_checkpoint(str(run / "ckpt"))
+    session.save_checkpoint(str(run / "ckpt"), provenance=True)
+    session.close()
+    other = _session()
+    other.save_checkpoint(str(tmp_path / "other"))  # a validly signed gen-00000001 of another run
+    other.close()
+    shutil.rmtree(run / "ckpt" / "gen-00000001")
+    shutil.copytree(tmp_path / "other" / "gen-00000001", run / "ckpt" / "gen-00000001")
+    failed = {(c.check, c.target): c.detail for c in verify_run(run).failures}
+    assert "does not follow gen-00000001" in failed[("checkpoint", "ckpt/gen-00000002")]
+    assert ("checkpoint", "ckpt/gen-00000001") not in failed  # on its own it is a valid generation
