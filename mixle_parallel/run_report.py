@@ -287,7 +287,8 @@ def write_report(run_dir: str | Path, out: str | Path, *, trust_store: TrustStor
 
 def main_report(argv: Sequence[str] | None = None) -> int:
     """``mixle-parallel report RUN_DIR -o report.html``: exit 0 when written (the verdict is in the page)."""
-    parser = argparse.ArgumentParser(prog="mixle-parallel report", description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(prog="mixle-parallel report",
+                                     description=(__doc__ or "").split("\n")[0].replace("``", ""))
     parser.add_argument("run_dir", help="the run folder (e.g. what `mixle-parallel demo` wrote)")
     parser.add_argument("-o", "--out", default="report.html", help="the HTML file to write (default report.html)")
     parser.add_argument("--trust-store", metavar="DIR", help="trust store for the verdict (default: yours)")

@@ -322,7 +322,8 @@ def _table(verdict: RunVerdict) -> Any:
 
 def main_verify_run(argv: Sequence[str] | None = None) -> int:
     """``mixle-parallel verify-run RUN_DIR``: exit 0 when every check passes, 1 when one fails, 2 for bad input."""
-    parser = argparse.ArgumentParser(prog="mixle-parallel verify-run", description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(prog="mixle-parallel verify-run",
+                                     description=(__doc__ or "").split("\n")[0].replace("``", ""))
     parser.add_argument("run_dir", help="the run folder (e.g. what `mixle-parallel demo` wrote)")
     trust = parser.add_mutually_exclusive_group()
     trust.add_argument("--trusted-key", action="append", default=[], metavar="PUB.pem",
@@ -333,6 +334,11 @@ def main_verify_run(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if not Path(args.run_dir).is_dir():
         print(f"mixle-parallel verify-run: no run folder at {args.run_dir!r}", file=sys.stderr)
+        return 2
+    missing = [key for key in args.trusted_key if not Path(key).is_file()]
+    if missing:
+        print(f"mixle-parallel verify-run: no public key file at {missing[0]!r}; pass the producer's "
+              "signing-key.pub (from their trust store)", file=sys.stderr)
         return 2
     try:
         if args.trusted_key:

@@ -137,7 +137,9 @@ def test_a_rewritten_ledger_is_refused(run, capsys):
     assert ("ledger", "ledger.jsonl") in failed and ("agreement", "model.intoto.json") in failed
 
 
-def test_a_missing_folder_is_bad_input():
+def test_a_missing_folder_or_key_file_is_bad_input(run, capsys):
     assert main(["verify-run", "/nonexistent/run"]) == 2
+    assert main(["verify-run", str(run), "--trusted-key", "/nonexistent/key.pub"]) == 2
+    assert "no public key file at '/nonexistent/key.pub'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="no run folder"):
         verify_run("/nonexistent/run")
