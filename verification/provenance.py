@@ -160,8 +160,8 @@ def artefact_subjects(artefact: str | os.PathLike[str]) -> list[dict[str, Any]]:
 def data_identity(data: Any) -> dict[str, Any]:
     """What identifies a run's data: file digests (a path, paths, a ``files(...)`` source), a content digest (an
     in-memory array), or the lineage / a description (an engine collection, anything else)."""
-    if isinstance(data, Mapping):
-        return {"kind": "described", **{str(k): v for k, v in data.items()}}
+    if isinstance(data, Mapping):  # the caller's own description: never read as digests it did not compute here
+        return {**{str(k): v for k, v in data.items()}, "kind": "described"}
     if isinstance(data, str) and not os.path.exists(data):
         return {"kind": "described", "description": data}
     paths = _data_paths(data)
@@ -189,9 +189,12 @@ def _data_paths(data: Any) -> list[Path] | None:
     if getattr(data, "kind", None) == "files" and parts is not None:
         return [Path(p.path) for p in parts]
     if isinstance(data, (str, os.PathLike)):
-        return [Path(data)]
+        data = [data]
     if isinstance(data, (list, tuple)) and data and all(isinstance(d, (str, os.PathLike)) for d in data):
-        return [Path(d) for d in data]
+        paths: list[Path] = []
+        for item in map(Path, data):  # a folder: every regular file under it, in order
+            paths += sorted(p for p in item.rglob("*") if p.is_file()) if item.is_dir() else [item]
+        return paths
     return None
 
 

@@ -116,3 +116,30 @@ def test_a_statement_refuses_a_linked_artefact_and_an_unknown_kind(run, tmp_path
         provenance_statement(tmp_path / "link", ledger=run / "ledger.jsonl", kind="em", data=DATA)
     with pytest.raises(ProvenanceError, match="kind="):
         provenance_statement(run / "model", ledger=run / "ledger.jsonl", kind="inference")
+
+
+def test_data_identity_digests_files_and_arrays_and_describes_the_rest(tmp_path):
+    import hashlib
+
+    import numpy as np
+
+    from mixle_parallel.executors.estimation import files
+    from mixle_parallel.verification.provenance import data_identity
+
+    table = tmp_path / "table"
+    table.mkdir()
+    np.save(table / "a.npy", np.arange(6.0))
+    digest = hashlib.sha256((table / "a.npy").read_bytes()).hexdigest()
+    for source in (table / "a.npy", str(table), [table], files(str(table / "a.npy"))):
+        identity = data_identity(source)
+        assert identity["kind"] == "files" and [f["sha256"] for f in identity["files"]] == [digest], source
+    array = np.arange(6.0).reshape(2, 3)
+    assert data_identity(array) == {"kind": "array", "dtype": "<f8", "shape": [2, 3],
+                                    "sha256": hashlib.sha256(array.tobytes()).hexdigest()}
+    assert data_identity({"kind": "files", "source": "s3://bucket"}) == {"kind": "described", "source": "s3://bucket"}
+
+    class Rdd:  # what a Spark RDD offers: its lineage
+        def toDebugString(self) -> bytes:
+            return b"(2) ParallelCollectionRDD[0]"
+
+    assert data_identity(Rdd()) == {"kind": "collection", "type": "Rdd", "lineage": "(2) ParallelCollectionRDD[0]"}
