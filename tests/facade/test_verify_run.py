@@ -143,3 +143,18 @@ def test_a_missing_folder_or_key_file_is_bad_input(run, capsys):
     assert "no public key file at '/nonexistent/key.pub'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="no run folder"):
         verify_run("/nonexistent/run")
+
+
+def test_a_missing_statement_leaves_its_files_uncovered_and_named(run, capsys):
+    (run / "model.intoto.json").unlink()
+    failed = _failed(run, capsys)
+    assert "model/config.json" in failed[("files", ".")] and "model/weights/layer0.bin" in failed[("files", ".")]
+
+
+def test_a_linked_file_is_never_taken_for_a_subject(run, tmp_path, capsys):
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"layers": 1}\n')
+    (run / "model" / "config.json").unlink()
+    (run / "model" / "config.json").symlink_to(outside)  # same bytes, but not a file of the folder
+    failed = _failed(run, capsys)
+    assert "model/config.json: cannot be read as a regular file" in failed[("provenance", "model.intoto.json")]
