@@ -43,7 +43,8 @@ class RunSeries:
     loss: list[tuple[float, float]] = attrs.field(factory=list)
     step_seconds: dict[str, list[tuple[float, float]]] = attrs.field(factory=dict)
     audits: list[dict[str, Any]] = attrs.field(factory=list)
-    em_log_likelihood: list[tuple[float, float]] = attrs.field(factory=list)
+    em_log_likelihood: dict[str, list[tuple[float, float]]] = attrs.field(factory=dict)
+    """One series per EM fit in the ledgers (``fit 1``, ``fit 2``, ...)."""
     certificates: list[dict[str, str]] = attrs.field(factory=list)
 
 
@@ -61,7 +62,6 @@ def _time(text: str) -> float | None:
 
 def _read_ledger(path: Path, series: RunSeries) -> None:
     last_time: float | None = None
-    em_run = 0
     for line in iter_ledger(path, raw=True):
         entry = line.entry
         if entry is None:
@@ -83,11 +83,11 @@ def _read_ledger(path: Path, series: RunSeries) -> None:
         extra = receipt.get("extra") or {}
         step = float(receipt.get("step", 0))
         if extra.get("kind") == "em_iteration":
-            if step == 0:
-                em_run += 1
+            if step == 0 or not series.em_log_likelihood:
+                series.em_log_likelihood[f"fit {len(series.em_log_likelihood) + 1}"] = []
             value = extra.get("log_likelihood")
             if isinstance(value, (int, float)) and math.isfinite(value):
-                series.em_log_likelihood.append((step, float(value)))
+                series.em_log_likelihood[f"fit {len(series.em_log_likelihood)}"].append((step, float(value)))
             continue
         loss = receipt.get("loss")
         if isinstance(loss, (int, float)) and math.isfinite(loss) and not receipt.get("skipped"):
@@ -267,8 +267,8 @@ def render(run_dir: str | Path, verdict: RunVerdict, series: RunSeries | None = 
         line_chart("loss", "training loss per step", {"loss": data.loss}, "step", "loss"),
         line_chart("step_time", "step time per rank (seconds)", data.step_seconds, "step", "seconds"),
         audit_timeline(data.audits),
-        line_chart("em_loglik", "EM log-likelihood per iteration", {"log-likelihood": data.em_log_likelihood},
-                   "iteration", "log-likelihood"),
+        line_chart("em_loglik", "EM log-likelihood per iteration", data.em_log_likelihood, "iteration",
+                   "log-likelihood"),
         _table("certificates", "certificates: executor, plan, precision, tolerance, in situ", data.certificates),
         _verdict(verdict),
     ]
