@@ -15,7 +15,7 @@ from mixle_parallel import contracts as c
 from mixle_parallel import executors
 
 EXIT_BAD_INPUT = 2
-_PASS_THROUGH = ("verify", "certify", "audit", "conformance", "keys", "demo")
+_PASS_THROUGH = ("verify", "certify", "audit", "conformance", "keys", "demo", "verify-run", "report")
 """Commands whose arguments are passed on as they are (argparse's REMAINDER cannot start with an option)."""
 _PLAN_FIELDS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "etp", "microbatches",
                 "gradient_accumulation_steps")
@@ -120,6 +120,27 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     return run_demo(args.rest, console)
 
 
+_RUN_COMMANDS = {
+    "verify-run": ("mixle_parallel.run_verification", "main_verify_run",
+                   "check a run folder offline: certificates, ledger, checkpoints, provenance, and that they agree"),
+    "report": ("mixle_parallel.run_report", "main_report",
+               "write one self-contained HTML page with the run's plots (loss, step times, audits, EM, verdict)"),
+}
+"""Commands on a run folder (module, function, help); their arguments are passed on as they are."""
+
+
+def _run_command(name: str):  # noqa: ANN202 - handler factory
+    """A handler that hands the remaining arguments to a run-folder command."""
+
+    def handler(args: argparse.Namespace, console: Console) -> int:
+        from importlib import import_module
+
+        module, function, _ = _RUN_COMMANDS[name]
+        return int(getattr(import_module(module), function)(args.rest))
+
+    return handler
+
+
 def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", metavar="FILE.json", help="a ParallelPlan document (or an object of sizes)")
     for field in _PLAN_FIELDS:
@@ -131,8 +152,8 @@ _COMMANDS = {
                               "--import MODULE registers a third party's) against the single-process reference "
                               "on a small real mesh"),
     "certify": ("main_certify", "verify, then sign and store an admission certificate for the plan family"),
-    "keys": ("main_keys", "the trust store: keys init | trust PUBKEY [--for certify,ledger,checkpoint] | list | "
-                          "revoke KEYID | policy [on|off|trusted-keys-only]"),
+    "keys": ("main_keys", "the trust store: keys init | trust PUBKEY [--for certify,ledger,checkpoint,provenance] | "
+                          "list | revoke KEYID | policy [on|off|trusted-keys-only]"),
     "audit": ("main_audit", "verify a ledger's hash chain, step order and certificate links"),
     "conformance": ("main_conformance", "run the standard contract and executor checks against a backend "
                                         "(registered name or module:attr, as verify)"),
@@ -161,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
         passthrough = sub.add_parser(command, help=text, add_help=False)
         passthrough.add_argument("rest", nargs=argparse.REMAINDER)
         passthrough.set_defaults(handler=_pass_through(function))
+    for command, (_, _, text) in _RUN_COMMANDS.items():
+        passthrough = sub.add_parser(command, help=text, add_help=False)
+        passthrough.add_argument("rest", nargs=argparse.REMAINDER)
+        passthrough.set_defaults(handler=_run_command(command))
     demo = sub.add_parser("demo", help="the main job: a certified, audited run on a local 4-rank CPU mesh",
                           add_help=False)
     demo.add_argument("rest", nargs=argparse.REMAINDER)
@@ -180,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if argv and argv[0] in _PASS_THROUGH:
         # argparse's REMAINDER cannot start with an option, so these commands take argv as it is.
-        handler = _cmd_demo if argv[0] == "demo" else _pass_through(_COMMANDS[argv[0]][0])
+        handler = (_cmd_demo if argv[0] == "demo" else _run_command(argv[0]) if argv[0] in _RUN_COMMANDS
+                   else _pass_through(_COMMANDS[argv[0]][0]))
         args = argparse.Namespace(handler=handler, rest=argv[1:])
     else:
         args = parser.parse_args(argv)

@@ -5,7 +5,7 @@ third-party) or ``module:attr`` (``backend_names``; ``--import MODULE`` first im
 registers one), run the harness on a small real mesh and print the per-update table; ``certify`` also
 writes the certificate (a DSSE envelope signed with this machine's Ed25519 key, made on first use)
 and keeps it in the local store where automatic admission finds it. ``keys init|trust|list|revoke|policy``
-manages the trust store (``trust --for certify,ledger,checkpoint`` scopes a key).
+manages the trust store (``trust --for certify,ledger,checkpoint,provenance`` scopes a key).
 """
 
 from __future__ import annotations

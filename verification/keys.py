@@ -8,7 +8,7 @@ Where it lives: ``$MIXLE_PARALLEL_HOME`` if set, else ``$XDG_CONFIG_HOME/mixle-p
 * ``signing-key.pub``: its public key (PEM), the file to hand to other machines' ``keys trust``;
 * ``trust.json``: trusted public keys by key id (securesystemslib's key id: the sha256 of the
   canonical key), each with a label, when it was added, the purposes it is trusted for
-  (``certify``, ``ledger``, ``checkpoint``) and, once revoked, when;
+  (``certify``, ``ledger``, ``checkpoint``, ``provenance``) and, once revoked, when;
 * ``policy.json``: automatic certification ``on`` (default), ``off`` or ``trusted-keys-only``.
 
 Every write is atomic and never follows a link (``safe_files``); changes to ``trust.json`` and key
@@ -72,11 +72,13 @@ class TrustStoreError(ValueError):
 
 
 class KeyPurpose(StrEnum):
-    """What a trusted key may vouch for: admission certificates, ledger seals and heads, checkpoint manifests."""
+    """What a trusted key may vouch for: admission certificates, ledger seals and heads, checkpoint manifests,
+    provenance statements of a run's artefacts."""
 
     CERTIFY = "certify"
     LEDGER = "ledger"
     CHECKPOINT = "checkpoint"
+    PROVENANCE = "provenance"
 
 
 KEY_PURPOSES: frozenset[KeyPurpose] = frozenset(KeyPurpose)

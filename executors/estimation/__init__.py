@@ -73,6 +73,7 @@ LAZY_NAMES: dict[str, str] = {
     "SparkRunner": ".engines.spark",
     "TorchRunChunkError": ".engines.torchrun", "TorchRunEncodedData": ".engines.torchrun",
     "TorchRunRunner": ".engines.torchrun", "torchrun_out": ".engines.torchrun",
+    "save_model": ".model_file",
 }
 """Public names whose module loads on first access (name -> module, relative to this package)."""
 

@@ -45,7 +45,7 @@ from .checkpoint_manifest import (
 )
 
 __all__ = ["CHECKPOINT_TRUST_MODES", "MANIFEST_TYPE", "SIGNATURE_NAME", "Lineage", "UntrustedCheckpointError",
-           "lineage_for_save", "open_generation", "sign_generation", "verify_generation"]
+           "generation_lineage", "lineage_for_save", "open_generation", "sign_generation", "verify_generation"]
 
 
 MANIFEST_TYPE = CHECKPOINT_MANIFEST_PREDICATE
@@ -192,6 +192,13 @@ def _signed(generation_dir: Path, store: TrustStore) -> tuple[str, Lineage]:
         raise UntrustedCheckpointError(f"{path} signs generation {generation!r} (number {lineage.number!r}), "
                                        f"not {generation_dir.name}")
     return digest, lineage
+
+
+def generation_lineage(generation_dir: str | os.PathLike[str], *, trust_store: TrustStore | None = None
+                       ) -> tuple[str, Lineage]:
+    """(manifest sha256, lineage) a trusted key signed for a generation, checked without recording anything
+    in the trust store (an auditor's check); ``UntrustedCheckpointError`` otherwise."""
+    return _signed(Path(generation_dir), trust_store or TrustStore())
 
 
 def _newest_signed(root: Path, store: TrustStore, run_id: str) -> int:

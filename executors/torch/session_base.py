@@ -99,19 +99,31 @@ class SessionBase:
         return tuple(float(v) for v in t.cpu().tolist())
 
     def save_checkpoint(self, path: str, *, loader_state: Any = None, typed_scheduler_state: Any = None,
-                        extra: Any = None, asynchronous: bool = False) -> Any:
+                        extra: Any = None, asynchronous: bool = False, provenance: bool = False,
+                        data: Any = None) -> Any:
         """Save model, optimizer, scheduler, clocks, RNG and loader state as a new published generation.
 
         Collective (every rank calls it). Returns a handle whose ``wait()`` (collective) returns the
-        published folder; see docs/checkpoints.md and ``checkpoint.save_session``.
+        published folder; see docs/checkpoints.md and ``checkpoint.save_session``. ``provenance=True`` (the
+        run's final save, or any generation): rank 0 then writes ``gen-N.intoto.json`` beside the generation,
+        signed, binding the run's ledger head and certificate (``checkpoint_provenance``); ``data`` identifies
+        the training data in it (paths, an array, or a description). It needs a synchronous save and a ledger.
         """
         self._check_open()
         if self._pending:
             raise PendingGradientsError(_pending_message("save", self._pending))
+        if provenance and asynchronous:
+            raise ValueError("provenance=True needs a synchronous save (asynchronous=False); for an asynchronous one "
+                             "call checkpoint_provenance.write_checkpoint_provenance(handle.wait(), ledger=...) "
+                             "on rank 0")
+        if data is not None and not provenance:
+            raise ValueError("data= identifies the training data in a provenance statement; pass provenance=True")
         handle = save_session(path, self, loader_state=loader_state, typed_scheduler_state=typed_scheduler_state,
                               extra=extra, asynchronous=asynchronous)
         self._ledger.checkpoint(step=self._step, path=str(path),
                                 extra={"event": "save", "asynchronous": bool(asynchronous)})
+        if provenance:
+            self._ledger.provenance(handle.path, data=data)
         return handle
 
     def load_checkpoint(self, path: str, *, allow_world_size_change: bool = False, trust: str = "signed",

@@ -5,7 +5,9 @@
    with SDC audit replays on, receipts and a hash-chained ledger written by the logging rank;
 3. certify EM on the mp backend (2 workers, bitwise statistics) and fit a Gaussian mixture with
    chunk audits under that certificate;
-4. audit the ledger it wrote, print a summary and a legend of what it wrote, and where.
+4. audit the ledger it wrote; the final checkpoint and the fitted model carry signed provenance statements;
+5. check the whole folder with verify-run, draw it into report.html, print a summary and a legend of what it
+   wrote, and where.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ LEGEND: tuple[tuple[str, str], ...] = (
     ("ledger.jsonl.head", "the ledger's signed head (entry count, last hash): a later audit proves the ledger only "
                           "grew since"),
     ("summary.json", "the final table's figures, as JSON"),
+    ("checkpoints/", "the trained LM's final checkpoint (a signed generation: manifest, tensors, state) and its "
+                     "provenance gen-00000001.intoto.json beside it"),
+    ("em-model/", "the fitted mixture (model.json)"),
+    ("em-model.intoto.json", "its provenance: an in-toto statement (SLSA provenance) listing the model's files and "
+                             "sha256, binding the run, certificate, ledger head, data digest and audit summary, "
+                             "signed by your key"),
+    ("report.html", "the run drawn for a person: loss, step time per rank, audits and findings, EM log-likelihood, "
+                    "the certificates, the verify-run verdict; open it in any browser, it needs no network"),
 )
 """What the demo writes into its run folder, each with a line saying what it is (printed at the end, in --help
 and in README.md)."""
@@ -118,10 +128,15 @@ def _store_home(environ: Mapping[str, str]) -> Path:
 
 
 def _fresh_run_folder(out: Path) -> None:
-    """Create ``out`` and remove only the files an earlier demo wrote there (a ledger is one run's)."""
+    """Create ``out`` and remove only the files and folders an earlier demo wrote there (a ledger is one run's)."""
+    import shutil
+
     out.mkdir(parents=True, exist_ok=True)
     for name in OUTPUTS:
-        (out / name).unlink(missing_ok=True)
+        if name.endswith("/"):
+            shutil.rmtree(out / name, ignore_errors=True)
+        else:
+            (out / name).unlink(missing_ok=True)
 
 
 def _evidence_table(title: str, report: Any) -> Table:
@@ -158,6 +173,7 @@ def _train(console: Console, out: Path, steps: int, seed: int) -> dict[str, Any]
 
     config = {"plan": {"dp_shard": TRAIN_PLAN.dp_shard, "tp": TRAIN_PLAN.tp}, "steps": steps, "seed": seed,
               "certificate": str(out / "certificate-torch_native.json"), "ledger": str(out / "ledger.jsonl"),
+              "checkpoints": str(out / "checkpoints"),
               "receipts": str(out / "receipts.jsonl"), "session_options": {"audit_rate": 0.05}}
     with Progress(TextColumn("training tiny LM on {task.fields[plan]}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console) as progress:
@@ -200,6 +216,9 @@ def _fit_em(console: Console, out: Path, certificate: Any, rows: int, seed: int)
                      backend="mp", num_workers=EM_WORKERS, on_step=on_step, progress=False, admission=certificate,
                      audit_rate=0.05, ledger=ledger)
         progress.update(task, total=len(history), completed=len(history))
+    from mixle_parallel.executors.estimation.model_file import save_model
+
+    save_model(result.model, out / "em-model", ledger=ledger.path, data=data)  # with its provenance beside it
     return {"iterations": result.iterations, "log_likelihood": result.log_likelihood,
             "audits": len(result.audit_records), "findings": sum(1 for r in result.audit_records if not r.matched),
             "admission": result.admission, "quarantined": list(result.quarantined)}
@@ -268,10 +287,26 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     (out / "summary.json").write_text(json.dumps({"training": training, "em": em, "timings": timings,
                                                   "ledger_ok": report.ok, "signed_head": report.signed_head},
                                                  indent=2, sort_keys=True))
+    checked = _verify_and_report(console, out)
     console.print(legend(out, os.environ, Path.cwd()))
     console.print(f"re-check the ledger any time: {recheck_command(out, os.environ, Path.cwd())}",
                   soft_wrap=True, markup=False, highlight=False)  # never cropped or folded: it is to be copied
-    return 0 if report.ok else 1
+    return 0 if report.ok and checked else 1
+
+
+def _verify_and_report(console: Console, out: Path) -> bool:
+    """The closing evidence: verify-run over the whole folder (certificates, ledger, checkpoint, provenance and
+    their agreement), then report.html; True when verify-run passes."""
+    from mixle_parallel.run_report import write_report
+
+    verdict = write_report(out, out / "report.html")
+    word = "[green]verified[/green]" if verdict.ok else f"[red]FAILED[/red]: {verdict.failures[0].detail}"
+    console.print(f"verify-run {_shown(out, Path.cwd())}: {word} ({len(verdict.checks)} checks); "
+                  f"report: {_shown(out, Path.cwd()) / 'report.html'}")
+    shown = _shown(out, Path.cwd())
+    console.print(f"verify the whole run folder any time: {cli_prefix(os.environ)} verify-run {shown}",
+                  soft_wrap=True, markup=False, highlight=False)  # never cropped or folded: it is to be copied
+    return verdict.ok
 
 
 def main(argv: Sequence[str] | None = None) -> int:

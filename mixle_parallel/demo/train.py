@@ -52,6 +52,9 @@ def train_rank(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, 
                 losses.append(receipt.loss)
                 receipts.write(json.dumps(to_dict(receipt), sort_keys=True) + "\n")
                 report((step + 1, receipt.loss))
+        if config.get("checkpoints"):  # the final checkpoint, with its signed provenance beside it
+            session.save_checkpoint(config["checkpoints"], provenance=True,
+                                    data=f"built-in synthetic corpus {DEMO_MODEL}, seed {config['seed']}")
         session.close()
     finally:
         if receipts is not None:

@@ -40,6 +40,13 @@ def test_demo_runs_certified_audited_and_its_ledger_verifies(tmp_path: Path) -> 
     assert summary["signed_head"] == report.signed_head
     assert summary["training"]["findings"] == 0 and summary["em"]["findings"] == 0
     assert summary["training"]["last_loss"] < summary["training"]["first_loss"]
+    from mixle_parallel.run_verification import verify_run
+
+    verdict = verify_run(out)  # certificates, ledger, the checkpoint, both provenance statements, their agreement
+    assert verdict.ok, verdict.failures
+    assert {c.target for c in verdict.checks if c.check == "provenance"} == {
+        "checkpoints/gen-00000001.intoto.json", "em-model.intoto.json"}
+    assert "verify-run" in done.stdout and 'data-plot="em_loglik"' in (out / "report.html").read_text()
 
 
 def test_demo_rejects_unknown_arguments(capsys: pytest.CaptureFixture[str]) -> None:
