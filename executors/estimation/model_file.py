@@ -20,7 +20,7 @@ import numpy as np
 from ...verification.keys import TrustStore
 from ...verification.provenance import write_provenance
 from ...verification.safe_files import write_atomic
-from .mixle_interop import unwrap_mixle
+from .compat.mixle_interop import unwrap_mixle
 from .models._base import model_digest
 
 __all__ = ["MODEL_FILE", "save_model"]

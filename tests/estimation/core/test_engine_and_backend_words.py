@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mixle_parallel.executors.estimation.api import encoded_data
-from mixle_parallel.executors.estimation.engine_choice import EM_ENGINES
+from mixle_parallel.executors.estimation.em_pass.engine_choice import EM_ENGINES
 from mixle_parallel.executors.estimation.models import GaussianEstimator
 
 
