@@ -236,11 +236,23 @@ class TorchDistributedBackend:
         module = parallelize(module, mode=spec.mode, mesh=mesh, tp_styles=spec.tp_styles, device=spec.device)
         opt, receipt = build_optimizer(spec.options.optimizer, [p for p in module.parameters() if p.requires_grad],
                                        spec.options.lr)
-        scheduler = spec.options.scheduler
+        scheduler = _scheduler_for(spec.options.scheduler, opt)
         return TorchDistributedSession(
             module, plan=plan, capabilities=CAPABILITIES, mesh=mesh, device=spec.device, optimizer=opt,
             optimizer_receipt=receipt, parameter_layouts=describe_parameter_layouts(module, plan),
             precision=spec.precision, max_grad_norm=spec.options.max_grad_norm,
-            scheduler=scheduler(opt) if scheduler is not None else None, options=spec.options,
+            scheduler=scheduler, options=spec.options,
             run=PreparedRun(admission=decision, owns_process_group=owns_pg, ledger=spec.ledger,
                             reference_template=template))
+
+
+def _scheduler_for(factory: Any, optimizer: torch.optim.Optimizer) -> Any:
+    """``scheduler=callable(optimizer)``'s result, which must have ``step()`` (a torch ``LRScheduler``)."""
+    if factory is None:
+        return None
+    scheduler = factory(optimizer)
+    if not callable(getattr(scheduler, "step", None)):
+        raise TypeError(f"scheduler= must be callable(optimizer) returning an object with step() (e.g. "
+                        f"lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)); it returned "
+                        f"{type(scheduler).__name__}")
+    return scheduler

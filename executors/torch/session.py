@@ -25,7 +25,7 @@ from torch import nn
 from ...contracts import BackendCapabilities, ParallelAxis, ParallelPlan, ParameterLayout, StepReceipt, to_dict
 from ...verification.sdc.schedule import SDCDetectedError
 from ..training_options import NonfinitePolicy, TrainOptions
-from .commit import Commit, decide
+from .commit import Commit, decide, group_learning_rates
 from .commit import step as commit_step
 from .device_mesh import axis_mesh
 from .dp_mode import DataParallelMode
@@ -163,6 +163,7 @@ class TorchDistributedSession(SessionBase):
         decision = decide(totals, self.max_grad_norm)
         if decision.refused is not None:
             return self._reject(decision)
+        rates = group_learning_rates(self.optimizer)  # the rates this step uses, before the scheduler moves them
         commit_step(decision, self._params, self.optimizer, self.scheduler)
         self._step += 1
         if self._audit is not None:
@@ -173,7 +174,7 @@ class TorchDistributedSession(SessionBase):
             extra["health"] = self._health.on_commit(self._step, loss=decision.loss, grad_norm=decision.norm,
                                                      tokens=decision.tokens, rank_seconds=seconds)
         receipt = self._receipt(skipped=False, loss=decision.loss, window=True, examples=decision.examples,
-                                tokens=decision.tokens, extra=extra)
+                                tokens=decision.tokens, extra=extra, learning_rates=rates)
         self._clear_gradients()
         return receipt
 
@@ -250,7 +251,8 @@ class TorchDistributedSession(SessionBase):
         return receipt
 
     def _receipt(self, *, skipped: bool, loss: float, window: bool, examples: int | None = None,
-                 tokens: int | None = None, extra: dict[str, Any]) -> StepReceipt:
+                 tokens: int | None = None, extra: dict[str, Any],
+                 learning_rates: tuple[float, ...] | None = None) -> StepReceipt:
         c = self._counts
         ex_t, tok_t = (c.examples, c.tokens) if window else (c.calls_examples, c.calls_tokens)
         nbytes, counts = self._meter.snapshot()
@@ -261,7 +263,8 @@ class TorchDistributedSession(SessionBase):
             optimizer=str(self.optimizer_receipt.get("name", type(self.optimizer).__name__)), precision=self.precision,
             collective_bytes=int(nbytes), skipped=skipped, extra={**extra, "collectives": counts,
                                                                   **self._admission_extra},
-            global_examples_observed=examples, global_tokens_observed=tokens)
+            global_examples_observed=examples, global_tokens_observed=tokens,
+            learning_rates=group_learning_rates(self.optimizer) if learning_rates is None else learning_rates)
         self._ledger.receipt(receipt)
         return receipt
 
