@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from ...contracts import BackendCapabilities, ParallelAxis, ParallelPlan, ParameterLayout, StepReceipt, to_dict
+from ...contracts import (
+    BackendCapabilities,
+    ParallelAxis,
+    ParallelPlan,
+    ParameterLayout,
+    StepReceipt,
+    UnusedParametersError,
+    to_dict,
+)
 from ...verification.sdc.schedule import SDCDetectedError
 from ..training_options import NonfinitePolicy, TrainOptions
 from .commit import Commit, decide, group_learning_rates
@@ -66,6 +74,7 @@ class TorchDistributedSession(SessionBase):
         self.loss_fn: LossFn = options.loss_fn or lm_token_loss
         self.nonfinite, self.admission = options.nonfinite, run.admission
         self.dp_mode = DataParallelMode.for_plan(plan)
+        self._check_unused = self.dp_mode.uses_ddp and not options.find_unused_parameters
         self.cp_mesh = axis_mesh(mesh, ParallelAxis.CP) if plan.cp > 1 else None
         self._admission_extra = (run.admission.receipt_extra() if hasattr(run.admission, "receipt_extra")
                                  else {"admission": run.admission})
@@ -121,6 +130,16 @@ class TorchDistributedSession(SessionBase):
             if self._audit is not None:  # a replay back-propagates with the same weight
                 self._audit.note(x, y, sync, weight)
             self._backward(loss_sum, weight)
+            if sync and self._check_unused:
+                self._refuse_unused_parameters()
+
+    def _refuse_unused_parameters(self) -> None:
+        """DDP without ``find_unused_parameters``: a trainable parameter without a gradient after the commit's
+        backward left its bucket unreduced (a wrong norm and unsynchronized gradients). Name them and stop."""
+        missing = [name for name, p in self.named_trainable() if p.grad is None]
+        if missing:
+            self._clear_gradients()  # nothing committed; the counts' all-reduce this rank started is finished
+            raise UnusedParametersError(missing, where=f"step {self._step + 1}'s backward")
 
     def run_micro(self, x: Any, y: Any, *, sync: bool, weight: float) -> tuple[torch.Tensor, Any]:
         """One forward/backward of a micro-batch with no clock and no counts: what an audit replay runs."""
