@@ -21,7 +21,6 @@ from .health import SessionHealth
 from .run_ledger import RunLedger
 from .sdc_audit import SessionAudit, trainable
 
-
 _log = logging.getLogger(__name__)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mixle_parallel.contracts import ParallelPlan, UnusedParametersError
+from mixle_parallel.contracts import ParallelPlan
 from mixle_parallel.executors.torch.backend import TorchDistributedBackend
 
 
