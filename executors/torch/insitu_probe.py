@@ -135,10 +135,11 @@ def probe_module(backend: Any, module: nn.Module, plan: ParallelPlan, *, precisi
     batch = _global_batch(module, plan) if reason is None else reason
     if isinstance(batch, str):
         return ProbeOutcome("skipped", batch)
-    want = _reference_gradients(module, batch)  # on every rank: the same module and batch, the same answer
-    if DataParallelMode.for_plan(plan).uses_ddp and not prepare_options.get("find_unused_parameters"):
+    check_unused = DataParallelMode.for_plan(plan).uses_ddp and not prepare_options.get("find_unused_parameters")
+    want = _reference_gradients(module, batch) if rank == 0 or check_unused else {}
+    if check_unused:  # every rank: the same module and batch give the same answer, before any collective
         unused = [n for n, p in module.named_parameters() if p.requires_grad and n not in want]
-        if unused:  # DDP would leave their buckets unreduced: named before any collective, on every rank
+        if unused:  # DDP would leave their buckets unreduced
             raise UnusedParametersError(unused, where="a probe step of the module")
     got = _executor_gradients(backend, module, plan, batch, {"precision": precision, **prepare_options}, rank)
     if rank != 0:
