@@ -128,6 +128,13 @@ def _seed(value: Any) -> int | None:
     return int(value)
 
 
+def _exact_bool(option: str) -> Callable[[Any, Any, Any], None]:
+    def check(_: Any, __: Any, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"{option} must be True or False, got {type(value).__name__} {value!r}")
+    return check
+
+
 def _callable(option: str) -> Callable[[Any, Any, Any], None]:
     def check(_: Any, __: Any, value: Any) -> None:
         if value is not None and not callable(value):
@@ -289,6 +296,7 @@ class TrainOptions:
     certificate: Any = _field(None, _NATIVE + _BRIDGE)
     health: HealthOptions | None = _field(HealthOptions(), _NATIVE, converter=resolve_health)
     tp_plan: Mapping[str, Any] | None = _field(None, _TORCH, converter=_tp_plan)
+    find_unused_parameters: bool = _field(False, _TORCH, validator=_exact_bool("find_unused_parameters"))
     nonfinite: NonfinitePolicy = _field(NonfinitePolicy.RAISE, _TORCH, converter=_nonfinite)
     audit: AuditOptions = _field(AuditOptions(), _TORCH)
     ledger: Any = _field(None, _TORCH, converter=_ledger)

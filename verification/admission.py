@@ -261,6 +261,23 @@ def require_admission(
     return _automatic(executor, plan, precision, context, keys, opts, where, common)
 
 
+_RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+"""Where launchers put a rank's number (torchrun, Open MPI, MPICH/PMI)."""
+
+
+def _lead_rank() -> bool:
+    """True in a job's rank 0, or outside a job: an existing torch process group says, else the launcher's
+    variables (torch is not imported here for this)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()) == 0
+    for name in _RANK_ENV:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value) == 0
+    return True
+
+
 def _automatic(executor: AdmissibleExecutor, plan: ParallelPlan, precision: str, context: AdmissionContext,
                keys: TrustStore, opts: AdmissionOptions, where: str, common: dict[str, Any]) -> AdmissionDecision:
     """No certificate given: a fitting one from the local store, else certify on the spot, else refuse."""
@@ -282,8 +299,9 @@ def _automatic(executor: AdmissibleExecutor, plan: ParallelPlan, precision: str,
             f"on {common['plan']} at {precision} ({context.device_kind}/{context.comm_backend})", where,
             *((refusal,) if refusal else ()),
             f"run `{command}` once (it stores the certificate where this gate finds it)"))
-    print(f"mixle-parallel: certifying {common['executor']} for {common['plan']} at {precision} on this machine "
-          f"(once; stored in {store.folder})", file=sys.stderr, flush=True)
+    if _lead_rank():  # once per job, not once per rank
+        print(f"mixle-parallel: certifying {common['executor']} for {common['plan']} at {precision} on this machine "
+              f"(once; stored in {store.folder})", file=sys.stderr, flush=True)
     try:
         envelope = opts.auto_certify()
         found, keyid = open_envelope(envelope, keys)

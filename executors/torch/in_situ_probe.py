@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...contracts import ParallelPlan
+from ...contracts import ParallelPlan, UnusedParametersError
 from ...verification.harness.tolerance import compare, default_tolerance
 from ...verification.in_situ import ProbeOutcome
+from .dp_mode import DataParallelMode
 
 __all__ = ["MAX_PROBE_BYTES", "probe_module"]
 
@@ -134,10 +135,15 @@ def probe_module(backend: Any, module: nn.Module, plan: ParallelPlan, *, precisi
     batch = _global_batch(module, plan) if reason is None else reason
     if isinstance(batch, str):
         return ProbeOutcome("skipped", batch)
+    check_unused = DataParallelMode.for_plan(plan).uses_ddp and not prepare_options.get("find_unused_parameters")
+    want = _reference_gradients(module, batch) if rank == 0 or check_unused else {}
+    if check_unused:  # every rank: the same module and batch give the same answer, before any collective
+        unused = [n for n, p in module.named_parameters() if p.requires_grad and n not in want]
+        if unused:  # DDP would leave their buckets unreduced
+            raise UnusedParametersError(unused, where="a probe step of the module")
     got = _executor_gradients(backend, module, plan, batch, {"precision": precision, **prepare_options}, rank)
     if rank != 0:
         return ProbeOutcome("skipped", "judged on rank 0")
-    want = _reference_gradients(module, batch)
     tolerance = default_tolerance(precision)
     if set(got) != set(want):
         return ProbeOutcome("failed", f"the executor produced gradients for {sorted(got)}, the module has "
