@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import rfc8785
 from securesystemslib.dsse import Envelope
 
 from ..contracts import (
@@ -47,6 +46,7 @@ from ..contracts import (
     to_dict,
 )
 from ..contracts.bounded_json import SIGNED_LIMITS, parse_json
+from ..contracts.canonical_json import signed_json_bytes
 from .attestation import (
     PROVENANCE_PREDICATE,
     STATEMENT_TYPE,
@@ -287,7 +287,7 @@ def _data(document: Any) -> dict[str, Any]:
 
 def certificate_digest(envelope: CertificateEnvelope) -> str:
     """``sha256:`` of a certificate envelope's canonical JSON document (RFC 8785): what a statement binds."""
-    return "sha256:" + hashlib.sha256(rfc8785.dumps(to_dict(envelope))).hexdigest()
+    return "sha256:" + hashlib.sha256(signed_json_bytes(to_dict(envelope))).hexdigest()
 
 
 # ---- the statement ------------------------------------------------------------------------------------
@@ -386,10 +386,10 @@ def write_provenance(artefact: str | os.PathLike[str], *, ledger: str | os.PathL
     store = trust_store or TrustStore()
     document = provenance_statement(artefact, ledger=ledger, kind=kind, run_id=run_id, data=data,
                                     artefact_kind=artefact_kind, trust_store=store)
-    envelope = Envelope(rfc8785.dumps(document), "application/vnd.in-toto+json", {})
+    envelope = Envelope(signed_json_bytes(document), "application/vnd.in-toto+json", {})
     envelope.sign(store.ensure_signer())
     target = statement_path(artefact)
-    return write_atomic(target, rfc8785.dumps(envelope.to_dict()) + b"\n", mode=0o644)
+    return write_atomic(target, signed_json_bytes(envelope.to_dict()) + b"\n", mode=0o644)
 
 
 # ---- reading one back ---------------------------------------------------------------------------------
