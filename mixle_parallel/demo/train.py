@@ -7,6 +7,7 @@ Run in every rank of the world ``mixle_parallel.demo.run`` starts with the one s
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,8 @@ def audit_counts(records: Any) -> dict[str, Any]:
     peer's replay, EM's reference), how many within a bound (tensor parallelism's reference, which adds in
     another order) and the largest such bound, and how many did not match (findings)."""
     def field(record: Any, name: str, default: Any) -> Any:
-        return record.get(name, default) if isinstance(record, dict) else getattr(record, name, default)
+        # a receipt's extra holds its records as mappings (frozen, not dicts); a fit's are SDCAuditRecords
+        return record.get(name, default) if isinstance(record, Mapping) else getattr(record, name, default)
 
     bounds = [float(field(r, "bound", 0.0)) for r in records]
     return {"audits": len(bounds), "bitwise": sum(1 for b in bounds if b == 0.0),

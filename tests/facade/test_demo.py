@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 from rich.console import Console
@@ -105,7 +106,8 @@ def test_readme_explains_what_the_demo_wrote() -> None:
 def test_the_table_says_which_audits_were_bitwise_and_within_which_bound() -> None:
     tp = {"bound": 8.85e-05, "matched": True, "replay": "reference"}
     peer = {"bound": 0.0, "matched": True, "replay": "peer"}
-    counts = audit_counts([tp, peer, tp, peer, {**peer, "matched": False}])
+    frozen = MappingProxyType(tp)  # a receipt's extra keeps its records as frozen mappings
+    counts = audit_counts([frozen, peer, tp, peer, {**peer, "matched": False}])
     assert describe_audits(counts) == "5 audits (3 bitwise, 2 within 8.85e-05), 1 findings"
     assert describe_audits(audit_counts([peer, peer])) == "2 audits (all bitwise), 0 findings"
     words = dict(TERMS)["audits"]
