@@ -289,43 +289,10 @@ def run_demo(argv: Sequence[str], console: Console) -> int:
         return 1
 
 
-def _run(args: argparse.Namespace, console: Console) -> int:
-    """The four phases and the summary (see the module docstring)."""
-    from mixle_parallel.demo.train import demo_workload
-    from mixle_parallel.executors.estimation.harness_adapter import VerifiableEncodedData
-    from mixle_parallel.verification import verify_ledger
-
-    out = Path(args.out).resolve()
-    _fresh_run_folder(out)
-    started = time.monotonic()
-    timings: dict[str, float] = {}
-
-    t = time.monotonic()
-    _phase(console, 1, f"certify torch_native on {TRAIN_PLAN.describe()}: {TRAIN_PLAN.world_size} gloo ranks, every "
-                       "update against a single-process reference (the longest phase: tens of seconds)")
-    torch_report = _certify(console, "torch_native", TORCH_SPEC, TRAIN_PLAN, "fp32", demo_workload(2), args.seed,
-             out / "certificate-torch_native.json")
-    timings["certify torch_native"] = time.monotonic() - t
-
-    t = time.monotonic()
-    _phase(console, 2, f"train a tiny LM for {args.steps} steps under that certificate, with audits")
-    training = _train(console, out, args.steps, args.seed)
-    timings["train"] = time.monotonic() - t
-
-    t = time.monotonic()
-    _phase(console, 3, f"certify EM on mp ({EM_WORKERS} worker processes) against the fixed fold order")
-    em_report = _certify(console, "EM on mp", VerifiableEncodedData("mp"), ParallelPlan(dp_replicate=EM_WORKERS),
-                              "fp64", "gaussian_mixture", args.seed, out / "certificate-em_mp.json")
-    timings["certify em_mp"] = time.monotonic() - t
-
-    t = time.monotonic()
-    _phase(console, 4, f"fit a 4-component Gaussian mixture on {args.em_rows} rows under that certificate")
-    em = _fit_em(console, out, em_report.envelope, args.em_rows, args.seed)
-    timings["fit EM"] = time.monotonic() - t
-
-    report = verify_ledger(out / "ledger.jsonl")
-    timings["total"] = time.monotonic() - started
-
+def _summary_table(out: Path, timings: Mapping[str, float], phases: tuple[Certified, dict[str, Any], Certified,
+                   dict[str, Any]], report: Any) -> Table:
+    """The closing table: each phase's result (how its evidence or audits were compared) and seconds."""
+    torch_report, training, em_report, em = phases
     summary = Table(title=f"mixle-parallel demo: {out}")
     summary.add_column("phase")
     summary.add_column("result")
@@ -343,6 +310,47 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                     f"{report.receipts} receipts, {report.audits} audits); {report.signed_head or 'no signed head'}",
                     "")
     summary.add_row("total", "", f"{timings['total']:.1f}")
+    return summary
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    """The four phases and the summary (see the module docstring)."""
+    from mixle_parallel.demo.train import demo_workload
+    from mixle_parallel.executors.estimation.harness_adapter import VerifiableEncodedData
+    from mixle_parallel.verification import verify_ledger
+
+    out = Path(args.out).resolve()
+    _fresh_run_folder(out)
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+
+    t = time.monotonic()
+    _phase(console, 1, f"certify torch_native on {TRAIN_PLAN.describe()}: {TRAIN_PLAN.world_size} gloo ranks, every "
+                       "update against a single-process reference (the longest phase: tens of seconds)")
+    torch_report = _certify(console, "torch_native", TORCH_SPEC, TRAIN_PLAN, "fp32", demo_workload(2), args.seed,
+                            out / "certificate-torch_native.json")
+    timings["certify torch_native"] = time.monotonic() - t
+
+    t = time.monotonic()
+    _phase(console, 2, f"train a tiny LM for {args.steps} steps under that certificate, with audits")
+    training = _train(console, out, args.steps, args.seed)
+    timings["train"] = time.monotonic() - t
+
+    t = time.monotonic()
+    _phase(console, 3, f"certify EM on mp ({EM_WORKERS} worker processes) against the fixed fold order")
+    em_report = _certify(console, "EM on mp", VerifiableEncodedData("mp"), ParallelPlan(dp_replicate=EM_WORKERS),
+                         "fp64", "gaussian_mixture", args.seed, out / "certificate-em_mp.json")
+    timings["certify em_mp"] = time.monotonic() - t
+
+    t = time.monotonic()
+    _phase(console, 4, f"fit a 4-component Gaussian mixture on {args.em_rows} rows under that certificate")
+    em = _fit_em(console, out, em_report.envelope, args.em_rows, args.seed)
+    timings["fit EM"] = time.monotonic() - t
+
+    report = verify_ledger(out / "ledger.jsonl")
+    timings["total"] = time.monotonic() - started
+
+    summary = _summary_table(out, timings, (torch_report, training, em_report, em), report)
     console.print(summary)
     (out / "summary.json").write_text(json.dumps({"training": training, "em": em, "timings": timings,
                                                   "ledger_ok": report.ok, "signed_head": report.signed_head},
