@@ -40,8 +40,11 @@ class NotAdmittedError(RuntimeError):
             reasons = (reasons,)
         self.reasons = tuple(reasons)
         detail = "; ".join(self.reasons)
+        # a reason that already names the exact command keeps it the only one in the message
+        source = ("that command" if "`mixle-parallel certify " in detail or "`PYTHONPATH=" in detail
+                  else "`mixle-parallel certify`")
         super().__init__(
-            f"not admitted: {detail}. A signed certificate comes from `mixle-parallel certify` (kept in the "
+            f"not admitted: {detail}. A signed certificate comes from {source} (kept in the "
             "local store, where the gate finds it, or passed as certificate=); "
             "admission='unverified' runs anyway with that recorded in every receipt."
         )

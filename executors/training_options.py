@@ -236,6 +236,7 @@ class HealthOptions:
     min_periods: int = 5
     straggler_ratio: float = 1.5
     straggler_min_s: float = 0.005
+    straggler_steps: int = 3  # a rank must be the slow one on this many steps in a row to be a straggler
     heartbeat: bool = True
     heartbeat_interval_s: float = 0.5
     dead_after_s: float = 30.0

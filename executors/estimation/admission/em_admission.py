@@ -14,32 +14,46 @@ threads inside this one process (world size 1), like a single-process ``torch_na
 starts. Without a certificate for a no-mesh run the environment's ``MIXLE_PARALLEL_CERTIFICATE``
 (meant for meshes) is not consulted; a certificate passed explicitly is always checked. With no
 ``admission=`` on a mesh, admission is automatic: a fitting signed certificate from the local
-store, else EM is certified on the spot (the harness on two workers) and the result stored; under mpiexec
+store, else EM is certified on the spot (the harness on two workers; a third party's registered backend as a
+built-in, where the trust store's policy allows) and the result stored; under mpiexec
 or torchrun (backends ``mpi``, ``torchrun``) it is certified in situ on the job's own ranks (``em_in_situ``).
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
 from ....contracts import AdmissionMode, NotAdmittedError, ParallelPlan
 from ....verification.admission import AdmissionDecision, require_admission
 from ....verification.capability import active_harness_capability
-from ....verification.source_binding import code_files
+from ....verification.source_binding import code_files, defining_module
+from ...registry import get_encoded_data_backend
+from ..engines.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
 from .em_in_situ import in_situ_certifier
 from .executor_identity import EM_PRECISION, EMExecutorIdentity
 
 __all__ = ["EM_PRECISION", "admit_encoded_data", "refuse_unbound_code"]
 
 _AUTO_CERTIFIABLE = {"mp", "dask", "ray", "spark"}
-"""Backends certified on the spot when no stored certificate fits (those that need a cluster
-the user set up are certified the same way, on a local one)."""
+"""Built-in backends certified on the spot when no stored certificate fits (those that need a cluster
+the user set up are certified the same way, on a local one). A third party's registered backend is
+certified on the spot too (``_third_party``), where the trust store's policy allows, like these."""
+
+_BUILTIN = frozenset(BUILTIN_ENCODED_DATA_BACKENDS)
+"""Built-in identities: their certify command needs no ``--import``."""
 
 _IN_SITU = {"mpi", "torchrun"}
 """SPMD backends whose ranks a launcher started (mpiexec, torchrun): certified in situ, on those very ranks
 (``em_in_situ``), when no stored certificate fits."""
+
+
+def _third_party(executor: EMExecutorIdentity) -> bool:
+    """A backend a third party registered (its own name, not a shadow of a built-in): certified on the spot."""
+    return "[" not in executor.name and executor.name not in _BUILTIN
 
 
 def _auto_certify(name: str) -> Any:
@@ -56,15 +70,40 @@ def _auto_certify(name: str) -> Any:
     return run
 
 
+def _module_root(module: str) -> Path | None:
+    """The folder a fresh process must have on its path to import ``module`` (None: not loaded from a file)."""
+    top = sys.modules.get(module.split(".")[0])
+    origin = getattr(top, "__file__", None)
+    if origin:
+        where = Path(origin).resolve()
+        return where.parent.parent if where.name == "__init__.py" else where.parent
+    paths = list(getattr(top, "__path__", ()))  # a namespace package
+    return Path(paths[0]).resolve().parent if paths else None
+
+
+def _path_prefix(module: str) -> str:
+    """``PYTHONPATH=...`` to put before a command that imports ``module``, unless it is installed (the console
+    script ``mixle-parallel`` does not look in the current directory)."""
+    root = _module_root(module)
+    installed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib", "stdlib")}
+    if root is None or root in installed:
+        return ""
+    return f"PYTHONPATH={shlex.quote(str(root))}:$PYTHONPATH "
+
+
 def _certify_command(executor: EMExecutorIdentity, workers: int) -> str:
-    """How to certify ``executor``: the CLI for a name any process resolves alike; in this process for a
-    registration that shadows a built-in (a new process would certify the built-in instead)."""
+    """How to certify ``executor``, runnable as printed: the CLI (with ``--import`` of the module that registers a
+    third party's backend, and its folder on ``PYTHONPATH`` where it is not installed); in this process for a
+    registration a new process cannot repeat (one that shadows a built-in, or one made in a script's ``__main__``)."""
     plan = f"dp_replicate={max(2, workers)}"
-    if "[" in executor.name:
+    module = None if executor.name.split("[")[0] in _BUILTIN else defining_module(
+        get_encoded_data_backend(executor.backend))
+    if "[" in executor.name or module == "__main__":
         return (f"mixle_parallel.verify({executor.backend!r}, ParallelPlan({plan}), precision='fp64', "
                 f"workload='gaussian_mixture').certify({executor.backend!r}) in the process that registered it")
-    return (f"mixle-parallel certify --backend {executor.backend} --plan {plan} --workload gaussian_mixture "
-            "--out cert.json")
+    imported = f"--import {module} " if module else ""
+    return (f"{_path_prefix(module) if module else ''}mixle-parallel certify {imported}--backend {executor.backend} "
+            f"--plan {plan} --workload gaussian_mixture")
 
 
 def admit_encoded_data(
@@ -77,8 +116,9 @@ def admit_encoded_data(
     an auto-certified built-in is certified the same way, under its own identity) and stored for next time.
     """
     executor = EMExecutorIdentity(name)
-    auto = (_auto_certify(name) if executor.name.split("[")[0] in _AUTO_CERTIFIABLE
-            else in_situ_certifier(name, world_size) if executor.name in _IN_SITU else None)
+    auto = (in_situ_certifier(name, world_size) if executor.name in _IN_SITU
+            else _auto_certify(name) if executor.name.split("[")[0] in _AUTO_CERTIFIABLE or _third_party(executor)
+            else None)
     plan = ParallelPlan(dp_replicate=max(1, workers))
     explicit = admission is not None and admission not in ("required", "auto", AdmissionMode.UNVERIFIED)
     if not explicit and admission != AdmissionMode.UNVERIFIED and world_size <= 1 \
@@ -104,8 +144,11 @@ def admit_encoded_data(
             certify_command=_certify_command(executor, workers),
         )
     except NotAdmittedError as exc:
-        hint = f"or certify with `{_certify_command(executor, workers)}` and pass admission='cert.json'"
-        raise NotAdmittedError(tuple(exc.reasons) + (hint,)) from None
+        command = _certify_command(executor, workers)
+        if any(command in reason for reason in exc.reasons):
+            raise  # the gate's refusal already names the command: once is enough
+        raise NotAdmittedError((*exc.reasons, f"certify with `{command}` (it stores the certificate where this "
+                                              "gate finds it), then run again")) from None
     return decision, decision.envelope if decision.certified else None
 
 

@@ -7,9 +7,11 @@ combined sufficient statistics and the new parameters under the workload's keys,
 collective count, the messages the backend handed to its transport in that iteration
 (``observed_messages``; the harness judges it against ``messages_per_step`` when declared). The harness
 compares them with its independent one-piece reference (``em_reference``) and, bitwise, with the
-same backend on one worker. ``em_capabilities(backend)`` is the
-identity a certificate binds (and the one ``encoded_data``'s admission gate must check; it lives in
-``identity``). ``register_em_verification_targets()`` binds every built-in backend to its adapter.
+same backend on one worker and with the fixed fold order of one process (``same_bits_reference``: the
+``local`` backend), so chunk results folded out of order fail ``verify``, ``conformance`` and ``certify``.
+``em_capabilities(backend)`` is the identity a certificate binds (and the one ``encoded_data``'s admission
+gate must check; it lives in ``identity``). ``register_em_verification_targets()`` binds every built-in
+backend to its adapter.
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ class VerifiableEncodedData(EMExecutorIdentity):
     """An EM backend as the harness sees it: it starts its own workers (``verification_launch = "self"``)."""
 
     verification_launch = "self"
+
+    def same_bits_reference(self) -> VerifiableEncodedData:
+        """What this backend claims bit for bit: the fixed fold order of one process (the ``local`` backend on one
+        worker); the harness holds the run to it, as the run-time audit holds every pass to its reference."""
+        return VerifiableEncodedData("local")
 
     def open_trial(self, workload: Any, plan: ParallelPlan, *, precision: str, seed: int, rank: int,
                    world_size: int) -> EncodedDataTrial:
