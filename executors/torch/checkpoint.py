@@ -69,7 +69,6 @@ from .checkpoint_manifest import (
     read_manifest,
     read_verified,
     rederived_loader_state,
-    resolve,
     write_json_atomic,
     write_manifest,
 )
@@ -87,9 +86,9 @@ from .checkpoint_trust import (
     CHECKPOINT_TRUST_MODES,
     Lineage,
     UntrustedCheckpointError,
+    locate_generation,
     open_generation,
     sign_generation,
-    verify_generation,
 )
 
 __all__ = ["CheckpointHandle", "load_checkpoint", "load_session", "save_checkpoint", "save_session"]
@@ -407,14 +406,7 @@ def _locate(root: Path, *, trust: str, allow_rollback: bool, pg: Any, world: int
     located = ""
     if rank == 0:
         try:
-            gen_dir, digest = resolve(root)
-            signed = verify_generation(gen_dir, trust=trust, allow_rollback=allow_rollback or digest is None)
-            if signed["manifest_sha256"] is not None:
-                if digest is not None and digest != signed["manifest_sha256"]:
-                    raise UntrustedCheckpointError(
-                        f"{gen_dir / 'MANIFEST.json'} that LATEST names differs from the manifest its signature "
-                        "covers: the checkpoint was changed after it was signed")
-                digest = signed["manifest_sha256"]  # every rank checks the manifest's bytes against the signed one
+            gen_dir, digest = locate_generation(root, trust=trust, allow_rollback=allow_rollback)
             located = json.dumps([str(gen_dir), digest])
         except Exception as err:  # noqa: BLE001 - every rank must learn of it
             error = err
