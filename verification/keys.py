@@ -402,7 +402,7 @@ class TrustStore:
         Trusting a key again with other ``purposes`` replaces its purposes; a revoked key stays revoked.
         """
         if "BEGIN" not in pem and Path(pem).is_file():
-            pem = read_limited(pem, _KEY_FILE_LIMITS).decode("ascii", "replace")
+            pem = read_limited(pem, _KEY_FILE_LIMITS, follow_symlinks=True).decode("ascii", "replace")  # a typed path
         scopes = None if purposes is None else parse_purposes(purposes)
         with self._locked():
             return self._trust_locked(pem, label=label, purposes=scopes)

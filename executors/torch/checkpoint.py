@@ -72,6 +72,7 @@ from .checkpoint_manifest import (
     write_json_atomic,
     write_manifest,
 )
+from .checkpoint_marks import DamagedRecordError
 from .checkpoint_reader import VerifiedReader
 from .checkpoint_state import (
     _capture_rng,
@@ -143,6 +144,9 @@ def _all_gather_text(text: str, pg: Any, world: int) -> list[str]:
 def _error_doc(err: BaseException) -> dict[str, Any]:
     if isinstance(err, CorruptCheckpointError):
         return {"type": "corrupt", "path": err.path, "problem": err.problem}
+    if isinstance(err, DamagedRecordError):
+        return {"type": "damaged", "path": str(err.path), "problem": err.problem,
+                "root": None if err.root is None else str(err.root)}
     kind = ("world" if isinstance(err, WorldSizeChangeError)
             else "untrusted" if isinstance(err, UntrustedCheckpointError) else "checkpoint")
     return {"type": kind, "message": f"{err}" if isinstance(err, CheckpointError)
@@ -160,6 +164,9 @@ def _agree(local_error: BaseException | None, pg: Any, world: int, *, what: str)
     others = f" (ranks failing: {[r for r, _ in failed]})" if len(failed) > 1 else ""
     if doc["type"] == "corrupt":
         raise CorruptCheckpointError(doc["path"], doc["problem"] + others) from local_error
+    if doc["type"] == "damaged":
+        raise DamagedRecordError(Path(doc["path"]), f"{doc['problem']}{others}; found on rank {rank}",
+                                 None if doc["root"] is None else Path(doc["root"])) from local_error
     cls = {"world": WorldSizeChangeError, "untrusted": UntrustedCheckpointError}.get(doc["type"], CheckpointError)
     raise cls(f"{what} failed on rank {rank}: {doc['message']}{others}") from local_error
 

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -39,7 +40,7 @@ import numpy as np
 
 from ...contracts import ContractError
 from ...contracts.bounded_json import CHECKPOINT_STATE_LIMITS, MANIFEST_LIMITS, DocumentLimits, parse_object
-from ...contracts.safe_read import OversizeFileError, open_regular, read_regular
+from ...contracts.safe_read import OversizeFileError, describe_kind, open_regular, read_regular
 
 FORMAT = "mixle-parallel-checkpoint"
 """Value of the ``format`` field of every JSON document a checkpoint holds."""
@@ -80,6 +81,11 @@ class CorruptCheckpointError(CheckpointError):
     def __reduce__(self) -> tuple[Any, tuple[str, str]]:
         """Picklable with its fields (DCP gathers its readers' errors across ranks)."""
         return (type(self), (self.path, self.problem))
+
+
+class UntrustedCheckpointError(CheckpointError):
+    """A checkpoint is unsigned, signed by an untrusted key, altered since signing, foreign, or a rollback
+    (signatures and lineage: ``checkpoint_trust``, which exports it)."""
 
 
 class WorldSizeChangeError(CheckpointError):
@@ -426,10 +432,16 @@ def manifest_problems(generation_dir: Path, manifest: Mapping[str, Any], *,
         if index % shards != shard:
             continue
         entry, file = listed[rel], generation_dir / rel
-        if not file.is_file():
+        try:
+            info: os.stat_result | None = os.lstat(file)
+        except OSError:
+            info = None
+        if info is None:
             problems.append((str(file), "missing (the manifest lists it)"))
-        elif file.stat().st_size != entry.get("bytes"):
-            problems.append((str(file), f"{file.stat().st_size} bytes where the manifest records "
+        elif not stat.S_ISREG(info.st_mode):
+            problems.append((str(file), f"{describe_kind(info.st_mode)}, not a regular file (refused unread)"))
+        elif info.st_size != entry.get("bytes"):
+            problems.append((str(file), f"{info.st_size} bytes where the manifest records "
                                         f"{entry.get('bytes')} (truncated or rewritten)"))
         elif contents and sha256_file(file) != entry.get("sha256"):
             problems.append((str(file), "its sha256 differs from the manifest's (corrupted)"))

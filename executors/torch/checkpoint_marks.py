@@ -24,7 +24,7 @@ from ...contracts import ContractError
 from ...contracts.bounded_json import CHECKPOINT_RECORD_LIMITS, parse_object
 from ...contracts.safe_read import OversizeFileError, read_regular
 from ...verification.keys import TrustStore
-from .checkpoint_manifest import CheckpointError, write_json_atomic
+from .checkpoint_manifest import UntrustedCheckpointError, write_json_atomic
 
 __all__ = ["REPAIR_COMMAND", "DamagedRecordError", "keep_damaged", "raise_marks",
            "read_root_record", "read_run_mark", "record_path", "write_root_record", "write_run_mark"]
@@ -36,11 +36,11 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _MAX_GENERATION = 99_999_999
 
 
-class DamagedRecordError(CheckpointError):
+class DamagedRecordError(UntrustedCheckpointError):
     """A checkpoint high-water record is unreadable or malformed; it names the file and the repair command."""
 
     def __init__(self, path: Path, problem: str, root: Path | None) -> None:
-        self.path, self.problem = path, problem
+        self.path, self.problem, self.root = path, problem, root
         where = str(root) if root is not None else "ROOT"
         super().__init__(
             f"checkpoint high-water record {path} is damaged ({problem}); it is not read as 'no generation seen', "

@@ -43,6 +43,7 @@ from .checkpoint_manifest import (
     SIGNATURE_NAME,
     CheckpointError,
     CorruptCheckpointError,
+    UntrustedCheckpointError,
     create_generation,
     generation_number,
     next_generation,
@@ -74,10 +75,6 @@ CHECKPOINT_TRUST_MODES = ("signed", "unsigned")
 
 _GENERATION = re.compile(r"^gen-(\d{8})$")
 _log = logging.getLogger(__name__)
-
-
-class UntrustedCheckpointError(CheckpointError):
-    """A checkpoint is unsigned, signed by an untrusted key, altered since signing, foreign, or a rollback."""
 
 
 @attrs.frozen
