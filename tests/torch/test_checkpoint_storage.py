@@ -276,5 +276,6 @@ def test_a_hashed_state_document_must_be_strict_json(tmp_path, text):
     gen = _saved(root)
     (gen / "state.json").write_text(text)
     publish(root, gen.name, write_manifest(gen, world_size=1))  # hashes match: only the parser can refuse
-    with pytest.raises(CorruptCheckpointError, match="the global state is not valid JSON.*(duplicate key|NaN is not JSON|must be a JSON object)"):
+    refusal = "the global state is not valid JSON.*(duplicate key|NaN is not JSON|must be a JSON object)"
+    with pytest.raises(CorruptCheckpointError, match=refusal):
         load_training_metadata(str(root), trust="unsigned")

@@ -51,8 +51,8 @@ def test_the_safe_reader_refuses_everything_but_a_regular_file(tmp_path):
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(tmp_path / "sock"))
     try:
-        for path, kind in ((fifo, r"a FIFO \(named pipe\)"), (link, "a symbolic link"), (good_link, "a symbolic link"),
-                           (tmp_path / "sock", "a socket"), (tmp_path, "a folder")):
+        for path, kind in ((fifo, r"a FIFO \(named pipe\)"), (link, "a symbolic link"),
+                           (good_link, "a symbolic link"), (tmp_path / "sock", "a socket"), (tmp_path, "a folder")):
             with pytest.raises(UnsafeFileError, match=rf"{path} is {kind}, not a regular file"):
                 read_regular(path, 1 << 20, what="document")
         with pytest.raises(UnsafeFileError, match="a character device"):
