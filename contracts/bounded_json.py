@@ -78,6 +78,8 @@ class DocumentLimits:
     """Deepest nesting of arrays and objects."""
     allow_nonfinite: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     """Whether ``NaN``/``Infinity``/``-Infinity`` tokens are accepted (contract documents: a skipped step's loss)."""
+    max_int: int = attrs.field(default=MAX_INT, validator=_positive)
+    """Largest integer magnitude (checkpoint state holds 64-bit RNG seeds up to ``2**64 - 1``)."""
 
     def describe(self) -> str:
         """The limits in one line, for documentation and messages."""
@@ -101,7 +103,8 @@ MANIFEST_SIGNATURE_LIMITS = DocumentLimits("checkpoint manifest signature", max_
 """A generation's ``MANIFEST.sig`` (one DSSE envelope of about 1.5 KB): tight, so a load that looks at planted
 ``gen-*`` folders refuses each oversized signature from its size alone."""
 
-CHECKPOINT_STATE_LIMITS = DocumentLimits("checkpoint state document", max_bytes=1 << 30, max_items=50_000_000)
+CHECKPOINT_STATE_LIMITS = DocumentLimits("checkpoint state document", max_bytes=1 << 30, max_items=50_000_000,
+                                         max_int=2**64 - 1)
 """A generation's ``state.json`` and ``ranks/rank-R.json`` (hashed in its manifest; user ``extra`` and inline
 tensors make them large): strict JSON, sized by the manifest's record before it is read."""
 
@@ -271,14 +274,14 @@ def _utf8_fault(value: str) -> str | None:
     return None
 
 
-def _scalar_fault(value: Any) -> str | None:
+def _scalar_fault(value: Any, bound: int = MAX_INT) -> str | None:
     kind = type(value)
     if kind is float or kind is bool or value is None:
         return None
     if isinstance(value, str):
         return _utf8_fault(value)
-    if isinstance(value, int) and not isinstance(value, bool) and (value > MAX_INT or value < -MAX_INT):
-        return f"integer beyond the bound 2**63-1 ({len(str(abs(value)))} digits)"
+    if isinstance(value, int) and not isinstance(value, bool) and (value > bound or value < -bound):
+        return f"integer beyond the bound {bound} ({len(str(abs(value)))} digits)"
     return None
 
 
@@ -295,10 +298,10 @@ def check_shape(document: Any, limits: DocumentLimits = CONTRACT_LIMITS, *, what
     Scalars are checked where they stand; only containers are queued, and a path is built only for a fault.
     """
     name = what or limits.what
-    items = 0
+    items, bound = 0, limits.max_int
     stack: list[tuple[Any, tuple[Any, ...] | None, int]] = [(document, None, 0)] if _is_container(document) else []
     if not stack:
-        fault = _scalar_fault(document)
+        fault = _scalar_fault(document, limits.max_int)
         if fault:
             raise DocumentLimitError(fault, path=path)
     while stack:
@@ -320,8 +323,8 @@ def check_shape(document: Any, limits: DocumentLimits = CONTRACT_LIMITS, *, what
         for key, item in members:  # inlined: this loop runs once per item of an untrusted document
             kind = type(item)
             if kind is int:
-                if item > MAX_INT or item < -MAX_INT:
-                    raise DocumentLimitError(_scalar_fault(item) or "", path=_path((where, key), path))
+                if item > bound or item < -bound:
+                    raise DocumentLimitError(_scalar_fault(item, bound) or "", path=_path((where, key), path))
             elif kind is str:
                 if not item.isascii() and _utf8_fault(item):
                     raise DocumentLimitError(_utf8_fault(item) or "", path=_path((where, key), path))
@@ -330,6 +333,6 @@ def check_shape(document: Any, limits: DocumentLimits = CONTRACT_LIMITS, *, what
             elif kind is dict or kind is list or kind is tuple or _is_container(item):
                 stack.append((item, (where, key), depth + 1))
             else:
-                fault = _scalar_fault(item)
+                fault = _scalar_fault(item, bound)
                 if fault:
                     raise DocumentLimitError(fault, path=_path((where, key), path))

@@ -104,6 +104,8 @@ def to_json_value(value: Any, *, where: str = "state",
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
+        if abs(value) > CHECKPOINT_STATE_LIMITS.max_int:  # beyond what the strict parser reads back as a number
+            return {TAG: "int", "value": str(int(value))}
         return int(value)
     if isinstance(value, float):
         if math.isfinite(value):
@@ -150,6 +152,8 @@ def from_json_value(doc: Any, *, where: str = "state",
         return {k: from_json_value(v, where=f"{where}[{k!r}]", decoders=decoders) for k, v in doc.items()}
     if tag == "float":
         return float(doc["value"])
+    if tag == "int":
+        return int(doc["value"])
     if tag == "tuple":
         return tuple(from_json_value(v, where=f"{where}[{i}]", decoders=decoders)
                      for i, v in enumerate(doc["items"]))

@@ -279,3 +279,16 @@ def test_a_hashed_state_document_must_be_strict_json(tmp_path, text):
     refusal = "the global state is not valid JSON.*(duplicate key|NaN is not JSON|must be a JSON object)"
     with pytest.raises(CorruptCheckpointError, match=refusal):
         load_training_metadata(str(root), trust="unsigned")
+
+
+def test_64_bit_seeds_and_big_integers_round_trip_through_the_strict_parser(tmp_path):
+    """The strict parser bounds integers; a 64-bit RNG seed (an unseeded torch's) and a user's big int still load."""
+    root = tmp_path / "ck"
+    model, optimizer, _ = _build()
+    torch.manual_seed(2**64 - 1)
+    try:
+        save_training_state(model, optimizer, str(root), step=3, extra={"big": 10**30, "neg": -(10**25)})
+    finally:
+        torch.manual_seed(0)
+    assert load_training_metadata(str(root))["extra"] == {"big": 10**30, "neg": -(10**25)}
+    assert _fresh_load(root)["generation"] == "gen-00000001"
