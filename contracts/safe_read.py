@@ -12,7 +12,8 @@ store files therefore goes through this module, which
 3. checks with ``fstat`` on the open descriptor that it is a regular file before the first byte is
    read (what was opened is what is judged: no race with the ``lstat``);
 4. reads at most ``max_bytes`` (``read_regular``): the size from ``fstat`` is checked first, and at
-   most ``max_bytes + 1`` bytes are read, so a file that grows meanwhile is refused too.
+   most ``max_bytes + 1`` bytes are read, so a file that grows meanwhile is refused too (memory follows
+   the file's size, not the limit).
 
 API (reused by the checkpoint readers, the ledger, the trust store and provenance/``verify-run``):
 
@@ -105,7 +106,10 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int, *, what: str = "f
         size = os.fstat(source.fileno()).st_size
         if size > max_bytes:
             raise OversizeFileError(name, size, max_bytes, what)
-        data = source.read(max_bytes + 1)
+        want = size + 1  # one byte more than fstat said: a file that grew is read on, still within the limit
+        data = source.read(want)
+        if len(data) == want:
+            data += source.read(max_bytes + 1 - len(data))
     if len(data) > max_bytes:
         raise OversizeFileError(name, None, max_bytes, what)
     return data
