@@ -281,7 +281,8 @@ def _scalar_fault(value: Any, bound: int = MAX_INT) -> str | None:
     if isinstance(value, str):
         return _utf8_fault(value)
     if isinstance(value, int) and not isinstance(value, bool) and (value > bound or value < -bound):
-        return f"integer beyond the bound {bound} ({len(str(abs(value)))} digits)"
+        text = f"2**{bound.bit_length()}-1" if (bound + 1) & bound == 0 else f"{bound}"
+        return f"integer beyond the bound {text} ({len(str(abs(value)))} digits)"
     return None
 
 
