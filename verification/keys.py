@@ -473,7 +473,7 @@ def load_key(
         path = Path(key_file)
         if not path.is_file():
             raise FileNotFoundError(f"HMAC key file {str(path)!r} does not exist (from {file_var} or key_file=)")
-        return _decode(path.read_bytes(), str(path))
+        return _decode(read_limited(path, _KEY_FILE_LIMITS, follow_symlinks=True), str(path))  # never a FIFO
     if env.get(literal_var):
         return _decode(env[literal_var].encode("utf-8"), literal_var)
     return None
