@@ -211,7 +211,7 @@ def _newest_signed(root: Path, store: TrustStore, run_id: str, above: int) -> in
 
 def _names(root: Path) -> list[str]:
     try:
-        return os.listdir(root) if root.is_dir() and not root.is_symlink() else []
+        return os.listdir(root) if root.is_dir() else []
     except OSError:
         return []
 
