@@ -40,6 +40,8 @@ LAZY_EXECUTORS = {
     "CheckpointError": "mixle_parallel.executors.torch.checkpoint_manifest",
     "CorruptCheckpointError": "mixle_parallel.executors.torch.checkpoint_manifest",
     "WorldSizeChangeError": "mixle_parallel.executors.torch.checkpoint_manifest",
+    "UntrustedCheckpointError": "mixle_parallel.executors.torch.checkpoint_manifest",
+    "DamagedRecordError": "mixle_parallel.executors.torch.checkpoint_marks",
     "MegatronBackend": "mixle_parallel.executors.megatron.backend",
     "MegatronSession": "mixle_parallel.executors.megatron.session",
     "MegatronBridgeBackend": "mixle_parallel.executors.megatron.bridge",

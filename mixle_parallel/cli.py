@@ -114,6 +114,21 @@ def _pass_through(name: str):  # noqa: ANN202 - handler factory
     return handler
 
 
+def _cmd_checkpoint(args: argparse.Namespace, console: Console) -> int:
+    """``checkpoint repair-mark ROOT``: rebuild this machine's damaged high-water records of a checkpoint root."""
+    from mixle_parallel.executors.torch.checkpoint_manifest import CheckpointError
+    from mixle_parallel.executors.torch.checkpoint_trust import repair_marks
+    from mixle_parallel.verification.keys import TrustStoreError
+
+    try:
+        done = repair_marks(args.root)
+    except (CheckpointError, TrustStoreError, OSError) as exc:
+        raise _Fail(f"cannot repair the records of {args.root}: {exc}") from None
+    for line in done:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from mixle_parallel.demo.run import run_demo
 
@@ -177,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="print the JSON Schema of a contract (no KIND: list the kinds)")
     schema.add_argument("kind", nargs="?", metavar="KIND")
     schema.set_defaults(handler=_cmd_schema)
+
+    checkpoint = sub.add_parser("checkpoint", help="checkpoint records: repair-mark ROOT rebuilds this machine's "
+                                                   "damaged high-water records from ROOT's signed generations")
+    actions = checkpoint.add_subparsers(dest="action", required=True)
+    repair = actions.add_parser("repair-mark", help="move a damaged record aside and rebuild it from the newest "
+                                                    "generation of ROOT's run signed by a trusted key")
+    repair.add_argument("root", metavar="ROOT", help="the checkpoint root (the folder holding LATEST)")
+    repair.set_defaults(handler=_cmd_checkpoint)
 
     for command, (function, text) in _COMMANDS.items():
         passthrough = sub.add_parser(command, help=text, add_help=False)

@@ -404,7 +404,7 @@ class TrustStore:
         Trusting a key again with other ``purposes`` replaces its purposes; a revoked key stays revoked.
         """
         if "BEGIN" not in pem and Path(pem).is_file():
-            pem = read_limited(pem, _KEY_FILE_LIMITS).decode("ascii", "replace")
+            pem = read_limited(pem, _KEY_FILE_LIMITS, follow_symlinks=True).decode("ascii", "replace")  # a typed path
         scopes = None if purposes is None else parse_purposes(purposes)
         with self._locked():
             return self._trust_locked(pem, label=label, purposes=scopes)
@@ -475,7 +475,7 @@ def load_key(
         path = Path(key_file)
         if not path.is_file():
             raise FileNotFoundError(f"HMAC key file {str(path)!r} does not exist (from {file_var} or key_file=)")
-        return _decode(path.read_bytes(), str(path))
+        return _decode(read_limited(path, _KEY_FILE_LIMITS, follow_symlinks=True), str(path))  # never a FIFO
     if env.get(literal_var):
         return _decode(env[literal_var].encode("utf-8"), literal_var)
     return None
