@@ -19,7 +19,7 @@ checkpoint generation folder or a saved model (file or folder). The file is a pl
 Everything but the run id, the artefact and the data is read from the run's ledger, after its signed
 head verifies: the statement says what the ledger vouched for when the artefact was written.
 ``open_provenance`` checks a statement's signature; ``subject_problems`` its files on disk.
-Every file is read by ``_open_regular`` (no link followed, no FIFO opened, a regular file, a size limit).
+Every file is read through ``contracts.safe_read`` (no link followed, no FIFO opened, a regular file, a size limit).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
-import stat
 import uuid
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
@@ -47,6 +46,7 @@ from ..contracts import (
 )
 from ..contracts.bounded_json import SIGNED_LIMITS, parse_json
 from ..contracts.canonical_json import signed_json_bytes
+from ..contracts.safe_read import open_regular
 from .attestation import (
     PROVENANCE_PREDICATE,
     STATEMENT_TYPE,
@@ -77,7 +77,6 @@ ARTEFACT_KINDS = ("checkpoint-generation", "model")
 MAX_FILE_BYTES = 1 << 40
 """Largest artefact file hashed (1 TiB): a file growing without end is refused, not hashed forever."""
 _BLOCK = 1 << 20
-_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class ProvenanceError(ValueError):
@@ -86,28 +85,19 @@ class ProvenanceError(ValueError):
 
 # ---- the one read of storage ----------------------------------------------------------------
 def _open_regular(path: Path, limit: int) -> Iterator[bytes]:
-    """The blocks of the regular file ``path``: opened without following a link or blocking on a FIFO,
-    checked to be a regular file of at most ``limit`` bytes, never read past ``limit``.
-
-    The single place this module (and ``verify-run``) reads storage; the storage issue's shared reader
-    replaces it. ``OSError`` for a link, a missing file or anything but a regular file; ``ProvenanceError``
-    for one over ``limit``.
-    """
-    fd = os.open(path, _FLAGS)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path} is not a regular file")
-        if info.st_size > limit:
-            raise ProvenanceError(f"{path} is {info.st_size:,} bytes, over the limit of {limit:,}; refused unread")
+    """The blocks of the regular file ``path``, opened by ``contracts.safe_read`` (no link followed, no FIFO,
+    device or socket opened: ``UnsafeFileError``, an ``OSError``), never read past ``limit`` (``ProvenanceError``
+    for a file over it). Streamed, so a large model file is hashed without being held in memory."""
+    with open_regular(path, what="provenance file") as source:
+        size = os.fstat(source.fileno()).st_size
+        if size > limit:
+            raise ProvenanceError(f"{path} is {size:,} bytes, over the limit of {limit:,}; refused unread")
         read = 0
-        while block := os.read(fd, min(_BLOCK, limit + 1 - read)):
+        while block := source.read(min(_BLOCK, limit + 1 - read)):
             read += len(block)
             if read > limit:
                 raise ProvenanceError(f"{path} grew past the limit of {limit:,} bytes while being read")
             yield block
-    finally:
-        os.close(fd)
 
 
 def read_bytes(path: str | os.PathLike[str], limit: int) -> bytes:
