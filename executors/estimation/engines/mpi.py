@@ -38,6 +38,7 @@ from .chunk_assignment import (
 )
 from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
 from .optional_engine import require_engine
+from .spmd_schedule import CollectiveSchedule, map_tag
 from .spmd_sources import scatter_source, source_row_placeholder
 from .wire_bytes import WireBytes, dumps
 
@@ -83,6 +84,21 @@ class MPIRunner:
         self._num_chunks = 0
         self.wire = WireBytes()
         """This rank's pass bytes: the pickled payload and every rank's pickled results, as they crossed."""
+        self.schedule = CollectiveSchedule(self.rank, self._gather_codes, lambda tag: self.comm.allgather(tag))
+        """Every collective step checked against the other ranks' before it runs (``spmd_schedule``)."""
+
+    def _gather_codes(self, code: int) -> list[int]:
+        """Every rank's 64-bit ``code`` in rank order: one fixed-size ``Allgather`` (no pickles)."""
+        import numpy as np
+
+        out = np.empty(self.size, dtype=np.int64)
+        self.comm.Allgather(np.array([code], dtype=np.int64), out)
+        return [int(c) for c in out]
+
+    def _agree(self, operation: str) -> None:
+        """The schedule check before a collective step (nothing to check alone)."""
+        if self.size > 1:
+            self.schedule.agree(operation)
 
     @property
     def transport_bytes(self) -> int:
@@ -110,6 +126,7 @@ class MPIRunner:
         Without ``root_only`` each rank passes the full-length list (entries it does not own may
         be ``None``); with it, only the root's ``chunks`` are read.
         """
+        self._agree("scatter")
         if self.root_only:
             parts = None
             n = None
@@ -143,6 +160,7 @@ class MPIRunner:
 
     def all_gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order (a collective: every rank calls it)."""
+        self._agree("all_gather")
         return list(self.comm.allgather(value))
 
     def compute_on(
@@ -160,8 +178,9 @@ class MPIRunner:
     ) -> list[Any]:
         """Collective: the root's payload to all, own chunks computed, results all-gathered in order.
 
-        Every rank must call it with the same ``fn`` and ``chunk_ids``.
+        Every rank must call it with the same ``fn`` and ``chunk_ids`` (checked first: ``spmd_schedule``).
         """
+        self._agree(map_tag(fn, chunk_ids))
         payload = self._share_payload(payload)
         ids = requested_ids(chunk_ids, self._num_chunks)
         mine: list[tuple[int, Any]] = []

@@ -40,6 +40,7 @@ from .chunk_assignment import (
 from .deadline import DEFAULT_TIMEOUT_S
 from .mpi import MPIEncodedData
 from .optional_engine import require_engine
+from .spmd_schedule import CollectiveSchedule, map_tag
 from .spmd_sources import source_row_placeholder
 from .wire_bytes import WireBytes, dumps
 
@@ -119,6 +120,29 @@ class TorchRunRunner:
         """The (peer, step) pairs this rank received from in the last pass's reduction (for tests)."""
         self.wire = WireBytes()
         """This rank's pass bytes: the pickled payload, subtree entries and ordered results, as they crossed."""
+        self.schedule = CollectiveSchedule(self.rank, self._gather_codes, self._gather_tags)
+        """Every collective step checked against the other ranks' before it runs (``spmd_schedule``)."""
+
+    def _gather_codes(self, code: int) -> list[int]:
+        """Every rank's 64-bit ``code`` in rank order: one fixed-size tensor ``all_gather`` (no pickles)."""
+        torch = require_engine("torch", "torch")
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if self.dist.get_backend(self.group) == "nccl" else torch.device("cpu"))
+        mine = torch.tensor([code], dtype=torch.int64, device=device)
+        out = [torch.empty_like(mine) for _ in range(self.size)]
+        self.dist.all_gather(out, mine, group=self.group)
+        return [int(t.item()) for t in out]
+
+    def _gather_tags(self, tag: str) -> list[str]:
+        """Every rank's ``tag`` in rank order (only to name a divergence)."""
+        out: list[Any] = [None] * self.size
+        self.dist.all_gather_object(out, tag, group=self.group)
+        return [str(t) for t in out]
+
+    def _agree(self, operation: str) -> None:
+        """The schedule check before a collective step (nothing to check alone)."""
+        if self.size > 1:
+            self.schedule.agree(operation)
 
     @property
     def transport_bytes(self) -> int:
@@ -145,6 +169,7 @@ class TorchRunRunner:
 
     def all_gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order (a collective: every rank calls it)."""
+        self._agree("all_gather")
         gathered = self.tree_reduce({self.rank: value})
         return [v for _, v in self.broadcast(sorted(gathered.items()) if gathered is not None else None)]
 
@@ -199,6 +224,7 @@ class TorchRunRunner:
     # -- the runner contract -------------------------------------------------------------------
     def scatter(self, chunks: Sequence[Any] | None) -> None:
         """Keep this rank's block (``root_only``: the root sends each rank its block)."""
+        self._agree("scatter")
         if self.root_only:
             parts = None
             if self.is_root:
@@ -226,7 +252,9 @@ class TorchRunRunner:
     def map_chunks(self, fn: Callable[[Any, Any], Any], payload: Any,
                    chunk_ids: Sequence[int] | None = None) -> list[Any]:
         """Collective: the root's payload to all, own chunks computed, entries reduced up the tree and the
-        ordered list broadcast back. Every rank must call it with the same ``fn`` and ``chunk_ids``."""
+        ordered list broadcast back. Every rank must call it with the same ``fn`` and ``chunk_ids`` (checked
+        first: ``spmd_schedule``)."""
+        self._agree(map_tag(fn, chunk_ids))
         payload = self._broadcast_pickled(payload)
         ids = requested_ids(chunk_ids, self._num_chunks)
         mine: dict[Any, Any] = {}
