@@ -5,9 +5,10 @@ handle (our ``fit``, mixle's ``optimize`` with ``pysp_seq_log_density_sum`` betw
 ``ModelParallelEstimator``). A rank whose control flow took another branch would otherwise meet its peers
 in the wrong collective: the root's payload of one pass handed to another pass's chunk function (a
 ``TypeError`` deep inside a chunk), or a hang. So before each collective step (a data pass, an all-gather)
-every rank numbers it and all-gathers an 8-byte code of its tag -- the step's number, operation, pass and
-chunks -- in one fixed-size collective; where the codes differ every rank gathers the tags themselves and
-raises the same :class:`CollectiveScheduleError`, naming the step each rank was about to run.
+every rank numbers it and its tag -- the step's number, operation, pass and chunks -- travels in the
+step's first collective (no collective is added to a pass): where the tags differ every rank raises the same
+:class:`CollectiveScheduleError` before any chunk is computed, naming the step each rank was about to run.
+The tags are control traffic, like a barrier: not counted as pass bytes (``wire_bytes``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["CollectiveSchedule", "CollectiveScheduleError", "pass_name"]
+__all__ = ["CollectiveSchedule", "CollectiveScheduleError", "map_tag", "pass_name", "tag_code"]
 
 PASS_NAMES = {
     "chunk_estep": "E-step",
@@ -60,30 +61,33 @@ def map_tag(fn: Any, chunk_ids: Sequence[int] | None) -> str:
     return f"map_chunks: {pass_name(fn)} over {_chunks(chunk_ids)}"
 
 
+def tag_code(tag: str) -> int:
+    """A tag's 64-bit code (signed), for a fixed-size exchange: equal tags, equal codes."""
+    return int.from_bytes(hashlib.blake2b(tag.encode(), digest_size=8).digest(), "little", signed=True)
+
+
 class CollectiveSchedule:
-    """A rank's numbered collective steps, checked against every other rank's before each one runs.
+    """A rank's numbered collective steps, each checked against every other rank's before it runs.
 
-    ``gather_codes(code)`` is every rank's 64-bit code in rank order (one fixed-size collective);
-    ``gather_tags(tag)`` every rank's tag (only where the codes differ, to name them)."""
+    The runner exchanges each step's tag (or its :func:`tag_code`) inside the step's first collective, so the
+    check adds no collective: ``mpi`` all-gathers the tags with the root's payload, ``torchrun`` all-gathers
+    the codes with the payload's size. :meth:`check` raises the same error on every rank where they differ."""
 
-    def __init__(self, rank: int, gather_codes: Callable[[int], Sequence[int]],
-                 gather_tags: Callable[[str], Sequence[str]]) -> None:
-        self.rank = rank
+    def __init__(self) -> None:
         self.steps = 0
         """Collective steps this rank has entered (the next one's number)."""
-        self._gather_codes = gather_codes
-        self._gather_tags = gather_tags
 
-    def agree(self, operation: str) -> None:
-        """Check that every rank is about to run ``operation`` as its next step (a collective: all call it);
-        raises :class:`CollectiveScheduleError` on every rank where one differs."""
+    def next_tag(self, operation: str) -> str:
+        """The tag of this rank's next collective step: its number and ``operation``."""
         tag = f"step {self.steps}: {operation}"
         self.steps += 1
-        code = int.from_bytes(hashlib.blake2b(tag.encode(), digest_size=8).digest(), "little", signed=True)
-        codes = list(self._gather_codes(code))
-        if len(set(codes)) <= 1:
+        return tag
+
+    def check(self, tags: Sequence[str]) -> None:
+        """Every rank's tag of this step, in rank order: raises :class:`CollectiveScheduleError` (the same message
+        on every rank) unless they are all equal."""
+        if len(set(tags)) <= 1:
             return
-        tags = list(self._gather_tags(tag))
         each = "; ".join(f"rank {r}: {t}" for r, t in enumerate(tags))
         raise CollectiveScheduleError(
             f"the ranks of this SPMD job were about to run different collectives ({each}); every rank stops "
@@ -91,3 +95,9 @@ class CollectiveSchedule:
             "(estep, pysp_seq_log_density_sum, ...) in the same order with the same arguments; where they do, "
             "a rank's own state steered it off the common schedule, a bug in mixle-parallel: report it with "
             "this message")
+
+    def check_codes(self, tag: str, codes: Sequence[int], gather_tags: Callable[[str], Sequence[str]]) -> None:
+        """As :meth:`check`, from every rank's :func:`tag_code`; where they differ the tags themselves are gathered
+        (``gather_tags``, a collective every rank then enters) to name them."""
+        if len(set(codes)) > 1:
+            self.check(list(gather_tags(tag)))

@@ -40,7 +40,7 @@ from .chunk_assignment import (
 from .deadline import DEFAULT_TIMEOUT_S
 from .mpi import MPIEncodedData
 from .optional_engine import require_engine
-from .spmd_schedule import CollectiveSchedule, map_tag
+from .spmd_schedule import CollectiveSchedule, map_tag, tag_code
 from .spmd_sources import source_row_placeholder
 from .wire_bytes import WireBytes, dumps
 
@@ -120,18 +120,26 @@ class TorchRunRunner:
         """The (peer, step) pairs this rank received from in the last pass's reduction (for tests)."""
         self.wire = WireBytes()
         """This rank's pass bytes: the pickled payload, subtree entries and ordered results, as they crossed."""
-        self.schedule = CollectiveSchedule(self.rank, self._gather_codes, self._gather_tags)
+        self.schedule = CollectiveSchedule()
         """Every collective step checked against the other ranks' before it runs (``spmd_schedule``)."""
 
-    def _gather_codes(self, code: int) -> list[int]:
-        """Every rank's 64-bit ``code`` in rank order: one fixed-size tensor ``all_gather`` (no pickles)."""
+    def _device(self) -> Any:
+        """Where this group's tensors live: the current CUDA device under nccl, else the CPU."""
         torch = require_engine("torch", "torch")
-        device = (torch.device("cuda", torch.cuda.current_device())
-                  if self.dist.get_backend(self.group) == "nccl" else torch.device("cpu"))
-        mine = torch.tensor([code], dtype=torch.int64, device=device)
+        if self.dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _exchange(self, tag: str, size: int) -> list[int]:
+        """Every rank's ``size`` in rank order, all-gathered in one fixed-size tensor with the :func:`tag_code` of
+        its step, which are checked first (the tags themselves gathered only to name a divergence)."""
+        torch = require_engine("torch", "torch")
+        mine = torch.tensor([tag_code(tag), size], dtype=torch.int64, device=self._device())
         out = [torch.empty_like(mine) for _ in range(self.size)]
         self.dist.all_gather(out, mine, group=self.group)
-        return [int(t.item()) for t in out]
+        rows = [t.tolist() for t in out]
+        self.schedule.check_codes(tag, [r[0] for r in rows], self._gather_tags)
+        return [int(r[1]) for r in rows]
 
     def _gather_tags(self, tag: str) -> list[str]:
         """Every rank's ``tag`` in rank order (only to name a divergence)."""
@@ -140,9 +148,9 @@ class TorchRunRunner:
         return [str(t) for t in out]
 
     def _agree(self, operation: str) -> None:
-        """The schedule check before a collective step (nothing to check alone)."""
+        """The schedule check as a step of its own (``all_gather``, ``scatter``; nothing to check alone)."""
         if self.size > 1:
-            self.schedule.agree(operation)
+            self._exchange(self.schedule.next_tag(operation), 0)
 
     @property
     def transport_bytes(self) -> int:
@@ -185,14 +193,24 @@ class TorchRunRunner:
         self.dist.broadcast_object_list(box, src=self._global(self.root), group=self.group)
         return box[0]
 
-    def _broadcast_pickled(self, value: Any) -> Any:
-        """``broadcast`` of one pickle of the root's ``value``, counted (sent once per peer, received once)."""
+    def _broadcast_pickled(self, value: Any, operation: str) -> Any:
+        """One pickle of the root's ``value`` on every rank, counted (sent once per peer, received once): its size
+        all-gathered with every rank's tag of this step (checked before anything runs, ``spmd_schedule``), then
+        its bytes broadcast -- the two collectives ``broadcast_object_list`` makes."""
         if self.size == 1:
             return value
-        blob = self.broadcast(dumps(value) if self.is_root else None)
+        torch = require_engine("torch", "torch")
+        blob = dumps(value) if self.is_root else b""
+        size = self._exchange(self.schedule.next_tag(operation), len(blob))[self.root]
+        if self.is_root:
+            buffer = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(self._device())
+        else:
+            buffer = torch.empty(size, dtype=torch.uint8, device=self._device())
+        self.dist.broadcast(buffer, src=self._global(self.root), group=self.group)
         if self.is_root:
             self.wire.count_sent(blob, copies=self.size - 1)
             return value
+        blob = buffer.cpu().numpy().tobytes()
         self.wire.count_received(blob)
         return pickle.loads(blob)
 
@@ -254,8 +272,7 @@ class TorchRunRunner:
         """Collective: the root's payload to all, own chunks computed, entries reduced up the tree and the
         ordered list broadcast back. Every rank must call it with the same ``fn`` and ``chunk_ids`` (checked
         first: ``spmd_schedule``)."""
-        self._agree(map_tag(fn, chunk_ids))
-        payload = self._broadcast_pickled(payload)
+        payload = self._broadcast_pickled(payload, map_tag(fn, chunk_ids))
         ids = requested_ids(chunk_ids, self._num_chunks)
         mine: dict[Any, Any] = {}
         failure: BaseException | None = None
@@ -270,7 +287,7 @@ class TorchRunRunner:
         if merged is not None:
             errors = sorted((k[1], v) for k, v in merged.items() if isinstance(k, tuple))
             outcome = ("error", errors) if errors else ("ok", ordered_results(merged, ids, self.name))
-        kind, value = self._broadcast_pickled(outcome)
+        kind, value = self._broadcast_pickled(outcome, "map_chunks: the ordered results")
         if kind == "error":
             detail = "; ".join(f"rank {r}: {e}" for r, e in value)
             raise TorchRunChunkError(f"chunk function failed on {len(value)} rank(s): {detail}") from failure

@@ -46,7 +46,13 @@ def drive(handle: Any, est: Any, start: Any) -> dict[str, Any]:
     records = handle.audit_records
     return {"params": params_hex(model), "estimator": type(est).__name__, "audited": handle.audit is not None,
             "audit_records": len(records), "audit_mismatches": sum(1 for r in records if not r.matched),
-            "esteps": handle.iteration, "steps": handle.runner.schedule.steps}
+            "esteps": handle.iteration, "steps": _steps(handle.runner)}
+
+
+def _steps(runner: Any) -> int | None:
+    """Collective steps the runner's schedule counted (None where a runner keeps no schedule)."""
+    schedule = getattr(runner, "schedule", None)
+    return None if schedule is None else int(schedule.steps)
 
 
 def local_params(est: Any, start: Any) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import pickle
 import subprocess
 import sys
@@ -48,7 +47,8 @@ def _check(ranks: list[dict[str, Any]], world: int, estimator: str) -> None:
 def test_mixle_optimize_drives_mpi_handle_on_two_ranks_in_one_schedule():
     pytest.importorskip("mpi4py", reason="mpi4py is the optional [mpi] extra")
     pytest.importorskip("mixle", reason="mixle is the optional [mixle] extra")
-    _check(run_mpi("mixle_optimize_check.py", 2, "plain", timeout=600), 2, "MixtureEstimator")
+    ranks = run_mpi("mixle_optimize_check.py", 2, "plain", timeout=600, abort_on_error=True)  # an error aborts the job
+    _check(ranks, 2, "MixtureEstimator")
 
 
 @pytest.mark.mpi
@@ -56,7 +56,8 @@ def test_mixle_optimize_drives_mpi_handle_on_two_ranks_in_one_schedule():
 def test_mixle_optimize_drives_model_parallel_estimator_on_three_mpi_ranks_in_one_schedule():
     pytest.importorskip("mpi4py", reason="mpi4py is the optional [mpi] extra")
     pytest.importorskip("mixle", reason="mixle is the optional [mixle] extra")
-    _check(run_mpi("mixle_optimize_check.py", 3, "model_parallel", timeout=600), 3, "ModelParallelEstimator")
+    ranks = run_mpi("mixle_optimize_check.py", 3, "model_parallel", timeout=600, abort_on_error=True)
+    _check(ranks, 3, "ModelParallelEstimator")
 
 
 @pytest.mark.slow
@@ -76,7 +77,7 @@ def test_mixle_optimize_drives_torchrun_handle_on_two_ranks_in_one_schedule(tmp_
 def test_a_chunk_result_and_its_transported_copy_commit_to_one_digest():
     """The root cause: ``pickle.dumps`` of mixle's statistics (numpy scalars beside an array) differed between a
     rank's own result and a peer's unpickled copy, so the ranks judged the same chunk differently."""
-    ms = pytest.importorskip("mixle.stats", reason="mixle is the optional [mixle] extra")
+    pytest.importorskip("mixle.stats", reason="mixle is the optional [mixle] extra")
     import numpy as np
 
     from mixle_parallel.executors.estimation.chunks import EncodedChunk, chunk_estep
