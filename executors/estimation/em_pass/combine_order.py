@@ -11,6 +11,7 @@ with the very same function (:func:`fold_pass`), so where a group was folded nev
 from __future__ import annotations
 
 import hashlib
+import io
 import pickle  # nosec B403 - bytes hashed here, never loaded
 import threading
 from collections.abc import Callable, Sequence
@@ -202,9 +203,20 @@ def chunk_result(entries: Sequence[Any], chunk: int) -> Any:
 
 def commit_digest(result: Any) -> str:
     """``sha256:<hex>`` of one chunk's E-step result as pickled: what a worker commits to for each chunk of a
-    folded group, cheap enough for every chunk of every pass (a tenth of ``statistic_digest``'s cost). Equal
-    digests mean equal bits (floats and arrays pickle exactly); differing ones are settled by a replay."""
-    return "sha256:" + hashlib.sha256(pickle.dumps(result, protocol=5)).hexdigest()
+    folded group, cheap enough for every chunk of every pass. Equal digests mean equal bits (floats and arrays
+    pickle exactly); differing ones are settled by a replay.
+
+    The pickle is a function of the value alone: no memo (``Pickler.fast``), so which objects happen to be shared
+    (the one ``dtype`` behind a numpy scalar and an array) leaves no ``BINGET`` in the bytes, and protocol 4, so
+    an array is written the same whether it is contiguous or a view. A result and its copy that crossed a
+    transport therefore digest alike: on SPMD backends the rank that computed a chunk and the ranks that
+    received it reach the same verdict, and enter the same collectives (a plain ``pickle.dumps`` of mixle's
+    statistics differed between the two, and the ranks fell out of step)."""
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=4)
+    pickler.fast = True  # no memo: the bytes do not depend on object identity
+    pickler.dump(result)
+    return "sha256:" + hashlib.sha256(buffer.getbuffer()).hexdigest()
 
 
 def committed_result(entries: Sequence[Any], chunk: int) -> tuple[Any, str]:

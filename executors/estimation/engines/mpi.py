@@ -38,6 +38,7 @@ from .chunk_assignment import (
 )
 from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
 from .optional_engine import require_engine
+from .spmd_schedule import CollectiveSchedule, map_tag
 from .spmd_sources import scatter_source, source_row_placeholder
 from .wire_bytes import WireBytes, dumps
 
@@ -83,6 +84,13 @@ class MPIRunner:
         self._num_chunks = 0
         self.wire = WireBytes()
         """This rank's pass bytes: the pickled payload and every rank's pickled results, as they crossed."""
+        self.schedule = CollectiveSchedule()
+        """Every collective step checked against the other ranks' before it runs (``spmd_schedule``)."""
+
+    def _agree(self, operation: str) -> None:
+        """The schedule check as a step of its own (``scatter``: once per handle; nothing to check alone)."""
+        if self.size > 1:
+            self.schedule.check(self.comm.allgather(self.schedule.next_tag(operation)))
 
     @property
     def transport_bytes(self) -> int:
@@ -110,6 +118,7 @@ class MPIRunner:
         Without ``root_only`` each rank passes the full-length list (entries it does not own may
         be ``None``); with it, only the root's ``chunks`` are read.
         """
+        self._agree("scatter")
         if self.root_only:
             parts = None
             n = None
@@ -143,7 +152,11 @@ class MPIRunner:
 
     def all_gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order (a collective: every rank calls it)."""
-        return list(self.comm.allgather(value))
+        if self.size == 1:
+            return [value]
+        parts = self.comm.allgather((self.schedule.next_tag("all_gather"), value))  # the step's tag travels along
+        self.schedule.check([tag for tag, _ in parts])
+        return [v for _, v in parts]
 
     def compute_on(
         self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
@@ -160,9 +173,9 @@ class MPIRunner:
     ) -> list[Any]:
         """Collective: the root's payload to all, own chunks computed, results all-gathered in order.
 
-        Every rank must call it with the same ``fn`` and ``chunk_ids``.
+        Every rank must call it with the same ``fn`` and ``chunk_ids`` (checked first: ``spmd_schedule``).
         """
-        payload = self._share_payload(payload)
+        payload = self._share_payload(payload, map_tag(fn, chunk_ids))
         ids = requested_ids(chunk_ids, self._num_chunks)
         mine: list[tuple[int, Any]] = []
         error: str | None = None
@@ -184,11 +197,15 @@ class MPIRunner:
             results.update(part)
         return ordered_results(results, ids, self.name)
 
-    def _share_payload(self, payload: Any) -> Any:
-        """The root's payload on every rank, broadcast as one pickle (counted: sent once per peer, received once)."""
+    def _share_payload(self, payload: Any, operation: str) -> Any:
+        """The root's payload on every rank, one pickle (counted: sent once per peer, received once), all-gathered
+        with every rank's tag of this step, which are checked before anything is computed (``spmd_schedule``)."""
         if self.size == 1:
             return payload
-        blob = self.comm.bcast(dumps(payload) if self.is_root else None, root=self.root)
+        tag = self.schedule.next_tag(operation)
+        parts = self.comm.allgather((tag, dumps(payload) if self.is_root else None))
+        self.schedule.check([t for t, _ in parts])
+        blob = parts[self.root][1]
         if self.is_root:
             self.wire.count_sent(blob, copies=self.size - 1)
             return payload

@@ -40,6 +40,7 @@ from .chunk_assignment import (
 from .deadline import DEFAULT_TIMEOUT_S
 from .mpi import MPIEncodedData
 from .optional_engine import require_engine
+from .spmd_schedule import CollectiveSchedule, map_tag, tag_code
 from .spmd_sources import source_row_placeholder
 from .wire_bytes import WireBytes, dumps
 
@@ -119,6 +120,37 @@ class TorchRunRunner:
         """The (peer, step) pairs this rank received from in the last pass's reduction (for tests)."""
         self.wire = WireBytes()
         """This rank's pass bytes: the pickled payload, subtree entries and ordered results, as they crossed."""
+        self.schedule = CollectiveSchedule()
+        """Every collective step checked against the other ranks' before it runs (``spmd_schedule``)."""
+
+    def _device(self) -> Any:
+        """Where this group's tensors live: the current CUDA device under nccl, else the CPU."""
+        torch = require_engine("torch", "torch")
+        if self.dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _exchange(self, tag: str, size: int) -> list[int]:
+        """Every rank's ``size`` in rank order, all-gathered in one fixed-size tensor with the :func:`tag_code` of
+        its step, which are checked first (the tags themselves gathered only to name a divergence)."""
+        torch = require_engine("torch", "torch")
+        mine = torch.tensor([tag_code(tag), size], dtype=torch.int64, device=self._device())
+        out = [torch.empty_like(mine) for _ in range(self.size)]
+        self.dist.all_gather(out, mine, group=self.group)
+        rows = [t.tolist() for t in out]
+        self.schedule.check_codes(tag, [r[0] for r in rows], self._gather_tags)
+        return [int(r[1]) for r in rows]
+
+    def _gather_tags(self, tag: str) -> list[str]:
+        """Every rank's ``tag`` in rank order (only to name a divergence)."""
+        out: list[Any] = [None] * self.size
+        self.dist.all_gather_object(out, tag, group=self.group)
+        return [str(t) for t in out]
+
+    def _agree(self, operation: str) -> None:
+        """The schedule check as a step of its own (``all_gather``, ``scatter``; nothing to check alone)."""
+        if self.size > 1:
+            self._exchange(self.schedule.next_tag(operation), 0)
 
     @property
     def transport_bytes(self) -> int:
@@ -145,6 +177,7 @@ class TorchRunRunner:
 
     def all_gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order (a collective: every rank calls it)."""
+        self._agree("all_gather")
         gathered = self.tree_reduce({self.rank: value})
         return [v for _, v in self.broadcast(sorted(gathered.items()) if gathered is not None else None)]
 
@@ -160,14 +193,24 @@ class TorchRunRunner:
         self.dist.broadcast_object_list(box, src=self._global(self.root), group=self.group)
         return box[0]
 
-    def _broadcast_pickled(self, value: Any) -> Any:
-        """``broadcast`` of one pickle of the root's ``value``, counted (sent once per peer, received once)."""
+    def _broadcast_pickled(self, value: Any, operation: str) -> Any:
+        """One pickle of the root's ``value`` on every rank, counted (sent once per peer, received once): its size
+        all-gathered with every rank's tag of this step (checked before anything runs, ``spmd_schedule``), then
+        its bytes broadcast -- the two collectives ``broadcast_object_list`` makes."""
         if self.size == 1:
             return value
-        blob = self.broadcast(dumps(value) if self.is_root else None)
+        torch = require_engine("torch", "torch")
+        blob = dumps(value) if self.is_root else b""
+        size = self._exchange(self.schedule.next_tag(operation), len(blob))[self.root]
+        if self.is_root:
+            buffer = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(self._device())
+        else:
+            buffer = torch.empty(size, dtype=torch.uint8, device=self._device())
+        self.dist.broadcast(buffer, src=self._global(self.root), group=self.group)
         if self.is_root:
             self.wire.count_sent(blob, copies=self.size - 1)
             return value
+        blob = buffer.cpu().numpy().tobytes()
         self.wire.count_received(blob)
         return pickle.loads(blob)
 
@@ -199,6 +242,7 @@ class TorchRunRunner:
     # -- the runner contract -------------------------------------------------------------------
     def scatter(self, chunks: Sequence[Any] | None) -> None:
         """Keep this rank's block (``root_only``: the root sends each rank its block)."""
+        self._agree("scatter")
         if self.root_only:
             parts = None
             if self.is_root:
@@ -226,8 +270,9 @@ class TorchRunRunner:
     def map_chunks(self, fn: Callable[[Any, Any], Any], payload: Any,
                    chunk_ids: Sequence[int] | None = None) -> list[Any]:
         """Collective: the root's payload to all, own chunks computed, entries reduced up the tree and the
-        ordered list broadcast back. Every rank must call it with the same ``fn`` and ``chunk_ids``."""
-        payload = self._broadcast_pickled(payload)
+        ordered list broadcast back. Every rank must call it with the same ``fn`` and ``chunk_ids`` (checked
+        first: ``spmd_schedule``)."""
+        payload = self._broadcast_pickled(payload, map_tag(fn, chunk_ids))
         ids = requested_ids(chunk_ids, self._num_chunks)
         mine: dict[Any, Any] = {}
         failure: BaseException | None = None
@@ -242,7 +287,7 @@ class TorchRunRunner:
         if merged is not None:
             errors = sorted((k[1], v) for k, v in merged.items() if isinstance(k, tuple))
             outcome = ("error", errors) if errors else ("ok", ordered_results(merged, ids, self.name))
-        kind, value = self._broadcast_pickled(outcome)
+        kind, value = self._broadcast_pickled(outcome, "map_chunks: the ordered results")
         if kind == "error":
             detail = "; ".join(f"rank {r}: {e}" for r, e in value)
             raise TorchRunChunkError(f"chunk function failed on {len(value)} rank(s): {detail}") from failure
