@@ -310,6 +310,8 @@ class ChunkedEncodedData:
             quarantined=sorted(self.quarantined),
             transport_bytes=None if moved_before is None else int(self._transport_bytes() or 0) - moved_before,
             observability=round_summary(records, min_excess_seconds=STRAGGLER_MIN_EXCESS_S),
+            draw=None if self._audit is None or self._audit.last_draw is None else
+            self._audit.last_draw.receipt_fields(),
         )
         if self.ledger is not None:
             self.ledger.receipt(self.last_receipt)

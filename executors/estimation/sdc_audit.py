@@ -3,18 +3,19 @@
 With the reference (the handle holds the rows: ``rows_reference``; or fetches one chunk again from its source:
 ``source_reference``; on SPMD handles every rank agrees on it, ``spmd_audit``), ``EMAudit._reference_pass``:
 
-1. The pass hands the backend the same tasks whichever chunks are audited: every chunk on its worker, no
-   chunk named, each folded group bringing back the ``commit_digest`` of each of its chunks' own
-   results (``GroupFold(commit=True)``), a commitment. The audited chunks are a ``rate`` sample drawn from a
-   generator seeded with an HMAC of (seed, iteration) under a per-handle secret, plus one on the first E-step
-   of every fit.
-2. The driver recomputes each audited chunk's E-step from the rows on a thread while the workers fold; it is
-   the one recomputation (the backend computes no chunk twice).
-3. ``EMAuditor.audit_reference`` compares it with the committed digest; where they differ a replay on the
-   same worker through the backend decides: it reproduces the digest and lies within
-   ``EM_REFERENCE_TOLERANCE`` (rounding), it reproduces and lies beyond (``backend_defect``: raises unless
-   ``warn``), or it does not reproduce (``device``): under ``quarantine`` with a healthy worker left that
-   worker is quarantined, its chunks recomputed on the others and checked against the reference again, so
+1. The pass hands the backend the same tasks on every pass, audited or not: every chunk on its worker, no
+   chunk named, each folded group bringing back the ``commit_digest`` of each of its chunks' own results
+   (``GroupFold(commit=True)``), a commitment. A group without a well-formed commitment per chunk is refused
+   (``commitments.check_commitments``: a ``BackendDefectError`` naming the group).
+2. Only then is the sample drawn (``audit_draw``): from fresh entropy, systematically (every chunk once per
+   ``ceil(1/rate)`` passes; one chunk per worker on a fit's first pass), recorded in the pass's receipt.
+   Before the commitments nothing differs between an audited and an unaudited pass (no thread, no state).
+3. The driver recomputes each audited chunk's E-step from the rows (the one recomputation: the backend
+   computes no chunk twice), and ``EMAuditor.audit_reference`` compares it with the committed digest; where
+   they differ a replay on the same worker through the backend decides: it reproduces the digest and lies
+   within ``EM_REFERENCE_TOLERANCE`` (rounding), it reproduces and lies beyond (``backend_defect``: raises
+   unless ``warn``), or it does not reproduce (``device``): under ``quarantine`` with a healthy worker left
+   that worker is quarantined, its chunks recomputed on the others and checked against the reference again, so
    the fit ends on the same bits as a clean run.
 
 Without the reference (a source that cannot read one chunk alone; mixle's ``AuditedMPEncodedData``, whose peer
@@ -33,21 +34,18 @@ the run's ledger and writes them.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 
 from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, choose
 from ...contracts.estimation import statistic_digest
 from ...verification.harness.em_reference import EM_REFERENCE_TOLERANCE
 from ...verification.sdc.em import ChunkAudit, EMAuditor, within_tolerance
 from ...verification.sdc.schedule import DEFAULT_AUDIT_RATE, SDCDetectedError, audit_uniform
+from .audit_draw import Draw, SystematicDraw, fresh_entropy
 from .audit_injection import chunk_estep_struck, flip_statistic  # re-exported here, their earlier home
 from .audit_receipt import em_receipt  # re-exported here, its earlier home
 from .chunks import (
@@ -64,6 +62,7 @@ from .chunks import (
     supports_worker_placement,
 )
 from .combine_order import commit_digest, committed_result
+from .commitments import check_commitments
 from .engines.chunk_assignment import block_assignment
 from .fold_binding import bind_folded_sums
 
@@ -121,7 +120,14 @@ class EMAudit:
         self.gather: Callable[[Any], list[Any]] | None = None
         """SPMD: every rank's value in rank order (a collective), to share the references so every rank judges
         the same and enters the same replays; None in one driver."""
-        self._secret = secrets.token_bytes(32)  # never leaves the driver: the backend cannot draw the sample
+        self.sampler = SystematicDraw(rate)
+        """The reference audit's systematic draw (``audit_draw``): every chunk audited once per ``ceil(1/rate)``
+        passes; each pass's sample is drawn from fresh entropy after the pass's commitments are in."""
+        self.draws: list[Draw] = []
+        """Every pass's ``Draw`` so far (its entropy, published after the draw; ``audit_draw.recheck_draws``)."""
+        self.last_draw: Draw | None = None
+        self.agree: Callable[[bytes], bytes] | None = None
+        """SPMD: the root's entropy on every rank (a collective), so every rank draws the same sample."""
         self._owner = secrets.token_hex(8)  # names this audit's passes in the workers' retained results
         """With a reference, whether audited chunks are still also computed on a peer in the pass (mixle's
         ``AuditedMPEncodedData`` counts those evaluations); by default the reference replaces the peer replay,
@@ -182,26 +188,27 @@ class EMAudit:
         return bool(self.auditor.quarantined or self.lost)
 
     def audited_chunks(self, iteration: int, num_chunks: int, *, first_of_fit: bool = False) -> tuple[int, ...]:
-        """Chunks audited at ``iteration``: the seeded sample, plus one on the first E-step of a fit. Against the
-        reference the sample is drawn with this handle's secret as well, so a backend that knows the seed and
-        the rule still cannot tell the audited chunks (the tasks name none; ``_reference_pass``)."""
+        """Chunks a pass audits where its tasks name them (peer replays: the seeded sample, plus one on the first
+        E-step of a fit). Against the reference no rule tells them ahead: each pass's sample is drawn after its
+        commitments are in (``draw_sample``; the past ones are in ``draws``)."""
         if self.reference is not None and not self.peer_replays:
-            return self._secret_sample(iteration, num_chunks, first_of_fit)
+            raise RuntimeError("the reference audit draws each pass's sample after the pass's commitments are in, "
+                               "so no pass's sample is known ahead; read audit.draws for the passes done")
         chosen = set(self.auditor.audited_chunks(iteration, num_chunks))
         if first_of_fit and not chosen and num_chunks:
             chosen.add(int(audit_uniform(self.auditor.seed, iteration, "em-fit-first") * num_chunks))
         return tuple(sorted(chosen))
 
-    def _secret_sample(self, iteration: int, n: int, first_of_fit: bool) -> tuple[int, ...]:
-        """The ``rate`` sample of ``EMAuditor.audited_chunks`` (one chunk of iteration 0 always, one on a fit's
-        first E-step), drawn from a generator seeded with an HMAC of (seed, iteration) under ``self._secret``:
-        one HMAC per pass, not one per chunk, and as unpredictable without the secret."""
-        mac = hmac.new(self._secret, f"{self.auditor.seed}:{iteration}:em".encode(), hashlib.sha256).digest()
-        draws = np.random.Generator(np.random.PCG64(int.from_bytes(mac, "big"))).random(n + 1)
-        chosen = {int(c) for c in np.flatnonzero(draws[:n] < self.auditor.rate)}
-        if n and (iteration == 0 or (first_of_fit and not chosen)):
-            chosen.add(min(int(draws[n] * n), n - 1))
-        return tuple(sorted(chosen))
+    def draw_sample(self, num_chunks: int, owners: Sequence[int], *, first_of_fit: bool) -> tuple[int, ...]:
+        """The chunks this pass audits, drawn now (after every group committed) from fresh entropy, systematically
+        (``audit_draw``); on SPMD every rank takes the root's entropy (``agree``, a collective)."""
+        entropy = fresh_entropy()
+        if self.agree is not None:
+            entropy = self.agree(entropy)
+        drawn = self.sampler.draw(entropy, num_chunks, owners, first_of_fit=first_of_fit)
+        self.draws.append(drawn)
+        self.last_draw = drawn
+        return drawn.chunks
 
     def _owners(self, num_chunks: int, healthy: list[int]) -> list[int]:
         preferred = list(self.runner.chunk_owners()) if hasattr(self.runner, "chunk_owners") else []
@@ -285,11 +292,10 @@ class EMAudit:
                       *, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         """The E-step entries of one audited pass (chunk order, for ``fold_pass``; each audited chunk's own
         result, or its committed digest, readable with ``committed_result``) and the audit outcomes."""
-        audited = self.audited_chunks(iteration, handle.num_chunks, first_of_fit=first_of_fit)
+        self.last_draw = None
         if self.reference is not None and not self.peer_replays:
-            mine = [c for c in audited if self.computes is None or self.computes(c)]
-            references = _Background(self.reference, mine, estimator, model) if audited else None
-            return self._reference_pass(handle, estimator, model, iteration, audited, references)
+            return self._reference_pass(handle, estimator, model, iteration, first_of_fit)
+        audited = self.audited_chunks(iteration, handle.num_chunks, first_of_fit=first_of_fit)
         if self.reference is None:
             return self._backend_pass(handle, estimator, model, iteration, audited)
         return self._named_and_secret_pass(handle, estimator, model, iteration, audited, first_of_fit)
@@ -297,16 +303,16 @@ class EMAudit:
     def _named_and_secret_pass(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
                                first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         """The pass with peer replays of the chunks it names (mixle's draw) and, on it, the secret sample's
-        reference audit and group opening, so sparing exactly the named chunks does not pass."""
-        secret, token = self._secret_sample(iteration, handle.num_chunks, first_of_fit), f"{self._owner}:{iteration}"
-        chunks = tuple(sorted(set(audited) | set(secret)))
-        references = _Background(self.reference, chunks, estimator, model) if chunks else None  # type: ignore[arg-type]
+        reference audit and group opening (drawn after the pass), so sparing exactly the named chunks does not
+        pass."""
+        token = f"{self._owner}:{iteration}"
         entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited, token)
-        if references is None:
-            return entries, outcomes
-        refs = references.result()  # mixle's chunks, then the secret ones, against the reference
-        outcomes += self._against_reference(entries, refs, estimator, model, iteration, chunks)
         owners = self._chunk_owners(len(entries))
+        check_commitments(entries, handle.num_chunks, backend=self.runner.name, iteration=iteration, owners=owners)
+        secret = self.draw_sample(handle.num_chunks, owners, first_of_fit=first_of_fit)
+        chunks = tuple(sorted(set(audited) | set(secret)))
+        refs = self._references(chunks, estimator, model)  # mixle's chunks, then the secret ones
+        outcomes += self._against_reference(entries, refs, estimator, model, iteration, chunks)
         folds = bind_folded_sums(self, entries, (estimator, model), iteration, secret, owners, token)
         self._mend_quarantined(entries, folds, owners, estimator, model, iteration)
         return entries, outcomes + folds
@@ -331,11 +337,12 @@ class EMAudit:
                 self._note_lost(exc)
         raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
 
-    def _reference_pass(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
-                        references: _Background | None) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """The pass, the same tasks whether or not (and whichever) chunks are audited: every folded group commits
-        to its chunks' digests, and only then are the audited chunks compared with ``references`` (computed
-        outside the backend meanwhile). A device fault quarantines its worker and its chunks are recomputed."""
+    def _reference_pass(self, handle: Any, estimator: Any, model: Any, iteration: int,
+                        first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The pass, the same tasks on every pass: every folded group commits to its chunks' digests; only once
+        every commitment is in (and well formed) is the sample drawn, from fresh entropy, and the audited chunks
+        compared with references computed outside the backend. A device fault quarantines its worker and its
+        chunks are recomputed."""
         pending = self._injection_pending(iteration)
         struck: set[tuple[int, int]] = set()
         token = f"{self._owner}:{iteration}"
@@ -343,9 +350,12 @@ class EMAudit:
             entries = handle.estep_entries(estimator, model, commit=True, retain=token)
         else:
             entries = self._committed_round(estimator, model, iteration, handle.num_chunks, struck, token)
-        if references is None:
+        owners = self._chunk_owners(len(entries))
+        check_commitments(entries, handle.num_chunks, backend=self.runner.name, iteration=iteration, owners=owners)
+        audited = self.draw_sample(handle.num_chunks, owners, first_of_fit=first_of_fit)
+        if not audited:
             return entries, ()
-        refs, owners = self._shared(references), self._chunk_owners(len(entries))
+        refs = self._references(audited, estimator, model)
         outcomes = self._against_reference(entries, refs, estimator, model, iteration, audited,
                                            struck if self.placement else None, owners)
         self._mend_quarantined(entries, outcomes, owners, estimator, model, iteration)
@@ -365,16 +375,19 @@ class EMAudit:
         if found:
             self._mend(entries, {}, owners, estimator, model)
 
-    def _shared(self, references: _Background) -> dict[int, Any]:
-        """The references by chunk: this process's, or (SPMD) every rank's gathered, so each rank has them all;
-        a rank whose reference failed makes every rank raise, none is left waiting in a collective."""
+    def _references(self, chunks: Sequence[int], estimator: Any, model: Any) -> dict[int, Any]:
+        """The references of ``chunks`` by chunk: those this process computes, or (SPMD) every rank's gathered, so
+        each rank has them all; a rank whose reference failed makes every rank raise, none is left waiting in a
+        collective."""
+        assert self.reference is not None  # only reference passes ask
+        mine = [c for c in chunks if self.computes is None or self.computes(c)]
         if self.gather is None:
-            return references.result()
+            return {c: self.reference(c, estimator, model) for c in mine}
         try:
-            mine, failure = references.result(), ""
+            found, failure = {c: self.reference(c, estimator, model) for c in mine}, ""
         except Exception as exc:  # noqa: BLE001 - shared with every rank, then raised on all
-            mine, failure = {}, f"{type(exc).__name__}: {exc}"
-        parts = self.gather((mine, failure))
+            found, failure = {}, f"{type(exc).__name__}: {exc}"
+        parts = self.gather((found, failure))
         failures = [f"rank {r}: {f}" for r, (_, f) in enumerate(parts) if f]
         if failures:
             raise RuntimeError(f"the SDC audit's reference failed on {'; '.join(failures)}")
@@ -569,30 +582,3 @@ def source_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult] | No
         return chunk_estep(source.read_chunk(handle.places[chunk], handle._encoder), (estimator, model))
 
     return reference
-
-
-class _Background:
-    """``reference(c, estimator, model)`` for each audited chunk on a thread of the driver, started at once, so the
-    recomputation overlaps the backend's pass (numpy releases the GIL; the driver mostly waits on its workers)."""
-
-    def __init__(self, reference: Callable[[int, Any, Any], Any], chunks: Sequence[int], estimator: Any,
-                 model: Any) -> None:
-        self._out: dict[int, Any] = {}
-        self._error: BaseException | None = None
-
-        def work() -> None:
-            try:
-                for c in chunks:
-                    self._out[c] = reference(c, estimator, model)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
-                self._error = exc
-
-        self._thread = threading.Thread(target=work, name="em-audit-reference", daemon=True)
-        self._thread.start()
-
-    def result(self) -> dict[int, Any]:
-        """The references by chunk id (waits for the thread; re-raises what it raised)."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._out

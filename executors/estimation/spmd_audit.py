@@ -1,7 +1,8 @@
 """The reference audit on SPMD handles (``mpi``, ``torchrun``): every rank draws, judges and raises the same.
 
 Each rank runs the same program, and an audit's replays are collectives every rank must enter together.
-So the ranks agree, once, on the secret the audited chunks are drawn with (the root's, all-gathered) and on
+So the ranks agree, per pass, on the fresh entropy the audited chunks are drawn with (the root's, all-gathered
+once every group has committed: ``EMAudit.agree``) and, once, on
 whether the reference runs at all (the root holds rows, or every rank reads its own chunks again from its
 source: ``files(...)`` from the file, ``rank_local`` from the rows the rank passed); per pass each rank
 recomputes the reference of the audited chunks it owns (under ``root_only`` the root recomputes them all,
@@ -20,9 +21,10 @@ __all__ = ["attach_spmd_reference"]
 
 
 def attach_spmd_reference(handle: Any) -> None:
-    """Agree on the audit's secret and turn the reference on, on every rank (a collective: all ranks call it)."""
+    """Agree on each pass's draw entropy and turn the reference on, on every rank (a collective: all ranks call
+    it)."""
     audit, runner = handle._audit, handle.runner
-    audit._secret = runner.all_gather(audit._secret)[runner.root]
+    audit.agree = lambda entropy: runner.all_gather(entropy)[runner.root]
     from_source = source_reference(handle) if handle._audit_rows is None else None
     found = runner.all_gather((handle._audit_rows is not None, from_source is not None))
     if all(readable for _, readable in found):  # a source every rank reads its own chunks of again
