@@ -42,6 +42,7 @@ from .em_observability import (
     round_summary,
 )
 from .engine_choice import EngineChoice, resolve_engine
+from .estep import rows_reference, source_reference
 from .metering import MeteredRunner
 from .minibatch import (
     DEFAULT_STEP_EXPONENT,
@@ -56,7 +57,7 @@ from .mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from .options import EncodedDataOptions, UnknownOptionError, VerificationOptions, option_names, sub_chunked
 from .placement_check import check_placement
 from .planner import placement_for_bounds
-from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference, source_reference
+from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt
 from .sources import ChunkPlace, OpenedSource, as_source, open_source, source_layout, source_places
 
 __all__ = ["STRAGGLER_MIN_EXCESS_S", "ChunkedEncodedData", "handle_from_runner"]
@@ -75,7 +76,8 @@ class ChunkedEncodedData:
     def _attach_reference(self) -> None:
         """Give the audit the driver's reference where this handle keeps the rows, or reads them again from
         ``files(...)`` (SPMD handles agree on it)."""
-        self._audit.reference = rows_reference(self) if self._audit_rows is not None else source_reference(self)
+        self._audit.reference = (rows_reference(self._audit_rows, self.bounds) if self._audit_rows is not None else
+                                 source_reference(self.source, self.places))
 
     def __init__(self, runner: ChunkRunner, data: Any = None, options: EncodedDataOptions | None = None, *,
                  num_rows: int | None = None, owns_runner: bool = True, **params: Any) -> None:
@@ -288,8 +290,8 @@ class ChunkedEncodedData:
                 self._ensure_scattered(estimator, model)
                 try:
                     entries, outcomes = self._audit.estep_results(
-                        self, estimator, model, iteration, first_of_fit=self._fit_first
-                    )
+                        estimator, model, iteration, num_chunks=self.num_chunks, encoder=self._encoder,
+                        first_of_fit=self._fit_first)
                 finally:  # what the audit found reaches the ledger even when it raises
                     self._log_audit_events(self._audit.take_events())
             else:

@@ -1,7 +1,8 @@
 """SDC audit of the EM E-step inside an encoded-data handle.
 
-With the reference (the handle holds the rows: ``rows_reference``; or fetches one chunk again from its source:
-``source_reference``; on SPMD handles every rank agrees on it, ``spmd_audit``), ``EMAudit._reference_pass``:
+With the reference (the handle holds the rows: ``estep.rows_reference``; or fetches the audited chunks again from
+their source: ``estep.source_reference``; on SPMD handles every rank agrees on it, ``spmd_audit``), the pass is
+``estep.reference_pass`` (read it top to bottom); ``EMAudit`` keeps the audit's state and places its work:
 
 1. The pass hands the backend the same tasks on every pass, audited or not: every chunk on its worker, no
    chunk named, each folded group bringing back the ``commit_digest`` of each of its chunks' own results
@@ -34,6 +35,7 @@ the run's ledger and writes them.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -43,14 +45,13 @@ import attrs
 from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, choose
 from ...contracts.estimation import statistic_digest
 from ...verification.harness.em_reference import EM_REFERENCE_TOLERANCE
-from ...verification.sdc.em import ChunkAudit, EMAuditor, within_tolerance
-from ...verification.sdc.schedule import DEFAULT_AUDIT_RATE, SDCDetectedError, audit_uniform
+from ...verification.sdc.em import ChunkAudit, EMAuditor
+from ...verification.sdc.schedule import DEFAULT_AUDIT_RATE, audit_uniform
 from .audit_draw import Draw, SystematicDraw, fresh_entropy
 from .audit_injection import chunk_estep_struck, flip_statistic  # re-exported here, their earlier home
+from .audit_judge import Verdict, enforce
 from .audit_receipt import em_receipt  # re-exported here, its earlier home
 from .chunks import (
-    ChunkResult,
-    EncodedChunk,
     GroupFold,
     GroupStats,
     WorkerLostError,
@@ -61,13 +62,13 @@ from .chunks import (
     group_of,
     supports_worker_placement,
 )
-from .combine_order import commit_digest, committed_result
 from .commitments import check_commitments
 from .engines.chunk_assignment import block_assignment
-from .fold_binding import bind_folded_sums
+from .estep import References, judge_against_reference, open_folded_groups, reference_pass
 
-__all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
-           "rows_reference", "source_reference"]
+__all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic"]
+
+_log = logging.getLogger("mixle_parallel.verification.sdc.em")  # the auditor's logger, as before
 
 
 # ---- the audit driver ------------------------------------------------------------------------------
@@ -109,9 +110,9 @@ class EMAudit:
                 f"{runner.name!r} runner declares supports_worker_placement=False (use mp, local, dask or ray)"
             )
         self.lost: set[int] = set()
-        self.reference: Callable[[int, Any, Any], Any] | None = None
-        """``reference(chunk, estimator, model)``: the chunk's E-step computed outside the backend (the handle
-        sets it where it holds the rows); each audited chunk is also compared with it (``audit_reference``)."""
+        self.reference: References | None = None
+        """``reference(chunks, encoder, estimator, model)``: the chunks' E-steps computed outside the backend (the
+        handle sets it where it holds the rows or can read them again); each audited chunk is compared with it."""
         self.tolerance = EM_REFERENCE_TOLERANCE
         """What a reference comparison allows where the bits differ (the harness's EM bound)."""
         self.peer_replays = False
@@ -288,103 +289,73 @@ class EMAudit:
         raise WorkerLostError("workers kept dying during one pass; create a new handle")
 
     # -- the audited E-step ----------------------------------------------------------------------
-    def estep_results(self, handle: Any, estimator: Any, model: Any, iteration: int,
-                      *, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+    def estep_results(self, estimator: Any, model: Any, iteration: int, *, num_chunks: int, encoder: Any,
+                      first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         """The E-step entries of one audited pass (chunk order, for ``fold_pass``; each audited chunk's own
-        result, or its committed digest, readable with ``committed_result``) and the audit outcomes."""
+        result, or its committed digest, readable with ``committed_result``) and the audit outcomes. Against the
+        reference the pass is ``estep.reference_pass``; it is given plain values, never the handle."""
         self.last_draw = None
         if self.reference is not None and not self.peer_replays:
-            return self._reference_pass(handle, estimator, model, iteration, first_of_fit)
-        audited = self.audited_chunks(iteration, handle.num_chunks, first_of_fit=first_of_fit)
+            return reference_pass(self, estimator, model, iteration=iteration, num_chunks=num_chunks,
+                                  encoder=encoder, first_of_fit=first_of_fit)
+        audited = self.audited_chunks(iteration, num_chunks, first_of_fit=first_of_fit)
+        payload = (estimator, model)
         if self.reference is None:
-            return self._backend_pass(handle, estimator, model, iteration, audited)
-        return self._named_and_secret_pass(handle, estimator, model, iteration, audited, first_of_fit)
+            return self._backend_pass(payload, iteration, num_chunks, audited)
+        return self._named_and_secret_pass(payload, iteration, num_chunks, encoder, audited, first_of_fit)
 
-    def _named_and_secret_pass(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
+    def _named_and_secret_pass(self, payload: tuple[Any, Any], iteration: int, n: int, encoder: Any,
+                               audited: tuple[int, ...],
                                first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         """The pass with peer replays of the chunks it names (mixle's draw) and, on it, the secret sample's
         reference audit and group opening (drawn after the pass), so sparing exactly the named chunks does not
         pass."""
-        token = f"{self._owner}:{iteration}"
-        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited, token)
-        owners = self._chunk_owners(len(entries))
-        check_commitments(entries, handle.num_chunks, backend=self.runner.name, iteration=iteration, owners=owners)
-        secret = self.draw_sample(handle.num_chunks, owners, first_of_fit=first_of_fit)
+        token = self.pass_token(iteration)
+        entries, outcomes = self._backend_pass(payload, iteration, n, audited, token)
+        owners = self.chunk_owners(n)
+        check_commitments(entries, n, backend=self.runner.name, iteration=iteration, owners=owners)
+        secret = self.draw_sample(n, owners, first_of_fit=first_of_fit)
         chunks = tuple(sorted(set(audited) | set(secret)))
-        refs = self._references(chunks, estimator, model)  # mixle's chunks, then the secret ones
-        outcomes += self._against_reference(entries, refs, estimator, model, iteration, chunks)
-        folds = bind_folded_sums(self, entries, (estimator, model), iteration, secret, owners, token)
-        self._mend_quarantined(entries, folds, owners, estimator, model, iteration)
+        refs = self.references(chunks, encoder, *payload)  # mixle's chunks, then the secret ones
+        outcomes += judge_against_reference(self, entries, refs, chunks, owners, payload, iteration, None)
+        folds = open_folded_groups(self, entries, payload, iteration, secret, owners, token)
         return entries, outcomes + folds
 
-    def _injection_pending(self, iteration: int) -> bool:
-        """Whether a planned fault strikes at ``iteration`` (the pass then runs placed, so it can strike)."""
-        return self.injector is not None and any(f.step == iteration for f in self.injector.pending)
+    def pass_token(self, iteration: int) -> str:
+        """The token a pass's folding workers keep their chunks' own results under (for the reveals)."""
+        return f"{self._owner}:{iteration}"
 
-    def _backend_pass(self, handle: Any, estimator: Any, model: Any, iteration: int,
-                      audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """The pass through the backend, audited chunks replayed on a peer (or on the same runner); with a
-        ``token`` every folded group also commits to its chunks' digests and keeps their results."""
-        if not self.placement:
-            return self._same_runner(handle, estimator, model, iteration, audited, token)
-        pending = self._injection_pending(iteration)
-        if not audited and not self.excluded and not pending:
-            return handle.estep_entries(estimator, model, commit=bool(token), retain=token), ()
-        for _ in range(len(self.runner.worker_ids()) + 1):
-            try:
-                return self._placed_pass(estimator, model, iteration, handle.num_chunks, audited, token)
-            except WorkerUnavailableError as exc:
-                self._note_lost(exc)
-        raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
+    def fold_entries(self, payload: tuple[Any, Any], n: int, raw: Sequence[int] = (), *, commit: bool = False,
+                     token: str = "") -> list[Any]:
+        """One pass's entries, every chunk on its worker (healthy ones only), groups folded where a worker holds
+        them whole: the ``raw`` chunks' own results come back, with ``commit`` every chunk's digest, with
+        ``token`` the workers keep their groups' own results for a ``GroupReveal``."""
+        fold = GroupFold(chunk_estep, n, frozenset(int(c) for c in raw), commit, token)
+        out = self.placed_map(fold, payload, n) if self.excluded else self.runner.map_chunks(fold, payload)  # type: ignore[arg-type]  # NamedTuple __call__
+        if len(out) != n:
+            raise RuntimeError(f"backend {self.runner.name!r} returned {len(out)} chunk results for {n} chunks; a "
+                               "runner must return one result per chunk, ordered by chunk id")
+        return out
 
-    def _reference_pass(self, handle: Any, estimator: Any, model: Any, iteration: int,
-                        first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """The pass, the same tasks on every pass: every folded group commits to its chunks' digests; only once
-        every commitment is in (and well formed) is the sample drawn, from fresh entropy, and the audited chunks
-        compared with references computed outside the backend. A device fault quarantines its worker and its
-        chunks are recomputed."""
-        pending = self._injection_pending(iteration)
+    def committed_pass(self, payload: tuple[Any, Any], iteration: int, n: int,
+                       token: str) -> tuple[list[Any], set[tuple[int, int]]]:
+        """The pass's entries, every folded group committed to its chunks' digests and kept under ``token``, and
+        the (worker, chunk) pairs a planned fault struck (a pass with one pending runs placed, to strike)."""
         struck: set[tuple[int, int]] = set()
-        token = f"{self._owner}:{iteration}"
-        if not (self.placement and (self.excluded or pending)):
-            entries = handle.estep_entries(estimator, model, commit=True, retain=token)
-        else:
-            entries = self._committed_round(estimator, model, iteration, handle.num_chunks, struck, token)
-        owners = self._chunk_owners(len(entries))
-        check_commitments(entries, handle.num_chunks, backend=self.runner.name, iteration=iteration, owners=owners)
-        audited = self.draw_sample(handle.num_chunks, owners, first_of_fit=first_of_fit)
-        if not audited:
-            return entries, ()
-        refs = self._references(audited, estimator, model)
-        outcomes = self._against_reference(entries, refs, estimator, model, iteration, audited,
-                                           struck if self.placement else None, owners)
-        self._mend_quarantined(entries, outcomes, owners, estimator, model, iteration)
-        self._recheck(entries, refs, outcomes)
-        folds = bind_folded_sums(self, entries, (estimator, model), iteration, audited, owners, token)
-        self._mend_quarantined(entries, folds, owners, estimator, model, iteration)
-        return entries, outcomes + folds
+        if self.placement and (self.excluded or self._injection_pending(iteration)):
+            return self._committed_round(*payload, iteration, n, struck, token), struck
+        return self.fold_entries(payload, n, commit=True, token=token), struck
 
-    def _mend_quarantined(self, entries: list[Any], outcomes: Sequence[ChunkAudit], owners: list[int], estimator: Any,
-                          model: Any, iteration: int) -> None:
-        """After a device fault quarantined a worker (a placed runner), recompute its chunks on the others."""
-        found = [o for o in outcomes if o.quarantined is not None] if self.placement else []
-        for o in found:
-            self._note(f"worker {o.quarantined} quarantined after a mismatch with the reference it did not reproduce "
-                       f"on {o.records[0].unit.replace(':', ' ')} at iteration {iteration}; its chunks are "
-                       "recomputed on the others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
-        if found:
-            self._mend(entries, {}, owners, estimator, model)
-
-    def _references(self, chunks: Sequence[int], estimator: Any, model: Any) -> dict[int, Any]:
+    def references(self, chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, Any]:
         """The references of ``chunks`` by chunk: those this process computes, or (SPMD) every rank's gathered, so
         each rank has them all; a rank whose reference failed makes every rank raise, none is left waiting in a
         collective."""
         assert self.reference is not None  # only reference passes ask
         mine = [c for c in chunks if self.computes is None or self.computes(c)]
         if self.gather is None:
-            return {c: self.reference(c, estimator, model) for c in mine}
+            return self.reference(mine, encoder, estimator, model)
         try:
-            found, failure = {c: self.reference(c, estimator, model) for c in mine}, ""
+            found, failure = self.reference(mine, encoder, estimator, model), ""
         except Exception as exc:  # noqa: BLE001 - shared with every rank, then raised on all
             found, failure = {}, f"{type(exc).__name__}: {exc}"
         parts = self.gather((found, failure))
@@ -392,6 +363,52 @@ class EMAudit:
         if failures:
             raise RuntimeError(f"the SDC audit's reference failed on {'; '.join(failures)}")
         return {c: v for part, _ in parts for c, v in part.items()}
+
+    def apply(self, verdict: Verdict) -> None:
+        """Apply the judge's verdict: its records (up to the first the policy does not let pass), its quarantines
+        and their notes; then raise where the policy says so (``audit_judge.enforce``)."""
+        for outcome in verdict.outcomes:
+            self.auditor.records.extend(outcome.records)
+            bad = [r for r in outcome.records if not r.matched]
+            if bad:
+                _log.warning("EM audit mismatch on %s, iteration %d: attributed to worker %s, action %s",
+                             bad[0].unit, outcome.iteration, bad[0].attributed_rank, bad[0].action)
+                if self.auditor.policy is AuditPolicy.RAISE or bad[0].action == "raise":
+                    break
+            if outcome.quarantined is not None:
+                self.auditor.quarantined.add(outcome.quarantined)
+        enforce(verdict, self.auditor.policy)
+
+    def mend_quarantined(self, entries: list[Any], outcomes: Sequence[ChunkAudit], owners: Sequence[int],
+                         payload: tuple[Any, Any], iteration: int) -> None:
+        """After a device fault quarantined a worker (a placed runner), recompute its chunks on the others."""
+        found = [o for o in outcomes if o.quarantined is not None] if self.placement else []
+        for o in found:
+            self._note(f"worker {o.quarantined} quarantined after a mismatch with the reference it did not reproduce "
+                       f"on {o.records[0].unit.replace(':', ' ')} at iteration {iteration}; its chunks are "
+                       "recomputed on the others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
+        if found:
+            self._mend(entries, {}, owners, *payload)
+
+    def _injection_pending(self, iteration: int) -> bool:
+        """Whether a planned fault strikes at ``iteration`` (the pass then runs placed, so it can strike)."""
+        return self.injector is not None and any(f.step == iteration for f in self.injector.pending)
+
+    def _backend_pass(self, payload: tuple[Any, Any], iteration: int, n: int,
+                      audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The pass through the backend, audited chunks replayed on a peer (or on the same runner); with a
+        ``token`` every folded group also commits to its chunks' digests and keeps their results."""
+        if not self.placement:
+            return self._same_runner(payload, iteration, n, audited, token)
+        pending = self._injection_pending(iteration)
+        if not audited and not self.excluded and not pending:
+            return self.fold_entries(payload, n, commit=bool(token), token=token), ()
+        for _ in range(len(self.runner.worker_ids()) + 1):
+            try:
+                return self._placed_pass(*payload, iteration, n, audited, token)
+            except WorkerUnavailableError as exc:
+                self._note_lost(exc)
+        raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
 
     def _committed_round(self, estimator: Any, model: Any, iteration: int, n: int,
                          struck: set[tuple[int, int]], token: str = "") -> list[Any]:
@@ -410,41 +427,15 @@ class EMAudit:
             return [values[(owners[c], c)] for c in range(n)]
         raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
 
-    def _replay(self, worker: int, c: int, estimator: Any, model: Any) -> Any:
+    def replay(self, worker: int, c: int, payload: tuple[Any, Any]) -> Any:
         """Chunk ``c`` recomputed through the backend on ``worker`` (or on the runner, without placement)."""
         if self.placement:
-            value = self._round({worker: [c]}, estimator, model, None, set())[(worker, c)]
+            value = self._round({worker: [c]}, *payload, None, set())[(worker, c)]
         else:
-            value = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=[c])[0]
+            value = self.runner.map_chunks(chunk_estep, payload, chunk_ids=[c])[0]
         return chunk_result([value], 0) if isinstance(value, GroupStats) else value
 
-    def _against_reference(self, entries: list[Any], references: dict[int, Any], estimator: Any, model: Any,
-                           iteration: int, audited: tuple[int, ...], struck: set[tuple[int, int]] | None = None,
-                           owners: list[int] | None = None) -> tuple[ChunkAudit, ...]:
-        """Each audited chunk's statistic as the pass will fold it, against the reference computed outside the
-        backend; a mismatch is replayed on the chunk's worker through the backend to classify it. With
-        ``struck`` (a placed pass that replays on no peer) a device fault quarantines its worker where a
-        healthy one remains."""
-        owners = self._chunk_owners(len(entries)) if owners is None else owners
-        spare = struck is not None and len(self.healthy()) >= 2
-        outcomes = []
-        for c in audited:
-            worker = owners[c]
-
-            def replay(c: int = c, worker: int = worker) -> Any:
-                return self._replay(worker, c, estimator, model)
-
-            own, committed = committed_result(entries, c)
-            outcomes.append(self.auditor.audit_reference(
-                iteration=iteration, chunk=c, worker=worker, statistic=own, observed=committed, digest=commit_digest,
-                reference=references[c], replay=replay,
-                atol=self.tolerance.atol, rtol=self.tolerance.rtol,
-                injected=struck is not None and any(k[1] == c for k in struck), can_quarantine=spare))
-            if outcomes[-1].quarantined is not None:
-                spare = len(self.healthy()) >= 2
-        return tuple(outcomes)
-
-    def _chunk_owners(self, num_chunks: int) -> list[int]:
+    def chunk_owners(self, num_chunks: int) -> list[int]:
         """The worker each chunk was computed on (for the record and the same-worker replay)."""
         if self.placement:
             return self._owners(num_chunks, self.healthy() or self.live())
@@ -510,7 +501,7 @@ class EMAudit:
             outcomes.append(outcome)
         return outcomes, decided
 
-    def _mend(self, entries: list[Any], decided: dict[int, Any], owners: list[int], estimator: Any,
+    def _mend(self, entries: list[Any], decided: dict[int, Any], owners: Sequence[int], estimator: Any,
               model: Any) -> None:
         """Recompute, per chunk on healthy workers, the chunks of a quarantined worker and every group holding
         one of them or a chunk whose audited statistic is not its primary's (a group folded with a bad chunk in
@@ -525,23 +516,13 @@ class EMAudit:
         for c, value in decided.items():
             entries[c] = value
 
-    def _recheck(self, entries: list[Any], references: dict[int, Any], outcomes: Sequence[ChunkAudit]) -> None:
-        """After a quarantine, the recomputed chunk must agree with its reference, else nothing mended it."""
-        for outcome in outcomes:
-            if outcome.quarantined is None:
-                continue
-            ok, _, _ = within_tolerance(entries[outcome.chunk], references[outcome.chunk], self.tolerance.atol,
-                                        self.tolerance.rtol)
-            if not ok:
-                raise SDCDetectedError(outcome.records)
-
-    def _same_runner(self, handle: Any, estimator: Any, model: Any, iteration: int,
+    def _same_runner(self, payload: tuple[Any, Any], iteration: int, n: int,
                      audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        results = handle.estep_entries(estimator, model, raw=audited, commit=bool(token), retain=token)
+        results = self.fold_entries(payload, n, audited, commit=bool(token), token=token)
         if not audited:
             return results, ()
-        replays = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=list(audited))
-        owners = self._chunk_owners(len(results))
+        replays = self.runner.map_chunks(chunk_estep, payload, chunk_ids=list(audited))
+        owners = self.chunk_owners(len(results))
         outcomes = []
         for c, replay in zip(audited, replays):
             outcomes.append(
@@ -550,35 +531,3 @@ class EMAudit:
                 )
             )
         return results, tuple(outcomes)
-
-
-def rows_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult]:
-    """``reference(chunk, estimator, model)``: the chunk's E-step recomputed in the driver from the rows ``handle``
-    keeps (``_audit_rows``) with its encoder, outside the backend's runner and transport."""
-
-    def reference(chunk: int, estimator: Any, model: Any) -> ChunkResult:
-        rows, encoder = handle._audit_rows, handle._encoder
-        if rows is None or encoder is None:
-            raise RuntimeError("this handle keeps no rows for the audit's reference (sources, SPMD or audit off)")
-        a, b = handle.bounds[chunk]
-        return chunk_estep(EncodedChunk(chunk, a, b, encoder.encode(rows[a:b])), (estimator, model))
-
-    return reference
-
-
-def source_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult] | None:
-    """For a handle over a source: ``reference(chunk, estimator, model)``, the chunk's rows fetched again into this
-    process by its place in the source (file or partition, row offset) through the source's plain data API
-    (a file read; dask, Spark or Ray computing that one partition slice; a rank's own rows), encoded and
-    E-stepped here, outside the backend's runner, E-step and transport; None for a source that cannot read
-    one chunk alone."""
-    source = handle.source
-    if source is None or not source.reads_chunks:
-        return None
-
-    def reference(chunk: int, estimator: Any, model: Any) -> ChunkResult:
-        if handle._encoder is None:
-            raise RuntimeError("the audit's reference runs after the handle's chunks are encoded")
-        return chunk_estep(source.read_chunk(handle.places[chunk], handle._encoder), (estimator, model))
-
-    return reference

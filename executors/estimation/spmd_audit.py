@@ -12,10 +12,10 @@ digests with the same references, enters the same replays and raises the same er
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .sdc_audit import rows_reference, source_reference
+from .estep import rows_reference, source_reference
 
 __all__ = ["attach_spmd_reference"]
 
@@ -25,7 +25,7 @@ def attach_spmd_reference(handle: Any) -> None:
     it)."""
     audit, runner = handle._audit, handle.runner
     audit.agree = lambda entropy: runner.all_gather(entropy)[runner.root]
-    from_source = source_reference(handle) if handle._audit_rows is None else None
+    from_source = source_reference(handle.source, handle.places) if handle._audit_rows is None else None
     found = runner.all_gather((handle._audit_rows is not None, from_source is not None))
     if all(readable for _, readable in found):  # a source every rank reads its own chunks of again
         audit.reference = from_source
@@ -34,7 +34,7 @@ def attach_spmd_reference(handle: Any) -> None:
     if not found[runner.root][0]:  # no rows at the root and a source not every rank can read: no reference
         return
     everywhere = all(rows for rows, _ in found)
-    audit.reference = rows_reference(handle) if handle._audit_rows is not None else _no_rows
+    audit.reference = rows_reference(handle._audit_rows, handle.bounds) if handle._audit_rows is not None else _no_rows
     audit.computes, audit.gather = _owned_by(runner, everywhere), runner.all_gather
 
 
@@ -46,6 +46,8 @@ def _owned_by(runner: Any, everywhere: bool) -> Callable[[int], bool]:
     return computes
 
 
-def _no_rows(chunk: int, estimator: Any, model: Any) -> Any:
+def _no_rows(chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, Any]:
     """A rank without rows recomputes no reference (``computes`` never names it one)."""
-    raise RuntimeError(f"this rank holds no rows to recompute chunk {chunk} from; the root recomputes it")
+    if chunks:
+        raise RuntimeError(f"this rank holds no rows to recompute chunks {list(chunks)} from; the root recomputes them")
+    return {}
