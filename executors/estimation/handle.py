@@ -57,6 +57,7 @@ from .mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from .options import EncodedDataOptions, UnknownOptionError, VerificationOptions, option_names, sub_chunked
 from .placement_check import check_placement
 from .planner import placement_for_bounds
+from .runner_protocols import AssignsChunks, transport_count
 from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt
 from .sources import ChunkPlace, OpenedSource, as_source, open_source, source_layout, source_places
 
@@ -181,7 +182,8 @@ class ChunkedEncodedData:
             self.runner.scatter(encode_chunks(self._data, self._encoder, self.bounds))
         if self.placement is not None:
             blocks = [range(s.first_chunk, s.last_chunk) for s in self.placement.shards]
-            self.runner.assign_chunks(blocks)  # type: ignore[attr-defined]  # checked by check_placement
+            assert isinstance(self.runner, AssignsChunks)  # checked by check_placement
+            self.runner.assign_chunks(blocks)
         self._scattered = True
         self._data = None  # the runner holds the encoded chunks now
 
@@ -283,7 +285,8 @@ class ChunkedEncodedData:
         estimator, model, _ = adapt_mixle_objects(estimator, model, None)
         estimator, model = self._bound(estimator, model)
         iteration = self.iteration
-        moved_before, messages_before = self._transport_bytes(), self._transport_count("transport_messages")
+        moved_before, messages_before = (transport_count(self.runner, "transport_bytes"),
+                                         transport_count(self.runner, "transport_messages"))
         self._metered.begin(iteration, "estep")
         try:
             if self._audit is not None:
@@ -299,7 +302,7 @@ class ChunkedEncodedData:
         finally:
             records = self._metered.end()
             self.rank_records.extend(records)
-            after = self._transport_count("transport_messages")
+            after = transport_count(self.runner, "transport_messages")
             self.last_transport_messages = None if after is None or messages_before is None else after - messages_before
         self._fit_first = False
         total = self._fold_entries(estimator, entries)
@@ -310,7 +313,8 @@ class ChunkedEncodedData:
         self.last_receipt = em_receipt(
             iteration, nobs, ll, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
             quarantined=sorted(self.quarantined),
-            transport_bytes=None if moved_before is None else int(self._transport_bytes() or 0) - moved_before,
+            transport_bytes=None if moved_before is None else
+            int(transport_count(self.runner, "transport_bytes") or 0) - moved_before,
             observability=round_summary(records, min_excess_seconds=STRAGGLER_MIN_EXCESS_S),
             draw=None if self._audit is None or self._audit.last_draw is None else
             self._audit.last_draw.receipt_fields(),
@@ -328,15 +332,6 @@ class ChunkedEncodedData:
                 self.ledger.note(event.message, **event.fields)
             else:
                 self.ledger.audit(event)
-
-    def _transport_bytes(self) -> int | None:
-        """The runner's count of pass bytes handed to its transport so far (None: it does not count)."""
-        return self._transport_count("transport_bytes")
-
-    def _transport_count(self, name: str) -> int | None:
-        """A counter the runner keeps at its transport (``transport_bytes``, ``transport_messages``), or None."""
-        found = getattr(self.runner, name, None)
-        return None if found is None else int(found)
 
     def _fold_entries(self, estimator: Any, entries: list[Any]) -> Any:
         """A pass's total from its entries (``fold_pass``); a subclass may guard it (``finite_guarded_fold``)."""

@@ -52,6 +52,7 @@ from .audit_injection import chunk_estep_struck, flip_statistic  # re-exported h
 from .audit_judge import Verdict, enforce
 from .audit_receipt import em_receipt  # re-exported here, its earlier home
 from .chunks import (
+    ChunkRunner,
     GroupFold,
     GroupStats,
     WorkerLostError,
@@ -65,6 +66,7 @@ from .chunks import (
 from .commitments import check_commitments
 from .engines.chunk_assignment import block_assignment
 from .estep import References, judge_against_reference, open_folded_groups, reference_pass
+from .runner_protocols import ChunkOwnership, WorkerPlacement
 
 __all__ = ["DEFAULT_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic"]
 
@@ -97,7 +99,7 @@ AuditEvent = SDCAuditRecord | AuditNote
 class EMAudit:
     """The SDC audit state of one handle: the seeded auditor, quarantined and lost workers, injector."""
 
-    def __init__(self, runner: Any, *, rate: float = DEFAULT_AUDIT_RATE,
+    def __init__(self, runner: ChunkRunner, *, rate: float = DEFAULT_AUDIT_RATE,
                  policy: AuditPolicy | str = AuditPolicy.QUARANTINE, seed: int = 0, fault_injector: Any = None) -> None:
         self.runner = runner
         chosen = choose(AuditPolicy, policy, option="audit_policy", allowed=EM_AUDIT_POLICIES)
@@ -135,6 +137,14 @@ class EMAudit:
         which only checked the backend against itself, and a mismatch is classified by a same-worker replay."""
         self._events: list[AuditEvent] = []
         self._taken = 0  # auditor records already moved to _events
+
+    @property
+    def placer(self) -> WorkerPlacement:
+        """The runner, as one that places work on chosen workers (only placed passes ask)."""
+        runner = self.runner
+        if not isinstance(runner, WorkerPlacement):
+            raise RuntimeError(f"the {runner.name!r} runner cannot compute chosen chunks on a chosen worker")
+        return runner
 
     # -- findings for the ledger's owner -------------------------------------------------------------
     def _sync(self) -> None:
@@ -177,7 +187,7 @@ class EMAudit:
 
     def live(self) -> list[int]:
         """Live worker ids not lost during an audited pass."""
-        return [w for w in self.runner.worker_ids() if w not in self.lost]
+        return [w for w in self.placer.worker_ids() if w not in self.lost]
 
     def healthy(self) -> list[int]:
         """Live workers that are not quarantined."""
@@ -212,7 +222,7 @@ class EMAudit:
         return drawn.chunks
 
     def _owners(self, num_chunks: int, healthy: list[int]) -> list[int]:
-        preferred = list(self.runner.chunk_owners()) if hasattr(self.runner, "chunk_owners") else []
+        preferred = list(self.runner.chunk_owners()) if isinstance(self.runner, ChunkOwnership) else []
         if len(preferred) == num_chunks and all(w in healthy for w in preferred):
             return preferred
         owners = [0] * num_chunks
@@ -252,7 +262,7 @@ class EMAudit:
                     (estimator, model),
                     tuple(ids),
                 )
-        out = self.runner.run_on_workers(tasks)
+        out = self.placer.run_on_workers(tasks)
         return {(w, c): value for w, task in tasks.items() for c, value in zip(task.chunk_ids, out[w])}
 
     def _note_lost(self, exc: WorkerUnavailableError) -> None:
@@ -273,14 +283,14 @@ class EMAudit:
                    ids: Sequence[int] | None = None) -> list[Any]:
         """``fn`` over the chunks, only on healthy workers; results in chunk order."""
         wanted = list(range(num_chunks)) if ids is None else sorted(ids)
-        for _ in range(len(self.runner.worker_ids()) + 1):
+        for _ in range(len(self.placer.worker_ids()) + 1):
             healthy = self._healthy_or_raise()
             owners = self._owners(num_chunks, healthy)
             jobs: dict[int, list[int]] = {}
             for c in wanted:
                 jobs.setdefault(owners[c], []).append(c)
             try:
-                out = self.runner.run_on_workers({w: WorkerTask(fn, payload, tuple(cs)) for w, cs in jobs.items()})
+                out = self.placer.run_on_workers({w: WorkerTask(fn, payload, tuple(cs)) for w, cs in jobs.items()})
             except WorkerUnavailableError as exc:
                 self._note_lost(exc)
                 continue
@@ -403,7 +413,7 @@ class EMAudit:
         pending = self._injection_pending(iteration)
         if not audited and not self.excluded and not pending:
             return self.fold_entries(payload, n, commit=bool(token), token=token), ()
-        for _ in range(len(self.runner.worker_ids()) + 1):
+        for _ in range(len(self.placer.worker_ids()) + 1):
             try:
                 return self._placed_pass(*payload, iteration, n, audited, token)
             except WorkerUnavailableError as exc:
@@ -413,7 +423,7 @@ class EMAudit:
     def _committed_round(self, estimator: Any, model: Any, iteration: int, n: int,
                          struck: set[tuple[int, int]], token: str = "") -> list[Any]:
         """The pass on the healthy workers only (planned flips struck), groups committed to their digests."""
-        for _ in range(len(self.runner.worker_ids()) + 1):
+        for _ in range(len(self.placer.worker_ids()) + 1):
             owners = self._owners(n, self._healthy_or_raise())
             jobs: dict[int, list[int]] = {}
             for c in range(n):
@@ -439,7 +449,7 @@ class EMAudit:
         """The worker each chunk was computed on (for the record and the same-worker replay)."""
         if self.placement:
             return self._owners(num_chunks, self.healthy() or self.live())
-        if hasattr(self.runner, "chunk_owners"):
+        if isinstance(self.runner, ChunkOwnership):
             return list(self.runner.chunk_owners())
         return [w for w, ids in enumerate(block_assignment(num_chunks, self.runner.num_workers)) for _ in ids]
 

@@ -94,6 +94,28 @@ def _slice_job(lo: int, hi: int, rows: int, where: str,
     return rows_of
 
 
+def _slices_job(wanted: dict[int, list[tuple[int, int, int]]], part_rows: Sequence[int],
+                read: Callable[[list[Any]], Any]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The function each partition runs for one pass's references: a partition holding audited chunks reads its
+    rows once, checks them, and yields ``(k, rows[lo:hi])`` for each chunk ``k`` it holds; the others nothing."""
+    def slices(index: int, records: Iterator[Any]) -> Iterator[Any]:
+        asks = wanted.get(index)
+        if not asks:
+            return
+        found = read(list(records))
+        if len(found) != part_rows[index]:
+            raise ValueError(f"RDD partition {index} held {part_rows[index]} rows when counted and {len(found)} now: "
+                             "the data is not the same on every evaluation; cache it (rdd.cache() / df.cache()) first")
+        for k, lo, hi in asks:
+            yield k, (np.array(found[lo:hi]) if isinstance(found, np.ndarray) else found[lo:hi])
+
+    return slices
+
+
+def _as_is(records: Iterator[Any]) -> Iterator[Any]:
+    return records
+
+
 def _count_partition(index: int, records: Iterator[Any]) -> Iterator[tuple[int, int]]:
     yield index, sum(1 for _ in records)
 
@@ -158,6 +180,21 @@ class OpenedSparkRows(OpenedSource):
         if len(found) != 1:
             raise RuntimeError(f"Spark returned {len(found)} results for {self.describe_part(place.part)}, not one")
         return found[0]
+
+    def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
+        """The rows of every chunk at ``places``: one Spark job on just their partitions, each partition read once
+        and only the chunks' row ranges sent here."""
+        if not places:
+            return []
+        wanted: dict[int, list[tuple[int, int, int]]] = {}
+        for k, place in enumerate(places):
+            wanted.setdefault(place.part, []).append((k, place.offset, place.stop_offset))
+        job = _slices_job(wanted, self.part_rows, self.read)
+        found = dict(self.rdd.context.runJob(self.rdd.mapPartitionsWithIndex(job), _as_is, partitions=sorted(wanted)))
+        missing = [self.describe_part(p.part) for k, p in enumerate(places) if k not in found]
+        if missing:
+            raise RuntimeError(f"Spark returned no rows for {', '.join(missing)}")
+        return [found[k] for k in range(len(places))]
 
     def place(self, runner: Any, places: Sequence[ChunkPlace], encoder: Any) -> None:
         """Map every partition to its encoded chunks, cached on the executors."""
