@@ -101,8 +101,7 @@ def main() -> None:
     est = MixtureEstimator([GaussianEstimator() for _ in range(k)])
     start = MixtureDistribution([GaussianDistribution(3.0 * j + 0.5, 4.0) for j in range(k)], np.full(k, 1.0 / k))
     tmp = tempfile.mkdtemp(prefix="em-audit-overhead-")
-    data, backend, engine = _data(x, args.source, args.backend, args.workers, tmp)
-    args.backend = backend
+    data, args.backend, engine = _data(x, args.source, args.backend, args.workers, tmp)
     # admission="unverified": a benchmark on this machine's processes, no certificate involved
     audited = encoded_data(data, estimator=est, backend=args.backend, num_workers=args.workers,
                            admission="unverified", **engine)
@@ -130,22 +129,15 @@ def main() -> None:
     same = canonical_statistic_bytes(models["audited"].params()) == canonical_statistic_bytes(models["plain"].params())
     a, p = statistics.median(times["audited"]), statistics.median(times["plain"])
     chunks = audited.num_chunks
-    print(
-        f"{args.rows:,} rows x 1-D ({args.source}), K={k}, {args.backend} with {args.workers} workers, "
-        f"{chunks} chunks, "
-        f"{args.iters} interleaved iterations"
-    )
+    print(f"{args.rows:,} rows x 1-D ({args.source}), K={k}, {args.backend} with {args.workers} workers, "
+          f"{chunks} chunks, {args.iters} interleaved iterations")
     print(f"{'':12}{'median s/it':>12}{'mean s/it':>11}")
     for name in ("plain", "audited"):
         print(f"{name:12}{statistics.median(times[name]):12.4f}{statistics.fmean(times[name]):11.4f}")
-    print(
-        f"audited chunks: {len({(r.step, r.unit) for r in records})} of {chunks * args.iters} "
-        f"({len([r for r in records if not r.matched])} mismatches); same model bits: {same}"
-    )
-    print(
-        f"ratio audited / plain (median): {a / p:.3f}x   (mean: "
-        f"{statistics.fmean(times['audited']) / statistics.fmean(times['plain']):.3f}x)"
-    )
+    print(f"audited chunks: {len({(r.step, r.unit) for r in records})} of {chunks * args.iters} "
+          f"({len([r for r in records if not r.matched])} mismatches); same model bits: {same}")
+    print(f"ratio audited / plain (median): {a / p:.3f}x   (mean: "
+          f"{statistics.fmean(times['audited']) / statistics.fmean(times['plain']):.3f}x)")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ here reaches back into the handle: it is given plain values and the audit's stat
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -59,13 +60,42 @@ def reference_pass(audit: EMAudit, estimator: Any, model: Any, *, iteration: int
     audited = audit.draw_sample(num_chunks, owners, first_of_fit=first_of_fit)
     if not audited:
         return entries, ()
-    # 4-6. the references, a replay on its worker of what differs, the judge's verdict applied, and mending
-    refs = audit.references(audited, encoder, estimator, model)
+    # 4. the references, computed here while the workers reveal the opened groups' chunks (both after the draw)
+    refs, revealed = _references_and_reveals(audit, entries, audited, owners, payload, encoder, token)
+    # 5-6. a replay on its worker of what differs, the judge's verdict applied, and mending
     outcomes = judge_against_reference(audit, entries, refs, audited, owners, payload, iteration,
                                        struck if audit.placement else None)
     # 7. the folded groups holding an audited chunk, opened and judged
-    folds = open_folded_groups(audit, entries, payload, iteration, audited, owners, token)
+    folds = open_folded_groups(audit, entries, payload, iteration, audited, owners, token, revealed)
     return entries, outcomes + folds
+
+
+def _references_and_reveals(audit: EMAudit, entries: list[Any], audited: Sequence[int], owners: Sequence[int],
+                            payload: tuple[Any, Any], encoder: Any,
+                            token: str) -> tuple[dict[int, Any], dict[int, Any]]:
+    """The audited chunks' references and the opened groups' revealed chunks. In one driver the references are
+    computed on a thread while the workers reveal (the driver mostly waits on them); on SPMD ranks, whose
+    gathers and reveals are collectives in a fixed order, one after the other."""
+    ids = [c for a, b in opened_groups(entries, audited) for c in range(a, b)]
+    if audit.gather is not None or not ids:
+        return audit.references(audited, encoder, *payload), {}
+    found: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            found["refs"] = audit.references(audited, encoder, *payload)
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the pass
+            found["error"] = exc
+
+    thread = threading.Thread(target=work, name="em-audit-reference", daemon=True)
+    thread.start()
+    try:
+        revealed = reveal_chunks(audit.runner, audit.placement, ids, owners, payload, token)
+    finally:
+        thread.join()
+    if "error" in found:
+        raise found["error"]
+    return found["refs"], revealed
 
 
 def judge_against_reference(audit: EMAudit, entries: list[Any], refs: dict[int, Any], audited: Sequence[int],
@@ -88,15 +118,18 @@ def judge_against_reference(audit: EMAudit, entries: list[Any], refs: dict[int, 
 
 
 def open_folded_groups(audit: EMAudit, entries: list[Any], payload: tuple[Any, Any], iteration: int,
-                       audited: Sequence[int], owners: Sequence[int], token: str) -> tuple[ChunkAudit, ...]:
+                       audited: Sequence[int], owners: Sequence[int], token: str,
+                       revealed: dict[int, Any] | None = None) -> tuple[ChunkAudit, ...]:
     """Open the folded groups holding ``audited`` chunks: their workers reveal the chunks' own results, which
     must match the commitments, and the driver's fold of them must be the sum that came back (``fold_binding``).
-    Opened groups whose results match their commitments enter ``entries`` per chunk."""
+    Opened groups whose results match their commitments enter ``entries`` per chunk. ``revealed``: chunks the
+    workers already revealed in this pass."""
     groups = [(a, b) for a, b in opened_groups(entries, audited) if owners[b - 1] not in audit.quarantined]
     if not groups:
         return ()
-    revealed = reveal_chunks(audit.runner, audit.placement, [c for a, b in groups for c in range(a, b)], owners,
-                             payload, token)
+    wanted = [c for a, b in groups for c in range(a, b)]
+    if revealed is None or any(c not in revealed for c in wanted):  # not revealed with the references
+        revealed = reveal_chunks(audit.runner, audit.placement, wanted, owners, payload, token)
     evidence = []
     for a, b in groups:
         group, values = entries[b - 1], [revealed[c] for c in range(a, b)]
