@@ -21,8 +21,10 @@ for the reference, all of a pass's in one request (about ``rate`` of the rows pe
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 
@@ -68,6 +70,7 @@ def _data(x: np.ndarray, source: str, backend: str, workers: int, tmp: str) -> t
         ray.init(num_cpus=workers, include_dashboard=False, ignore_reinit_error=True)
         return ray.data.from_numpy(x), backend, {}
     if source in ("spark-df", "spark-rdd"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the executors run this interpreter
         import pyspark
         from pyspark.sql import SparkSession
 
