@@ -7,17 +7,25 @@ iteration of each and the ratio audited / plain, and checks both produce the sam
 
     python benchmarks/em_audit_overhead.py                 # 1,000,000 x 1-D, K=8, mp, 2 workers
     python benchmarks/em_audit_overhead.py --rows 200000 --iters 10
-    python benchmarks/em_audit_overhead.py --backend dask --source collection   # a dask Array on the cluster
+    python benchmarks/em_audit_overhead.py --source dask   # a dask Array on a local cluster
+    python benchmarks/em_audit_overhead.py --source spark-df --rows 200000
 
-``--source collection`` fits the engine's own collection instead of rows in memory (``dask``: a dask Array of
-one block per worker; ``ray``: a ``ray.data`` Dataset; ``spark``: an RDD): the audited chunks' rows are then
-fetched by the driver through the engine's data API for the reference (about ``rate`` of the rows per pass).
+``--source`` picks where the rows live: ``memory`` (rows in this process, ``--backend``), ``files`` (``.npy``
+files, one per worker, read by ``--backend``'s workers), ``spark-df`` (a Parquet table read as a DataFrame),
+``spark-rdd`` (an RDD), ``dask`` (a dask Array, one block per worker), ``ray`` (a ``ray.data`` Dataset); the
+last four imply their engine. Off memory, the audited chunks' rows are fetched by the driver from the source
+for the reference, all of a pass's in one request (about ``rate`` of the rows per pass). ``rows`` and
+``collection`` are the earlier spellings of ``memory`` and the engine's own collection.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -31,28 +39,53 @@ from mixle_parallel.executors.estimation import (
     encoded_data,
 )
 
+SOURCES = ("memory", "files", "spark-df", "spark-rdd", "dask", "ray", "rows", "collection")
+ENGINE_OF = {"spark-df": "spark", "spark-rdd": "spark", "dask": "dask", "ray": "ray"}
 
-def _data(x: np.ndarray, source: str, backend: str, workers: int) -> tuple[object, dict[str, object]]:
-    """The rows as ``source`` asks (in memory, or ``backend``'s own collection) and the engine options to pass."""
-    if source == "rows":
-        return x, {}
-    if backend == "dask":
+
+def _data(x: np.ndarray, source: str, backend: str, workers: int, tmp: str) -> tuple[object, str, dict[str, object]]:
+    """The rows as ``source`` asks, the backend that reads them and the engine options to pass."""
+    if source == "collection":
+        source = {"spark": "spark-rdd"}.get(backend, backend)
+    backend = ENGINE_OF.get(source, backend)
+    if source in ("memory", "rows"):
+        return x, backend, {}
+    if source == "files":
+        from mixle_parallel.executors.estimation.sources.files import files
+
+        paths = []
+        for i, part in enumerate(np.array_split(x, workers)):
+            paths.append(f"{tmp}/part-{i:03d}.npy")
+            np.save(paths[-1], part)
+        return files(paths), backend, {}
+    if source == "dask":
         import dask.array as da
         import distributed
 
         client = distributed.Client(n_workers=workers, threads_per_worker=1, dashboard_address=":0")
-        return da.from_array(x, chunks=-(-len(x) // workers)), {"client": client}
-    if backend == "ray":
+        return da.from_array(x, chunks=-(-len(x) // workers)), backend, {"client": client}
+    if source == "ray":
         import ray
 
         ray.init(num_cpus=workers, include_dashboard=False, ignore_reinit_error=True)
-        return ray.data.from_numpy(x), {}
-    if backend == "spark":
+        return ray.data.from_numpy(x), backend, {}
+    if source in ("spark-df", "spark-rdd"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the executors run this interpreter
         import pyspark
+        from pyspark.sql import SparkSession
 
         context = pyspark.SparkContext.getOrCreate(pyspark.SparkConf().setMaster(f"local[{workers}]"))
-        return context.parallelize(x.tolist(), workers), {"client": context}
-    raise SystemExit(f"--source collection needs --backend dask, ray or spark, got {backend!r}")
+        if source == "spark-rdd":
+            return context.parallelize(x.tolist(), workers).cache(), backend, {"client": context}
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for i, part in enumerate(np.array_split(x, workers)):
+            pq.write_table(pa.table({"x": part}), f"{tmp}/part-{i:03d}.parquet")
+        frame = SparkSession(context).read.parquet(tmp).cache()
+        frame.count()
+        return frame, backend, {"client": context}
+    raise SystemExit(f"--source must be one of {', '.join(SOURCES)}, got {source!r}")
 
 
 def main() -> None:
@@ -63,14 +96,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--backend", default="mp")
-    parser.add_argument("--source", choices=("rows", "collection"), default="rows")
+    parser.add_argument("--source", choices=SOURCES, default="memory")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     k = args.components
     x = np.concatenate([rng.normal(3.0 * j, 1.0, args.rows // k) for j in range(k)])
     est = MixtureEstimator([GaussianEstimator() for _ in range(k)])
     start = MixtureDistribution([GaussianDistribution(3.0 * j + 0.5, 4.0) for j in range(k)], np.full(k, 1.0 / k))
-    data, engine = _data(x, args.source, args.backend, args.workers)
+    tmp = tempfile.mkdtemp(prefix="em-audit-overhead-")
+    data, args.backend, engine = _data(x, args.source, args.backend, args.workers, tmp)
     # admission="unverified": a benchmark on this machine's processes, no certificate involved
     audited = encoded_data(data, estimator=est, backend=args.backend, num_workers=args.workers,
                            admission="unverified", **engine)
@@ -94,25 +128,19 @@ def main() -> None:
         client = engine.get("client")
         if client is not None and hasattr(client, "scheduler_info"):  # the dask client started above
             client.close()  # type: ignore[attr-defined]  # a distributed.Client
+        shutil.rmtree(tmp, ignore_errors=True)
     same = canonical_statistic_bytes(models["audited"].params()) == canonical_statistic_bytes(models["plain"].params())
     a, p = statistics.median(times["audited"]), statistics.median(times["plain"])
     chunks = audited.num_chunks
-    print(
-        f"{args.rows:,} rows x 1-D ({args.source}), K={k}, {args.backend} with {args.workers} workers, "
-        f"{chunks} chunks, "
-        f"{args.iters} interleaved iterations"
-    )
+    print(f"{args.rows:,} rows x 1-D ({args.source}), K={k}, {args.backend} with {args.workers} workers, "
+          f"{chunks} chunks, {args.iters} interleaved iterations")
     print(f"{'':12}{'median s/it':>12}{'mean s/it':>11}")
     for name in ("plain", "audited"):
         print(f"{name:12}{statistics.median(times[name]):12.4f}{statistics.fmean(times[name]):11.4f}")
-    print(
-        f"audited chunks: {len({(r.step, r.unit) for r in records})} of {chunks * args.iters} "
-        f"({len([r for r in records if not r.matched])} mismatches); same model bits: {same}"
-    )
-    print(
-        f"ratio audited / plain (median): {a / p:.3f}x   (mean: "
-        f"{statistics.fmean(times['audited']) / statistics.fmean(times['plain']):.3f}x)"
-    )
+    print(f"audited chunks: {len({(r.step, r.unit) for r in records})} of {chunks * args.iters} "
+          f"({len([r for r in records if not r.matched])} mismatches); same model bits: {same}")
+    print(f"ratio audited / plain (median): {a / p:.3f}x   (mean: "
+          f"{statistics.fmean(times['audited']) / statistics.fmean(times['plain']):.3f}x)")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from ...contracts import ParallelPlan
 from ...contracts.estimation import statistic_digest
 from ...contracts.placement import Placement
 from ...verification.ledger.chain import Ledger
-from .audit.sdc_audit import EM_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference, source_reference
+from .audit.sdc_audit import EM_AUDIT_RATE, AuditNote, EMAudit, em_receipt
 from .compat.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from .em_pass.chunks import (
     ChunkResult,
@@ -37,6 +37,8 @@ from .em_pass.chunks import (
     seed_from,
 )
 from .em_pass.engine_choice import EngineChoice, resolve_engine
+from .em_pass.estep import rows_reference, source_reference
+from .em_pass.runner_protocols import AssignsChunks, transport_count
 from .fitting.minibatch import (
     DEFAULT_STEP_EXPONENT,
     DEFAULT_STEP_OFFSET,
@@ -75,7 +77,8 @@ class ChunkedEncodedData:
     def _attach_reference(self) -> None:
         """Give the audit the driver's reference where this handle keeps the rows, or reads them again from
         ``files(...)`` (SPMD handles agree on it)."""
-        self._audit.reference = rows_reference(self) if self._audit_rows is not None else source_reference(self)
+        self._audit.reference = (rows_reference(self._audit_rows, self.bounds) if self._audit_rows is not None else
+                                 source_reference(self.source, self.places))
 
     def __init__(self, runner: ChunkRunner, data: Any = None, options: EncodedDataOptions | None = None, *,
                  num_rows: int | None = None, owns_runner: bool = True, **params: Any) -> None:
@@ -179,7 +182,8 @@ class ChunkedEncodedData:
             self.runner.scatter(encode_chunks(self._data, self._encoder, self.bounds))
         if self.placement is not None:
             blocks = [range(s.first_chunk, s.last_chunk) for s in self.placement.shards]
-            self.runner.assign_chunks(blocks)  # type: ignore[attr-defined]  # checked by check_placement
+            assert isinstance(self.runner, AssignsChunks)  # checked by check_placement
+            self.runner.assign_chunks(blocks)
         self._scattered = True
         self._data = None  # the runner holds the encoded chunks now
 
@@ -281,15 +285,16 @@ class ChunkedEncodedData:
         estimator, model, _ = adapt_mixle_objects(estimator, model, None)
         estimator, model = self._bound(estimator, model)
         iteration = self.iteration
-        moved_before, messages_before = self._transport_bytes(), self._transport_count("transport_messages")
+        moved_before, messages_before = (transport_count(self.runner, "transport_bytes"),
+                                         transport_count(self.runner, "transport_messages"))
         self._metered.begin(iteration, "estep")
         try:
             if self._audit is not None:
                 self._ensure_scattered(estimator, model)
                 try:
                     entries, outcomes = self._audit.estep_results(
-                        self, estimator, model, iteration, first_of_fit=self._fit_first
-                    )
+                        estimator, model, iteration, num_chunks=self.num_chunks, encoder=self._encoder,
+                        first_of_fit=self._fit_first)
                 finally:  # what the audit found reaches the ledger even when it raises
                     self._log_audit_events(self._audit.take_events())
             else:
@@ -297,7 +302,7 @@ class ChunkedEncodedData:
         finally:
             records = self._metered.end()
             self.rank_records.extend(records)
-            after = self._transport_count("transport_messages")
+            after = transport_count(self.runner, "transport_messages")
             self.last_transport_messages = None if after is None or messages_before is None else after - messages_before
         self._fit_first = False
         total = self._fold_entries(estimator, entries)
@@ -308,8 +313,11 @@ class ChunkedEncodedData:
         self.last_receipt = em_receipt(
             iteration, nobs, ll, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
             quarantined=sorted(self.quarantined),
-            transport_bytes=None if moved_before is None else int(self._transport_bytes() or 0) - moved_before,
+            transport_bytes=None if moved_before is None else
+            int(transport_count(self.runner, "transport_bytes") or 0) - moved_before,
             observability=round_summary(records, min_excess_seconds=STRAGGLER_MIN_EXCESS_S),
+            draw=None if self._audit is None or self._audit.last_draw is None else
+            self._audit.last_draw.receipt_fields(),
         )
         if self.ledger is not None:
             self.ledger.receipt(self.last_receipt)
@@ -324,15 +332,6 @@ class ChunkedEncodedData:
                 self.ledger.note(event.message, **event.fields)
             else:
                 self.ledger.audit(event)
-
-    def _transport_bytes(self) -> int | None:
-        """The runner's count of pass bytes handed to its transport so far (None: it does not count)."""
-        return self._transport_count("transport_bytes")
-
-    def _transport_count(self, name: str) -> int | None:
-        """A counter the runner keeps at its transport (``transport_bytes``, ``transport_messages``), or None."""
-        found = getattr(self.runner, name, None)
-        return None if found is None else int(found)
 
     def _fold_entries(self, estimator: Any, entries: list[Any]) -> Any:
         """A pass's total from its entries (``fold_pass``); a subclass may guard it (``finite_guarded_fold``)."""

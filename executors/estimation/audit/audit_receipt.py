@@ -23,12 +23,14 @@ def em_receipt(
     quarantined: Sequence[int] = (),
     observability: Mapping[str, Any] | None = None,
     transport_bytes: int | None = None,
+    draw: Mapping[str, Any] | None = None,
 ) -> StepReceipt:
     """The receipt of one EM iteration: rows, mean negative log-likelihood, admission and audit summary.
 
     ``transport_bytes`` is what the runner handed its transport in the pass (requests with
     the model, replies with the statistics); None when the runner does not count (``bytes_observed``
-    is then false and ``collective_bytes`` 0).
+    is then false and ``collective_bytes`` 0). ``draw`` is the pass's audit draw (``Draw.receipt_fields``:
+    its entropy, so the sample can be re-derived afterwards), recorded as ``audit_draw``.
     """
     finite = math.isfinite(log_likelihood)
     loss = -log_likelihood / nobs if finite and nobs > 0 else 0.0
@@ -42,6 +44,7 @@ def em_receipt(
         "quarantined": sorted(int(w) for w in quarantined),
         **({"observability": dict(observability)} if observability is not None else {}),
         "bytes_observed": transport_bytes is not None,
+        **({"audit_draw": dict(draw)} if draw is not None else {}),
     }
     rows = int(round(nobs))
     return StepReceipt(

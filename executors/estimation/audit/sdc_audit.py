@@ -1,20 +1,22 @@
 """SDC audit of the EM E-step inside an encoded-data handle.
 
-With the reference (the handle holds the rows: ``rows_reference``; or fetches one chunk again from its source:
-``source_reference``; on SPMD handles every rank agrees on it, ``spmd_audit``), ``EMAudit._reference_pass``:
+With the reference (the handle holds the rows: ``estep.rows_reference``; or fetches the audited chunks again from
+their source: ``estep.source_reference``; on SPMD handles every rank agrees on it, ``spmd_audit``), the pass is
+``estep.reference_pass`` (read it top to bottom); ``EMAudit`` keeps the audit's state and places its work:
 
-1. The pass hands the backend the same tasks whichever chunks are audited: every chunk on its worker, no
-   chunk named, each folded group bringing back the ``commit_digest`` of each of its chunks' own
-   results (``GroupFold(commit=True)``), a commitment. The audited chunks are a ``rate`` sample drawn from a
-   generator seeded with an HMAC of (seed, iteration) under a per-handle secret, plus one on the first E-step
-   of every fit.
-2. The driver recomputes each audited chunk's E-step from the rows on a thread while the workers fold; it is
-   the one recomputation (the backend computes no chunk twice).
-3. ``EMAuditor.audit_reference`` compares it with the committed digest; where they differ a replay on the
-   same worker through the backend decides: it reproduces the digest and lies within
-   ``EM_REFERENCE_TOLERANCE`` (rounding), it reproduces and lies beyond (``backend_defect``: raises unless
-   ``warn``), or it does not reproduce (``device``): under ``quarantine`` with a healthy worker left that
-   worker is quarantined, its chunks recomputed on the others and checked against the reference again, so
+1. The pass hands the backend the same tasks on every pass, audited or not: every chunk on its worker, no
+   chunk named, each folded group bringing back the ``commit_digest`` of each of its chunks' own results
+   (``GroupFold(commit=True)``), a commitment. A group without a well-formed commitment per chunk is refused
+   (``commitments.check_commitments``: a ``BackendDefectError`` naming the group).
+2. Only then is the sample drawn (``audit_draw``): from fresh entropy, systematically (every chunk once per
+   ``ceil(1/rate)`` passes; one chunk per worker on a fit's first pass), recorded in the pass's receipt.
+   Before the commitments nothing differs between an audited and an unaudited pass (no thread, no state).
+3. The driver recomputes each audited chunk's E-step from the rows (the one recomputation: the backend
+   computes no chunk twice), and ``EMAuditor.audit_reference`` compares it with the committed digest; where
+   they differ a replay on the same worker through the backend decides: it reproduces the digest and lies
+   within ``EM_REFERENCE_TOLERANCE`` (rounding), it reproduces and lies beyond (``backend_defect``: raises
+   unless ``warn``), or it does not reproduce (``device``): under ``quarantine`` with a healthy worker left
+   that worker is quarantined, its chunks recomputed on the others and checked against the reference again, so
    the fit ends on the same bits as a clean run.
 
 Without the reference (a source that cannot read one chunk alone; mixle's ``AuditedMPEncodedData``, whose peer
@@ -33,24 +35,20 @@ the run's ledger and writes them.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import logging
 import secrets
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 
 from ....contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, choose
 from ....contracts.estimation import statistic_digest
 from ....verification.harness.em_reference import EM_REFERENCE_TOLERANCE
-from ....verification.sdc.em import ChunkAudit, EMAuditor, within_tolerance
-from ....verification.sdc.schedule import EM_AUDIT_RATE, SDCDetectedError, audit_uniform
+from ....verification.sdc.em import ChunkAudit, EMAuditor
+from ....verification.sdc.schedule import EM_AUDIT_RATE, audit_uniform
 from ..em_pass.chunks import (
-    ChunkResult,
-    EncodedChunk,
+    ChunkRunner,
     GroupFold,
     GroupStats,
     WorkerLostError,
@@ -61,14 +59,18 @@ from ..em_pass.chunks import (
     group_of,
     supports_worker_placement,
 )
-from ..em_pass.combine_order import commit_digest, committed_result
+from ..em_pass.estep import References, judge_against_reference, open_folded_groups, reference_pass
+from ..em_pass.runner_protocols import ChunkOwnership, WorkerPlacement
 from ..engines.chunk_assignment import block_assignment
+from .audit_draw import Draw, SystematicDraw, fresh_entropy
 from .audit_injection import chunk_estep_struck, flip_statistic  # re-exported here, their earlier home
+from .audit_judge import Verdict, enforce
 from .audit_receipt import em_receipt  # re-exported here, its earlier home
-from .fold_binding import bind_folded_sums
+from .commitments import check_commitments
 
-__all__ = ["EM_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic",
-           "rows_reference", "source_reference"]
+__all__ = ["EM_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic"]
+
+_log = logging.getLogger("mixle_parallel.verification.sdc.em")  # the auditor's logger, as before
 
 
 # ---- the audit driver ------------------------------------------------------------------------------
@@ -97,7 +99,7 @@ AuditEvent = SDCAuditRecord | AuditNote
 class EMAudit:
     """The SDC audit state of one handle: the seeded auditor, quarantined and lost workers, injector."""
 
-    def __init__(self, runner: Any, *, rate: float = EM_AUDIT_RATE,
+    def __init__(self, runner: ChunkRunner, *, rate: float = EM_AUDIT_RATE,
                  policy: AuditPolicy | str = AuditPolicy.QUARANTINE, seed: int = 0, fault_injector: Any = None) -> None:
         self.runner = runner
         chosen = choose(AuditPolicy, policy, option="audit_policy", allowed=EM_AUDIT_POLICIES)
@@ -110,9 +112,9 @@ class EMAudit:
                 f"{runner.name!r} runner declares supports_worker_placement=False (use mp, local, dask or ray)"
             )
         self.lost: set[int] = set()
-        self.reference: Callable[[int, Any, Any], Any] | None = None
-        """``reference(chunk, estimator, model)``: the chunk's E-step computed outside the backend (the handle
-        sets it where it holds the rows); each audited chunk is also compared with it (``audit_reference``)."""
+        self.reference: References | None = None
+        """``reference(chunks, encoder, estimator, model)``: the chunks' E-steps computed outside the backend (the
+        handle sets it where it holds the rows or can read them again); each audited chunk is compared with it."""
         self.tolerance = EM_REFERENCE_TOLERANCE
         """What a reference comparison allows where the bits differ (the harness's EM bound)."""
         self.peer_replays = False
@@ -121,13 +123,28 @@ class EMAudit:
         self.gather: Callable[[Any], list[Any]] | None = None
         """SPMD: every rank's value in rank order (a collective), to share the references so every rank judges
         the same and enters the same replays; None in one driver."""
-        self._secret = secrets.token_bytes(32)  # never leaves the driver: the backend cannot draw the sample
+        self.sampler = SystematicDraw(rate)
+        """The reference audit's systematic draw (``audit_draw``): every chunk audited once per ``ceil(1/rate)``
+        passes; each pass's sample is drawn from fresh entropy after the pass's commitments are in."""
+        self.draws: list[Draw] = []
+        """Every pass's ``Draw`` so far (its entropy, published after the draw; ``audit_draw.recheck_draws``)."""
+        self.last_draw: Draw | None = None
+        self.agree: Callable[[bytes], bytes] | None = None
+        """SPMD: the root's entropy on every rank (a collective), so every rank draws the same sample."""
         self._owner = secrets.token_hex(8)  # names this audit's passes in the workers' retained results
         """With a reference, whether audited chunks are still also computed on a peer in the pass (mixle's
         ``AuditedMPEncodedData`` counts those evaluations); by default the reference replaces the peer replay,
         which only checked the backend against itself, and a mismatch is classified by a same-worker replay."""
         self._events: list[AuditEvent] = []
         self._taken = 0  # auditor records already moved to _events
+
+    @property
+    def placer(self) -> WorkerPlacement:
+        """The runner, as one that places work on chosen workers (only placed passes ask)."""
+        runner = self.runner
+        if not isinstance(runner, WorkerPlacement):
+            raise RuntimeError(f"the {runner.name!r} runner cannot compute chosen chunks on a chosen worker")
+        return runner
 
     # -- findings for the ledger's owner -------------------------------------------------------------
     def _sync(self) -> None:
@@ -170,7 +187,7 @@ class EMAudit:
 
     def live(self) -> list[int]:
         """Live worker ids not lost during an audited pass."""
-        return [w for w in self.runner.worker_ids() if w not in self.lost]
+        return [w for w in self.placer.worker_ids() if w not in self.lost]
 
     def healthy(self) -> list[int]:
         """Live workers that are not quarantined."""
@@ -182,29 +199,30 @@ class EMAudit:
         return bool(self.auditor.quarantined or self.lost)
 
     def audited_chunks(self, iteration: int, num_chunks: int, *, first_of_fit: bool = False) -> tuple[int, ...]:
-        """Chunks audited at ``iteration``: the seeded sample, plus one on the first E-step of a fit. Against the
-        reference the sample is drawn with this handle's secret as well, so a backend that knows the seed and
-        the rule still cannot tell the audited chunks (the tasks name none; ``_reference_pass``)."""
+        """Chunks a pass audits where its tasks name them (peer replays: the seeded sample, plus one on the first
+        E-step of a fit). Against the reference no rule tells them ahead: each pass's sample is drawn after its
+        commitments are in (``draw_sample``; the past ones are in ``draws``)."""
         if self.reference is not None and not self.peer_replays:
-            return self._secret_sample(iteration, num_chunks, first_of_fit)
+            raise RuntimeError("the reference audit draws each pass's sample after the pass's commitments are in, "
+                               "so no pass's sample is known ahead; read audit.draws for the passes done")
         chosen = set(self.auditor.audited_chunks(iteration, num_chunks))
         if first_of_fit and not chosen and num_chunks:
             chosen.add(int(audit_uniform(self.auditor.seed, iteration, "em-fit-first") * num_chunks))
         return tuple(sorted(chosen))
 
-    def _secret_sample(self, iteration: int, n: int, first_of_fit: bool) -> tuple[int, ...]:
-        """The ``rate`` sample of ``EMAuditor.audited_chunks`` (one chunk of iteration 0 always, one on a fit's
-        first E-step), drawn from a generator seeded with an HMAC of (seed, iteration) under ``self._secret``:
-        one HMAC per pass, not one per chunk, and as unpredictable without the secret."""
-        mac = hmac.new(self._secret, f"{self.auditor.seed}:{iteration}:em".encode(), hashlib.sha256).digest()
-        draws = np.random.Generator(np.random.PCG64(int.from_bytes(mac, "big"))).random(n + 1)
-        chosen = {int(c) for c in np.flatnonzero(draws[:n] < self.auditor.rate)}
-        if n and (iteration == 0 or (first_of_fit and not chosen)):
-            chosen.add(min(int(draws[n] * n), n - 1))
-        return tuple(sorted(chosen))
+    def draw_sample(self, num_chunks: int, owners: Sequence[int], *, first_of_fit: bool) -> tuple[int, ...]:
+        """The chunks this pass audits, drawn now (after every group committed) from fresh entropy, systematically
+        (``audit_draw``); on SPMD every rank takes the root's entropy (``agree``, a collective)."""
+        entropy = fresh_entropy()
+        if self.agree is not None:
+            entropy = self.agree(entropy)
+        drawn = self.sampler.draw(entropy, num_chunks, owners, first_of_fit=first_of_fit)
+        self.draws.append(drawn)
+        self.last_draw = drawn
+        return drawn.chunks
 
     def _owners(self, num_chunks: int, healthy: list[int]) -> list[int]:
-        preferred = list(self.runner.chunk_owners()) if hasattr(self.runner, "chunk_owners") else []
+        preferred = list(self.runner.chunk_owners()) if isinstance(self.runner, ChunkOwnership) else []
         if len(preferred) == num_chunks and all(w in healthy for w in preferred):
             return preferred
         owners = [0] * num_chunks
@@ -244,7 +262,7 @@ class EMAudit:
                     (estimator, model),
                     tuple(ids),
                 )
-        out = self.runner.run_on_workers(tasks)
+        out = self.placer.run_on_workers(tasks)
         return {(w, c): value for w, task in tasks.items() for c, value in zip(task.chunk_ids, out[w])}
 
     def _note_lost(self, exc: WorkerUnavailableError) -> None:
@@ -265,14 +283,14 @@ class EMAudit:
                    ids: Sequence[int] | None = None) -> list[Any]:
         """``fn`` over the chunks, only on healthy workers; results in chunk order."""
         wanted = list(range(num_chunks)) if ids is None else sorted(ids)
-        for _ in range(len(self.runner.worker_ids()) + 1):
+        for _ in range(len(self.placer.worker_ids()) + 1):
             healthy = self._healthy_or_raise()
             owners = self._owners(num_chunks, healthy)
             jobs: dict[int, list[int]] = {}
             for c in wanted:
                 jobs.setdefault(owners[c], []).append(c)
             try:
-                out = self.runner.run_on_workers({w: WorkerTask(fn, payload, tuple(cs)) for w, cs in jobs.items()})
+                out = self.placer.run_on_workers({w: WorkerTask(fn, payload, tuple(cs)) for w, cs in jobs.items()})
             except WorkerUnavailableError as exc:
                 self._note_lost(exc)
                 continue
@@ -281,81 +299,98 @@ class EMAudit:
         raise WorkerLostError("workers kept dying during one pass; create a new handle")
 
     # -- the audited E-step ----------------------------------------------------------------------
-    def estep_results(self, handle: Any, estimator: Any, model: Any, iteration: int,
-                      *, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+    def estep_results(self, estimator: Any, model: Any, iteration: int, *, num_chunks: int, encoder: Any,
+                      first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         """The E-step entries of one audited pass (chunk order, for ``fold_pass``; each audited chunk's own
-        result, or its committed digest, readable with ``committed_result``) and the audit outcomes."""
-        audited = self.audited_chunks(iteration, handle.num_chunks, first_of_fit=first_of_fit)
+        result, or its committed digest, readable with ``committed_result``) and the audit outcomes. Against the
+        reference the pass is ``estep.reference_pass``; it is given plain values, never the handle."""
+        self.last_draw = None
         if self.reference is not None and not self.peer_replays:
-            mine = [c for c in audited if self.computes is None or self.computes(c)]
-            references = _Background(self.reference, mine, estimator, model) if audited else None
-            return self._reference_pass(handle, estimator, model, iteration, audited, references)
+            return reference_pass(self, estimator, model, iteration=iteration, num_chunks=num_chunks,
+                                  encoder=encoder, first_of_fit=first_of_fit)
+        audited = self.audited_chunks(iteration, num_chunks, first_of_fit=first_of_fit)
+        payload = (estimator, model)
         if self.reference is None:
-            return self._backend_pass(handle, estimator, model, iteration, audited)
-        return self._named_and_secret_pass(handle, estimator, model, iteration, audited, first_of_fit)
+            return self._backend_pass(payload, iteration, num_chunks, audited)
+        return self._named_and_secret_pass(payload, iteration, num_chunks, encoder, audited, first_of_fit)
 
-    def _named_and_secret_pass(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
+    def _named_and_secret_pass(self, payload: tuple[Any, Any], iteration: int, n: int, encoder: Any,
+                               audited: tuple[int, ...],
                                first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
         """The pass with peer replays of the chunks it names (mixle's draw) and, on it, the secret sample's
-        reference audit and group opening, so sparing exactly the named chunks does not pass."""
-        secret, token = self._secret_sample(iteration, handle.num_chunks, first_of_fit), f"{self._owner}:{iteration}"
+        reference audit and group opening (drawn after the pass), so sparing exactly the named chunks does not
+        pass."""
+        token = self.pass_token(iteration)
+        entries, outcomes = self._backend_pass(payload, iteration, n, audited, token)
+        owners = self.chunk_owners(n)
+        check_commitments(entries, n, backend=self.runner.name, iteration=iteration, owners=owners)
+        secret = self.draw_sample(n, owners, first_of_fit=first_of_fit)
         chunks = tuple(sorted(set(audited) | set(secret)))
-        references = _Background(self.reference, chunks, estimator, model) if chunks else None  # type: ignore[arg-type]
-        entries, outcomes = self._backend_pass(handle, estimator, model, iteration, audited, token)
-        if references is None:
-            return entries, outcomes
-        refs = references.result()  # mixle's chunks, then the secret ones, against the reference
-        outcomes += self._against_reference(entries, refs, estimator, model, iteration, chunks)
-        owners = self._chunk_owners(len(entries))
-        folds = bind_folded_sums(self, entries, (estimator, model), iteration, secret, owners, token)
-        self._mend_quarantined(entries, folds, owners, estimator, model, iteration)
+        refs = self.references(chunks, encoder, *payload)  # mixle's chunks, then the secret ones
+        outcomes += judge_against_reference(self, entries, refs, chunks, owners, payload, iteration, None)
+        folds = open_folded_groups(self, entries, payload, iteration, secret, owners, token)
         return entries, outcomes + folds
 
-    def _injection_pending(self, iteration: int) -> bool:
-        """Whether a planned fault strikes at ``iteration`` (the pass then runs placed, so it can strike)."""
-        return self.injector is not None and any(f.step == iteration for f in self.injector.pending)
+    def pass_token(self, iteration: int) -> str:
+        """The token a pass's folding workers keep their chunks' own results under (for the reveals)."""
+        return f"{self._owner}:{iteration}"
 
-    def _backend_pass(self, handle: Any, estimator: Any, model: Any, iteration: int,
-                      audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """The pass through the backend, audited chunks replayed on a peer (or on the same runner); with a
-        ``token`` every folded group also commits to its chunks' digests and keeps their results."""
-        if not self.placement:
-            return self._same_runner(handle, estimator, model, iteration, audited, token)
-        pending = self._injection_pending(iteration)
-        if not audited and not self.excluded and not pending:
-            return handle.estep_entries(estimator, model, commit=bool(token), retain=token), ()
-        for _ in range(len(self.runner.worker_ids()) + 1):
-            try:
-                return self._placed_pass(estimator, model, iteration, handle.num_chunks, audited, token)
-            except WorkerUnavailableError as exc:
-                self._note_lost(exc)
-        raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
+    def fold_entries(self, payload: tuple[Any, Any], n: int, raw: Sequence[int] = (), *, commit: bool = False,
+                     token: str = "") -> list[Any]:
+        """One pass's entries, every chunk on its worker (healthy ones only), groups folded where a worker holds
+        them whole: the ``raw`` chunks' own results come back, with ``commit`` every chunk's digest, with
+        ``token`` the workers keep their groups' own results for a ``GroupReveal``."""
+        fold = GroupFold(chunk_estep, n, frozenset(int(c) for c in raw), commit, token)
+        out = self.placed_map(fold, payload, n) if self.excluded else self.runner.map_chunks(fold, payload)  # type: ignore[arg-type]  # NamedTuple __call__
+        if len(out) != n:
+            raise RuntimeError(f"backend {self.runner.name!r} returned {len(out)} chunk results for {n} chunks; a "
+                               "runner must return one result per chunk, ordered by chunk id")
+        return out
 
-    def _reference_pass(self, handle: Any, estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
-                        references: _Background | None) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """The pass, the same tasks whether or not (and whichever) chunks are audited: every folded group commits
-        to its chunks' digests, and only then are the audited chunks compared with ``references`` (computed
-        outside the backend meanwhile). A device fault quarantines its worker and its chunks are recomputed."""
-        pending = self._injection_pending(iteration)
+    def committed_pass(self, payload: tuple[Any, Any], iteration: int, n: int,
+                       token: str) -> tuple[list[Any], set[tuple[int, int]]]:
+        """The pass's entries, every folded group committed to its chunks' digests and kept under ``token``, and
+        the (worker, chunk) pairs a planned fault struck (a pass with one pending runs placed, to strike)."""
         struck: set[tuple[int, int]] = set()
-        token = f"{self._owner}:{iteration}"
-        if not (self.placement and (self.excluded or pending)):
-            entries = handle.estep_entries(estimator, model, commit=True, retain=token)
-        else:
-            entries = self._committed_round(estimator, model, iteration, handle.num_chunks, struck, token)
-        if references is None:
-            return entries, ()
-        refs, owners = self._shared(references), self._chunk_owners(len(entries))
-        outcomes = self._against_reference(entries, refs, estimator, model, iteration, audited,
-                                           struck if self.placement else None, owners)
-        self._mend_quarantined(entries, outcomes, owners, estimator, model, iteration)
-        self._recheck(entries, refs, outcomes)
-        folds = bind_folded_sums(self, entries, (estimator, model), iteration, audited, owners, token)
-        self._mend_quarantined(entries, folds, owners, estimator, model, iteration)
-        return entries, outcomes + folds
+        if self.placement and (self.excluded or self._injection_pending(iteration)):
+            return self._committed_round(*payload, iteration, n, struck, token), struck
+        return self.fold_entries(payload, n, commit=True, token=token), struck
 
-    def _mend_quarantined(self, entries: list[Any], outcomes: Sequence[ChunkAudit], owners: list[int], estimator: Any,
-                          model: Any, iteration: int) -> None:
+    def references(self, chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, Any]:
+        """The references of ``chunks`` by chunk: those this process computes, or (SPMD) every rank's gathered, so
+        each rank has them all; a rank whose reference failed makes every rank raise, none is left waiting in a
+        collective."""
+        assert self.reference is not None  # only reference passes ask
+        mine = [c for c in chunks if self.computes is None or self.computes(c)]
+        if self.gather is None:
+            return self.reference(mine, encoder, estimator, model)
+        try:
+            found, failure = self.reference(mine, encoder, estimator, model), ""
+        except Exception as exc:  # noqa: BLE001 - shared with every rank, then raised on all
+            found, failure = {}, f"{type(exc).__name__}: {exc}"
+        parts = self.gather((found, failure))
+        failures = [f"rank {r}: {f}" for r, (_, f) in enumerate(parts) if f]
+        if failures:
+            raise RuntimeError(f"the SDC audit's reference failed on {'; '.join(failures)}")
+        return {c: v for part, _ in parts for c, v in part.items()}
+
+    def apply(self, verdict: Verdict) -> None:
+        """Apply the judge's verdict: its records (up to the first the policy does not let pass), its quarantines
+        and their notes; then raise where the policy says so (``audit_judge.enforce``)."""
+        for outcome in verdict.outcomes:
+            self.auditor.records.extend(outcome.records)
+            bad = [r for r in outcome.records if not r.matched]
+            if bad:
+                _log.warning("EM audit mismatch on %s, iteration %d: attributed to worker %s, action %s",
+                             bad[0].unit, outcome.iteration, bad[0].attributed_rank, bad[0].action)
+                if self.auditor.policy is AuditPolicy.RAISE or bad[0].action == "raise":
+                    break
+            if outcome.quarantined is not None:
+                self.auditor.quarantined.add(outcome.quarantined)
+        enforce(verdict, self.auditor.policy)
+
+    def mend_quarantined(self, entries: list[Any], outcomes: Sequence[ChunkAudit], owners: Sequence[int],
+                         payload: tuple[Any, Any], iteration: int) -> None:
         """After a device fault quarantined a worker (a placed runner), recompute its chunks on the others."""
         found = [o for o in outcomes if o.quarantined is not None] if self.placement else []
         for o in found:
@@ -363,27 +398,32 @@ class EMAudit:
                        f"on {o.records[0].unit.replace(':', ' ')} at iteration {iteration}; its chunks are "
                        "recomputed on the others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
         if found:
-            self._mend(entries, {}, owners, estimator, model)
+            self._mend(entries, {}, owners, *payload)
 
-    def _shared(self, references: _Background) -> dict[int, Any]:
-        """The references by chunk: this process's, or (SPMD) every rank's gathered, so each rank has them all;
-        a rank whose reference failed makes every rank raise, none is left waiting in a collective."""
-        if self.gather is None:
-            return references.result()
-        try:
-            mine, failure = references.result(), ""
-        except Exception as exc:  # noqa: BLE001 - shared with every rank, then raised on all
-            mine, failure = {}, f"{type(exc).__name__}: {exc}"
-        parts = self.gather((mine, failure))
-        failures = [f"rank {r}: {f}" for r, (_, f) in enumerate(parts) if f]
-        if failures:
-            raise RuntimeError(f"the SDC audit's reference failed on {'; '.join(failures)}")
-        return {c: v for part, _ in parts for c, v in part.items()}
+    def _injection_pending(self, iteration: int) -> bool:
+        """Whether a planned fault strikes at ``iteration`` (the pass then runs placed, so it can strike)."""
+        return self.injector is not None and any(f.step == iteration for f in self.injector.pending)
+
+    def _backend_pass(self, payload: tuple[Any, Any], iteration: int, n: int,
+                      audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+        """The pass through the backend, audited chunks replayed on a peer (or on the same runner); with a
+        ``token`` every folded group also commits to its chunks' digests and keeps their results."""
+        if not self.placement:
+            return self._same_runner(payload, iteration, n, audited, token)
+        pending = self._injection_pending(iteration)
+        if not audited and not self.excluded and not pending:
+            return self.fold_entries(payload, n, commit=bool(token), token=token), ()
+        for _ in range(len(self.placer.worker_ids()) + 1):
+            try:
+                return self._placed_pass(*payload, iteration, n, audited, token)
+            except WorkerUnavailableError as exc:
+                self._note_lost(exc)
+        raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
 
     def _committed_round(self, estimator: Any, model: Any, iteration: int, n: int,
                          struck: set[tuple[int, int]], token: str = "") -> list[Any]:
         """The pass on the healthy workers only (planned flips struck), groups committed to their digests."""
-        for _ in range(len(self.runner.worker_ids()) + 1):
+        for _ in range(len(self.placer.worker_ids()) + 1):
             owners = self._owners(n, self._healthy_or_raise())
             jobs: dict[int, list[int]] = {}
             for c in range(n):
@@ -397,45 +437,19 @@ class EMAudit:
             return [values[(owners[c], c)] for c in range(n)]
         raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
 
-    def _replay(self, worker: int, c: int, estimator: Any, model: Any) -> Any:
+    def replay(self, worker: int, c: int, payload: tuple[Any, Any]) -> Any:
         """Chunk ``c`` recomputed through the backend on ``worker`` (or on the runner, without placement)."""
         if self.placement:
-            value = self._round({worker: [c]}, estimator, model, None, set())[(worker, c)]
+            value = self._round({worker: [c]}, *payload, None, set())[(worker, c)]
         else:
-            value = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=[c])[0]
+            value = self.runner.map_chunks(chunk_estep, payload, chunk_ids=[c])[0]
         return chunk_result([value], 0) if isinstance(value, GroupStats) else value
 
-    def _against_reference(self, entries: list[Any], references: dict[int, Any], estimator: Any, model: Any,
-                           iteration: int, audited: tuple[int, ...], struck: set[tuple[int, int]] | None = None,
-                           owners: list[int] | None = None) -> tuple[ChunkAudit, ...]:
-        """Each audited chunk's statistic as the pass will fold it, against the reference computed outside the
-        backend; a mismatch is replayed on the chunk's worker through the backend to classify it. With
-        ``struck`` (a placed pass that replays on no peer) a device fault quarantines its worker where a
-        healthy one remains."""
-        owners = self._chunk_owners(len(entries)) if owners is None else owners
-        spare = struck is not None and len(self.healthy()) >= 2
-        outcomes = []
-        for c in audited:
-            worker = owners[c]
-
-            def replay(c: int = c, worker: int = worker) -> Any:
-                return self._replay(worker, c, estimator, model)
-
-            own, committed = committed_result(entries, c)
-            outcomes.append(self.auditor.audit_reference(
-                iteration=iteration, chunk=c, worker=worker, statistic=own, observed=committed, digest=commit_digest,
-                reference=references[c], replay=replay,
-                atol=self.tolerance.atol, rtol=self.tolerance.rtol,
-                injected=struck is not None and any(k[1] == c for k in struck), can_quarantine=spare))
-            if outcomes[-1].quarantined is not None:
-                spare = len(self.healthy()) >= 2
-        return tuple(outcomes)
-
-    def _chunk_owners(self, num_chunks: int) -> list[int]:
+    def chunk_owners(self, num_chunks: int) -> list[int]:
         """The worker each chunk was computed on (for the record and the same-worker replay)."""
         if self.placement:
             return self._owners(num_chunks, self.healthy() or self.live())
-        if hasattr(self.runner, "chunk_owners"):
+        if isinstance(self.runner, ChunkOwnership):
             return list(self.runner.chunk_owners())
         return [w for w, ids in enumerate(block_assignment(num_chunks, self.runner.num_workers)) for _ in ids]
 
@@ -497,7 +511,7 @@ class EMAudit:
             outcomes.append(outcome)
         return outcomes, decided
 
-    def _mend(self, entries: list[Any], decided: dict[int, Any], owners: list[int], estimator: Any,
+    def _mend(self, entries: list[Any], decided: dict[int, Any], owners: Sequence[int], estimator: Any,
               model: Any) -> None:
         """Recompute, per chunk on healthy workers, the chunks of a quarantined worker and every group holding
         one of them or a chunk whose audited statistic is not its primary's (a group folded with a bad chunk in
@@ -512,23 +526,13 @@ class EMAudit:
         for c, value in decided.items():
             entries[c] = value
 
-    def _recheck(self, entries: list[Any], references: dict[int, Any], outcomes: Sequence[ChunkAudit]) -> None:
-        """After a quarantine, the recomputed chunk must agree with its reference, else nothing mended it."""
-        for outcome in outcomes:
-            if outcome.quarantined is None:
-                continue
-            ok, _, _ = within_tolerance(entries[outcome.chunk], references[outcome.chunk], self.tolerance.atol,
-                                        self.tolerance.rtol)
-            if not ok:
-                raise SDCDetectedError(outcome.records)
-
-    def _same_runner(self, handle: Any, estimator: Any, model: Any, iteration: int,
+    def _same_runner(self, payload: tuple[Any, Any], iteration: int, n: int,
                      audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        results = handle.estep_entries(estimator, model, raw=audited, commit=bool(token), retain=token)
+        results = self.fold_entries(payload, n, audited, commit=bool(token), token=token)
         if not audited:
             return results, ()
-        replays = self.runner.map_chunks(chunk_estep, (estimator, model), chunk_ids=list(audited))
-        owners = self._chunk_owners(len(results))
+        replays = self.runner.map_chunks(chunk_estep, payload, chunk_ids=list(audited))
+        owners = self.chunk_owners(len(results))
         outcomes = []
         for c, replay in zip(audited, replays):
             outcomes.append(
@@ -537,62 +541,3 @@ class EMAudit:
                 )
             )
         return results, tuple(outcomes)
-
-
-def rows_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult]:
-    """``reference(chunk, estimator, model)``: the chunk's E-step recomputed in the driver from the rows ``handle``
-    keeps (``_audit_rows``) with its encoder, outside the backend's runner and transport."""
-
-    def reference(chunk: int, estimator: Any, model: Any) -> ChunkResult:
-        rows, encoder = handle._audit_rows, handle._encoder
-        if rows is None or encoder is None:
-            raise RuntimeError("this handle keeps no rows for the audit's reference (sources, SPMD or audit off)")
-        a, b = handle.bounds[chunk]
-        return chunk_estep(EncodedChunk(chunk, a, b, encoder.encode(rows[a:b])), (estimator, model))
-
-    return reference
-
-
-def source_reference(handle: Any) -> Callable[[int, Any, Any], ChunkResult] | None:
-    """For a handle over a source: ``reference(chunk, estimator, model)``, the chunk's rows fetched again into this
-    process by its place in the source (file or partition, row offset) through the source's plain data API
-    (a file read; dask, Spark or Ray computing that one partition slice; a rank's own rows), encoded and
-    E-stepped here, outside the backend's runner, E-step and transport; None for a source that cannot read
-    one chunk alone."""
-    source = handle.source
-    if source is None or not source.reads_chunks:
-        return None
-
-    def reference(chunk: int, estimator: Any, model: Any) -> ChunkResult:
-        if handle._encoder is None:
-            raise RuntimeError("the audit's reference runs after the handle's chunks are encoded")
-        return chunk_estep(source.read_chunk(handle.places[chunk], handle._encoder), (estimator, model))
-
-    return reference
-
-
-class _Background:
-    """``reference(c, estimator, model)`` for each audited chunk on a thread of the driver, started at once, so the
-    recomputation overlaps the backend's pass (numpy releases the GIL; the driver mostly waits on its workers)."""
-
-    def __init__(self, reference: Callable[[int, Any, Any], Any], chunks: Sequence[int], estimator: Any,
-                 model: Any) -> None:
-        self._out: dict[int, Any] = {}
-        self._error: BaseException | None = None
-
-        def work() -> None:
-            try:
-                for c in chunks:
-                    self._out[c] = reference(c, estimator, model)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
-                self._error = exc
-
-        self._thread = threading.Thread(target=work, name="em-audit-reference", daemon=True)
-        self._thread.start()
-
-    def result(self) -> dict[int, Any]:
-        """The references by chunk id (waits for the thread; re-raises what it raised)."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._out

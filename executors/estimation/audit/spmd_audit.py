@@ -1,7 +1,8 @@
 """The reference audit on SPMD handles (``mpi``, ``torchrun``): every rank draws, judges and raises the same.
 
 Each rank runs the same program, and an audit's replays are collectives every rank must enter together.
-So the ranks agree, once, on the secret the audited chunks are drawn with (the root's, all-gathered) and on
+So the ranks agree, per pass, on the fresh entropy the audited chunks are drawn with (the root's, all-gathered
+once every group has committed: ``EMAudit.agree``) and, once, on
 whether the reference runs at all (the root holds rows, or every rank reads its own chunks again from its
 source: ``files(...)`` from the file, ``rank_local`` from the rows the rank passed); per pass each rank
 recomputes the reference of the audited chunks it owns (under ``root_only`` the root recomputes them all,
@@ -11,19 +12,20 @@ digests with the same references, enters the same replays and raises the same er
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .sdc_audit import rows_reference, source_reference
+from ..em_pass.estep import rows_reference, source_reference
 
 __all__ = ["attach_spmd_reference"]
 
 
 def attach_spmd_reference(handle: Any) -> None:
-    """Agree on the audit's secret and turn the reference on, on every rank (a collective: all ranks call it)."""
+    """Agree on each pass's draw entropy and turn the reference on, on every rank (a collective: all ranks call
+    it)."""
     audit, runner = handle._audit, handle.runner
-    audit._secret = runner.all_gather(audit._secret)[runner.root]
-    from_source = source_reference(handle) if handle._audit_rows is None else None
+    audit.agree = lambda entropy: runner.all_gather(entropy)[runner.root]
+    from_source = source_reference(handle.source, handle.places) if handle._audit_rows is None else None
     found = runner.all_gather((handle._audit_rows is not None, from_source is not None))
     if all(readable for _, readable in found):  # a source every rank reads its own chunks of again
         audit.reference = from_source
@@ -32,7 +34,7 @@ def attach_spmd_reference(handle: Any) -> None:
     if not found[runner.root][0]:  # no rows at the root and a source not every rank can read: no reference
         return
     everywhere = all(rows for rows, _ in found)
-    audit.reference = rows_reference(handle) if handle._audit_rows is not None else _no_rows
+    audit.reference = rows_reference(handle._audit_rows, handle.bounds) if handle._audit_rows is not None else _no_rows
     audit.computes, audit.gather = _owned_by(runner, everywhere), runner.all_gather
 
 
@@ -44,6 +46,8 @@ def _owned_by(runner: Any, everywhere: bool) -> Callable[[int], bool]:
     return computes
 
 
-def _no_rows(chunk: int, estimator: Any, model: Any) -> Any:
+def _no_rows(chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, Any]:
     """A rank without rows recomputes no reference (``computes`` never names it one)."""
-    raise RuntimeError(f"this rank holds no rows to recompute chunk {chunk} from; the root recomputes it")
+    if chunks:
+        raise RuntimeError(f"this rank holds no rows to recompute chunks {list(chunks)} from; the root recomputes them")
+    return {}

@@ -67,6 +67,7 @@ from .combine_order import (
     fold_pass,
     group_of,
 )
+from .runner_protocols import places_work
 
 DEFAULT_CHUNK_SIZE = 16384
 """Largest rows per chunk when neither ``num_chunks`` nor ``chunk_size`` is given."""
@@ -128,8 +129,9 @@ class WorkerTask(NamedTuple):
 
 
 def supports_worker_placement(runner: Any) -> bool:
-    """Whether ``runner`` can compute chosen chunks on a chosen worker (``run_on_workers``)."""
-    return bool(getattr(runner, "supports_worker_placement", False))
+    """Whether ``runner`` can compute chosen chunks on a chosen worker: it is a ``WorkerPlacement`` (the
+    members) and declares ``supports_worker_placement = True`` (``runner_protocols.places_work``)."""
+    return places_work(runner)
 
 
 def check_tasks(tasks: Any, num_chunks: int, live: Sequence[int], backend: str) -> dict[int, WorkerTask]:
@@ -181,10 +183,14 @@ class EStepResult(NamedTuple):
 
 @runtime_checkable
 class ChunkRunner(Protocol):
-    """A backend: places encoded chunks on workers once and maps functions over them."""
+    """A backend: places encoded chunks on workers once and maps functions over them (its name and worker count
+    read-only: a plain attribute or a property)."""
 
-    name: str
-    num_workers: int
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def num_workers(self) -> int: ...
 
     def scatter(self, chunks: Sequence[Any]) -> None: ...
 

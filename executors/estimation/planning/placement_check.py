@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ....contracts.placement import Placement
+from ..em_pass.runner_protocols import AssignsChunks
 
 __all__ = ["check_placement"]
 
@@ -33,7 +34,8 @@ def check_placement(placement: Any, num_rows: int, bounds: Sequence[tuple[int, i
         if rows is not None and rows != (s.start, s.stop):
             raise ValueError(f"placement shard {s.device!r} says rows {s.start}..{s.stop} for chunks "
                              f"{s.first_chunk}..{s.last_chunk - 1}, which hold rows {rows[0]}..{rows[1]}")
-    if not callable(getattr(runner, "assign_chunks", None)):
+    assigns = isinstance(runner, AssignsChunks)
+    if not assigns:
         raise ValueError(f"the {runner.name!r} backend cannot send chunks to workers by a plan; use backend='mp' or "
                          "'local' with placement=, or drop placement=")
     if len(placement.shards) != runner.num_workers:

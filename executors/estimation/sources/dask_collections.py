@@ -183,6 +183,23 @@ class OpenedDaskCollection(OpenedSource):
                           stop_offset=r.stop_offset, encoder=None, key=f.key, home=str((homes.get(f.key) or [""])[0]))
                 for r, f in zip(slices, self.encoded)]
 
+    def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
+        """The rows of every chunk at ``places``: one dask computation (each chunk sliced on the worker that
+        computes its partition), gathered here together; only the chunks' rows cross."""
+        import dask
+
+        if not self.parts:
+            raise RuntimeError("this dask source was opened without its partitions' graph; reopen it")
+        tasks = [dask.delayed(_slice_rows, pure=False)(self.parts[p.part], p.offset, p.stop_offset,
+                                                       self.part_rows[p.part], self.describe_part(p.part))
+                 for p in places]
+        futures = self.client.compute(tasks)
+        try:
+            return list(self.client.gather(futures))
+        finally:
+            for future in futures:
+                future.release()
+
     def chunk_rows(self, place: ChunkPlace) -> Any:
         """The chunk's rows, computed by dask from the collection's graph (its partition, sliced on the worker that
         computes it) and gathered here: one chunk crosses to this process, not the partition."""

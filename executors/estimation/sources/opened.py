@@ -121,6 +121,10 @@ class OpenedFiles(OpenedSource):
         """The chunk built here from its file, as a worker builds it (:class:`~.files.FileChunk`)."""
         return file_recipes(self.source, [place], encoder)[0].build()
 
+    def read_chunks(self, places: Sequence[ChunkPlace], encoder: Any) -> list[EncodedChunk]:
+        """The chunks at ``places`` built here from their files, as workers build them (a file read each)."""
+        return [recipe.build() for recipe in file_recipes(self.source, list(places), encoder)]
+
 
 def open_source(source: Any, runner: Any) -> OpenedSource:
     """``source`` opened on ``runner``: the engine counts the rows of each part where they are."""

@@ -60,13 +60,26 @@ class OpenedSource:
         through the backend's runner, E-step or transport)."""
         raise NotImplementedError(f"a {self.kind} source cannot fetch one chunk's rows into this process")
 
+    def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
+        """The rows of each chunk at ``places`` (in that order), fetched into this process; a source that can
+        fetch them in one request of its engine overrides this (default: one ``chunk_rows`` each)."""
+        return [self.chunk_rows(place) for place in places]
+
+    def read_chunks(self, places: Sequence[ChunkPlace], encoder: Any) -> list[EncodedChunk]:
+        """The chunks at ``places`` built here, their rows fetched together (``chunks_rows``), each checked and
+        encoded with ``encoder``: what the SDC audit's reference E-steps for one pass."""
+        return [encode_rows(self._fetched(place, encoder), rows)
+                for place, rows in zip(places, self.chunks_rows(places), strict=True)]
+
+    def _fetched(self, place: ChunkPlace, encoder: Any) -> ChunkRecipe:
+        return _FetchedChunk(chunk_id=place.chunk_id, start=place.start, stop=place.stop, part=place.part,
+                             offset=place.offset, stop_offset=place.stop_offset, encoder=encoder,
+                             described=self.describe_part(place.part))
+
     def read_chunk(self, place: ChunkPlace, encoder: Any) -> EncodedChunk:
         """The chunk at ``place`` built here: its rows fetched (``chunk_rows``), checked and encoded with ``encoder``;
         what the SDC audit's reference E-steps, holding one chunk at a time."""
-        recipe = _FetchedChunk(chunk_id=place.chunk_id, start=place.start, stop=place.stop, part=place.part,
-                               offset=place.offset, stop_offset=place.stop_offset, encoder=encoder,
-                               described=self.describe_part(place.part))
-        return encode_rows(recipe, self.chunk_rows(place))
+        return encode_rows(self._fetched(place, encoder), self.chunk_rows(place))
 
     def close(self) -> None:
         """Free what the source holds on the engine (nothing by default)."""

@@ -87,6 +87,14 @@ class OpenedRankLocal(OpenedSource):
         rows = self.rows if not isinstance(self.rows, list) else numeric_rows(self.rows)
         return rows[place.offset:place.stop_offset]
 
+    def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
+        """The rows of every chunk at ``places`` from this rank's own rows (converted once); all must be its own."""
+        others = [p.chunk_id for p in places if p.part != self.rank]
+        if others:
+            raise RuntimeError(f"chunks {others} are other ranks'; rank {self.rank} holds only its own rows")
+        rows = self.rows if not isinstance(self.rows, list) else numeric_rows(self.rows)
+        return [rows[p.offset:p.stop_offset] for p in places]
+
     def owners(self, places: Sequence[ChunkPlace], num_workers: int) -> list[list[int]] | None:
         """Rank ``r`` holds the chunks of part ``r``."""
         blocks: list[list[int]] = [[] for _ in range(num_workers)]

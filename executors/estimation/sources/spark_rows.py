@@ -94,6 +94,37 @@ def _slice_job(lo: int, hi: int, rows: int, where: str,
     return rows_of
 
 
+def _raw_job(part_rows: Sequence[int],
+             read: Callable[[list[Any]], Any]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The function each partition runs once for the audit's reference: its rows read and checked, kept whole."""
+    def raw(index: int, records: Iterator[Any]) -> Iterator[Any]:
+        found = read(list(records))
+        if len(found) != part_rows[index]:
+            raise ValueError(f"RDD partition {index} held {part_rows[index]} rows when counted and {len(found)} now: "
+                             "the data is not the same on every evaluation; cache it (rdd.cache() / df.cache()) first")
+        yield found
+
+    return raw
+
+
+def _slices_job(wanted: dict[int, list[tuple[int, int, int]]]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The function each cached partition runs for one pass's references: ``(k, rows[lo:hi])`` for each audited
+    chunk ``k`` it holds; the others nothing."""
+    def slices(index: int, held: Iterator[Any]) -> Iterator[Any]:
+        asks = wanted.get(index)
+        if not asks:
+            return
+        found = next(iter(held))
+        for k, lo, hi in asks:
+            yield k, (np.array(found[lo:hi]) if isinstance(found, np.ndarray) else found[lo:hi])
+
+    return slices
+
+
+def _as_is(records: Iterator[Any]) -> Iterator[Any]:
+    return records
+
+
 def _count_partition(index: int, records: Iterator[Any]) -> Iterator[tuple[int, int]]:
     yield index, sum(1 for _ in records)
 
@@ -140,6 +171,8 @@ class OpenedSparkRows(OpenedSource):
         self.rdd = rdd
         self.part_rows = part_rows
         self.read = read
+        self._raw: Any = None
+        """The partitions' rows cached for the audit's reference (``chunks_rows``), once an audited pass asks."""
 
     def describe_part(self, part: int) -> str:
         """The partition, in words."""
@@ -158,6 +191,31 @@ class OpenedSparkRows(OpenedSource):
         if len(found) != 1:
             raise RuntimeError(f"Spark returned {len(found)} results for {self.describe_part(place.part)}, not one")
         return found[0]
+
+    def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
+        """The rows of every chunk at ``places``: one Spark job on just their partitions, sending only the chunks'
+        row ranges here. The partitions are read (and checked against their counts) once, on the first audited
+        pass, into a cached RDD of their rows (``_raw``, apart from the runner's encoded chunks), so a later
+        pass slices cached rows instead of converting a DataFrame partition again."""
+        if not places:
+            return []
+        if self._raw is None:
+            self._raw = self.rdd.mapPartitionsWithIndex(_raw_job(self.part_rows, self.read)).cache()
+        wanted: dict[int, list[tuple[int, int, int]]] = {}
+        for k, place in enumerate(places):
+            wanted.setdefault(place.part, []).append((k, place.offset, place.stop_offset))
+        job = _slices_job(wanted)
+        found = dict(self.rdd.context.runJob(self._raw.mapPartitionsWithIndex(job), _as_is, partitions=sorted(wanted)))
+        missing = [self.describe_part(p.part) for k, p in enumerate(places) if k not in found]
+        if missing:
+            raise RuntimeError(f"Spark returned no rows for {', '.join(missing)}")
+        return [found[k] for k in range(len(places))]
+
+    def close(self) -> None:
+        """Drop the cached rows of the audit's reference."""
+        if self._raw is not None:
+            self._raw.unpersist()
+            self._raw = None
 
     def place(self, runner: Any, places: Sequence[ChunkPlace], encoder: Any) -> None:
         """Map every partition to its encoded chunks, cached on the executors."""

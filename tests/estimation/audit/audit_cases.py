@@ -41,8 +41,10 @@ def flip_trial(handle: Any, injector: Any, rng: np.random.Generator, start: Any,
     handle.readmit()
     audit = handle.audit
     base = handle.iteration
-    choices = [(base + i, c) for i in range(its)
-               for c in audit.audited_chunks(base + i, handle.num_chunks, first_of_fit=i == 0)]
+    # No pass's sample is known ahead (it is drawn after the pass's commitments), so the handle audits every
+    # chunk (audit_rate=1.0) and the flip may strike any chunk of any pass.
+    assert audit.rate == 1.0, "flip_trial needs a handle with audit_rate=1.0"
+    choices = [(base + i, c) for i in range(its) for c in range(handle.num_chunks)]
     step, chunk = choices[int(rng.integers(len(choices)))]
     healthy = audit.healthy()
     worker = handle.runner.chunk_owners()[chunk]

@@ -21,7 +21,7 @@ def test_dask_clean_audits_and_attributed_flips(rows, dask_client):
     rng = np.random.default_rng(5)
     # admission="unverified": a test cluster; the audit is what is checked
     with encoded_data(rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK, backend="dask", client=dask_client,
-                      num_workers=3, admission="unverified", audit_rate=0.1, fault_injector=injector,
+                      num_workers=3, admission="unverified", audit_rate=1.0, fault_injector=injector,
                       timeout=300) as handle:
         full = fit(handle, estimator(), max_its=3, delta=None, prev_estimate=start)
         assert full.audit_records and all(r.matched for r in full.audit_records)

@@ -23,7 +23,7 @@ def test_flips_on_worker_threads_are_attributed_and_the_fit_ends_clean(rows, sta
     injector = FaultInjector()
     rng = np.random.default_rng(1)
     with encoded_data(rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK, backend="local", num_workers=4,
-                      audit_rate=0.1, fault_injector=injector) as handle:
+                      audit_rate=1.0, fault_injector=injector) as handle:
         for _ in range(6):
             flip_trial(handle, injector, rng, start, clean, its=3)
 

@@ -45,7 +45,7 @@ def test_every_flip_in_an_audited_chunk_is_attributed_quarantined_and_recomputed
     injector = FaultInjector()
     rng = np.random.default_rng(8)
     with encoded_data(rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK, backend="mp", num_workers=3,
-                      admission="unverified", audit_rate=0.1, fault_injector=injector) as handle:  # test mesh
+                      admission="unverified", audit_rate=1.0, fault_injector=injector) as handle:  # test mesh
         struck = [flip_trial(handle, injector, rng, start, clean, its=ITS) for _ in range(9)]
     assert len(injector.applied) == 9 and len({w for _, _, w in struck}) > 1
 
@@ -68,7 +68,7 @@ def test_detection_over_random_chunks_matches_the_audit_rate(rows, start):
                                  index=int(rng.integers(12)), bit=int(rng.integers(52))))
         for _ in range(iterations):
             handle.estep(estimator(), start)
-        audited = {(s, c) for s, c in units if c in handle.audit.audited_chunks(s, n)}
+        audited = {(s, c) for s, c in units if c in handle.audit.draws[s].chunks}  # drawn after each pass
         bad = [r for r in handle.audit_records if not r.matched and r.replay == "reference"]
     assert len(injector.applied) == trials
     assert {(r.step, int(r.unit.split(":")[1])) for r in bad} == audited

@@ -96,24 +96,27 @@ def test_the_pass_tasks_are_the_same_whichever_chunks_are_audited(rows):
     model = start_model(rows)
     with handle_from_runner(runner, rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK) as handle:
         handle.attach_verification(audit=True, audit_rate=RATE)
-        sampled = []
-        for it in range(6):
+        for _ in range(6):
             runner.seen.clear()
             handle.estep(estimator(), model)
-            sampled.append(handle.audit.audited_chunks(it, handle.num_chunks))
             passes = [s for s in runner.seen if s[0] == "GroupFold"]
             assert passes == [("GroupFold", tuple(range(handle.num_chunks)), ())]  # every chunk, none named
-        assert len(set(sampled)) > 1 and all(r.matched for r in handle.audit_records)
-        # the sample is not the published rule's: a per-handle secret draws it
+        sampled = [d.chunks for d in handle.audit.draws]  # drawn after each pass's commitments (audit_draw)
+        assert len(set(sampled)) > 1 and all(sampled) and all(r.matched for r in handle.audit_records)
+        # the sample is not the published rule's: fresh entropy draws it
         public = [EMAuditor(rate=RATE, seed=0).audited_chunks(it, handle.num_chunks) for it in range(6)]
         assert sampled != public
 
 
 def test_two_handles_with_the_same_seed_draw_different_samples(rows):
+    model = start_model(rows)
+
     def sample() -> list[tuple[int, ...]]:
         with encoded_data(rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK, backend="local", num_workers=2,
                           audit_rate=RATE, audit_seed=7) as handle:
-            return [handle.audit.audited_chunks(it, handle.num_chunks) for it in range(8)]
+            for _ in range(8):
+                handle.estep(estimator(), model)
+            return [d.chunks for d in handle.audit.draws]
 
     first, second = sample(), sample()
     assert first != second and np.mean([len(s) for s in first + second]) > 0

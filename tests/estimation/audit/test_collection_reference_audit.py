@@ -125,9 +125,9 @@ def test_a_flipped_bit_on_a_worker_holding_a_collection_is_a_device_fault_quaran
     clean = _plain(data, backend, **engine)
     injector = FaultInjector()
     with encoded_data(data, estimator=em_case.estimator(), backend=backend, chunk_size=CHUNK, admission="unverified",
-                      audit_rate=0.3, fault_injector=injector, **engine) as handle:
-        chunk = handle.audit.audited_chunks(1, handle.num_chunks)[0]
-        worker = handle.audit._chunk_owners(handle.num_chunks)[chunk]
+                      audit_rate=1.0, fault_injector=injector, **engine) as handle:
+        chunk = 1  # every chunk is audited at rate 1.0: no pass's sample is known ahead
+        worker = handle.audit.chunk_owners(handle.num_chunks)[chunk]
         injector.add(BitFlip("statistic", f"chunk:{chunk}", rank=worker, step=1, index=2, bit=50))
         result = fit(handle, em_case.estimator(), **FIT)
     bad = [r for r in result.audit_records if not r.matched]

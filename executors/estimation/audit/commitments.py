@@ -1,0 +1,65 @@
+"""The shape of a pass's commitments, checked before anything is drawn or folded.
+
+Every combine group of an audited pass comes back either per chunk (each chunk's own result) or folded: one
+``GroupStats`` at the group's last chunk carrying a ``commit_digest`` per chunk (``GroupFold(commit=True)``).
+A group that comes back otherwise (digests missing, short, not digests; a hole where a result belongs) gives
+the audit nothing to bind its sum to, so the pass is refused as a backend defect naming the group and its
+worker, before the sample is drawn.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ....verification.sdc.schedule import BackendDefectError
+from ..em_pass.combine_order import GroupStats, combine_groups
+
+__all__ = ["MalformedCommitmentError", "check_commitments"]
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+class MalformedCommitmentError(BackendDefectError):
+    """A group of a pass came back without a well-formed commitment per chunk (a backend defect)."""
+
+    def __init__(self, backend: str, iteration: int, group: tuple[int, int], worker: int | None, problem: str) -> None:
+        super().__init__(())
+        self.group, self.worker, self.iteration = group, worker, iteration
+        where = f"group of chunks {group[0]}..{group[1] - 1}" + ("" if worker is None else f" (worker {worker})")
+        self.args = (f"backend defect: the {backend} backend returned the {where} of pass {iteration} {problem}; "
+                     "every folded group must carry one commit_digest per chunk (GroupFold(commit=True)) and every "
+                     "other chunk its own result. Fix the runner (or run on a built-in backend)",)
+
+
+def _problem(entries: Sequence[Any], a: int, b: int) -> str | None:
+    """What is wrong with group ``[a, b)``'s entries, or None when it is committed or per chunk."""
+    group, last = entries[a:b], entries[b - 1]
+    if all(e is not None and not isinstance(e, GroupStats) for e in group):
+        return None
+    if not isinstance(last, GroupStats):
+        return "with a chunk missing and no folded sum"
+    if any(isinstance(e, GroupStats) for e in group[:-1]):
+        return "folded more than once"
+    digests = last.digests
+    if not isinstance(digests, tuple) or len(digests) != b - a:
+        count = len(digests) if isinstance(digests, (tuple, list)) else 0
+        return f"folded with {count} commitment(s) for its {b - a} chunks"
+    bad = [a + i for i, d in enumerate(digests) if not (isinstance(d, str) and _DIGEST.fullmatch(d))]
+    if bad:
+        return f"with malformed commitments for chunk(s) {bad}"
+    return None
+
+
+def check_commitments(entries: Sequence[Any], num_chunks: int, *, backend: str, iteration: int,
+                      owners: Sequence[int] = ()) -> None:
+    """Refuse (``MalformedCommitmentError``) a pass whose entries do not commit to every chunk (module doc)."""
+    if len(entries) != num_chunks:
+        raise MalformedCommitmentError(backend, iteration, (0, num_chunks), None,
+                                       f"as {len(entries)} entries for {num_chunks} chunks")
+    for a, b in combine_groups(num_chunks):
+        problem = _problem(entries, a, b)
+        if problem is not None:
+            worker = int(owners[b - 1]) if len(owners) == num_chunks else None
+            raise MalformedCommitmentError(backend, iteration, (a, b), worker, problem)

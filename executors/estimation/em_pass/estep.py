@@ -1,0 +1,193 @@
+"""One audited EM pass against the independent reference, read top to bottom (DESIGN §9).
+
+1. Hand the runner its tasks: every chunk on its worker, the same tasks on every pass (no chunk named);
+   each combine group folds on its worker and commits to a digest per chunk (``GroupFold(commit=True)``).
+2. Check that every group came back with its sum and a well-formed commitment per chunk
+   (``check_commitments``: a ``BackendDefectError`` naming the group).
+3. Draw the sample, only now, from fresh entropy (``EMAudit.draw_sample``, systematic: ``audit_draw``).
+4. Fetch the audited chunks' references (rows in the driver, or read again from their source, in one
+   request), outside the backend; replay on its worker what differs.
+5. Judge (``audit_judge``: pure), and apply the verdict (records, quarantine, raise per policy).
+6. Mend: a quarantined worker's chunks are recomputed on the others and re-checked against the reference.
+7. Open the folded groups holding an audited chunk (their workers reveal the chunks' own results) and judge
+   each sum against its commitments; mend again.
+
+The caller (the handle) folds the entries in the fixed order (``fold_pass``) and writes the receipt; nothing
+here reaches back into the handle: it is given plain values and the audit's state (``EMAudit``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ....verification.sdc.em import ChunkAudit, within_tolerance
+from ....verification.sdc.schedule import SDCDetectedError
+from ..audit.audit_judge import ChunkEvidence, FoldEvidence, Verdict, judge_chunks, judge_folds, replays_needed
+from ..audit.commitments import check_commitments
+from ..audit.fold_binding import fold_digest, opened_groups, refold_on, reveal_chunks
+from .chunks import ChunkResult, EncodedChunk, chunk_estep
+from .combine_order import commit_digest, committed_result, fold_group
+
+if TYPE_CHECKING:
+    from ..audit.sdc_audit import EMAudit
+    from ..sources import ChunkPlace, OpenedSource
+
+__all__ = ["References", "judge_against_reference", "open_folded_groups", "reference_pass", "rows_reference",
+           "source_reference"]
+
+
+class References(Protocol):
+    """The audited chunks' E-steps computed outside the backend's runner, E-step and transport, by chunk id."""
+
+    def __call__(self, chunks: Sequence[int], encoder: Any, estimator: Any,
+                 model: Any) -> dict[int, ChunkResult]: ...
+
+
+def reference_pass(audit: EMAudit, estimator: Any, model: Any, *, iteration: int, num_chunks: int,
+                   encoder: Any, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+    """The entries of one pass audited against the reference (chunk order, for ``fold_pass``) and the
+    outcomes; the module doc lists the steps."""
+    payload = (estimator, model)
+    token = audit.pass_token(iteration)
+    # 1. the tasks: the same on every pass
+    entries, struck = audit.committed_pass(payload, iteration, num_chunks, token)
+    # 2. every group's sum and a commitment per chunk
+    owners = audit.chunk_owners(num_chunks)
+    check_commitments(entries, num_chunks, backend=audit.runner.name, iteration=iteration, owners=owners)
+    # 3. the sample, drawn only now
+    audited = audit.draw_sample(num_chunks, owners, first_of_fit=first_of_fit)
+    if not audited:
+        return entries, ()
+    # 4. the references, computed here while the workers reveal the opened groups' chunks (both after the draw)
+    refs, revealed = _references_and_reveals(audit, entries, audited, owners, payload, encoder, token)
+    # 5-6. a replay on its worker of what differs, the judge's verdict applied, and mending
+    outcomes = judge_against_reference(audit, entries, refs, audited, owners, payload, iteration,
+                                       struck if audit.placement else None)
+    # 7. the folded groups holding an audited chunk, opened and judged
+    folds = open_folded_groups(audit, entries, payload, iteration, audited, owners, token, revealed)
+    return entries, outcomes + folds
+
+
+def _references_and_reveals(audit: EMAudit, entries: list[Any], audited: Sequence[int], owners: Sequence[int],
+                            payload: tuple[Any, Any], encoder: Any,
+                            token: str) -> tuple[dict[int, Any], dict[int, Any]]:
+    """The audited chunks' references and the opened groups' revealed chunks. In one driver the references are
+    computed on a thread while the workers reveal (the driver mostly waits on them); on SPMD ranks, whose
+    gathers and reveals are collectives in a fixed order, one after the other."""
+    ids = [c for a, b in opened_groups(entries, audited) for c in range(a, b)]
+    if audit.gather is not None or not ids:
+        return audit.references(audited, encoder, *payload), {}
+    found: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            found["refs"] = audit.references(audited, encoder, *payload)
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the pass
+            found["error"] = exc
+
+    thread = threading.Thread(target=work, name="em-audit-reference", daemon=True)
+    thread.start()
+    try:
+        revealed = reveal_chunks(audit.runner, audit.placement, ids, owners, payload, token)
+    finally:
+        thread.join()
+    if "error" in found:
+        raise found["error"]
+    return found["refs"], revealed
+
+
+def judge_against_reference(audit: EMAudit, entries: list[Any], refs: dict[int, Any], audited: Sequence[int],
+                            owners: list[int], payload: tuple[Any, Any], iteration: int,
+                            struck: set[tuple[int, int]] | None) -> tuple[ChunkAudit, ...]:
+    """Each audited chunk's committed result against its reference, what differs replayed on its worker through
+    the backend, judged (``audit_judge.judge_chunks``), the verdict applied; a quarantined worker's chunks are
+    recomputed on the others and must then agree with their references."""
+    evidence = [ChunkEvidence(c, owners[c], *committed_result(entries, c), refs[c],
+                              injected=struck is not None and any(k[1] == c for k in struck)) for c in audited]
+    replays = {c: audit.replay(owners[c], c, payload) for c in replays_needed(evidence, commit_digest)}
+    placed = struck is not None  # a runner that places work: a device fault may quarantine its worker
+    verdict = judge_chunks(evidence, replays, iteration=iteration, policy=audit.auditor.policy,
+                           tolerance=audit.tolerance, digest=commit_digest,
+                           healthy=audit.healthy() if placed else (), may_quarantine=placed)
+    audit.apply(verdict)
+    audit.mend_quarantined(entries, verdict.outcomes, owners, payload, iteration)
+    _recheck(entries, refs, verdict, audit)
+    return verdict.outcomes
+
+
+def open_folded_groups(audit: EMAudit, entries: list[Any], payload: tuple[Any, Any], iteration: int,
+                       audited: Sequence[int], owners: Sequence[int], token: str,
+                       revealed: dict[int, Any] | None = None) -> tuple[ChunkAudit, ...]:
+    """Open the folded groups holding ``audited`` chunks: their workers reveal the chunks' own results, which
+    must match the commitments, and the driver's fold of them must be the sum that came back (``fold_binding``).
+    Opened groups whose results match their commitments enter ``entries`` per chunk. ``revealed``: chunks the
+    workers already revealed in this pass."""
+    groups = [(a, b) for a, b in opened_groups(entries, audited) if owners[b - 1] not in audit.quarantined]
+    if not groups:
+        return ()
+    wanted = [c for a, b in groups for c in range(a, b)]
+    if revealed is None or any(c not in revealed for c in wanted):  # not revealed with the references
+        revealed = reveal_chunks(audit.runner, audit.placement, wanted, owners, payload, token)
+    evidence = []
+    for a, b in groups:
+        group, values = entries[b - 1], [revealed[c] for c in range(a, b)]
+        digests = tuple(commit_digest(v) for v in values)
+        expected = fold_digest(group.digests, fold_group(payload[0], values))
+        evidence.append(FoldEvidence(a, b - 1, owners[b - 1], expected, fold_digest(digests, group)))
+        if digests == tuple(group.digests):
+            entries[a:b] = values  # the chunks the pass committed to, folded by the driver, stand for the group
+    replays = {g.first: refold_on(audit.runner, audit.placement, (g.first, g.last + 1), len(entries), g.worker,
+                                  payload, f"{token}:replay")
+               for g in evidence if g.expected != g.observed}
+    verdict = judge_folds(evidence, replays, iteration=iteration, policy=audit.auditor.policy,
+                          healthy=audit.healthy() if audit.placement else (), may_quarantine=audit.placement)
+    audit.apply(verdict)
+    audit.mend_quarantined(entries, verdict.outcomes, owners, payload, iteration)
+    return verdict.outcomes
+
+
+def _recheck(entries: list[Any], references: dict[int, Any], verdict: Verdict, audit: EMAudit) -> None:
+    """After a quarantine, the recomputed chunk must agree with its reference, else nothing mended it."""
+    for outcome in verdict.outcomes:
+        if outcome.quarantined is None:
+            continue
+        ok, _, _ = within_tolerance(entries[outcome.chunk], references[outcome.chunk], audit.tolerance.atol,
+                                    audit.tolerance.rtol)
+        if not ok:
+            raise SDCDetectedError(outcome.records)
+
+
+# ---- the references -----------------------------------------------------------------------------------
+def rows_reference(rows: Any, bounds: Sequence[tuple[int, int]]) -> References:
+    """The chunks' E-steps recomputed in the driver from ``rows`` (kept by the handle) with the pass's encoder."""
+
+    def reference(chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, ChunkResult]:
+        if encoder is None:
+            raise RuntimeError("the audit's reference runs after the handle's chunks are encoded")
+        out = {}
+        for c in chunks:
+            a, b = bounds[c]
+            out[c] = chunk_estep(EncodedChunk(c, a, b, encoder.encode(rows[a:b])), (estimator, model))
+        return out
+
+    return reference
+
+
+def source_reference(source: OpenedSource | None, places: Sequence[ChunkPlace] | None) -> References | None:
+    """For rows read where they live: the audited chunks fetched again into this process by their place in the
+    source (file or partition, row offset), all of a pass's in one request where the source can batch
+    (``OpenedSource.read_chunks``), encoded and E-stepped here, outside the backend; None for a source that
+    cannot read one chunk alone."""
+    if source is None or places is None or not source.reads_chunks:
+        return None
+    opened, where = source, places
+
+    def reference(chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, ChunkResult]:
+        if encoder is None:
+            raise RuntimeError("the audit's reference runs after the handle's chunks are encoded")
+        fetched = opened.read_chunks([where[c] for c in chunks], encoder)
+        return {c: chunk_estep(chunk, (estimator, model)) for c, chunk in zip(chunks, fetched)}
+
+    return reference
