@@ -45,6 +45,7 @@ from ..contracts import (
 from .attestation import (
     current_library_versions,
     executor_source_digest,
+    executor_source_files,
     load_certificate,
     open_envelope,
     reissue_hint,
@@ -132,6 +133,7 @@ def _context(executor: AdmissibleExecutor, device_kind: str, comm_backend: str,
     versions.update(library_versions or {})
     return AdmissionContext(device_kind=device_kind, comm_backend=comm_backend,
                             source_digest=executor_source_digest(executor), library_versions=versions,
+                            source_files=executor_source_files(executor),
                             policy=tolerance_policy_for(executor), max_age=max_age)
 
 

@@ -24,6 +24,7 @@ from ..contracts import (
 from .attestation import (
     current_library_versions,
     executor_source_digest,
+    executor_source_files,
     sign_certificate,
 )
 from .cert_store import CertificateStore
@@ -126,6 +127,7 @@ def certify(
         tolerance=tolerance or _merged_tolerance(records),
         issued_at=stamp.isoformat(),
         measurement=measurement,
+        source_files=executor_source_files(executor),
     )
     keys = trust_store or TrustStore()
     envelope = sign_certificate(certificate, keys.ensure_signer())
