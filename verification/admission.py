@@ -149,6 +149,19 @@ def _as_envelope(certificate: Any) -> CertificateEnvelope:
                             f"got {type(certificate).__name__}",))
 
 
+def _readable_envelope(certificate: Any, named_by: str) -> CertificateEnvelope:
+    """``_as_envelope``, with a path that is not a readable certificate file (missing, a folder, a device, a FIFO)
+    refused as ``NotAdmittedError`` naming it and where it was named (``certificate=`` or the environment)."""
+    try:
+        return _as_envelope(certificate)
+    except OSError as exc:
+        raise NotAdmittedError((
+            f"check 'certificate' failed: {named_by} names {str(certificate)!r}, which is not a readable "
+            f"certificate file ({exc.strerror or exc})",
+            f"point {named_by} at a certificate written by `mixle-parallel certify --out cert.json`, or unset it",
+        )) from None
+
+
 def _split(certificate: Any, admission: Any) -> tuple[Any, AdmissionMode | None]:
     """Executors' one-argument form: ``admission=`` may carry the certificate or its path."""
     if admission is None or (isinstance(admission, str) and admission in _REQUESTS):
@@ -243,8 +256,9 @@ def require_admission(
         _log.warning("running %s on %s at %s WITHOUT admission (admission='unverified')",
                      common["executor"], common["plan"], precision)
         return AdmissionDecision(mode, None, notes=("admission='unverified' requested",), **common)
+    named_by = "certificate="
     if certificate is None and os.environ.get(CERTIFICATE_ENV):
-        certificate = os.environ[CERTIFICATE_ENV]
+        certificate, named_by = os.environ[CERTIFICATE_ENV], CERTIFICATE_ENV
     real_mesh = world_size > 1 or device != "cpu"
     if certificate is None and not real_mesh:
         return AdmissionDecision(AdmissionMode.LOCAL, None, notes=("single process on CPU: no certificate needed",),
@@ -254,7 +268,7 @@ def require_admission(
     where = f"this is a real device mesh (world size {world_size}, {device}/{comm})"
     if certificate is not None:
         try:
-            envelope = _as_envelope(certificate)
+            envelope = _readable_envelope(certificate, named_by)
             found, keyid = open_envelope(envelope, keys)
             certificate_id = check_admission(found, executor, plan, precision, context)
         except NotAdmittedError as exc:
