@@ -210,7 +210,7 @@ class AuditOptions:
 
     mode: AuditMode = attrs.field(default=AuditMode.AUTO, converter=_audit_mode)
     rate: float = attrs.field(default=DEFAULT_AUDIT_RATE, converter=_audit_rate)
-    policy: AuditPolicy = attrs.field(default=AuditPolicy.WARN, converter=_policy)
+    policy: AuditPolicy = attrs.field(default=AuditPolicy.RAISE_DEFECTS, converter=_policy)
     bound: float = attrs.field(default=0.0, converter=_audit_bound)
     replay: AuditReplay = attrs.field(default=AuditReplay.PEER, converter=_replay)
     fault_injector: Any = attrs.field(default=None, validator=_fault_injector)
