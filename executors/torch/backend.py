@@ -229,7 +229,8 @@ class TorchDistributedBackend:
         spec = check_prepare(module, plan, TrainOptions.from_keywords(self.name, options))
         decision = admit_training(self, plan, spec.precision, certificate=spec.options.certificate,
                                   admission=spec.options.admission, device=spec.device,
-                                  auto_certify=self._in_situ(module, plan, spec))
+                                  auto_certify=self._in_situ(module, plan, spec),
+                                  ensure_group=lambda: ensure_process_group(plan, spec.device))
         mesh, owns_pg = _materialize_mesh(plan, spec)
         template = sharded_reference_template(module, plan, spec.mode, resolve_audit(spec.options.audit, plan,
                                                                                      spec.mode), spec.device)
