@@ -95,6 +95,8 @@ class AdmissionDecision:
     notes: tuple[str, ...] = ()
     signer: str | None = None
     envelope: CertificateEnvelope | None = attrs.field(default=None, eq=False, repr=False)
+    probe: str | None = None
+    """What the probe of the user's module found at ``prepare`` ("passed: ...", "skipped: <why>"), where one ran."""
 
     @property
     def certified(self) -> bool:
@@ -111,6 +113,8 @@ class AdmissionDecision:
         extra = {"admission": self.mode.value, "certificate": self.ledger_link}
         if self.notes and self.mode is AdmissionMode.VERIFYING:
             extra["admitted_by"] = self.notes[0]
+        if self.probe is not None:
+            extra["module_probe"] = self.probe
         return extra
 
 

@@ -24,15 +24,19 @@ pytestmark = pytest.mark.slow
 JOB = pathlib.Path(__file__).resolve().parent / "_agreement_job.py"
 
 
-def _torchrun(out: pathlib.Path, homes: list[pathlib.Path]) -> list[dict[str, Any]]:
+def _torchrun(out: pathlib.Path, homes: list[pathlib.Path], model: str = "plain") -> list[dict[str, Any]]:
+    return _torchrun_logged(out, homes, model)[0]
+
+
+def _torchrun_logged(out: pathlib.Path, homes: list[pathlib.Path], model: str) -> tuple[list[dict[str, Any]], str]:
     out.mkdir(parents=True)
     env = child_env()
     env.pop("MIXLE_PARALLEL_CERTIFICATE", None)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(JOB), str(out), *map(str, homes)], env=env, capture_output=True, text=True,
+                           str(JOB), str(out), model, *map(str, homes)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], done.stderr
 
 
 def test_ranks_with_different_trust_stores_end_in_the_same_clear_error(tmp_path: pathlib.Path) -> None:
@@ -51,3 +55,23 @@ def test_ranks_with_different_trust_stores_end_in_the_same_clear_error(tmp_path:
         assert "MIXLE_PARALLEL_HOME" in record["refused"]
     assert records[0]["refused"] == records[1]["refused"]  # the same error on every rank
     assert not (fresh / "certificates").exists() or not list((fresh / "certificates").glob("*.json"))
+
+
+def test_a_stored_certificate_admits_a_module_only_after_its_probe(tmp_path: pathlib.Path) -> None:
+    """Issue 34 item 5: a certificate earned in situ with one module is not reused for another the probe refuses;
+    where the probe cannot run the receipt and the run's log say why."""
+    shared = tmp_path / "shared"
+    first = _torchrun(tmp_path / "first", [shared, shared])  # certified in situ with the plain module
+    assert {r.get("admission") for r in first} == {"certified"}, first
+    assert all(r["module_probe"].startswith("passed") for r in first)  # the in-situ certificate probed it
+
+    skewed = _torchrun(tmp_path / "skewed", [shared, shared], "skewed")  # the stored certificate fits the plan
+    for record in skewed:
+        assert "refused" in record, record
+        assert "check 'probe' failed" in record["refused"] and "first.weight" in record["refused"]
+
+    normed, log = _torchrun_logged(tmp_path / "normed", [shared, shared], "normed")
+    for record in normed:
+        assert record.get("admission") == "certified", record
+        assert record["module_probe"].startswith("skipped: the module's first layer is LayerNorm"), record
+    assert "module probe skipped: the module's first layer is LayerNorm" in log
