@@ -154,11 +154,14 @@ def _as_envelope(certificate: Any) -> CertificateEnvelope:
 
 
 def _readable_envelope(certificate: Any, named_by: str) -> CertificateEnvelope:
-    """``_as_envelope``, with a path that is not a readable certificate file (missing, a folder, a device, a FIFO)
-    refused as ``NotAdmittedError`` naming it and where it was named (``certificate=`` or the environment)."""
+    """``_as_envelope``; a ``MIXLE_PARALLEL_CERTIFICATE`` that is not a readable certificate file (missing, a folder,
+    a device, a FIFO) is refused as ``NotAdmittedError`` naming it and the variable (the environment is not the
+    caller's argument: a run must not fail with an ``OSError`` from deep in the gate because of it)."""
     try:
         return _as_envelope(certificate)
     except OSError as exc:
+        if named_by != CERTIFICATE_ENV:
+            raise  # a path passed in is the caller's: FileNotFoundError naming it and `mixle-parallel certify`
         raise NotAdmittedError((
             f"check 'certificate' failed: {named_by} names {str(certificate)!r}, which is not a readable "
             f"certificate file ({exc.strerror or exc})",

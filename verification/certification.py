@@ -88,8 +88,7 @@ def certify(
     store: bool = True,
     measurement: InSituMeasurement | None = None,
 ) -> CertificateEnvelope:
-    """A signed certificate when every declared update has passing evidence, else ``CertificationError``.
-
+    """A signed certificate when every declared update has passing evidence, else ``CertificationError``;
     ``evidence`` is an iterable of ``NumericsEvidence`` or a harness report (anything with an ``evidence``
     attribute); ``measurement`` marks a certificate measured in situ (``in_situ``), None one by the harness.
     """

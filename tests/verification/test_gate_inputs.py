@@ -47,9 +47,8 @@ def test_a_certificate_variable_naming_no_certificate_file_is_not_admitted(tmp_p
     text = str(refused.value)
     assert "MIXLE_PARALLEL_CERTIFICATE" in text and repr(target) in text and "check 'certificate' failed" in text
     monkeypatch.delenv("MIXLE_PARALLEL_CERTIFICATE")
-    with pytest.raises(NotAdmittedError, match="certificate= names"):
-        require_admission(StubExecutor(), PLAN, "fp32", world_size=4, certificate=target + "/x.json"
-                          if kind == "folder" else target)
+    with pytest.raises(FileNotFoundError, match="mixle-parallel certify"):  # a path passed in: as before
+        require_admission(StubExecutor(), PLAN, "fp32", world_size=4, certificate=target)
 
 
 def test_the_policy_is_read_under_the_lock_that_creates_the_key(home):
