@@ -132,7 +132,7 @@ def _imports_of(path: Path, data: bytes) -> frozenset[str]:
         tree = ast.parse(data, filename=str(path))
     except (SyntaxError, ValueError):
         tree = ast.Module(body=[], type_ignores=[])
-    package = _package_of(path) if path.name != "__init__.py" else _package_of(path / "x")
+    package = _package_of(path)  # a module's package, or (``__init__.py``) the package itself: relative imports' anchor
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)

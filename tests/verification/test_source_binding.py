@@ -284,3 +284,23 @@ def test_an_edited_sibling_module_needs_a_new_certificate(sibling_backend, tmp_p
     _rewrite_keeping_size_and_mtime(site / f"{name}_deep.py", "ON = 1", "ON = 0")  # two imports away
     with pytest.raises(NotAdmittedError, match="check 'source_digest' failed"):
         encoded_data(data, estimator=estimator, backend=name, num_workers=2, admission=str(cert))
+
+
+def test_a_package_binds_what_its_modules_import_outside_it(tmp_path, monkeypatch):
+    from mixle_parallel.verification.source_binding import bound_files
+
+    name = f"acme_pkg_{uuid.uuid4().hex[:8]}"
+    site = tmp_path / "site"
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text("from .impl import factory\n")
+    (site / name / "impl.py").write_text(f"import json\n\ndef factory():\n    import {name}_helper\n"
+                                         f"    return {name}_helper.VALUE\n")
+    (site / f"{name}_helper.py").write_text("VALUE = 1\n")  # imported lazily, never run before the digest
+    monkeypatch.syspath_prepend(str(site))
+    __import__(name)
+    bound = bound_files(name)
+    assert (site / f"{name}_helper.py").resolve() in bound and (site / name / "impl.py").resolve() in bound
+    assert f"{name}_helper" not in sys.modules  # found without importing it
+    assert not any(p.name == "json" or "json" in p.parts for p in bound)  # the standard library is not bound
+    sys.modules.pop(name, None)
+    sys.modules.pop(f"{name}.impl", None)
