@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from train_step_overhead import LM, add_step_arguments
 
-from mixle_parallel.executors.training_options import DEFAULT_AUDIT_RATE
 from mixle_parallel.verification.harness.mesh import run_world
+from mixle_parallel.verification.sdc.schedule import TRAINING_AUDIT_RATE
 
 TP_PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise", "head": "colwise_replicate"}
 """The ``--tp`` row's tensor-parallel plan for the benchmark LM."""
@@ -107,10 +107,10 @@ def main() -> None:
     add_step_arguments(parser, steps=200)
     parser.add_argument("--tp", action="store_true", help="add a tensor-parallel (tp=2) row")
     parser.add_argument("--rate", type=float, default=None,
-                        help=f"audit rate of the audited session (default: the session's, {DEFAULT_AUDIT_RATE})")
+                        help=f"audit rate of the audited session (default: the session's, {TRAINING_AUDIT_RATE})")
     args = parser.parse_args()
     if args.rate is None and args.steps < 100:
-        parser.error(f"--steps must be >= 100 so a {DEFAULT_AUDIT_RATE:.0%} audit rate audits a handful of steps")
+        parser.error(f"--steps must be >= 100 so a {TRAINING_AUDIT_RATE:.0%} audit rate audits a handful of steps")
     if args.rate is not None and not 0.0 <= args.rate <= 1.0:
         parser.error(f"--rate {args.rate} must be within [0, 1]")
     if args.warmup < 1:
@@ -118,7 +118,7 @@ def main() -> None:
     rows = run_world(worker, 2, args, timeout=3600.0)[0]
     print(f"world 2 (gloo, CPU), dim={args.dim} depth={args.depth} vocab={args.vocab} "
           f"batch={args.batch}x{args.seq} per rank, audit rate "
-          f"{f'{DEFAULT_AUDIT_RATE} (default)' if args.rate is None else args.rate} + first step, {args.warmup} "
+          f"{f'{TRAINING_AUDIT_RATE} (default)' if args.rate is None else args.rate} + first step, {args.warmup} "
           "warm-up steps each")
     print(f"{'transform':<10}{'steps':>7}{'audited':>9}{'plain ms':>10}{'audited ms':>12}{'ratio':>8}"
           f"{'audited step x':>16}{'at rate':>9}{'first ms (plain/audited)':>27}")

@@ -46,6 +46,7 @@ from .errors import (
     NotAdmittedError,
     UnknownBackendError,
     UnknownMemoryFootprintError,
+    UnusedParametersError,
 )
 from .estimation import (
     Accumulator,
@@ -122,7 +123,7 @@ __all__ = [
     "CapabilityError", "CollectiveKind", "ContractError", "ContractTypeError", "DERIVED_AXES", "DeviceSpec",
     "DistributedUpdate", "FrozenDict", "KNOWN_PRECISIONS", "MeshCoordinate", "MeshShape",
     "MissingExtraError", "NotAdmittedError", "NumericsEvidence", "ObservedCollective", "PHYSICAL_AXES",
-    "UnknownBackendError", "DistributedTrainingBackend", "DistributedTrainingSession",
+    "UnknownBackendError", "UnusedParametersError", "DistributedTrainingBackend", "DistributedTrainingSession",
     "ParallelAxis", "ParallelPlan", "ParameterLayout", "PayloadKind", "Resources", "SCHEMA_VERSION",
     "SDCAuditRecord", "StateLayout", "StepReceipt", "Tolerance", "TorchSessionState", "TrainingBackend",
     "WorkerTopologyAttestation", "admission_problems", "recertify_plan_flag", "window_covers",

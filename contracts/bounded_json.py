@@ -1,8 +1,11 @@
 """Untrusted JSON, bounded before it is decoded: the one strict parser for signed and hashed documents.
 
 Every document that arrives from storage or another machine (certificate envelopes and their
-payloads, ledger seals and head files, checkpoint manifests and their signatures, ledger lines,
-contract documents) is read through ``parse_json`` with the ``DocumentLimits`` of its kind:
+payloads, ledger seals and head files, checkpoint manifests, pointers, state files and their
+signatures, checkpoint high-water records, trust store files, ledger lines, contract documents) is
+read through ``parse_json`` (or ``parse_object``, which also refuses a top level that is not an
+object) with the ``DocumentLimits`` of its kind; files are read by ``read_limited``, which opens
+only regular files, never through a link and never blocking (``safe_read``):
 
 1. its size is checked before a byte is decoded (``max_bytes``; ``read_limited`` never reads past it);
 2. it must be UTF-8 JSON with no duplicate object keys and, unless the kind allows them, no
@@ -32,11 +35,13 @@ from typing import Any
 import attrs
 
 from .errors import ContractError
+from .safe_read import OversizeFileError, read_regular
 
 __all__ = [
-    "CONTRACT_LIMITS", "LEDGER_LINE_LIMITS", "MANIFEST_LIMITS", "MAX_DEPTH", "MAX_INT", "MAX_SIGNATURES",
-    "SIGNED_LIMITS", "TRUST_FILE_LIMITS", "DocumentLimitError", "DocumentLimits", "check_shape", "parse_canonical",
-    "parse_json", "read_limited",
+    "CHECKPOINT_RECORD_LIMITS", "CHECKPOINT_STATE_LIMITS", "CONTRACT_LIMITS", "LEDGER_LINE_LIMITS", "MANIFEST_LIMITS",
+    "MANIFEST_SIGNATURE_LIMITS", "MAX_DEPTH", "MAX_INT", "MAX_SIGNATURES", "SIGNED_LIMITS", "TRUST_FILE_LIMITS",
+    "DocumentLimitError", "DocumentLimits", "check_shape", "parse_canonical", "parse_json", "parse_object",
+    "read_limited",
 ]
 
 MAX_DEPTH = 64
@@ -73,6 +78,8 @@ class DocumentLimits:
     """Deepest nesting of arrays and objects."""
     allow_nonfinite: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     """Whether ``NaN``/``Infinity``/``-Infinity`` tokens are accepted (contract documents: a skipped step's loss)."""
+    max_int: int = attrs.field(default=MAX_INT, validator=_positive)
+    """Largest integer magnitude (checkpoint state holds 64-bit RNG seeds up to ``2**64 - 1``)."""
 
     def describe(self) -> str:
         """The limits in one line, for documentation and messages."""
@@ -92,6 +99,18 @@ LEDGER_LINE_LIMITS = DocumentLimits("ledger line", max_bytes=4 << 20, max_items=
 MANIFEST_LIMITS = DocumentLimits("checkpoint manifest", max_bytes=64 << 20, max_items=2_000_000)
 """A checkpoint generation's ``MANIFEST.json`` (one digest per file of every rank)."""
 
+MANIFEST_SIGNATURE_LIMITS = DocumentLimits("checkpoint manifest signature", max_bytes=16 << 10, max_items=1_000)
+"""A generation's ``MANIFEST.sig`` (one DSSE envelope of about 1.5 KB): tight, so a load that looks at planted
+``gen-*`` folders refuses each oversized signature from its size alone."""
+
+CHECKPOINT_STATE_LIMITS = DocumentLimits("checkpoint state document", max_bytes=1 << 30, max_items=50_000_000,
+                                         max_int=2**64 - 1)
+"""A generation's ``state.json`` and ``ranks/rank-R.json`` (hashed in its manifest; user ``extra`` and inline
+tensors make them large): strict JSON, sized by the manifest's record before it is read."""
+
+CHECKPOINT_RECORD_LIMITS = DocumentLimits("checkpoint high-water record", max_bytes=64 << 10, max_items=64)
+"""A trust store's per-run and per-root checkpoint records (``<home>/checkpoints/*.json``): a handful of fields."""
+
 TRUST_FILE_LIMITS = DocumentLimits("trust store file", max_bytes=1 << 20, max_items=100_000)
 """``trust.json`` and ``policy.json`` of the trust store."""
 
@@ -102,21 +121,19 @@ def _too_large(limits: DocumentLimits, size: int | str, what: str | None) -> Doc
 
 
 def read_limited(path: str | os.PathLike[str], limits: DocumentLimits, *, what: str | None = None,
-                 follow_symlinks: bool = True) -> bytes:
-    """The bytes of ``path``, refused (``DocumentLimitError``) without reading past ``limits.max_bytes``.
+                 follow_symlinks: bool = False) -> bytes:
+    """The bytes of the regular file ``path``, refused (``DocumentLimitError``) without reading past
+    ``limits.max_bytes``; read through ``safe_read.read_regular``.
 
-    ``follow_symlinks=False`` opens with ``O_NOFOLLOW``: a link in the last component is an ``OSError``.
+    A link, FIFO, device, socket or folder is ``UnsafeFileError`` (an ``OSError``) naming the path, before a byte
+    is read; ``follow_symlinks=True`` (a path a person typed) follows a link to a regular file.
     """
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | (0 if follow_symlinks else getattr(os, "O_NOFOLLOW", 0))
-    fd = os.open(path, flags)
-    with os.fdopen(fd, "rb") as source:
-        size = os.fstat(source.fileno()).st_size
-        if size > limits.max_bytes:
-            raise _too_large(limits, f"{size:,}", what or f"{limits.what} {os.fspath(path)}")
-        data = source.read(limits.max_bytes + 1)
-    if len(data) > limits.max_bytes:  # grew while being read
-        raise _too_large(limits, f"more than {limits.max_bytes:,}", what or f"{limits.what} {os.fspath(path)}")
-    return data
+    name = what or f"{limits.what} {os.fspath(path)}"
+    try:
+        return read_regular(path, limits.max_bytes, what=limits.what, follow_symlinks=follow_symlinks)
+    except OversizeFileError as exc:
+        raise _too_large(limits, f"{exc.size:,}" if exc.size is not None else f"more than {limits.max_bytes:,}",
+                         name) from None
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -174,6 +191,17 @@ def parse_json(data: str | bytes | bytearray | memoryview, limits: DocumentLimit
     except ValueError as exc:
         raise DocumentLimitError(f"{what or limits.what} is not valid JSON: {exc}", path="$") from None
     check_shape(document, limits, what=what)
+    return document
+
+
+def parse_object(data: str | bytes | bytearray | memoryview, limits: DocumentLimits, *,
+                 what: str | None = None) -> dict[str, Any]:
+    """``parse_json`` of a document whose top level must be a JSON object (every signed or hashed document this
+    library writes is one); an array, string or number at the top is ``DocumentLimitError``."""
+    document = parse_json(data, limits, what=what)
+    if not isinstance(document, dict):
+        raise DocumentLimitError(f"{what or limits.what} must be a JSON object at the top level, not "
+                                 f"{type(document).__name__}", path="$")
     return document
 
 
@@ -246,14 +274,15 @@ def _utf8_fault(value: str) -> str | None:
     return None
 
 
-def _scalar_fault(value: Any) -> str | None:
+def _scalar_fault(value: Any, bound: int = MAX_INT) -> str | None:
     kind = type(value)
     if kind is float or kind is bool or value is None:
         return None
     if isinstance(value, str):
         return _utf8_fault(value)
-    if isinstance(value, int) and not isinstance(value, bool) and (value > MAX_INT or value < -MAX_INT):
-        return f"integer beyond the bound 2**63-1 ({len(str(abs(value)))} digits)"
+    if isinstance(value, int) and not isinstance(value, bool) and (value > bound or value < -bound):
+        text = f"2**{bound.bit_length()}-1" if (bound + 1) & bound == 0 else f"{bound}"
+        return f"integer beyond the bound {text} ({len(str(abs(value)))} digits)"
     return None
 
 
@@ -270,10 +299,10 @@ def check_shape(document: Any, limits: DocumentLimits = CONTRACT_LIMITS, *, what
     Scalars are checked where they stand; only containers are queued, and a path is built only for a fault.
     """
     name = what or limits.what
-    items = 0
+    items, bound = 0, limits.max_int
     stack: list[tuple[Any, tuple[Any, ...] | None, int]] = [(document, None, 0)] if _is_container(document) else []
     if not stack:
-        fault = _scalar_fault(document)
+        fault = _scalar_fault(document, limits.max_int)
         if fault:
             raise DocumentLimitError(fault, path=path)
     while stack:
@@ -295,8 +324,8 @@ def check_shape(document: Any, limits: DocumentLimits = CONTRACT_LIMITS, *, what
         for key, item in members:  # inlined: this loop runs once per item of an untrusted document
             kind = type(item)
             if kind is int:
-                if item > MAX_INT or item < -MAX_INT:
-                    raise DocumentLimitError(_scalar_fault(item) or "", path=_path((where, key), path))
+                if item > bound or item < -bound:
+                    raise DocumentLimitError(_scalar_fault(item, bound) or "", path=_path((where, key), path))
             elif kind is str:
                 if not item.isascii() and _utf8_fault(item):
                     raise DocumentLimitError(_utf8_fault(item) or "", path=_path((where, key), path))
@@ -305,6 +334,6 @@ def check_shape(document: Any, limits: DocumentLimits = CONTRACT_LIMITS, *, what
             elif kind is dict or kind is list or kind is tuple or _is_container(item):
                 stack.append((item, (where, key), depth + 1))
             else:
-                fault = _scalar_fault(item)
+                fault = _scalar_fault(item, bound)
                 if fault:
                     raise DocumentLimitError(fault, path=_path((where, key), path))

@@ -464,3 +464,9 @@ def check_admission(
         raise NotAdmittedError(problems)
     assert certificate is not None
     return certificate.certificate_id
+
+
+def evidence_verdict_problems(certificate: AdmissionCertificate) -> tuple[str, ...]:
+    """The verdict re-derived from a certificate alone, for an auditor with no executor at hand: every reason its
+    embedded evidence does not support it (digests, each record passed and within the certificate's tolerance)."""
+    return tuple(_evidence_problems(certificate, AdmissionContext()))

@@ -40,11 +40,28 @@ class NotAdmittedError(RuntimeError):
             reasons = (reasons,)
         self.reasons = tuple(reasons)
         detail = "; ".join(self.reasons)
+        # a reason that already names the exact command keeps it the only one in the message
+        source = ("that command" if "`mixle-parallel certify " in detail or "`PYTHONPATH=" in detail
+                  else "`mixle-parallel certify`")
         super().__init__(
-            f"not admitted: {detail}. A signed certificate comes from `mixle-parallel certify` (kept in the "
+            f"not admitted: {detail}. A signed certificate comes from {source} (kept in the "
             "local store, where the gate finds it, or passed as certificate=); "
             "admission='unverified' runs anyway with that recorded in every receipt."
         )
+
+
+class UnusedParametersError(RuntimeError, ValueError):
+    """Trainable parameters got no gradient under DDP, which reduces every one of them each step: named, with
+    what to do (``find_unused_parameters=True``, ``requires_grad=False`` on them, or FSDP2)."""
+
+    def __init__(self, names: tuple[str, ...] | list[str], *, where: str = "the step") -> None:
+        self.names = tuple(names)
+        shown = ", ".join(self.names[:20]) + (f" and {len(self.names) - 20} more" if len(self.names) > 20 else "")
+        super().__init__(
+            f"parameters {shown} got no gradient in {where}, and DDP (dp_replicate>1 without sharding) reduces "
+            "every trainable parameter each step. Pass find_unused_parameters=True to prepare() (DDP then finds "
+            "them each step), set requires_grad=False on them, or shard with FSDP2 (plan dp_shard>1), which needs "
+            "neither")
 
 
 class MissingExtraError(ImportError):

@@ -29,6 +29,19 @@ number elsewhere in ``extra`` (a health anomaly's value) is written as that text
 _NONFINITE_TEXT = ("nan", "inf", "-inf")
 
 
+def _rates(values: Any) -> tuple[float, ...]:
+    if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__iter__"):
+        raise ContractError(f"StepReceipt.learning_rates must be a sequence of numbers, got {type(values).__name__}")
+    return tuple(to_float(v) for v in values)
+
+
+def _finite_rates(inst: Any, attribute: Any, value: tuple[float, ...]) -> None:
+    for rate in value:
+        if isinstance(rate, bool) or not isinstance(rate, float) or not math.isfinite(rate) or rate < 0:
+            raise ContractError(f"StepReceipt.learning_rates must hold finite numbers >= 0 (one per parameter "
+                                f"group), got {rate!r}")
+
+
 @register_contract
 @attrs.frozen
 class StepReceipt:
@@ -54,6 +67,10 @@ class StepReceipt:
     extra: FrozenDict = attrs.field(factory=FrozenDict, converter=to_frozen_dict)
     global_examples_observed: int | None = attrs.field(default=None, validator=optional_non_negative_int)
     global_tokens_observed: int | None = attrs.field(default=None, validator=optional_non_negative_int)
+    learning_rates: tuple[float, ...] = attrs.field(default=(), converter=_rates, validator=_finite_rates)
+    """The learning rate of each optimizer parameter group, in group order: for a committed step the rate
+    that step used (read before the scheduler steps), else the rate the next step would use. Empty where the
+    executor cannot read the optimizer's groups."""
 
     def __attrs_post_init__(self) -> None:
         for local, observed in (

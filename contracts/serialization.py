@@ -22,6 +22,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.v import format_exception
 
 from .bounded_json import CONTRACT_LIMITS, MAX_INT, DocumentLimits, check_shape, parse_json
+from .canonical_json import hashed_json_bytes
 from .errors import ContractError
 from .frozen_mapping import FrozenDict, thaw_json
 
@@ -311,13 +312,13 @@ def from_json(text: str | bytes, cls: type[T], *, limits: DocumentLimits = CONTR
 
 
 def canonical_json(obj: Any) -> str:
-    """The canonical text of a contract: sorted keys, no spaces; the input of every digest."""
-    return json.dumps(to_dict(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """The canonical text of a contract (``canonical_json.hashed_json_bytes``): the input of every content id."""
+    return hashed_json_bytes(to_dict(obj)).decode("utf-8")
 
 
 def content_digest(obj: Any) -> str:
     """``sha256:<hex>`` of the canonical JSON: a content address."""
-    return "sha256:" + hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()
+    return "sha256:" + hashlib.sha256(hashed_json_bytes(to_dict(obj))).hexdigest()
 
 
 # ---- JSON Schema ----------------------------------------------------------------------------

@@ -40,7 +40,7 @@ EXAMPLES: dict[type, Any] = {
                                          (("dp_shard", "Shard(0)"), ("tp", "Shard(0)")), None, "sharded"),
     c.StepReceipt: c.StepReceipt(12, 2.731, 8, 1024, 2, 1, 2, "SGD", "fp32", collective_bytes=395264,
                                  extra={"admission": "sha256:" + "9a" * 32}, global_examples_observed=16,
-                                 global_tokens_observed=2048),
+                                 global_tokens_observed=2048, learning_rates=(0.1, 0.05)),
     c.TorchSessionState: c.TorchSessionState(12, 0, {"optimizer": "SGD", "lr": 0.1}),
     c.DeviceSpec: c.DeviceSpec("cpu:0", "cpu", 0, 6 * 2**30, 1.0, None, "node0"),
     c.Resources: c.Resources.from_specs([c.DeviceSpec("cpu:0", "cpu", 0, 2**33, 1.0, None, "node0"),

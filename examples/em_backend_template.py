@@ -15,14 +15,8 @@ An EM backend is three things, all below:
    gate takes its world from that (worker processes on more than one worker need a certificate).
 
 Run it: ``python examples/em_backend_template.py`` fits a mixture on this backend and checks the bits
-against one process. Verify it by name from a shell, with the module importable (from the repository
-root: ``export PYTHONPATH="$PWD:$PYTHONPATH"``)::
-
-    mixle-parallel verify --backend template_em --plan dp_replicate=2 --import examples.em_backend_template
-    mixle-parallel conformance --backend template_em --plan dp_replicate=2 --import examples.em_backend_template
-
-A package of your own registers on import and names that module in its ``mixle_parallel.backends``
-entry points, so the CLI finds it without ``--import`` (docs/verification.md, "Verifying your own backend").
+against one process. How to verify, certify and run the conformance suite on it (with JUnit reports for CI),
+and what each declaration means, is the one guide: docs/estimation_backends.md, "Writing a backend".
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def admit_training(executor: Any, plan: ParallelPlan, precision: str, *, certifi
                    ensure_group: Callable[[], Any] | None = None) -> AdmissionDecision:
     """The gate for a training run of ``executor`` on ``plan`` at ``precision`` on ``device`` (a ``torch.device``
     or a device kind): a certificate that fits, ``admission="unverified"``, a single CPU process, or the
-    harness's own trial; else, for a launched run with ``auto_certify`` (``training_insitu``), a certificate made
+    harness's own trial; else, for a launched run with ``auto_certify`` (``training_in_situ``), a certificate made
     in situ on the run's own ranks when the trust store's policy allows it; else ``NotAdmittedError``. Runs before
     any mesh or transform exists. In a launched run of more than one rank, ``ensure_group`` makes (or checks) the
     process group and the ranks agree on the decision (``agreed_decision``) before anything else runs."""
@@ -45,7 +45,7 @@ def admit_training(executor: Any, plan: ParallelPlan, precision: str, *, certifi
 
     if ensure_group is None or plan.world_size == 1 or active_harness_capability() is not None:
         return gate(auto_certify)  # one rank, or the harness's own trial (its collectives are traced)
-    from .training_insitu import launched
+    from .training_in_situ import launched
 
     if not launched():
         return gate(auto_certify)

@@ -23,6 +23,7 @@ import attrs
 from ..contracts import TRAINING_AUDIT_POLICIES, AuditPolicy, choose
 from ..verification.health import ModelFlopConfig
 from ..verification.ledger import Ledger
+from ..verification.sdc.schedule import TRAINING_AUDIT_RATE
 
 __all__ = [
     "AUDIT_KEYWORDS", "MEGATRON", "MEGATRON_BRIDGE", "TORCH_NATIVE", "AuditMode", "AuditOptions", "AuditReplay",
@@ -33,12 +34,6 @@ __all__ = [
 TORCH_NATIVE, MEGATRON, MEGATRON_BRIDGE = "torch_native", "megatron", "megatron_bridge"
 _TORCH, _MEGATRON, _BRIDGE = (TORCH_NATIVE,), (MEGATRON,), (MEGATRON_BRIDGE,)
 _NATIVE = (TORCH_NATIVE, MEGATRON)  # the backends that run the step themselves
-DEFAULT_AUDIT_RATE = 0.04
-"""Fraction of steps the in-session audit replays by default (plus the run's first step). An audited step recomputes
-a whole window on a plain copy, about 2.1 unaudited DDP steps in all (benchmarks/sdc_audit_overhead.py), so a run
-costs about ``1 + rate x 1.1``: 1.044x at 0.04, within the 1.05x budget; at 0.05 DDP sits on it (1.055x). A
-persistent defect is still audited within 100 steps with probability 1 - 0.96^100 = 98.3% (EM keeps 0.05: its
-audit recomputes a 5% sample of chunks, not whole steps)."""
 FAILURE_POLICIES = ("exit", "raise", "warn")
 """What a rank does when the heartbeat finds a dead or hung peer."""
 
@@ -133,6 +128,13 @@ def _seed(value: Any) -> int | None:
     return int(value)
 
 
+def _exact_bool(option: str) -> Callable[[Any, Any, Any], None]:
+    def check(_: Any, __: Any, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"{option} must be True or False, got {type(value).__name__} {value!r}")
+    return check
+
+
 def _callable(option: str) -> Callable[[Any, Any, Any], None]:
     def check(_: Any, __: Any, value: Any) -> None:
         if value is not None and not callable(value):
@@ -209,7 +211,7 @@ class AuditOptions:
     """
 
     mode: AuditMode = attrs.field(default=AuditMode.AUTO, converter=_audit_mode)
-    rate: float = attrs.field(default=DEFAULT_AUDIT_RATE, converter=_audit_rate)
+    rate: float = attrs.field(default=TRAINING_AUDIT_RATE, converter=_audit_rate)
     policy: AuditPolicy = attrs.field(default=AuditPolicy.RAISE_DEFECTS, converter=_policy)
     bound: float = attrs.field(default=0.0, converter=_audit_bound)
     replay: AuditReplay = attrs.field(default=AuditReplay.PEER, converter=_replay)
@@ -253,6 +255,7 @@ class HealthOptions:
     min_periods: int = 5
     straggler_ratio: float = 1.5
     straggler_min_s: float = 0.005
+    straggler_steps: int = 3  # a rank must be the slow one on this many steps in a row to be a straggler
     heartbeat: bool = True
     heartbeat_interval_s: float = 0.5
     dead_after_s: float = 30.0
@@ -313,6 +316,7 @@ class TrainOptions:
     certificate: Any = _field(None, _NATIVE + _BRIDGE)
     health: HealthOptions | None = _field(HealthOptions(), _NATIVE, converter=resolve_health)
     tp_plan: Mapping[str, Any] | None = _field(None, _TORCH, converter=_tp_plan)
+    find_unused_parameters: bool = _field(False, _TORCH, validator=_exact_bool("find_unused_parameters"))
     nonfinite: NonfinitePolicy = _field(NonfinitePolicy.RAISE, _TORCH, converter=_nonfinite)
     audit: AuditOptions = _field(AuditOptions(), _TORCH)
     ledger: Any = _field(None, _TORCH, converter=_ledger)

@@ -15,7 +15,7 @@ from mixle_parallel import contracts as c
 from mixle_parallel import executors
 
 EXIT_BAD_INPUT = 2
-_PASS_THROUGH = ("verify", "certify", "audit", "conformance", "keys", "demo")
+_PASS_THROUGH = ("verify", "certify", "audit", "conformance", "keys", "demo", "verify-run", "report")
 """Commands whose arguments are passed on as they are (argparse's REMAINDER cannot start with an option)."""
 _PLAN_FIELDS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "etp", "microbatches",
                 "gradient_accumulation_steps")
@@ -114,10 +114,46 @@ def _pass_through(name: str):  # noqa: ANN202 - handler factory
     return handler
 
 
+def _cmd_checkpoint(args: argparse.Namespace, console: Console) -> int:
+    """``checkpoint repair-mark ROOT``: rebuild this machine's damaged high-water records of a checkpoint root."""
+    from mixle_parallel.executors.torch.checkpoint_manifest import CheckpointError
+    from mixle_parallel.executors.torch.checkpoint_trust import repair_marks
+    from mixle_parallel.verification.keys import TrustStoreError
+
+    try:
+        done = repair_marks(args.root)
+    except (CheckpointError, TrustStoreError, OSError) as exc:
+        raise _Fail(f"cannot repair the records of {args.root}: {exc}") from None
+    for line in done:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from mixle_parallel.demo.run import run_demo
 
     return run_demo(args.rest, console)
+
+
+_RUN_COMMANDS = {
+    "verify-run": ("mixle_parallel.run_verification", "main_verify_run",
+                   "check a run folder offline: certificates, ledger, checkpoints, provenance, and that they agree"),
+    "report": ("mixle_parallel.run_report", "main_report",
+               "write one self-contained HTML page with the run's plots (loss, step times, audits, EM, verdict)"),
+}
+"""Commands on a run folder (module, function, help); their arguments are passed on as they are."""
+
+
+def _run_command(name: str):  # noqa: ANN202 - handler factory
+    """A handler that hands the remaining arguments to a run-folder command."""
+
+    def handler(args: argparse.Namespace, console: Console) -> int:
+        from importlib import import_module
+
+        module, function, _ = _RUN_COMMANDS[name]
+        return int(getattr(import_module(module), function)(args.rest))
+
+    return handler
 
 
 def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
@@ -131,8 +167,8 @@ _COMMANDS = {
                               "--import MODULE registers a third party's) against the single-process reference "
                               "on a small real mesh"),
     "certify": ("main_certify", "verify, then sign and store an admission certificate for the plan family"),
-    "keys": ("main_keys", "the trust store: keys init | trust PUBKEY [--for certify,ledger,checkpoint] | list | "
-                          "revoke KEYID | policy [on|off|trusted-keys-only]"),
+    "keys": ("main_keys", "the trust store: keys init | trust PUBKEY [--for certify,ledger,checkpoint,provenance] | "
+                          "list | revoke KEYID | policy [on|off|trusted-keys-only]"),
     "audit": ("main_audit", "verify a ledger's hash chain, step order and certificate links"),
     "conformance": ("main_conformance", "run the standard contract and executor checks against a backend "
                                         "(registered name or module:attr, as verify)"),
@@ -157,10 +193,22 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("kind", nargs="?", metavar="KIND")
     schema.set_defaults(handler=_cmd_schema)
 
+    checkpoint = sub.add_parser("checkpoint", help="checkpoint records: repair-mark ROOT rebuilds this machine's "
+                                                   "damaged high-water records from ROOT's signed generations")
+    actions = checkpoint.add_subparsers(dest="action", required=True)
+    repair = actions.add_parser("repair-mark", help="move a damaged record aside and rebuild it from the newest "
+                                                    "generation of ROOT's run signed by a trusted key")
+    repair.add_argument("root", metavar="ROOT", help="the checkpoint root (the folder holding LATEST)")
+    repair.set_defaults(handler=_cmd_checkpoint)
+
     for command, (function, text) in _COMMANDS.items():
         passthrough = sub.add_parser(command, help=text, add_help=False)
         passthrough.add_argument("rest", nargs=argparse.REMAINDER)
         passthrough.set_defaults(handler=_pass_through(function))
+    for command, (_, _, text) in _RUN_COMMANDS.items():
+        passthrough = sub.add_parser(command, help=text, add_help=False)
+        passthrough.add_argument("rest", nargs=argparse.REMAINDER)
+        passthrough.set_defaults(handler=_run_command(command))
     demo = sub.add_parser("demo", help="the main job: a certified, audited run on a local 4-rank CPU mesh",
                           add_help=False)
     demo.add_argument("rest", nargs=argparse.REMAINDER)
@@ -180,7 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if argv and argv[0] in _PASS_THROUGH:
         # argparse's REMAINDER cannot start with an option, so these commands take argv as it is.
-        handler = _cmd_demo if argv[0] == "demo" else _pass_through(_COMMANDS[argv[0]][0])
+        handler = (_cmd_demo if argv[0] == "demo" else _run_command(argv[0]) if argv[0] in _RUN_COMMANDS
+                   else _pass_through(_COMMANDS[argv[0]][0]))
         args = argparse.Namespace(handler=handler, rest=argv[1:])
     else:
         args = parser.parse_args(argv)

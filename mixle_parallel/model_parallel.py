@@ -3,7 +3,7 @@
 Thin re-exports of ``executors.estimation.component_parallel`` and ``executors.estimation.planner``.
 """
 
-from mixle_parallel.executors.estimation.component_parallel import (
+from mixle_parallel.executors.estimation.planning.component_parallel import (
     ComponentParallelAccumulator,
     ComponentParallelAccumulatorFactory,
     ComponentParallelEncodedData,
@@ -15,7 +15,7 @@ from mixle_parallel.executors.estimation.component_parallel import (
     component_parallel_fold,
     model_parallel_fold,
 )
-from mixle_parallel.executors.estimation.planner import UnrealizedModelPlacementError, auto_parallel_estimator
+from mixle_parallel.executors.estimation.planning.planner import UnrealizedModelPlacementError, auto_parallel_estimator
 
 __all__ = [
     "ComponentParallelAccumulator", "ComponentParallelAccumulatorFactory", "ComponentParallelEncodedData",

@@ -3,6 +3,6 @@
 A thin re-export of ``executors.estimation.reference_handles.MPEncodedData`` (the ``mp`` backend).
 """
 
-from mixle_parallel.executors.estimation.reference_handles import MPEncodedData
+from mixle_parallel.executors.estimation.compat.reference_handles import MPEncodedData
 
 __all__ = ["MPEncodedData"]

@@ -24,10 +24,14 @@ from mixle_parallel.executors.estimation.api import (
     encoded_data,
     is_encoded_data_handle,
 )
-from mixle_parallel.executors.estimation.memory import estimate_estimator_stat_nbytes, estimate_model_nbytes
-from mixle_parallel.executors.estimation.planner import model_sharding_plan, plan
-from mixle_parallel.executors.estimation.reference_handles import DaskEncodedData, LocalEncodedData, SparkEncodedData
-from mixle_parallel.executors.estimation.resource_calibration import calibrate_resources
+from mixle_parallel.executors.estimation.compat.reference_handles import (
+    DaskEncodedData,
+    LocalEncodedData,
+    SparkEncodedData,
+)
+from mixle_parallel.executors.estimation.planning.memory import estimate_estimator_stat_nbytes, estimate_model_nbytes
+from mixle_parallel.executors.estimation.planning.planner import model_sharding_plan, plan
+from mixle_parallel.executors.estimation.planning.resource_calibration import calibrate_resources
 from mixle_parallel.executors.registry import available_encoded_data_backends, register_encoded_data_backend
 
 __all__ = [

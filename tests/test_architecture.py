@@ -225,3 +225,34 @@ def test_layering_check_passes() -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "modules over" not in done.stdout, done.stdout
+
+
+def _module_list_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("architecture_modules", ROOT / "scripts" / "architecture_modules.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_the_architecture_doc_lists_every_module_of_the_tree() -> None:
+    """docs/architecture.md's module lists are what scripts/architecture_modules.py writes from today's tree."""
+    script = _module_list_script()
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert script.rendered(doc) == doc, "docs/architecture.md drifted: run python scripts/architecture_modules.py"
+    for name, (path, is_package) in _modules().items():
+        if not is_package and not path.is_symlink():
+            assert f"- `{path.name}`: " in doc, f"{name} is missing from docs/architecture.md"
+
+
+def test_the_module_list_check_sees_a_drift() -> None:
+    """A module line dropped from (or added to) the doc is caught, and the output does not change between runs."""
+    script = _module_list_script()
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    line = next(x for x in doc.splitlines() if x.startswith("- `plan.py`: "))
+    assert script.rendered(doc.replace(line + "\n", "")) != doc.replace(line + "\n", "")
+    forged = doc.replace(line, line + "\n- `ghost.py`: a module that is not in the tree")
+    assert script.rendered(forged) == doc
+    assert script.module_lists() == script.module_lists()

@@ -284,6 +284,30 @@ def require_admission(
     return _automatic(executor, plan, precision, context, keys, opts, where, common)
 
 
+_RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+"""Where launchers put a rank's number (torchrun, Open MPI, MPICH/PMI)."""
+
+
+def _lead_rank() -> bool:
+    """True in a job's rank 0, or outside a job: an existing torch process group says, else the launcher's
+    variables (torch is not imported here for this)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()) == 0
+    for name in _RANK_ENV:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value) == 0
+    return True
+
+
+def _changed_code_reason(certificate: AdmissionCertificate, reason: str) -> str:
+    """Why the stored certificate of this executor no longer fits: its code changed (``reason`` is the
+    ``source_digest`` check's, naming the changed files where the certificate records them)."""
+    return (f"a certificate of {certificate.executor} is stored ({certificate.certificate_id[:19]}..., issued "
+            f"{certificate.issued_at}) but its code digest differs from the code here: {reason}")
+
+
 def _automatic(executor: AdmissibleExecutor, plan: ParallelPlan, precision: str, context: AdmissionContext,
                keys: TrustStore, opts: AdmissionOptions, where: str, common: dict[str, Any]) -> AdmissionDecision:
     """No certificate given: a fitting one from the local store, else certify on the spot, else refuse."""
@@ -297,23 +321,28 @@ def _automatic(executor: AdmissibleExecutor, plan: ParallelPlan, precision: str,
         refusal = keys.automatic_certification_refusal() if opts.auto_certify is not None else None
     except TrustStoreError as exc:
         raise NotAdmittedError((f"check 'signature' failed: {exc}", where)) from None
+    stale = store.changed_code(executor, plan, precision, context)
     if opts.auto_certify is None or refusal is not None:
         command = opts.certify_command or (f"mixle-parallel certify --backend {common['executor']} "
                                       f"--plan {recertify_plan_flag(plan)} --precision {precision} --out cert.json")
         raise NotAdmittedError((
             f"check 'certificate' failed: no trusted certificate in {store.folder} fits {common['executor']} "
             f"on {common['plan']} at {precision} ({context.device_kind}/{context.comm_backend})", where,
+            *((_changed_code_reason(*stale),) if stale else ()),
             *((refusal,) if refusal else ()),
             f"run `{command}` once (it stores the certificate where this gate finds it)"))
-    print(f"mixle-parallel: certifying {common['executor']} for {common['plan']} at {precision} on this machine "
-          f"(once; stored in {store.folder})", file=sys.stderr, flush=True)
+    again = " again: its code changed since the stored certificate" if stale else ""
+    if _lead_rank():  # once per job, not once per rank
+        print(f"mixle-parallel: certifying {common['executor']} for {common['plan']} at {precision} on this machine"
+              f"{again} (once; stored in {store.folder})", file=sys.stderr, flush=True)
     try:
         envelope = opts.auto_certify()
         found, keyid = open_envelope(envelope, keys)
         certificate_id = check_admission(found, executor, plan, precision, context)
     except (CertificationError, NotAdmittedError) as exc:
         reasons = exc.reasons if isinstance(exc, NotAdmittedError) else (str(exc),)
-        raise NotAdmittedError(("automatic certification did not admit the run", *reasons, where)) from None
+        raise NotAdmittedError((f"automatic certification of {common['executor']} did not admit the run", *reasons,
+                                where)) from None
     store.add(envelope)
     return AdmissionDecision(AdmissionMode.CERTIFIED, certificate_id, signer=keyid, envelope=envelope,
                              notes=("certified on the spot and stored for next time",), **common)

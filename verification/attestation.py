@@ -7,8 +7,8 @@
 * ``open_envelope(envelope, store)`` -> the certificate and the signing key's id, after checking
   the signature against keys trusted, unrevoked, *for the purpose of the predicate type*
   (``PURPOSE_OF_PREDICATE``: certificates need ``certify``, ledger heads ``ledger``, checkpoint
-  manifests ``checkpoint``); every failure is a ``NotAdmittedError`` naming check ``signature`` or
-  ``certificate`` (malformed input never escapes as another exception).
+  manifests ``checkpoint``, artefact provenance ``provenance``); every failure is a ``NotAdmittedError``
+  naming check ``signature`` or ``certificate`` (malformed input never escapes as another exception).
 * ``save_certificate`` / ``load_certificate``: the envelope as a versioned JSON document, written
   atomically without following links, read under ``SIGNED_LIMITS`` (size before decoding, strict
   JSON, at most ``MAX_SIGNATURES`` signatures); the signed payload is parsed under the same limits.
@@ -28,7 +28,6 @@ import platform
 from pathlib import Path
 from typing import Any
 
-import rfc8785
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import Signature, Signer
 
@@ -44,12 +43,14 @@ from ..contracts import (
     to_json,
 )
 from ..contracts.bounded_json import SIGNED_LIMITS, parse_json, read_limited
+from ..contracts.canonical_json import signed_json_bytes
 from .keys import KeyPurpose, TrustStore, TrustStoreError
 from .safe_files import write_atomic
 from .source_binding import builtin_files, code_files, file_digests, files_digest
 
 __all__ = [
-    "CHECKPOINT_MANIFEST_PREDICATE", "LEDGER_HEAD_PREDICATE", "PREDICATE_TYPE", "PURPOSE_OF_PREDICATE",
+    "CHECKPOINT_MANIFEST_PREDICATE", "LEDGER_HEAD_PREDICATE", "PREDICATE_TYPE", "PROVENANCE_PREDICATE",
+    "PURPOSE_OF_PREDICATE",
     "STATEMENT_TYPE", "current_library_versions", "executor_source_digest", "executor_source_files",
     "load_certificate", "open_envelope", "open_statement", "read_unverified", "reissue_hint", "save_certificate",
     "sign_certificate", "sign_statement", "statement",
@@ -61,11 +62,14 @@ LEDGER_HEAD_PREDICATE = "https://mixle-parallel.dev/attestation/ledger-head/v1"
 """Predicate type of a ledger seal / signed head (``ledger.seal.LEDGER_HEAD_TYPE``)."""
 CHECKPOINT_MANIFEST_PREDICATE = "https://mixle-parallel.dev/attestation/checkpoint-manifest/v2"
 """Predicate type of a checkpoint manifest signature (``executors.torch.checkpoint_trust.MANIFEST_TYPE``)."""
+PROVENANCE_PREDICATE = "https://slsa.dev/provenance/v1"
+"""Predicate type of an artefact's provenance statement (SLSA Provenance v1; ``verification.provenance``)."""
 
 PURPOSE_OF_PREDICATE: dict[str, KeyPurpose] = {
     PREDICATE_TYPE: KeyPurpose.CERTIFY,
     LEDGER_HEAD_PREDICATE: KeyPurpose.LEDGER,
     CHECKPOINT_MANIFEST_PREDICATE: KeyPurpose.CHECKPOINT,
+    PROVENANCE_PREDICATE: KeyPurpose.PROVENANCE,
 }
 """The purpose a key must be trusted for to sign a statement of each predicate type (``keys trust --for``)."""
 
@@ -130,7 +134,7 @@ def sign_certificate(certificate: AdmissionCertificate, signer: Signer) -> Certi
 
 def sign_statement(document: dict[str, Any], signer: Signer) -> CertificateEnvelope:
     """A DSSE envelope around any in-toto Statement (RFC 8785 canonical JSON), signed by ``signer``."""
-    envelope = Envelope(rfc8785.dumps(document), IN_TOTO_PAYLOAD_TYPE, {})
+    envelope = Envelope(signed_json_bytes(document), IN_TOTO_PAYLOAD_TYPE, {})
     envelope.sign(signer)
     document = envelope.to_dict()
     return CertificateEnvelope(

@@ -56,3 +56,16 @@ class CertificateStore:
             if not admission_problems(certificate, executor, plan, precision, context):
                 return envelope, certificate, keyid
         return None
+
+    def changed_code(self, executor: AdmissibleExecutor, plan: ParallelPlan, precision: str,
+                     context: AdmissionContext) -> tuple[AdmissionCertificate, str] | None:
+        """The newest stored certificate of ``executor`` that fails on its code digest (its code changed since),
+        with that check's reason (it names the changed files where the certificate records them), or None."""
+        for _, certificate, _ in self.entries():
+            if certificate.executor != executor.capabilities.name:
+                continue
+            changed = [p for p in admission_problems(certificate, executor, plan, precision, context)
+                       if p.startswith("check 'source_digest'")]
+            if changed:
+                return certificate, changed[0]
+        return None

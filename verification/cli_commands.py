@@ -2,10 +2,11 @@
 
 ``verify`` and ``certify`` take a backend as a registered name (training or EM, built-in or
 third-party) or ``module:attr`` (``backend_names``; ``--import MODULE`` first imports a module that
-registers one), run the harness on a small real mesh and print the per-update table; ``certify`` also
+registers one), run the harness on a small real mesh and print the per-update table (``--junit-xml PATH``
+also writes it as JUnit XML, one testcase per update, as ``conformance`` does); ``certify`` also
 writes the certificate (a DSSE envelope signed with this machine's Ed25519 key, made on first use)
 and keeps it in the local store where automatic admission finds it. ``keys init|trust|list|revoke|policy``
-manages the trust store (``trust --for certify,ledger,checkpoint`` scopes a key).
+manages the trust store (``trust --for certify,ledger,checkpoint,provenance`` scopes a key).
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..contracts import to_dict
 from .attestation import open_envelope, save_certificate
 from .backend_names import add_backend_arguments, harness_target, import_modules
 from .certification import CertificationError
-from .conformance.suite import parse_plan
+from .conformance.junit import junit_xml
+from .conformance.suite import CheckResult, parse_plan
 from .harness.run import verify
 from .harness.worker import resolve_executor
 from .keys import CertificationPolicy, KeyPurpose, TrustStore, TrustStoreError
@@ -38,7 +41,37 @@ def _parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
                         help="mlp, tiny_lm, attention or gaussian_mixture (default: chosen for the backend and plan)")
     parser.add_argument("--trials", type=int, default=1, help="seeds to run (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    parser.add_argument("--junit-xml", default=None, metavar="PATH",
+                        help="also write the results as a JUnit XML report here (one testcase per update)")
     return parser
+
+
+def _update_results(report: Any) -> list[CheckResult]:
+    """One ``CheckResult`` per declared update of ``report`` (passed: no failure names it), then the failures
+    that name no update (e.g. a wire check over every update)."""
+    results, claimed = [], set()
+    share = report.seconds / max(1, len(report.updates))
+    by_node = {e.node_id: e for e in report.evidence}
+    for update in report.updates:
+        where = f"update {update.node_id!r}"
+        failures = [f for f in report.failures if f.startswith(where)]
+        claimed.update(failures)
+        evidence = by_node.get(update.node_id)
+        passed = not failures and evidence is not None and evidence.passed
+        measured = (f"max abs {evidence.maximum_absolute_error:.3g}, max rel {evidence.maximum_relative_error:.3g}, "
+                    f"deterministic {evidence.deterministic}; " + "; ".join(evidence.notes)) if evidence else ""
+        detail = "\n".join(failures) if failures else (measured or "no evidence recorded")
+        results.append(CheckResult(f"update {update.node_id}", passed, detail, share))
+    rest = [f for f in report.failures if f not in claimed]
+    if rest:
+        results.append(CheckResult("harness", False, "\n".join(rest), 0.0))
+    return results
+
+
+def _write_junit(path: str | None, prog: str, backend: str, results: Sequence[CheckResult]) -> None:
+    """Write ``results`` as JUnit XML at ``path`` (the same writer as ``conformance --junit-xml``)."""
+    if path:
+        Path(path).write_text(junit_xml(results, backend=backend, suite_name=prog), encoding="utf-8")
 
 
 Resolver = Callable[[str], Any]
@@ -78,6 +111,7 @@ def main_verify(argv: Sequence[str] | None = None, *, resolve: Resolver = harnes
                           "updates": [to_dict(u) for u in report.updates]}, indent=2, sort_keys=True))
     else:
         print(report.summary())
+    _write_junit(args.junit_xml, "mixle-parallel verify", args.backend, _update_results(report))
     return 0 if report.passed else 1
 
 
@@ -91,20 +125,28 @@ def main_certify(argv: Sequence[str] | None = None, *, resolve: Resolver = harne
     if report is None:
         return 2
     print(report.summary())
+    results = _update_results(report)
+
+    def done(code: int, detail: str) -> int:
+        results.append(CheckResult("certificate", code == 0, detail, 0.0))
+        _write_junit(args.junit_xml, "mixle-parallel certify", args.backend, results)
+        return code
+
     try:
         envelope = report.certify(args.target, store=not args.no_store)
     except CertificationError as exc:
         print(f"not certified: {exc}", file=sys.stderr)
-        return 1
+        return done(1, f"not certified: {exc}")
     except TrustStoreError as exc:
         print(f"mixle-parallel certify: {exc}", file=sys.stderr)
-        return 2
+        return done(2, str(exc))
     certificate, keyid = open_envelope(envelope)
     where = [] if args.no_store else [f"stored in {TrustStore().home / 'certificates'}"]
     if args.out:
         where.append(f"written to {save_certificate(envelope, args.out)}")
-    print(f"certificate {certificate.certificate_id} signed by key {keyid[:16]}... {'; '.join(where)}")
-    return 0
+    line = f"certificate {certificate.certificate_id} signed by key {keyid[:16]}... {'; '.join(where)}"
+    print(line)
+    return done(0, line)
 
 
 def _keys_parser() -> argparse.ArgumentParser:

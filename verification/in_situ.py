@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +31,7 @@ from ..contracts import (
     CertificateEnvelope,
     InSituMeasurement,
     ParallelPlan,
+    UnusedParametersError,
     from_json,
     to_json,
 )
@@ -165,19 +167,29 @@ def _user_state_kept(device_kind: str) -> Iterator[None]:
             torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
-def _on_this_rank(request: InSituRequest, work: Any, rank: int, world: int) -> dict[str, Any]:
+def _phase(rank: int, started: float, text: str) -> None:
+    """One progress line on rank 0's stderr (the other ranks run the same phases in step and say nothing)."""
+    if rank == 0:
+        print(f"mixle-parallel: in situ [{time.perf_counter() - started:5.1f} s] {text}", file=sys.stderr, flush=True)
+
+
+def _on_this_rank(request: InSituRequest, work: Any, rank: int, world: int, started: float) -> dict[str, Any]:
     """This rank's trials and probe; a local failure is reported, never raised (every rank reaches the gather)."""
-    found: dict[str, Any] = {"runs": None, "problem": None, "probe": None}
+    found: dict[str, Any] = {"runs": None, "problem": None, "probe": None, "unused": None}
     kept = _user_state_kept(request.device_kind) if request.traced else contextlib.nullcontext()
     with kept, harness_admitted(_IN_SITU):
+        _phase(rank, started, f"1/3 the reference workload {work.name!r} on {world} ranks")
         try:
             found["runs"] = run_trials(request.executor, work, request.plan, precision=request.precision,
                                        seeds=SEEDS, repeats=2, rank=rank, world_size=world, trace=request.traced)
         except Exception:  # noqa: BLE001 - sent to rank 0, which refuses naming it
             found["problem"] = f"rank {rank}: the reference workload failed:\n{traceback.format_exc()}"
         if request.probe is not None and found["problem"] is None:
+            _phase(rank, started, "2/3 the probe of your module (a copy) against a one-rank recomputation")
             try:
                 found["probe"] = request.probe()
+            except UnusedParametersError as exc:  # the user's module, not the executor: raised as itself below
+                found["unused"] = list(exc.names)
             except Exception:  # noqa: BLE001 - as above
                 found["problem"] = f"rank {rank}: the probe of the module failed:\n{traceback.format_exc()}"
     return found
@@ -264,10 +276,18 @@ def certify_in_situ(request: InSituRequest) -> CertificateEnvelope:
     # every data-parallel certification measures an accumulation window, here as in ``verify``
     plan, work = measured_window(plan, resolve_workload(request.workload or _launch(request).default_workload(plan)))
     request = attrs.evolve(request, plan=plan)
-    local = _on_this_rank(request, work, rank, world)
+    local = _on_this_rank(request, work, rank, world, started)
     gathered = group.gather(local)
-    message = _signed_or_refused(request, work, gathered, started) if rank == 0 and gathered is not None else None
+    unused = next((g["unused"] for g in gathered or () if g.get("unused")), None)
+    if unused is not None:  # rank 0 says so to every rank: the module needs an option, not a certificate
+        message: tuple[str, str] | None = ("unused_parameters", "\n".join(unused))
+    else:
+        _phase(rank, started, "3/3 judging the evidence and signing on rank 0")
+        message = _signed_or_refused(request, work, gathered, started) if rank == 0 and gathered is not None else None
     kind, text = group.broadcast(message)
+    if kind == "unused_parameters":
+        raise UnusedParametersError(text.split("\n"), where="a probe step of the module")
+    _phase(rank, started, "certified" if kind == "ok" else "refused")
     if kind != "ok":
         raise CertificationError(text)
     return from_json(text, CertificateEnvelope, limits=SIGNED_LIMITS)

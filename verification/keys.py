@@ -8,7 +8,7 @@ Where it lives: ``$MIXLE_PARALLEL_HOME`` if set, else ``$XDG_CONFIG_HOME/mixle-p
 * ``signing-key.pub``: its public key (PEM), the file to hand to other machines' ``keys trust``;
 * ``trust.json``: trusted public keys by key id (securesystemslib's key id: the sha256 of the
   canonical key), each with a label, when it was added, the purposes it is trusted for
-  (``certify``, ``ledger``, ``checkpoint``) and, once revoked, when;
+  (``certify``, ``ledger``, ``checkpoint``, ``provenance``) and, once revoked, when;
 * ``policy.json``: automatic certification ``on`` (default), ``off`` or ``trusted-keys-only``.
 
 Every write is atomic and never follows a link (``safe_files``); changes to ``trust.json`` and key
@@ -72,11 +72,13 @@ class TrustStoreError(ValueError):
 
 
 class KeyPurpose(StrEnum):
-    """What a trusted key may vouch for: admission certificates, ledger seals and heads, checkpoint manifests."""
+    """What a trusted key may vouch for: admission certificates, ledger seals and heads, checkpoint manifests,
+    provenance statements of a run's artefacts."""
 
     CERTIFY = "certify"
     LEDGER = "ledger"
     CHECKPOINT = "checkpoint"
+    PROVENANCE = "provenance"
 
 
 KEY_PURPOSES: frozenset[KeyPurpose] = frozenset(KeyPurpose)
@@ -402,7 +404,7 @@ class TrustStore:
         Trusting a key again with other ``purposes`` replaces its purposes; a revoked key stays revoked.
         """
         if "BEGIN" not in pem and Path(pem).is_file():
-            pem = read_limited(pem, _KEY_FILE_LIMITS).decode("ascii", "replace")
+            pem = read_limited(pem, _KEY_FILE_LIMITS, follow_symlinks=True).decode("ascii", "replace")  # a typed path
         scopes = None if purposes is None else parse_purposes(purposes)
         with self._locked():
             return self._trust_locked(pem, label=label, purposes=scopes)
@@ -473,7 +475,7 @@ def load_key(
         path = Path(key_file)
         if not path.is_file():
             raise FileNotFoundError(f"HMAC key file {str(path)!r} does not exist (from {file_var} or key_file=)")
-        return _decode(path.read_bytes(), str(path))
+        return _decode(read_limited(path, _KEY_FILE_LIMITS, follow_symlinks=True), str(path))  # never a FIFO
     if env.get(literal_var):
         return _decode(env[literal_var].encode("utf-8"), literal_var)
     return None

@@ -13,6 +13,9 @@ store, certificates, ledger heads, checkpoint manifests and marks) goes through 
   that serializes read-modify-write cycles across processes.
 * ``refuse_world_writable(path)``: ``UnsafeFileError`` naming the ``chmod`` to run when any user may
   write ``path``.
+
+Reading is the other half: ``contracts.safe_read`` (``read_regular``, ``open_regular``) opens only regular
+files, never through a link, never blocking; ``UnsafeFileError`` is defined there and re-exported here.
 """
 
 from __future__ import annotations
@@ -25,14 +28,12 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..contracts.safe_read import UnsafeFileError
+
 __all__ = ["UnsafeFileError", "exclusive_lock", "publish_exclusive", "refuse_world_writable", "write_atomic"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-class UnsafeFileError(PermissionError):
-    """A file or folder is writable by every user, or a path is a link where a file must be; says what to run."""
 
 
 def refuse_world_writable(path: str | os.PathLike[str], what: str) -> None:

@@ -1,12 +1,14 @@
 """Distributed EM: models, chunk runners, ``encoded_data`` backends, ``optimize``, planner.
 
-``api`` (``encoded_data``), ``options`` (the options objects), ``backend_declaration`` (what a
-backend honours), ``optimize`` (the EM loop), ``planner``, ``component_parallel``,
-``mixle_interop``; the chunk machinery in ``chunks``, ``combine_order`` and ``handle``; the
-admission gate in ``em_admission`` (the identity it checks in ``executor_identity``), the harness
-adapter in ``harness_adapter``, the SDC audit of chunk statistics in ``sdc_audit``; one module per
-engine in ``engines/`` and the built-in models in ``models/``. The public names are those of the
-modules' ``__all__``.
+The public entry points sit at the top: ``api`` (``encoded_data``), ``options`` (the options
+objects), ``optimize`` (the EM loop, ``fit``) and ``handle`` (the handle every backend shares). Each
+part has a folder: ``em_pass/`` (chunks and runners, the fixed combine order, the finite guard, the
+compute kernel choice), ``audit/`` (the SDC audit of the pass), ``admission/`` (the gate, in-situ
+certification, the executor identity, the harness adapter), ``engines/`` (one module per backend,
+what a backend declares, the built-in table), ``sources/`` (rows read where they live),
+``planning/`` (placement, the worker grid, decomposition, memory, calibration), ``fitting/`` (starts,
+stochastic EM), ``observability/``, ``models/`` (the built-in models) and ``compat/`` (mixle 0.8.2's
+shapes). The public names are those of the modules' ``__all__``.
 
 The engine modules (dask, ray, spark, mpi, torchrun, lightning, and the mp-based resilient and
 audited handles) load on first use: their names (:data:`LAZY_NAMES`) resolve through this
@@ -16,67 +18,53 @@ module's ``__getattr__``, so importing the package imports none of them.
 from importlib import import_module
 from typing import Any
 
-from . import (
-    api,
-    backend_declaration,
-    balance,
-    builtin_backends,
-    chunks,
-    combine_order,
-    component_parallel,
-    em_observability,
-    finite_guard,
-    handle,
-    harness_adapter,
-    memory,
-    model_decomposition,
-    models,
-    options,
-    planner,
-    reference_handles,
-    resource_calibration,
-    shards,
-    stochastic,
-)
+from . import api, handle, models, options
 from . import (
     optimize as _optimize_module,
 )
+from .admission import harness_adapter
 from .api import *  # noqa: F403 - re-exported through __all__
-from .backend_declaration import BackendDeclaration
-from .balance import *  # noqa: F403
-from .builtin_backends import *  # noqa: F403
-from .chunks import *  # noqa: F403
-from .combine_order import *  # noqa: F403
-from .component_parallel import *  # noqa: F403
-from .em_observability import *  # noqa: F403
-from .finite_guard import *  # noqa: F403
-from .handle import *  # noqa: F403
-from .initialization import INIT_STRATEGIES
-from .memory import *  # noqa: F403
-from .model_decomposition import *  # noqa: F403
-from .models import *  # noqa: F403
-from .optimize import *  # noqa: F403
-from .options import EncodedDataOptions, UnknownOptionError, VerificationOptions, declare_backend_options
-from .planner import *  # noqa: F403
-from .reference_handles import (
+from .compat import reference_handles, shards
+from .compat.reference_handles import (
     DaskEncodedData,
     LocalEncodedData,
     MPEncodedData,
     SparkEncodedData,
 )
-from .resource_calibration import *  # noqa: F403
-from .shards import *  # noqa: F403
+from .compat.shards import *  # noqa: F403
+from .em_pass import chunks, combine_order, finite_guard
+from .em_pass.chunks import *  # noqa: F403
+from .em_pass.combine_order import *  # noqa: F403
+from .em_pass.finite_guard import *  # noqa: F403
+from .engines import backend_declaration, builtin_backends
+from .engines.backend_declaration import BackendDeclaration
+from .engines.builtin_backends import *  # noqa: F403
+from .fitting import stochastic
+from .fitting.initialization import INIT_STRATEGIES
+from .fitting.stochastic import *  # noqa: F403
+from .handle import *  # noqa: F403
+from .models import *  # noqa: F403
+from .observability import em_observability
+from .observability.em_observability import *  # noqa: F403
+from .optimize import *  # noqa: F403
+from .options import EncodedDataOptions, UnknownOptionError, VerificationOptions, declare_backend_options
+from .planning import balance, component_parallel, memory, model_decomposition, planner, resource_calibration
+from .planning.balance import *  # noqa: F403
+from .planning.component_parallel import *  # noqa: F403
+from .planning.memory import *  # noqa: F403
+from .planning.model_decomposition import *  # noqa: F403
+from .planning.planner import *  # noqa: F403
+from .planning.resource_calibration import *  # noqa: F403
 from .sources import files, rank_local
-from .stochastic import *  # noqa: F403
 
 builtin_backends.register_builtin_encoded_data_backends()
 harness_adapter.register_em_verification_targets()
 
 LAZY_NAMES: dict[str, str] = {
-    "AuditedMPEncodedData": ".audited_mp", "SDCAuditReceipt": ".audited_mp", "audit_receipts": ".audited_mp",
-    "inject_bit_flip": ".audited_mp",
-    "CHECKPOINT_KIND": ".resilient_em", "ResilientMPEncodedData": ".resilient_em",
-    "checkpointed_fold": ".resilient_em",
+    "AuditedMPEncodedData": ".compat.audited_mp", "SDCAuditReceipt": ".compat.audited_mp",
+    "audit_receipts": ".compat.audited_mp", "inject_bit_flip": ".compat.audited_mp",
+    "CHECKPOINT_KIND": ".compat.resilient_em", "ResilientMPEncodedData": ".compat.resilient_em",
+    "checkpointed_fold": ".compat.resilient_em",
     "DaskRunner": ".engines.dask",
     "LightningEncodedData": ".engines.lightning",
     "MPIChunkError": ".engines.mpi", "MPIEncodedData": ".engines.mpi", "MPIRunner": ".engines.mpi",
@@ -85,6 +73,7 @@ LAZY_NAMES: dict[str, str] = {
     "SparkRunner": ".engines.spark",
     "TorchRunChunkError": ".engines.torchrun", "TorchRunEncodedData": ".engines.torchrun",
     "TorchRunRunner": ".engines.torchrun", "torchrun_out": ".engines.torchrun",
+    "save_model": ".model_file",
 }
 """Public names whose module loads on first access (name -> module, relative to this package)."""
 

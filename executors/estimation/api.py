@@ -15,24 +15,24 @@ from typing import Any
 from ...contracts import AdmissionMode, NotAdmittedError
 from ...contracts.estimation import EncodedDataHandle
 from ..registry import available_encoded_data_backends, get_encoded_data_backend
-from .backend_declaration import (
+from .admission.em_admission import admit_encoded_data, refuse_unbound_code
+from .compat.mixle_interop import adapt_mixle_objects
+from .em_pass.data_checks import check_rows
+from .em_pass.engine_choice import engine_hint, resolve_engine
+from .engines.backend_declaration import (
     BackendDeclaration,
     backend_declaration,
     builtin_declarations,
     capped_workers,
     check_backend_options,
 )
-from .builtin_backends import (
+from .engines.builtin_backends import (
     BUILTIN_ENCODED_DATA_BACKENDS,
     builtin_backend_name,
     register_builtin_encoded_data_backends,
 )
-from .data_checks import check_rows
-from .em_admission import admit_encoded_data, refuse_unbound_code
-from .engine_choice import resolve_engine
-from .mixle_interop import adapt_mixle_objects
+from .engines.process_watch import started_by
 from .options import EncodedDataOptions, VerificationOptions, split_keywords
-from .process_watch import started_by
 from .sources import check_source
 
 __all__ = ["EncodedDataControlConflictError", "EncodedDataOptions", "VerificationOptions", "encoded_data",
@@ -61,7 +61,7 @@ def encoded_data(data: Any, estimator: Any | None = None, model: Any | None = No
     ``chunk_size=``; the verification controls of :class:`VerificationOptions` (``admission``,
     ``audit``, ``audit_rate``, ``audit_policy``, ``audit_seed``, ``ledger``, ``fault_injector``);
     ``options=`` an :class:`EncodedDataOptions` and ``verification=`` a :class:`VerificationOptions`
-    (an option given twice is refused); anything else is an engine keyword (``timeout=`` for
+    (an option given twice is refused); anything else is a backend keyword (``timeout=`` for
     ``mp``...). Each option must be honoured by the backend, which declares what it honours: one set
     that it does not raises ``ValueError`` naming the option, the backend and the backends that do,
     before any worker starts. Passing an existing handle with any control set raises
@@ -125,7 +125,7 @@ def _create(data: Any, backend: str, options: EncodedDataOptions, verification: 
     try:
         factory = get_encoded_data_backend(backend)
     except KeyError as exc:
-        raise ValueError(str(exc.args[0])) from None
+        raise ValueError(str(exc.args[0]) + engine_hint(backend)) from None
     declaration = backend_declaration(backend)
     _check_call(data, declaration, options)
     workers, world = declaration.planned_world(options)

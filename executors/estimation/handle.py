@@ -1,7 +1,7 @@
 """The one generic encoded-data handle every EM backend shares: any chunk runner becomes a handle.
 
 :class:`ChunkedEncodedData` runs the E-step, initialization and log-density passes over a
-:class:`~mixle_parallel.executors.estimation.chunks.ChunkRunner`, combines statistics in the fixed
+:class:`~mixle_parallel.executors.estimation.em_pass.chunks.ChunkRunner`, combines statistics in the fixed
 two-level order, and wires in the SDC audit and the ledger. :func:`handle_from_runner` is how an
 engine backend builds one.
 """
@@ -17,7 +17,9 @@ from ...contracts import ParallelPlan
 from ...contracts.estimation import statistic_digest
 from ...contracts.placement import Placement
 from ...verification.ledger.chain import Ledger
-from .chunks import (
+from .audit.sdc_audit import EM_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference, source_reference
+from .compat.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
+from .em_pass.chunks import (
     ChunkResult,
     ChunkRunner,
     EStepResult,
@@ -34,16 +36,8 @@ from .chunks import (
     resolve_encoder,
     seed_from,
 )
-from .em_observability import (
-    FitReport,
-    RankRecord,
-    fit_report,
-    json_ready_report,
-    round_summary,
-)
-from .engine_choice import EngineChoice, resolve_engine
-from .metering import MeteredRunner
-from .minibatch import (
+from .em_pass.engine_choice import EngineChoice, resolve_engine
+from .fitting.minibatch import (
     DEFAULT_STEP_EXPONENT,
     DEFAULT_STEP_OFFSET,
     MinibatchSpec,
@@ -52,11 +46,17 @@ from .minibatch import (
     step_gains,
     stepwise_em,
 )
-from .mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
+from .observability.em_observability import (
+    FitReport,
+    RankRecord,
+    fit_report,
+    json_ready_report,
+    round_summary,
+)
+from .observability.metering import MeteredRunner
 from .options import EncodedDataOptions, UnknownOptionError, VerificationOptions, option_names, sub_chunked
-from .placement_check import check_placement
-from .planner import placement_for_bounds
-from .sdc_audit import DEFAULT_AUDIT_RATE, AuditNote, EMAudit, em_receipt, rows_reference, source_reference
+from .planning.placement_check import check_placement
+from .planning.planner import placement_for_bounds
 from .sources import ChunkPlace, OpenedSource, as_source, open_source, source_layout, source_places
 
 __all__ = ["STRAGGLER_MIN_EXCESS_S", "ChunkedEncodedData", "handle_from_runner"]
@@ -409,7 +409,7 @@ class ChunkedEncodedData:
             raise ValueError(f"{'=, '.join(shaping)}= shape(s) the SDC audit, which is off for {self.num_workers} "
                              f"worker(s) by default; pass audit=True (or drop {'=, '.join(shaping)}=)")
         if on:
-            rate = DEFAULT_AUDIT_RATE if chosen.audit_rate is None else float(chosen.audit_rate)
+            rate = EM_AUDIT_RATE if chosen.audit_rate is None else float(chosen.audit_rate)
             self._audit = EMAudit(self._metered, rate=rate, policy=chosen.audit_policy, seed=chosen.audit_seed,
                                   fault_injector=chosen.fault_injector)
             if self.reference_audit:

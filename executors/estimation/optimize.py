@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -12,18 +13,37 @@ import attrs
 import numpy as np
 
 from .api import handle_for, is_encoded_data_handle, options_from_keywords
-from .chunks import seed_from
-from .initialization import initial_model, resolve_init
-from .mixle_interop import (
+from .compat.mixle_interop import (
     as_estimator,
     unwrap_mixle,
     wrap_mixle_model,
 )
+from .em_pass.chunks import seed_from
+from .fitting.initialization import initial_model, resolve_init
 
-__all__ = ["EMStep", "FitOptions", "FitResult", "as_estimator", "fit", "optimize"]
+__all__ = ["ConvergenceWarning", "EMStep", "FitOptions", "FitResult", "as_estimator", "fit", "optimize"]
 
-PROGRESS_AUTO_WORK = 20_000_000
-"""``progress='auto'`` shows a bar when rows x max_its reaches this and stderr is a terminal."""
+PROGRESS_DELAY_S = 3.0
+"""``progress='auto'`` shows a bar on a terminal (stderr) once a fit has run this long; never on a pipe or file."""
+
+
+class ConvergenceWarning(UserWarning):
+    """An EM fit stopped at ``max_its`` before its gain fell below ``delta``/``tol`` (scikit-learn's name).
+
+    A ``UserWarning`` subclass, so a filter on either catches it, e.g.
+    ``warnings.simplefilter("ignore", ConvergenceWarning)``; ``delta=None`` (a fixed count) never warns.
+    """
+
+
+class _DefaultDelta(float):
+    """mixle's default ``delta`` (1e-9) as an object of its own, so a ``delta=`` the caller gave is told apart."""
+
+    def __repr__(self) -> str:
+        return repr(float(self))
+
+
+DEFAULT_DELTA = _DefaultDelta(1e-9)
+"""The default of ``delta=`` (mixle 0.8.2's): an absolute gain of the total log-likelihood."""
 
 
 class EMStep(NamedTuple):
@@ -61,15 +81,25 @@ class FitResult(NamedTuple):
     """The start used: 'kmeans++', 'dirichlet', 'random' or 'prev_estimate'."""
 
 
-def _progress_bar(progress: Any, total: int, work: int) -> Any:
-    show = progress is True or (progress == "auto" and work >= PROGRESS_AUTO_WORK and sys.stderr.isatty())
-    if not show:
+def _stderr_is_terminal() -> bool:
+    isatty = getattr(sys.stderr, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except ValueError:  # a closed stream
+        return False
+
+
+def _progress_bar(progress: Any, total: int) -> Any:
+    """A tqdm bar on stderr: always for ``True``; for ``'auto'`` only on a terminal, once the fit has run
+    :data:`PROGRESS_DELAY_S` (a quick fit, a log file or a pipe get nothing)."""
+    if progress is False or (progress == "auto" and not _stderr_is_terminal()):
         return None
     try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm ships with the test extras
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
         return None
-    return tqdm(total=total, desc="EM", unit="it", leave=False)
+    delay = 0.0 if progress is True else PROGRESS_DELAY_S
+    return tqdm(total=total, desc="EM", unit="it", leave=False, delay=delay, file=sys.stderr)
 
 
 def _one_pass(handle: Any, estimator: Any, model: Any) -> tuple[float, Any]:
@@ -111,8 +141,8 @@ def _em_loop(handle: Any, estimator: Any, model: Any, max_its: int, delta: float
         if on_step is not None:
             on_step(EMStep(it, ll, gain, model, time.perf_counter() - t0, found))
         if bar is not None:
+            bar.set_postfix(loglik=f"{ll:.6g}", refresh=False)  # drawn by update, once the delay has passed
             bar.update(1)
-            bar.set_postfix(loglik=f"{ll:.6g}")
         if history and not math.isfinite(ll) and math.isfinite(history[-1]):
             return _Run(previous, tuple(history), "not_finite", tuple(audits))
         if history and gain < -_decrease_floor(delta, ll):
@@ -147,6 +177,13 @@ def _delta(_: Any, attribute: attrs.Attribute, value: Any) -> None:
                          f"going) or None for a fixed max_its, got {value!r}")
 
 
+def _tol(_: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value) or not value > 0.0):
+        raise ValueError(f"tol must be a finite number > 0 (the smallest gain of the mean log-likelihood per row "
+                         f"that keeps EM going, as scikit-learn's) or None, got {value!r}")
+
+
 def _progress(_: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, bool) and value != "auto":
         raise ValueError(f"progress must be True, False or 'auto', got {value!r}")
@@ -161,13 +198,15 @@ def _callback(_: Any, attribute: attrs.Attribute, value: Any) -> None:
 class FitOptions:
     """The options of the EM loop itself (``fit``/``optimize``), apart from where the data lives.
 
-    ``max_its``, ``delta``, ``init_p`` and ``seed`` are ``optimize``'s positional parameters; the
-    start is ``prev_estimate`` or ``init`` (``init_estimator`` draws it, ``n_init`` starts are tried),
+    ``max_its``, ``delta``, ``init_p`` and ``seed`` are ``optimize``'s positional parameters; ``tol``
+    is scikit-learn's stopping rule (the gain of the mean log-likelihood per row) instead of ``delta``;
+    the start is ``prev_estimate`` or ``init`` (``init_estimator`` draws it, ``n_init`` starts are tried),
     ``rng`` instead of ``seed``, ``on_step`` after each pass, ``progress`` a tqdm bar.
     """
 
     max_its: int = attrs.field(default=10, validator=_exact_int(0))
-    delta: float | None = attrs.field(default=1e-9, validator=_delta)
+    delta: float | None = attrs.field(default=DEFAULT_DELTA, validator=_delta)
+    tol: float | None = attrs.field(default=None, validator=_tol)
     init_p: float = 0.1
     seed: int | None = None
     prev_estimate: Any = None
@@ -181,22 +220,44 @@ class FitOptions:
     def __attrs_post_init__(self) -> None:
         if self.seed is not None and self.rng is not None:
             raise ValueError("pass seed= or rng=, not both")
+        if self.tol is not None and self.delta is not DEFAULT_DELTA:
+            raise ValueError(f"tol={self.tol!r} and delta={self.delta!r} are two stopping rules (tol: the gain of "
+                             f"the mean log-likelihood per row, as scikit-learn's; delta: the gain of the total, "
+                             f"as mixle's); give one of them")
+
+    def threshold(self, rows: int) -> float | None:
+        """The gain of the total log-likelihood below which EM stops: ``delta``, or ``tol`` times ``rows``."""
+        if self.tol is None:
+            return self.delta
+        if rows <= 0:
+            raise ValueError("tol= is a gain per row, but this handle does not say how many rows it holds; "
+                             "pass delta= (a gain of the total log-likelihood) instead")
+        return self.tol * rows
 
 
 FIT_OPTIONS = tuple(a.name for a in attrs.fields(FitOptions))
 """The keywords of :class:`FitOptions`."""
 
 
-def fit(data: Any, estimator: Any, max_its: int = 10, delta: float | None = 1e-9, init_p: float = 0.1,
+def fit(data: Any, estimator: Any, max_its: int = 10, delta: float | None = DEFAULT_DELTA, init_p: float = 0.1,
         seed: int | None = None, backend: str | None = None, num_workers: int | None = None,
         **keywords: Any) -> FitResult:
     """Fit ``estimator`` to ``data`` by EM and report the trajectory and why it stopped (see :func:`optimize`).
 
     ``keywords`` are made into the options objects at once: the :class:`FitOptions` fields
-    (``prev_estimate``, ``init``, ``n_init``, ``on_step``, ``progress``, ``rng``, ``init_estimator``) and
-    ``encoded_data``'s options and verification controls (which a handle passed as ``data`` refuses, as
-    it refuses ``backend`` and ``num_workers``: its data is already placed).
+    (``tol``, ``prev_estimate``, ``init``, ``n_init``, ``on_step``, ``progress``, ``rng``,
+    ``init_estimator``) and ``encoded_data``'s options and verification controls (which a handle passed
+    as ``data`` refuses, as it refuses ``backend`` and ``num_workers``: its data is already placed).
+    A fit that stops at ``max_its`` unconverged warns (:class:`ConvergenceWarning`).
     """
+    result, run = _fit(data, estimator, max_its, delta, init_p, seed, backend, num_workers, keywords)
+    _warn_if_unconverged(result, run)
+    return result
+
+
+def _fit(data: Any, estimator: Any, max_its: int, delta: float | None, init_p: float, seed: int | None,
+         backend: str | None, num_workers: int | None, keywords: dict[str, Any]) -> tuple[FitResult, FitOptions]:
+    """:func:`fit` without its warning (``optimize`` warns at its own caller)."""
     ours = {k: keywords.pop(k) for k in FIT_OPTIONS if k in keywords}
     run = FitOptions(max_its=max_its, delta=delta, init_p=init_p, seed=seed, **ours)
     options, verification = options_from_keywords({"num_workers": num_workers, **keywords})
@@ -209,7 +270,7 @@ def fit(data: Any, estimator: Any, max_its: int = 10, delta: float | None = 1e-9
     prev_estimate = wrap_mixle_model(run.prev_estimate)  # a mixle distribution is adapted (ours unchanged)
     handle, own = handle_for(data, backend, options, verification)
     try:
-        return _fit_on(handle, estimator, prev_estimate, run)
+        return _fit_on(handle, estimator, prev_estimate, run), run
     except BaseException as exc:
         if own and hasattr(handle, "record_failure"):
             handle.record_failure(exc)
@@ -226,8 +287,9 @@ def _fit_on(handle: Any, estimator: Any, prev_estimate: Any, run: FitOptions) ->
     if hasattr(handle, "begin_fit"):
         handle.begin_fit()
     rows = getattr(handle, "num_rows", 0) or 0
+    threshold = run.threshold(rows)
     starts = 1 if prev_estimate is not None else run.n_init
-    bar = _progress_bar(run.progress, run.max_its * starts, rows * run.max_its * starts)
+    bar = _progress_bar(run.progress, run.max_its * starts)
     best: _Run | None = None
     audits: list[Any] = []
     try:
@@ -238,7 +300,7 @@ def _fit_on(handle: Any, estimator: Any, prev_estimate: Any, run: FitOptions) ->
                                               seed=_restart_seed(run.seed if run.rng is None else run.rng, r),
                                               p=run.init_p)
                 start = wrap_mixle_model(start)
-            found = _em_loop(handle, estimator, start, run.max_its, run.delta, run.on_step, bar)
+            found = _em_loop(handle, estimator, start, run.max_its, threshold, run.on_step, bar)
             audits.extend(found.audits)
             if best is None or (found.history and (not best.history or found.history[-1] > best.history[-1])):
                 best = found
@@ -253,11 +315,27 @@ def _fit_on(handle: Any, estimator: Any, prev_estimate: Any, run: FitOptions) ->
                      best.reason, chosen)
 
 
+def _warn_if_unconverged(result: FitResult, run: FitOptions) -> None:
+    """A :class:`ConvergenceWarning` at the caller of ``fit``/``optimize`` when the fit ran out of ``max_its``."""
+    if result.stop_reason != "max_its" or run.max_its == 0 or (run.delta is None and run.tol is None):
+        return
+    history = result.history
+    rule = f"tol={run.tol:g} per row" if run.tol is not None else f"delta={run.delta:g}"
+    if len(history) > 1:
+        gain = history[-1] - history[-2]
+        last = f"the last gain of the log-likelihood was {gain:.4g}"
+    else:
+        last = "one pass scores no gain"
+    warnings.warn(f"EM stopped at max_its={run.max_its} after {result.iterations} iterations without converging: "
+                  f"{last}, not below {rule}. Raise max_its (or loosen delta=/tol=); delta=None runs a fixed "
+                  f"count without this warning", ConvergenceWarning, stacklevel=3)
+
+
 def optimize(
     data: Any,
     estimator: Any,
     max_its: int = 10,
-    delta: float | None = 1e-9,
+    delta: float | None = DEFAULT_DELTA,
     init_p: float = 0.1,
     seed: int | None = None,
     backend: str | None = None,
@@ -269,18 +347,22 @@ def optimize(
     Each iteration is one pass over the data: the E-step yields the statistics for the next model
     and the log-likelihood of the model it scored. The loop stops after ``max_its`` passes or when
     the log-likelihood changes by less than ``delta`` (an absolute gain of the total, as in mixle;
-    ``None``: run all ``max_its``); a step that lowers it by more ends the fit on the model before
-    it. The start is ``prev_estimate=`` or ``init=``: ``"kmeans++"`` (the default for our mixtures:
+    ``None``: run all ``max_its``) or, with ``tol=`` instead, its mean per row changes by less than
+    ``tol`` (scikit-learn's rule; giving both is refused); a step that lowers it by more ends the fit
+    on the model before it, and a fit that runs out of ``max_its`` warns (:class:`ConvergenceWarning`).
+    The start is ``prev_estimate=`` or ``init=``: ``"kmeans++"`` (the default for our mixtures:
     k-means++ and Lloyd on a seeded sample, each row to its nearest center, one M-step, as
     scikit-learn's ``GaussianMixture``), ``"dirichlet"`` or ``"random"``, on the rows kept with
     probability ``init_p``; ``n_init=`` starts are tried and the best final log-likelihood kept.
     Every draw depends on ``seed`` and the chunk id only (the same bits on every backend and worker
     count); :func:`fit` says why the fit stopped (``stop_reason``). ``data`` may be raw rows (put on
     ``backend``, default ``local``, with ``num_workers``) or a handle from :func:`encoded_data`. Other
-    keywords: the :class:`FitOptions` fields (``on_step``, ``progress``, ``prev_estimate``,
+    keywords: the :class:`FitOptions` fields (``tol``, ``on_step``, ``progress``, ``prev_estimate``,
     ``init_estimator``, ``init``, ``n_init``, ``rng``) and ``encoded_data``'s options (``num_chunks``,
     ``chunk_size``, ``timeout``...) and verification controls (``admission=``, ``audit=``,
     ``audit_rate=``, ``audit_policy=``, ``ledger=``, ``fault_injector=``); an unknown one is refused.
     :func:`fit` returns the audit records, admission mode and quarantined workers as well.
     """
-    return fit(data, estimator, max_its, delta, init_p, seed, backend, num_workers, **kwargs).model
+    result, run = _fit(data, estimator, max_its, delta, init_p, seed, backend, num_workers, kwargs)
+    _warn_if_unconverged(result, run)
+    return result.model

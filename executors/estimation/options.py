@@ -21,8 +21,8 @@ import attrs
 
 from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, choose
 from ..registry import normalize_backend_name
-from .chunks import chunk_bounds
-from .minibatch import check_minibatch_options
+from .em_pass.chunks import chunk_bounds
+from .fitting.minibatch import check_minibatch_options
 
 __all__ = [
     "HANDLE_OPTIONS",
@@ -100,7 +100,7 @@ class EncodedDataOptions:
     """Every option of an encoded-data handle but the data and the backend name.
 
     The first twenty are mixle 0.8.2's ``encoded_data`` parameters (same names, defaults and
-    meaning); ``chunk_size`` is ours; ``extra`` holds engine keywords (``timeout=``,
+    meaning); ``chunk_size`` is ours; ``extra`` holds backend keywords (``timeout=``,
     ``start_method=``, ``direct_channel=``...), which the backend's declaration judges like the rest.
     The estimator, model and encoder are kept as given (a registered factory receives the very
     objects), and so is ``sub_chunks``: the handle applies it.
@@ -252,7 +252,7 @@ def verification_names() -> tuple[str, ...]:
 def split_keywords(keywords: Mapping[str, Any], *, options: Any = None,
                    verification: Any = None) -> tuple[EncodedDataOptions, VerificationOptions]:
     """``(EncodedDataOptions, VerificationOptions)`` from keywords of both, plus the objects ``options=`` /
-    ``verification=`` when given; any other keyword is an engine keyword (``extra``). One option given both
+    ``verification=`` when given; any other keyword is a backend keyword (``extra``). One option given both
     as a keyword and in an object is refused."""
     if options is not None and not isinstance(options, EncodedDataOptions):
         raise TypeError(f"options= must be an EncodedDataOptions, got {type(options).__name__}")

@@ -27,7 +27,7 @@ from ...contracts import (
 from ...verification.in_situ import ProbeOutcome
 from ..torch.health import SessionHealth
 from ..training_admission import admit_training
-from ..training_insitu import in_situ_certifier
+from ..training_in_situ import in_situ_certifier
 from ..training_options import MEGATRON, TrainOptions
 from .cpu_compat import cpu_compat
 from .parallel_state import (

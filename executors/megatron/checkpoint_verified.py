@@ -16,7 +16,6 @@ temporary folder (the only path megatron is given).
 from __future__ import annotations
 
 import io
-import json
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,6 +41,7 @@ from ..torch.checkpoint_manifest import (
     DCP_DIR,
     CheckpointError,
     CorruptCheckpointError,
+    parse_json,
     publish,
     read_manifest,
     read_verified,
@@ -142,11 +142,8 @@ def _checked_config(gen_dir: Path, manifest: Mapping[str, Any]) -> bytes:
     """``metadata.json``'s checked bytes, refused unless it names the torch_dist + torch backends."""
     path = gen_dir / DCP_DIR / CONFIG_NAME
     data = read_verified(gen_dir, manifest, f"{DCP_DIR}/{CONFIG_NAME}")
-    try:
-        config = json.loads(data)
-    except ValueError:
-        raise CorruptCheckpointError(path, "not JSON") from None
-    if not isinstance(config, dict) or any(config.get(k) != v for k, v in _BACKENDS.items()):
+    config = parse_json(data, path, what="megatron metadata")  # the one strict parser; a non-object is refused
+    if any(config.get(k) != v for k, v in _BACKENDS.items()):
         raise CorruptCheckpointError(path, f"names backends other than {_BACKENDS}")
     return data
 

@@ -26,6 +26,7 @@ from ...contracts import (
     WorkerTopologyAttestation,
 )
 from ..torch.comm_meter import CollectiveMeter
+from ..torch.commit import group_learning_rates
 from ..torch.health import SessionHealth
 from ..training_options import MEGATRON, UnhonouredOptionError
 from .checkpoint import load_stage, save_stage
@@ -291,6 +292,7 @@ class MegatronSession:
             extra=extra,
             global_examples_observed=global_examples,
             global_tokens_observed=global_tokens,
+            learning_rates=group_learning_rates(self.optimizer),
         )
 
     # ---- metrics, checkpoints, shutdown ------------------------------------------------

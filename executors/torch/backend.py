@@ -19,11 +19,11 @@ from ...contracts import (
 )
 from ...verification.ledger import Ledger
 from ..training_admission import admit_training
-from ..training_insitu import in_situ_certifier
+from ..training_in_situ import in_situ_certifier
 from ..training_options import TrainOptions
 from .device_mesh import build_mesh, ensure_process_group, require_torch, resolve_device
 from .dp_mode import DataParallelMode
-from .insitu_probe import probe_module
+from .in_situ_probe import probe_module
 from .layouts import describe_parameter_layouts
 from .losses import lm_token_loss
 from .parallelize import parallelize, resolve_tp_plan
@@ -123,6 +123,9 @@ def check_prepare(module: Any, plan: Any, options: TrainOptions) -> PrepareSpec:
     precision = options.precision or "fp32"
     CAPABILITIES.validate(plan, precision=precision)
     mode = DataParallelMode.for_plan(plan)
+    if options.find_unused_parameters and not mode.uses_ddp:
+        raise ValueError(f"find_unused_parameters=True is DDP's (a plan with dp_replicate>1 and no dp_shard, tp or "
+                         f"cp); {plan.describe()} runs {mode.value}, which needs no such option: drop it")
     resolve_audit(options.audit, plan, mode)
     styles = resolve_tp_plan(module, options.tp_plan, plan.tp)
     ledger = ledger_on_this_rank(options.ledger, current_rank())
@@ -202,12 +205,14 @@ class TorchDistributedBackend:
         return tuple(updates)
 
     def _in_situ(self, module: nn.Module, plan: ParallelPlan, spec: PrepareSpec) -> Any:
-        """The gate's in-situ certification for a launched run (``training_insitu``): the harness's workload on
+        """The gate's in-situ certification for a launched run (``training_in_situ``): the harness's workload on
         these ranks through ``torch_native``'s harness adapter, plus the probe of ``module`` (copied, never
         touched) through this backend."""
         def probe() -> Any:
             return probe_module(self, module, plan, precision=spec.precision,
-                                prepare_options={"device": spec.device}, rank=current_rank())
+                                prepare_options={"device": spec.device,
+                                                 "find_unused_parameters": spec.options.find_unused_parameters},
+                                rank=current_rank())
 
         return in_situ_certifier(self.name, plan, spec.precision, device=spec.device, probe=probe,
                                  ensure_group=lambda: ensure_process_group(plan, spec.device))
@@ -236,14 +241,27 @@ class TorchDistributedBackend:
         mesh, owns_pg = _materialize_mesh(plan, spec)
         template = sharded_reference_template(module, plan, spec.mode, resolve_audit(spec.options.audit, plan,
                                                                                      spec.mode), spec.device)
-        module = parallelize(module, mode=spec.mode, mesh=mesh, tp_styles=spec.tp_styles, device=spec.device)
+        module = parallelize(module, mode=spec.mode, mesh=mesh, tp_styles=spec.tp_styles, device=spec.device,
+                             find_unused_parameters=spec.options.find_unused_parameters)
         opt, receipt = build_optimizer(spec.options.optimizer, [p for p in module.parameters() if p.requires_grad],
                                        spec.options.lr)
-        scheduler = spec.options.scheduler
+        scheduler = _scheduler_for(spec.options.scheduler, opt)
         return TorchDistributedSession(
             module, plan=plan, capabilities=CAPABILITIES, mesh=mesh, device=spec.device, optimizer=opt,
             optimizer_receipt=receipt, parameter_layouts=describe_parameter_layouts(module, plan),
             precision=spec.precision, max_grad_norm=spec.options.max_grad_norm,
-            scheduler=scheduler(opt) if scheduler is not None else None, options=spec.options,
+            scheduler=scheduler, options=spec.options,
             run=PreparedRun(admission=decision, owns_process_group=owns_pg, ledger=spec.ledger,
                             reference_template=template))
+
+
+def _scheduler_for(factory: Any, optimizer: torch.optim.Optimizer) -> Any:
+    """``scheduler=callable(optimizer)``'s result, which must have ``step()`` (a torch ``LRScheduler``)."""
+    if factory is None:
+        return None
+    scheduler = factory(optimizer)
+    if not callable(getattr(scheduler, "step", None)):
+        raise TypeError(f"scheduler= must be callable(optimizer) returning an object with step() (e.g. "
+                        f"lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)); it returned "
+                        f"{type(scheduler).__name__}")
+    return scheduler

@@ -69,10 +69,10 @@ from .checkpoint_manifest import (
     read_manifest,
     read_verified,
     rederived_loader_state,
-    resolve,
     write_json_atomic,
     write_manifest,
 )
+from .checkpoint_marks import DamagedRecordError
 from .checkpoint_reader import VerifiedReader
 from .checkpoint_state import (
     _capture_rng,
@@ -87,9 +87,9 @@ from .checkpoint_trust import (
     CHECKPOINT_TRUST_MODES,
     Lineage,
     UntrustedCheckpointError,
+    locate_generation,
     open_generation,
     sign_generation,
-    verify_generation,
 )
 
 __all__ = ["CheckpointHandle", "load_checkpoint", "load_session", "save_checkpoint", "save_session"]
@@ -144,6 +144,9 @@ def _all_gather_text(text: str, pg: Any, world: int) -> list[str]:
 def _error_doc(err: BaseException) -> dict[str, Any]:
     if isinstance(err, CorruptCheckpointError):
         return {"type": "corrupt", "path": err.path, "problem": err.problem}
+    if isinstance(err, DamagedRecordError):
+        return {"type": "damaged", "path": str(err.path), "problem": err.problem,
+                "root": None if err.root is None else str(err.root)}
     kind = ("world" if isinstance(err, WorldSizeChangeError)
             else "untrusted" if isinstance(err, UntrustedCheckpointError) else "checkpoint")
     return {"type": kind, "message": f"{err}" if isinstance(err, CheckpointError)
@@ -161,6 +164,9 @@ def _agree(local_error: BaseException | None, pg: Any, world: int, *, what: str)
     others = f" (ranks failing: {[r for r, _ in failed]})" if len(failed) > 1 else ""
     if doc["type"] == "corrupt":
         raise CorruptCheckpointError(doc["path"], doc["problem"] + others) from local_error
+    if doc["type"] == "damaged":
+        raise DamagedRecordError(Path(doc["path"]), f"{doc['problem']}{others}; found on rank {rank}",
+                                 None if doc["root"] is None else Path(doc["root"])) from local_error
     cls = {"world": WorldSizeChangeError, "untrusted": UntrustedCheckpointError}.get(doc["type"], CheckpointError)
     raise cls(f"{what} failed on rank {rank}: {doc['message']}{others}") from local_error
 
@@ -407,14 +413,7 @@ def _locate(root: Path, *, trust: str, allow_rollback: bool, pg: Any, world: int
     located = ""
     if rank == 0:
         try:
-            gen_dir, digest = resolve(root)
-            signed = verify_generation(gen_dir, trust=trust, allow_rollback=allow_rollback or digest is None)
-            if signed["manifest_sha256"] is not None:
-                if digest is not None and digest != signed["manifest_sha256"]:
-                    raise UntrustedCheckpointError(
-                        f"{gen_dir / 'MANIFEST.json'} that LATEST names differs from the manifest its signature "
-                        "covers: the checkpoint was changed after it was signed")
-                digest = signed["manifest_sha256"]  # every rank checks the manifest's bytes against the signed one
+            gen_dir, digest = locate_generation(root, trust=trust, allow_rollback=allow_rollback)
             located = json.dumps([str(gen_dir), digest])
         except Exception as err:  # noqa: BLE001 - every rank must learn of it
             error = err

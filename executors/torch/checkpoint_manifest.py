@@ -15,7 +15,9 @@ A save writes a new generation folder, then its manifest, then replaces the poin
 file + ``os.replace``); a reader trusts only what the pointer names and only after every file
 matches the manifest, so a crash at any moment leaves the previous checkpoint readable and a
 torn or tampered one is refused with an error naming the file. Everything written here is
-JSON (no pickle); non-JSON values use a small tagged encoding (``to_json_value``).
+JSON (no pickle); non-JSON values use a small tagged encoding (``to_json_value``). Every file is read
+through ``contracts.safe_read`` (a regular file, never a link, FIFO or device, within its size) and
+every document is decoded by the one strict parser (``contracts.bounded_json``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -36,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from ...contracts import ContractError
-from ...contracts.bounded_json import MANIFEST_LIMITS, DocumentLimits
-from ...contracts.bounded_json import parse_json as parse_bounded_json
+from ...contracts.bounded_json import CHECKPOINT_STATE_LIMITS, MANIFEST_LIMITS, DocumentLimits, parse_object
+from ...contracts.safe_read import OversizeFileError, describe_kind, open_regular, read_regular
 
 FORMAT = "mixle-parallel-checkpoint"
 """Value of the ``format`` field of every JSON document a checkpoint holds."""
@@ -80,6 +83,11 @@ class CorruptCheckpointError(CheckpointError):
         return (type(self), (self.path, self.problem))
 
 
+class UntrustedCheckpointError(CheckpointError):
+    """A checkpoint is unsigned, signed by an untrusted key, altered since signing, foreign, or a rollback
+    (signatures and lineage: ``checkpoint_trust``, which exports it)."""
+
+
 class WorldSizeChangeError(CheckpointError):
     """A checkpoint saved at one world size was loaded at another without permission."""
 
@@ -96,6 +104,8 @@ def to_json_value(value: Any, *, where: str = "state",
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
+        if abs(value) > CHECKPOINT_STATE_LIMITS.max_int:  # beyond what the strict parser reads back as a number
+            return {TAG: "int", "value": str(int(value))}
         return int(value)
     if isinstance(value, float):
         if math.isfinite(value):
@@ -142,6 +152,8 @@ def from_json_value(doc: Any, *, where: str = "state",
         return {k: from_json_value(v, where=f"{where}[{k!r}]", decoders=decoders) for k, v in doc.items()}
     if tag == "float":
         return float(doc["value"])
+    if tag == "int":
+        return int(doc["value"])
     if tag == "tuple":
         return tuple(from_json_value(v, where=f"{where}[{i}]", decoders=decoders)
                      for i, v in enumerate(doc["items"]))
@@ -205,21 +217,22 @@ def write_json_atomic(path: str | os.PathLike[str], doc: Any) -> bytes:
 
 
 def parse_json(data: bytes, path: str | os.PathLike[str], *, what: str, limits: DocumentLimits | None = None) -> Any:
-    """Decode checkpoint JSON from bytes already read (and checked); unparsable is a ``CorruptCheckpointError``.
+    """Decode checkpoint JSON from bytes already read (and checked); anything but strict JSON is a
+    ``CorruptCheckpointError``.
 
-    With ``limits`` (the manifest and the pointer: ``MANIFEST_LIMITS``) the JSON is strict (no duplicate keys,
-    no NaN) and bounded in size, depth and items.
+    The one strict parser (``contracts.bounded_json``): no duplicate keys, no NaN/Infinity, bounded size, depth
+    and items (``limits``: the manifest and pointer use ``MANIFEST_LIMITS``; state and rank files, default,
+    ``CHECKPOINT_STATE_LIMITS``), and a JSON object at the top level.
     """
     try:
-        if limits is not None:
-            return parse_bounded_json(data, limits, what=f"{what} {path}")
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ContractError) as err:
+        return parse_object(data, limits or CHECKPOINT_STATE_LIMITS, what=f"{what} {path}")
+    except ContractError as err:
         raise CorruptCheckpointError(path, f"the {what} is not valid JSON, likely a torn write ({err})") from None
 
 
 def read_json(path: str | os.PathLike[str], *, what: str, limits: DocumentLimits | None = None) -> Any:
-    """Read a checkpoint JSON document that no manifest covers (the pointer); missing or torn is refused."""
+    """Read a checkpoint JSON document that no manifest covers (the pointer); missing, torn, or anything but a
+    regular file (a link, FIFO, device) is refused naming it."""
     try:
         data = _read_no_follow(Path(path), _MAX_POINTER_BYTES)
     except FileNotFoundError:
@@ -232,17 +245,20 @@ _MAX_MANIFEST_BYTES = MANIFEST_LIMITS.max_bytes
 
 
 def _read_no_follow(path: Path, limit: int) -> bytes:
-    """All bytes of the regular file ``path`` (never through a symlink), at most ``limit`` of them."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    """All bytes of the regular file ``path`` (``safe_read``: never a link, FIFO or device), at most ``limit``.
+
+    ``FileNotFoundError`` passes through; every other refusal is a ``CorruptCheckpointError`` naming the file.
+    """
     try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            raise CorruptCheckpointError(path, f"{size} bytes where at most {limit} are expected (truncated or "
-                                               "rewritten): refused before decoding")
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read(limit + 1)
-    finally:
-        os.close(fd)
+        return read_regular(path, limit, what="checkpoint file")
+    except OversizeFileError as err:
+        held = f"{err.size} bytes" if err.size is not None else f"more than {limit} bytes"
+        raise CorruptCheckpointError(path, f"{held} where at most {limit} are expected (truncated or "
+                                           "rewritten): refused before decoding") from None
+    except FileNotFoundError:
+        raise
+    except OSError as err:  # UnsafeFileError (a link, FIFO, device, socket, folder) or unreadable
+        raise CorruptCheckpointError(path, f"cannot be read as a regular file ({err})") from None
 
 
 def read_verified(generation_dir: Path, manifest: Mapping[str, Any], rel: str) -> bytes:
@@ -259,8 +275,6 @@ def read_verified(generation_dir: Path, manifest: Mapping[str, Any], rel: str) -
         data = _read_no_follow(path, int(entry.get("bytes", -1)) if isinstance(entry.get("bytes"), int) else 0)
     except FileNotFoundError:
         raise CorruptCheckpointError(path, "missing (the manifest lists it)") from None
-    except OSError as err:  # ELOOP: a symlink where the file should be
-        raise CorruptCheckpointError(path, f"cannot be read as a regular file ({err})") from None
     if len(data) != entry.get("bytes"):
         raise CorruptCheckpointError(path, f"{len(data)} bytes where the manifest records {entry.get('bytes')} "
                                            "(truncated or rewritten)")
@@ -272,7 +286,7 @@ def read_verified(generation_dir: Path, manifest: Mapping[str, Any], rel: str) -
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_regular(path, what="checkpoint file") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -374,7 +388,7 @@ def resolve(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
     """
     root = Path(path)
     pointer = root / POINTER_NAME
-    if pointer.is_file():
+    if os.path.lexists(pointer):  # a link, FIFO or device there is refused by the read, naming it
         document = read_json(pointer, what="checkpoint pointer", limits=MANIFEST_LIMITS)
         doc = _check_header(document, pointer, "checkpoint pointer")
         name, digest = doc.get("generation"), doc.get("manifest_sha256")
@@ -422,10 +436,16 @@ def manifest_problems(generation_dir: Path, manifest: Mapping[str, Any], *,
         if index % shards != shard:
             continue
         entry, file = listed[rel], generation_dir / rel
-        if not file.is_file():
+        try:
+            info: os.stat_result | None = os.lstat(file)
+        except OSError:
+            info = None
+        if info is None:
             problems.append((str(file), "missing (the manifest lists it)"))
-        elif file.stat().st_size != entry.get("bytes"):
-            problems.append((str(file), f"{file.stat().st_size} bytes where the manifest records "
+        elif not stat.S_ISREG(info.st_mode):
+            problems.append((str(file), f"{describe_kind(info.st_mode)}, not a regular file (refused unread)"))
+        elif info.st_size != entry.get("bytes"):
+            problems.append((str(file), f"{info.st_size} bytes where the manifest records "
                                         f"{entry.get('bytes')} (truncated or rewritten)"))
         elif contents and sha256_file(file) != entry.get("sha256"):
             problems.append((str(file), "its sha256 differs from the manifest's (corrupted)"))

@@ -18,8 +18,6 @@ release or a machine whose key is not trusted here; it is logged.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import re
@@ -30,7 +28,13 @@ from typing import Any
 import attrs
 
 from ...contracts import CertificateEnvelope, ContractError, NotAdmittedError, from_dict, to_dict
-from ...contracts.bounded_json import SIGNED_LIMITS, parse_json, read_limited
+from ...contracts.bounded_json import (
+    MANIFEST_LIMITS,
+    MANIFEST_SIGNATURE_LIMITS,
+    SIGNED_LIMITS,
+    parse_json,
+    read_limited,
+)
 from ...verification.attestation import CHECKPOINT_MANIFEST_PREDICATE, STATEMENT_TYPE, open_statement, sign_statement
 from ...verification.keys import TrustStore, TrustStoreError
 from .checkpoint_manifest import (
@@ -39,13 +43,28 @@ from .checkpoint_manifest import (
     SIGNATURE_NAME,
     CheckpointError,
     CorruptCheckpointError,
+    UntrustedCheckpointError,
     create_generation,
+    generation_number,
     next_generation,
+    read_json,
+    resolve,
     write_json_atomic,
 )
+from .checkpoint_marks import (
+    DamagedRecordError,
+    keep_damaged,
+    raise_marks,
+    read_root_record,
+    read_run_mark,
+    record_path,
+    write_root_record,
+    write_run_mark,
+)
 
-__all__ = ["CHECKPOINT_TRUST_MODES", "MANIFEST_TYPE", "SIGNATURE_NAME", "Lineage", "UntrustedCheckpointError",
-           "lineage_for_save", "open_generation", "sign_generation", "verify_generation"]
+__all__ = ["CHECKPOINT_TRUST_MODES", "MANIFEST_TYPE", "SIGNATURE_NAME", "DamagedRecordError", "Lineage",
+           "UntrustedCheckpointError", "generation_lineage", "lineage_for_save", "locate_generation", "open_generation",
+           "repair_marks", "sign_generation", "verify_generation"]
 
 
 MANIFEST_TYPE = CHECKPOINT_MANIFEST_PREDICATE
@@ -56,10 +75,6 @@ CHECKPOINT_TRUST_MODES = ("signed", "unsigned")
 
 _GENERATION = re.compile(r"^gen-(\d{8})$")
 _log = logging.getLogger(__name__)
-
-
-class UntrustedCheckpointError(CheckpointError):
-    """A checkpoint is unsigned, signed by an untrusted key, altered since signing, foreign, or a rollback."""
 
 
 @attrs.frozen
@@ -79,40 +94,13 @@ def _number(generation: str) -> int:
     return int(match.group(1))
 
 
-def _record(store: TrustStore, kind: str, key: str) -> Path:
-    return store.home / "checkpoints" / f"{kind}-{hashlib.sha256(key.encode('utf-8')).hexdigest()}.json"
-
-
-def _read_record(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise UntrustedCheckpointError(f"the checkpoint record {path} is unreadable ({exc}); delete it only if "
-                                       "you know no newer generation was seen here") from None
-    return doc if isinstance(doc, dict) else {}
-
-
-def _write_record(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, doc)
-
-
-def _run_mark(store: TrustStore, run_id: str) -> tuple[int, str | None]:
-    doc = _read_record(_record(store, "run", run_id))
-    number, digest = doc.get("generation", 0), doc.get("manifest_sha256")
-    if isinstance(number, bool) or not isinstance(number, int):
-        number = 0
-    return number, digest if isinstance(digest, str) else None
+def _run_mark(store: TrustStore, run_id: str, root: Path) -> tuple[int, str | None]:
+    return read_run_mark(store, run_id, root)
 
 
 def _raise_marks(store: TrustStore, root: Path, lineage: Lineage, digest: str) -> None:
     """Record generation ``lineage.number`` of its run (if higher) and the run this root holds."""
-    if lineage.number > _run_mark(store, lineage.run_id)[0]:
-        _write_record(_record(store, "run", lineage.run_id),
-                      {"run_id": lineage.run_id, "generation": lineage.number, "manifest_sha256": digest})
-    _write_record(_record(store, "root", str(root.resolve())), {"root": str(root.resolve()), "run_id": lineage.run_id})
+    raise_marks(store, root, lineage.run_id, lineage.number, digest)
 
 
 def lineage_for_save(root: Path, *, trust_store: TrustStore | None = None) -> Lineage:
@@ -121,12 +109,12 @@ def lineage_for_save(root: Path, *, trust_store: TrustStore | None = None) -> Li
     generation and past every generation of the run signed or seen here)."""
     store = trust_store or TrustStore()
     try:
-        pointer = json.loads((root / POINTER_NAME).read_text(encoding="utf-8"))
+        pointer = read_json(root / POINTER_NAME, what="checkpoint pointer", limits=MANIFEST_LIMITS)
         previous = root / pointer["generation"]
         digest, lineage = _signed(previous, store)
     except (OSError, ValueError, KeyError, TypeError, CheckpointError):
         return Lineage(run_id=uuid.uuid4().hex, number=1)
-    after = max(lineage.number, _run_mark(store, lineage.run_id)[0])
+    after = max(lineage.number, _run_mark(store, lineage.run_id, root)[0])
     return Lineage(run_id=lineage.run_id, number=after + 1, previous=previous.name, previous_manifest_sha256=digest)
 
 
@@ -172,7 +160,8 @@ def _signed(generation_dir: Path, store: TrustStore) -> tuple[str, Lineage]:
     if generation_dir.is_symlink():
         raise UntrustedCheckpointError(f"{generation_dir} is a symlink; a generation is a folder of its own root")
     try:
-        document = parse_json(read_limited(path, SIGNED_LIMITS), SIGNED_LIMITS, what=f"manifest signature {path}")
+        document = parse_json(read_limited(path, MANIFEST_SIGNATURE_LIMITS), MANIFEST_SIGNATURE_LIMITS,
+                              what=f"manifest signature {path}")
         envelope = from_dict(document, CertificateEnvelope, limits=SIGNED_LIMITS)
         statement, _ = open_statement(envelope, store, predicate_type=MANIFEST_TYPE)
         predicate = statement["predicate"]
@@ -194,23 +183,49 @@ def _signed(generation_dir: Path, store: TrustStore) -> tuple[str, Lineage]:
     return digest, lineage
 
 
-def _newest_signed(root: Path, store: TrustStore, run_id: str) -> int:
-    """The highest generation of run ``run_id`` validly signed in ``root`` (other runs' folders are ignored)."""
-    newest = 0
-    for candidate in root.iterdir() if root.is_dir() else ():
-        if _GENERATION.match(candidate.name) and (candidate / SIGNATURE_NAME).is_file():
-            try:
-                _, lineage = _signed(candidate, store)
-            except UntrustedCheckpointError:
-                continue
-            if lineage.run_id == run_id:
-                newest = max(newest, lineage.number)
-    return newest
+def generation_lineage(generation_dir: str | os.PathLike[str], *, trust_store: TrustStore | None = None
+                       ) -> tuple[str, Lineage]:
+    """(manifest sha256, lineage) a trusted key signed for a generation, checked without recording anything
+    in the trust store (an auditor's check); ``UntrustedCheckpointError`` otherwise."""
+    return _signed(Path(generation_dir), trust_store or TrustStore())
+
+
+MAX_NEWER_CANDIDATES = 32
+"""Most ``gen-*`` folders numbered above a generation whose signatures a load opens to look for a newer one of
+the same run (nearest first). The trust store's high-water mark is what refuses a rollback for sure; this scan
+only adds what another machine signed, and must not let planted folders make a load slow."""
+
+
+def _newest_signed(root: Path, store: TrustStore, run_id: str, above: int) -> int:
+    """A generation of run ``run_id`` numbered above ``above`` and validly signed in ``root``, else 0.
+
+    Work is bounded whatever was planted: only folders numbered above ``above`` are candidates, nearest first,
+    at most ``MAX_NEWER_CANDIDATES`` signatures are opened, each read through ``safe_read`` under
+    ``SIGNATURE_LIMITS`` (an oversized, linked or FIFO signature is refused from ``fstat``, unread), and the scan
+    stops at the first that verifies (one proves the rollback).
+    """
+    numbers = sorted(n for n in (generation_number(name) for name in _names(root)) if n is not None and n > above)
+    for number in numbers[:MAX_NEWER_CANDIDATES]:
+        candidate = root / f"gen-{number:08d}"
+        try:
+            _, lineage = _signed(candidate, store)
+        except UntrustedCheckpointError:
+            continue
+        if lineage.run_id == run_id:
+            return lineage.number
+    return 0
+
+
+def _names(root: Path) -> list[str]:
+    try:
+        return os.listdir(root) if root.is_dir() else []
+    except OSError:
+        return []
 
 
 def _check_lineage(gen: Path, digest: str, lineage: Lineage, store: TrustStore) -> None:
     """Refuse a generation of another run than the root held, a broken chain, or a rollback."""
-    held = _read_record(_record(store, "root", str(gen.parent.resolve()))).get("run_id")
+    held = read_root_record(store, gen.parent)
     if held is not None and held != lineage.run_id:
         raise UntrustedCheckpointError(
             f"{gen} belongs to run {lineage.run_id}, but {gen.parent} held run {held} when it was last saved or "
@@ -226,8 +241,8 @@ def _check_lineage(gen: Path, digest: str, lineage: Lineage, store: TrustStore) 
             raise UntrustedCheckpointError(
                 f"{gen} (run {lineage.run_id}) does not follow {previous} (run {prev_lineage.run_id}): a generation "
                 "of another run or lineage was copied in; pass allow_rollback=True to load it on purpose")
-    mark, mark_digest = _run_mark(store, lineage.run_id)
-    newest = max(mark, _newest_signed(gen.parent, store, lineage.run_id))
+    mark, mark_digest = _run_mark(store, lineage.run_id, gen.parent)
+    newest = max(mark, _newest_signed(gen.parent, store, lineage.run_id, max(lineage.number, mark)))
     if lineage.number < newest:
         raise UntrustedCheckpointError(
             f"{gen} is generation {lineage.number}, but generation {newest} of this checkpoint was signed or "
@@ -266,3 +281,66 @@ def verify_generation(generation_dir: str | os.PathLike[str], *, trust: str = "s
         raise UntrustedCheckpointError(str(exc)) from None
     return {"signed_by_trusted_key": True, "rollback_checked": not allow_rollback, "manifest_sha256": digest,
             "run_id": lineage.run_id, "number": lineage.number}
+
+
+def locate_generation(path: str | os.PathLike[str], *, trust: str = "signed", allow_rollback: bool = False,
+                      trust_store: TrustStore | None = None) -> tuple[Path, str | None]:
+    """The generation ``path`` designates (a root's ``LATEST``, or a ``gen-*`` folder) and the manifest sha256 every
+    read of it must match, after ``verify_generation``: every reader of checkpoint state starts here.
+
+    Signed (default): the sha256 is the one the trusted signature covers (and ``LATEST``'s record must equal it);
+    ``trust="unsigned"``: the one ``LATEST`` records (None for a folder passed directly). ``allow_rollback`` as in
+    ``verify_generation`` (a ``gen-*`` folder passed directly is an explicit choice, not a rollback).
+    """
+    gen_dir, digest = resolve(path)
+    signed = verify_generation(gen_dir, trust=trust, allow_rollback=allow_rollback or digest is None,
+                               trust_store=trust_store)
+    if signed["manifest_sha256"] is not None:
+        if digest is not None and digest != signed["manifest_sha256"]:
+            raise UntrustedCheckpointError(
+                f"{gen_dir / MANIFEST_NAME} that LATEST names differs from the manifest its signature covers: the "
+                "checkpoint was changed after it was signed")
+        digest = signed["manifest_sha256"]
+    return gen_dir, digest
+
+
+def repair_marks(root: str | os.PathLike[str], *, trust_store: TrustStore | None = None) -> list[str]:
+    """Rebuild this machine's damaged high-water records for the checkpoint at ``root``, deliberately.
+
+    The run is the one ``LATEST``'s generation is signed for by a trusted key; its mark becomes the newest
+    generation of that run validly signed in ``root`` (every ``gen-*`` folder is examined), never lower than an
+    intact mark. Each damaged record is moved aside (``.damaged-<time>``), not deleted; intact records are left as
+    they are. Returns one line per thing done. Run it only once you know why the record was damaged: a rebuilt
+    mark knows only the generations still in ``root``.
+    """
+    store = trust_store or TrustStore()
+    folder = Path(root)
+    gen_dir, _ = resolve(folder)
+    digest, lineage = _signed(gen_dir, store)
+    best_number, best_digest = lineage.number, digest
+    for number in sorted(n for n in (generation_number(name) for name in _names(folder)) if n is not None):
+        try:
+            other_digest, other = _signed(folder / f"gen-{number:08d}", store)
+        except UntrustedCheckpointError:
+            continue
+        if other.run_id == lineage.run_id and other.number > best_number:
+            best_number, best_digest = other.number, other_digest
+    done: list[str] = []
+    try:
+        intact = read_run_mark(store, lineage.run_id, folder)
+    except DamagedRecordError as exc:
+        moved = keep_damaged(exc.path)
+        write_run_mark(store, lineage.run_id, best_number, best_digest)
+        done.append(f"run record {exc.path} rebuilt at generation {best_number} of run {lineage.run_id} "
+                    f"(the damaged one kept as {moved})")
+    else:
+        if intact[0] < best_number:
+            write_run_mark(store, lineage.run_id, best_number, best_digest)
+            done.append(f"run record {record_path(store, 'run', lineage.run_id)} raised to generation {best_number}")
+    try:
+        read_root_record(store, folder)
+    except DamagedRecordError as exc:
+        moved = keep_damaged(exc.path)
+        write_root_record(store, folder, lineage.run_id)
+        done.append(f"root record {exc.path} rebuilt for run {lineage.run_id} (the damaged one kept as {moved})")
+    return done or [f"the records of {folder} (run {lineage.run_id}) are intact; nothing to repair"]

@@ -77,6 +77,17 @@ def decide(totals: WindowTotals, max_grad_norm: float | None) -> Commit:
     return Commit(loss, norm, coef, clipped, examples, tokens)
 
 
+def group_learning_rates(optimizer: Any) -> tuple[float, ...]:
+    """The learning rate of each of ``optimizer``'s parameter groups (a tensor rate read as a float)."""
+    rates = []
+    for group in getattr(optimizer, "param_groups", ()):
+        rate = group.get("lr") if isinstance(group, dict) else None
+        if rate is None:
+            return ()
+        rates.append(float(rate.item() if isinstance(rate, torch.Tensor) else rate))
+    return tuple(rates)
+
+
 def step(commit: Commit, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
     """Apply a commit: scale the gradients to the clipped global mean, step the optimizer and the scheduler."""
     if commit.coef != 1.0:

@@ -1,7 +1,8 @@
 """mixle's ``dcp_checkpoint`` names over our checkpoint machinery (``executors.torch.checkpoint``).
 
 Every save is a verified, atomically published generation (manifest, pointer, JSON for all
-non-tensor state, DCP only for tensors); every load verifies it before anything is changed and
+non-tensor state, DCP only for tensors); every load, ``load_training_metadata`` included, verifies
+it (signature, lineage, high-water mark) before anything is read or changed and
 reshards through DCP when the world size changed (``allow_world_size_change=True``), re-deriving
 the rank-local state by the rule in docs/checkpoints.md. What mixle keeps in its sidecar (step,
 scheduler, scaler, parallel plan, extra) is kept under the same names.
@@ -23,7 +24,8 @@ from .checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from .checkpoint_manifest import resolve
+from .checkpoint_manifest import STATE_NAME, CorruptCheckpointError
+from .checkpoint_trust import CHECKPOINT_TRUST_MODES, locate_generation
 
 
 def _extra(scaler: Any, parallel_plan: Any, extra: dict[str, Any] | None) -> dict[str, Any]:
@@ -82,29 +84,46 @@ def _payload(state: dict[str, Any], loaded: dict[str, Any] | None, loader_state:
             "saved_world_size": saved_world, **({"rng": loaded["rng"]} if loaded else {})}
 
 
-def load_training_metadata(path: str, *, rank_local_transform: Any = None) -> dict[str, Any]:
+def load_training_metadata(path: str, *, rank_local_transform: Any = None, trust: str = "signed",
+                           allow_rollback: bool = False) -> dict[str, Any]:
     """The verified non-tensor state of the published generation (this rank's loader state; re-derived by
-    the documented rule when the world size changed), without touching any model."""
+    the documented rule when the world size changed), without touching any model.
+
+    Verified as ``load_checkpoint`` verifies (``checkpoint_trust.locate_generation``: trusted signature, lineage,
+    the run's high-water mark; ``trust="unsigned"`` and ``allow_rollback=True`` are the same opt-outs), then every
+    document is read once from bytes checked against the signed manifest. Not collective: each calling rank
+    verifies for itself.
+    """
     _check_transform(rank_local_transform)
+    if trust not in CHECKPOINT_TRUST_MODES:
+        raise ValueError(f"trust={trust!r}; expected one of {CHECKPOINT_TRUST_MODES}")
     _, rank, world = _group(None)
-    gen_dir, digest = resolve(Path(path))
-    state, _, loader_state, saved_world, _ = _read_documents(gen_dir, digest, rank, world, True)
-    decoded = {k: _from_json(state.get(k), k) for k in ("session_state", "scheduler", "typed_scheduler_state",
-                                                         "extra")}
+    gen_dir, digest = locate_generation(Path(path), trust=trust, allow_rollback=allow_rollback)
+    try:
+        state, _, loader_state, saved_world, _ = _read_documents(gen_dir, digest, rank, world, True)
+        decoded = {k: _from_json(state.get(k), k) for k in ("session_state", "scheduler", "typed_scheduler_state",
+                                                             "extra")}
+    except (KeyError, TypeError, ValueError, AttributeError) as err:  # valid JSON of the wrong shape
+        raise CorruptCheckpointError(gen_dir / STATE_NAME, f"unreadable state ({type(err).__name__}: {err})") \
+            from None
     return _payload(decoded, None, loader_state, saved_world)
 
 
 def load_training_state(module: Any, optimizer: Any, path: str, *, scheduler: Any = None, scaler: Any = None,
                         restore_rng: bool = True, allow_world_size_change: bool = False,
-                        rank_local_transform: Any = None) -> dict[str, Any]:
+                        rank_local_transform: Any = None, trust: str = "signed",
+                        allow_rollback: bool = False) -> dict[str, Any]:
     """Verify and restore the published generation into ``module``/``optimizer`` (collective); returns the
-    metadata (step, scheduler, scaler, parallel_plan, extra, loader_state, typed_scheduler_state, rng)."""
+    metadata (step, scheduler, scaler, parallel_plan, extra, loader_state, typed_scheduler_state, rng).
+
+    Verification is ``load_checkpoint``'s (``trust="unsigned"`` / ``allow_rollback=True`` are its opt-outs)."""
     _check_transform(rank_local_transform)
     if not restore_rng:
         raise ValueError("restore_rng=False is not offered: RNG is restored (or re-derived on a world-size "
                          "change) so a resumed run draws what an uninterrupted one would")
     loaded = load_checkpoint(path, model=module, optimizer=optimizer, scheduler=scheduler,
-                             allow_world_size_change=allow_world_size_change)
+                             allow_world_size_change=allow_world_size_change, trust=trust,
+                             allow_rollback=allow_rollback)
     extra = loaded["extra"] if isinstance(loaded["extra"], dict) else {}
     if scaler is not None and extra.get("scaler") is not None:
         scaler.load_state_dict(extra["scaler"])

@@ -232,13 +232,15 @@ class ElasticTrainingJob:
         self.last_checkpoint_handle = AsyncCheckpointHandle(handle, target, time.perf_counter() - start)
         return self.last_checkpoint_handle
 
-    def respawn_rank(self, rank_id: int, checkpoint_path: str | None = None) -> LoaderState:
+    def respawn_rank(self, rank_id: int, checkpoint_path: str | None = None, *, trust: str = "signed") -> LoaderState:
         """Bring ``rank_id`` back (a live one is replaced, as mixle does); it joins the current canonical
         weights at its first uncommitted batch.
 
         The checkpoint (default ``checkpoint_dir``; a write in flight there is waited for) must hold this
         rank's position, at or behind the committed one; the rank resumes at the committed position, so
         batches committed since the checkpoint are not trained twice. The next step is marked a restart.
+        The checkpoint is verified as every load is (signature, lineage, high-water mark): an unsigned or
+        rolled-back one is refused unless ``trust="unsigned"``.
         """
         self._check_single_driver("respawn_rank")
         rank_id = check_index(rank_id, "rank_id")
@@ -248,7 +250,7 @@ class ElasticTrainingJob:
         handle = self.last_checkpoint_handle
         if handle is not None and handle.path == path:
             handle.wait()
-        saved = self._saved_position(rank_id, path)
+        saved = self._saved_position(rank_id, path, trust)
         committed = self.loader_states[rank_id]
         if (saved.seed, saved.epoch, saved.world_size) != (committed.seed, committed.epoch, committed.world_size) \
                 or saved.batch_idx > committed.batch_idx:
@@ -263,8 +265,8 @@ class ElasticTrainingJob:
         self.pending_restart = True
         return committed
 
-    def _saved_position(self, rank_id: int, path: str) -> LoaderState:
-        states = load_checkpoint_extra(path).get("loader_states")
+    def _saved_position(self, rank_id: int, path: str, trust: str) -> LoaderState:
+        states = load_checkpoint_extra(path, trust=trust).get("loader_states")
         if not isinstance(states, dict):
             raise RuntimeError(f"the checkpoint at {path} holds no per-rank loader states; it was not written by "
                                "ElasticTrainingJob.checkpoint()")

@@ -139,10 +139,12 @@ def save_checkpoint_async(module: Any, optimizer: Any, path: str, loader_state: 
     return AsyncCheckpointHandle(handle, str(Path(path)), time.perf_counter() - start)
 
 
-def load_checkpoint(module: Any, optimizer: Any, path: str, *, loader: Any = None) -> Any:
+def load_checkpoint(module: Any, optimizer: Any, path: str, *, loader: Any = None, trust: str = "signed",
+                    allow_rollback: bool = False) -> Any:
     """Verify and restore ``path`` into ``module``/``optimizer``; returns the saved loader position (a
-    LoaderState, or the stateful loader's state, also loaded into ``loader`` when given)."""
-    doc = _load(path, model=module, optimizer=optimizer)["loader_state"]
+    LoaderState, or the stateful loader's state, also loaded into ``loader`` when given). ``trust`` and
+    ``allow_rollback`` are ``checkpoint.load_checkpoint``'s opt-outs."""
+    doc = _load(path, model=module, optimizer=optimizer, trust=trust, allow_rollback=allow_rollback)["loader_state"]
     if isinstance(doc, dict) and doc.get("kind") == _LOADER_KIND:
         return LoaderState.from_dict(doc)
     if isinstance(doc, dict) and doc.get("kind") == "state_dict":
@@ -152,7 +154,8 @@ def load_checkpoint(module: Any, optimizer: Any, path: str, *, loader: Any = Non
     return doc
 
 
-def load_checkpoint_extra(path: str) -> dict[str, Any]:
-    """The verified ``extra`` a snapshot was saved with, without touching any model."""
-    extra = load_training_metadata(path)["extra"]
+def load_checkpoint_extra(path: str, *, trust: str = "signed", allow_rollback: bool = False) -> dict[str, Any]:
+    """The verified ``extra`` a snapshot was saved with, without touching any model (``load_training_metadata``:
+    signature, lineage and high-water mark checked; ``trust="unsigned"`` / ``allow_rollback=True`` opt out)."""
+    extra = load_training_metadata(path, trust=trust, allow_rollback=allow_rollback)["extra"]
     return dict(extra or {})

@@ -78,7 +78,7 @@ class SessionHealth:
             flop_config=o.flop_config, peak_flops_per_sec=o.peak_flops_per_sec, loss_window=o.window,
             loss_min_periods=o.min_periods, loss_z_thresh=o.loss_z_thresh, grad_window=o.window,
             grad_min_periods=o.min_periods, grad_z_thresh=o.grad_z_thresh, straggler_ratio=o.straggler_ratio,
-            straggler_min_s=o.straggler_min_s)
+            straggler_min_s=o.straggler_min_s, straggler_steps=o.straggler_steps)
         # no module (megatron's pipeline stages hold a part of it): MFU only from a given flop_config
         self._flops = None if o.flop_config is not None or module is None else dense_flops_per_token(module)
         self._peak = o.peak_flops_per_sec or measured_peak_flops(device)

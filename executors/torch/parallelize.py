@@ -146,7 +146,8 @@ def fsdp_mesh(mode: DataParallelMode, dp_mesh: DeviceMesh) -> DeviceMesh:
     return dp_mesh
 
 
-def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh, device: torch.device) -> DistributedDataParallel:
+def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh, device: torch.device,
+              find_unused_parameters: bool = False) -> DistributedDataParallel:
     """DistributedDataParallel over the 1-D dp_replicate mesh (the plan has no sharded or model axis).
 
     The gradients are views of DDP's buckets (``gradient_as_bucket_view``): no second gradient-sized
@@ -156,7 +157,7 @@ def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh, device: torch.device) -> D
     has_buffers = any(True for _ in module.buffers())  # nothing to broadcast otherwise: skip the per-forward call
     buffer_sync: dict[str, Any] = {BUFFER_SYNC_OPTION: has_buffers}
     return DistributedDataParallel(module, device_ids=device_ids, device_mesh=dp_mesh, gradient_as_bucket_view=True,
-                                   **buffer_sync)
+                                   find_unused_parameters=find_unused_parameters, **buffer_sync)
 
 
 def parallelize(
@@ -166,11 +167,13 @@ def parallelize(
     mesh: DeviceMesh | None,
     tp_styles: dict[str, ParallelStyle],
     device: torch.device,
+    find_unused_parameters: bool = False,
 ) -> nn.Module:
     """Apply the parallelisms in torchtitan's fixed order: TP, then FSDP2/HSDP or DDP; returns the module to train.
 
     Context parallelism transforms no module (the session enters ``context_parallel`` per
-    micro-batch); DDP returns its wrapper, every other step transforms ``module`` in place.
+    micro-batch); DDP returns its wrapper (``find_unused_parameters`` is DDP's), every other step
+    transforms ``module`` in place.
     """
     module = module.to(device)
     if tp_styles:
@@ -178,5 +181,5 @@ def parallelize(
     if mode.uses_fsdp:
         apply_fsdp(module, fsdp_mesh(mode, require_axis_mesh(mesh, *mode.mesh_axes())))
     elif mode.uses_ddp:
-        module = apply_ddp(module, require_axis_mesh(mesh, *mode.mesh_axes()), device)
+        module = apply_ddp(module, require_axis_mesh(mesh, *mode.mesh_axes()), device, find_unused_parameters)
     return module

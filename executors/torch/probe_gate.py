@@ -2,7 +2,7 @@
 
 A certificate measured by the harness (or in situ for another module) says nothing about the module this run
 trains: a module whose gradient differs by rank is admitted by any certificate of the plan family. So a launched
-multi-rank ``prepare`` under a certificate runs the in-situ probe (``insitu_probe.probe_module``: one seeded step
+multi-rank ``prepare`` under a certificate runs the in-situ probe (``in_situ_probe.probe_module``: one seeded step
 of a copy through this backend against a one-rank recomputation on rank 0) for a module, keyed by
 ``module_digest`` (its structure: module types, parameter names, shapes, dtypes), that was not probed under that
 certificate in this process; a certificate made in situ by this very ``prepare`` already probed it. Rank 0's
@@ -27,7 +27,7 @@ from ...verification.admission import AdmissionDecision
 from ...verification.attestation import read_unverified
 from ...verification.capability import active_harness_capability
 from ...verification.in_situ import ProbeOutcome
-from .insitu_probe import probe_module
+from .in_situ_probe import probe_module
 
 __all__ = ["module_digest", "probe_at_prepare"]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -81,6 +82,17 @@ class RunLedger:
         """A checkpoint saved or loaded."""
         if self.ledger is not None:
             self.ledger.checkpoint(step=step, path=path, extra=extra)
+
+    def provenance(self, generation_dir: Path, *, data: Any) -> Path | None:
+        """Rank 0: the signed provenance statement of a published generation, bound to this ledger's head."""
+        if self.rank != 0:
+            return None
+        if self.ledger is None:
+            raise ValueError("provenance=True binds the run's ledger: pass ledger=PATH to prepare() (rank 0 "
+                             "writes it), or save without provenance")
+        from .checkpoint_provenance import write_checkpoint_provenance
+
+        return write_checkpoint_provenance(generation_dir, ledger=self.ledger.path, data=data)
 
     def end(self, *, steps: int, extra: dict[str, Any]) -> None:
         """run_end(status="ok") at close."""

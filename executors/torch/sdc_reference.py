@@ -24,8 +24,11 @@ Pipeline and context-parallel plans keep the executor's own replays.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -92,6 +95,34 @@ def _dim0_shards(params: list[Any]) -> tuple[Any, int] | None:
     return (mesh, shard[0]) if len(shard) == 1 and rest_replicated and same else None
 
 
+_SEQUENTIAL_GATHER_NOTICE = "While redistributing from "
+"""How torch's DTensor redistribution starts its notice that it will issue one all_gather per mesh dimension."""
+
+
+class _DropSequentialGatherNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_SEQUENTIAL_GATHER_NOTICE)
+
+
+@contextlib.contextmanager
+def quiet_sequential_gather_notice() -> Iterator[None]:
+    """Drop torch's "N sequential all_gather operations" notice, only while our own ``full_tensor()`` calls run.
+
+    Gathering a parameter sharded over FSDP2 and TP (``(_StridedShard, Shard)``) to a replica takes one
+    all_gather per mesh dimension, which DTensor logs as suboptimal and as "inconsistent between ranks due to
+    different reduction orders". An all_gather reduces nothing, so its bits are the same on every rank; the
+    audit's reference gathers the full parameters once per audited step on purpose, and the notice (once per rank)
+    is noise in a healthy run's output. Any other message of that logger, and the notice from any other call,
+    is left alone."""
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    drop = _DropSequentialGatherNotice()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
 def gather_full(params: list[Any]) -> list[torch.Tensor]:
     """The full tensors of FSDP2-sharded parameters, with torch.distributed's own all-gather (not the executor's
     comm objects): one flat all-gather over the shard group when every parameter is a dim-0 shard of the same
@@ -100,7 +131,8 @@ def gather_full(params: list[Any]) -> list[torch.Tensor]:
 
     layout = _dim0_shards(params)
     if layout is None:
-        return [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for p in params]
+        with quiet_sequential_gather_notice():
+            return [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for p in params]
     mesh, dim = layout
     world, group = mesh.size(dim), mesh.get_group(dim)
     rows = [-(-p.shape[0] // world) for p in params]

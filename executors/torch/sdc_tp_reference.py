@@ -32,7 +32,7 @@ from torch import nn
 from ...contracts import SDCAuditRecord, Tolerance
 from ...verification.harness.tolerance import compare, default_tolerance
 from ...verification.sdc.digest import digest
-from .insitu_probe import MAX_PROBE_BYTES
+from .in_situ_probe import MAX_PROBE_BYTES
 from .layouts import is_shard, local_part
 from .sdc_reference import PlainReference
 

@@ -22,10 +22,18 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from ...contracts import BackendCapabilities, ParallelAxis, ParallelPlan, ParameterLayout, StepReceipt, to_dict
+from ...contracts import (
+    BackendCapabilities,
+    ParallelAxis,
+    ParallelPlan,
+    ParameterLayout,
+    StepReceipt,
+    UnusedParametersError,
+    to_dict,
+)
 from ...verification.sdc.schedule import SDCDetectedError
 from ..training_options import NonfinitePolicy, TrainOptions
-from .commit import Commit, decide
+from .commit import Commit, decide, group_learning_rates
 from .commit import step as commit_step
 from .device_mesh import axis_mesh
 from .dp_mode import DataParallelMode
@@ -66,6 +74,7 @@ class TorchDistributedSession(SessionBase):
         self.loss_fn: LossFn = options.loss_fn or lm_token_loss
         self.nonfinite, self.admission = options.nonfinite, run.admission
         self.dp_mode = DataParallelMode.for_plan(plan)
+        self._check_unused = self.dp_mode.uses_ddp and not options.find_unused_parameters
         self.cp_mesh = axis_mesh(mesh, ParallelAxis.CP) if plan.cp > 1 else None
         self._admission_extra = (run.admission.receipt_extra() if hasattr(run.admission, "receipt_extra")
                                  else {"admission": run.admission})
@@ -121,6 +130,16 @@ class TorchDistributedSession(SessionBase):
             if self._audit is not None:  # a replay back-propagates with the same weight
                 self._audit.note(x, y, sync, weight)
             self._backward(loss_sum, weight)
+            if sync and self._check_unused:
+                self._refuse_unused_parameters()
+
+    def _refuse_unused_parameters(self) -> None:
+        """DDP without ``find_unused_parameters``: a trainable parameter without a gradient after the commit's
+        backward left its bucket unreduced (a wrong norm and unsynchronized gradients). Name them and stop."""
+        missing = [name for name, p in self.named_trainable() if p.grad is None]
+        if missing:
+            self._clear_gradients()  # nothing committed; the counts' all-reduce this rank started is finished
+            raise UnusedParametersError(missing, where=f"step {self._step + 1}'s backward")
 
     def run_micro(self, x: Any, y: Any, *, sync: bool, weight: float) -> tuple[torch.Tensor, Any]:
         """One forward/backward of a micro-batch with no clock and no counts: what an audit replay runs."""
@@ -163,6 +182,7 @@ class TorchDistributedSession(SessionBase):
         decision = decide(totals, self.max_grad_norm)
         if decision.refused is not None:
             return self._reject(decision)
+        rates = group_learning_rates(self.optimizer)  # the rates this step uses, before the scheduler moves them
         commit_step(decision, self._params, self.optimizer, self.scheduler)
         self._step += 1
         if self._audit is not None:
@@ -173,7 +193,7 @@ class TorchDistributedSession(SessionBase):
             extra["health"] = self._health.on_commit(self._step, loss=decision.loss, grad_norm=decision.norm,
                                                      tokens=decision.tokens, rank_seconds=seconds)
         receipt = self._receipt(skipped=False, loss=decision.loss, window=True, examples=decision.examples,
-                                tokens=decision.tokens, extra=extra)
+                                tokens=decision.tokens, extra=extra, learning_rates=rates)
         self._clear_gradients()
         return receipt
 
@@ -250,7 +270,8 @@ class TorchDistributedSession(SessionBase):
         return receipt
 
     def _receipt(self, *, skipped: bool, loss: float, window: bool, examples: int | None = None,
-                 tokens: int | None = None, extra: dict[str, Any]) -> StepReceipt:
+                 tokens: int | None = None, extra: dict[str, Any],
+                 learning_rates: tuple[float, ...] | None = None) -> StepReceipt:
         c = self._counts
         ex_t, tok_t = (c.examples, c.tokens) if window else (c.calls_examples, c.calls_tokens)
         nbytes, counts = self._meter.snapshot()
@@ -261,7 +282,8 @@ class TorchDistributedSession(SessionBase):
             optimizer=str(self.optimizer_receipt.get("name", type(self.optimizer).__name__)), precision=self.precision,
             collective_bytes=int(nbytes), skipped=skipped, extra={**extra, "collectives": counts,
                                                                   **self._admission_extra},
-            global_examples_observed=examples, global_tokens_observed=tokens)
+            global_examples_observed=examples, global_tokens_observed=tokens,
+            learning_rates=group_learning_rates(self.optimizer) if learning_rates is None else learning_rates)
         self._ledger.receipt(receipt)
         return receipt
 

@@ -6,6 +6,8 @@ reads or resets the session's state between steps and never runs one.
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any
 
 import torch
@@ -18,6 +20,8 @@ from .gradient_mean import WindowCounts
 from .health import SessionHealth
 from .run_ledger import RunLedger
 from .sdc_audit import SessionAudit, trainable
+
+_log = logging.getLogger(__name__)
 
 
 class PendingGradientsError(RuntimeError, ValueError):
@@ -56,6 +60,14 @@ class SessionBase:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this TorchDistributedSession is closed; prepare a new one")
+
+    def _drop_pending(self) -> None:
+        """Pending gradients dropped with no collective (a failure is being handled: peers may be gone)."""
+        if self._audit is not None:
+            self._audit.abort_window()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._pending = 0
+        self._counts.reset()
 
     def _clear_gradients(self) -> None:  # pragma: no cover - the session defines it
         raise NotImplementedError
@@ -99,19 +111,31 @@ class SessionBase:
         return tuple(float(v) for v in t.cpu().tolist())
 
     def save_checkpoint(self, path: str, *, loader_state: Any = None, typed_scheduler_state: Any = None,
-                        extra: Any = None, asynchronous: bool = False) -> Any:
+                        extra: Any = None, asynchronous: bool = False, provenance: bool = False,
+                        data: Any = None) -> Any:
         """Save model, optimizer, scheduler, clocks, RNG and loader state as a new published generation.
 
         Collective (every rank calls it). Returns a handle whose ``wait()`` (collective) returns the
-        published folder; see docs/checkpoints.md and ``checkpoint.save_session``.
+        published folder; see docs/checkpoints.md and ``checkpoint.save_session``. ``provenance=True`` (the
+        run's final save, or any generation): rank 0 then writes ``gen-N.intoto.json`` beside the generation,
+        signed, binding the run's ledger head and certificate (``checkpoint_provenance``); ``data`` identifies
+        the training data in it (paths, an array, or a description). It needs a synchronous save and a ledger.
         """
         self._check_open()
         if self._pending:
             raise PendingGradientsError(_pending_message("save", self._pending))
+        if provenance and asynchronous:
+            raise ValueError("provenance=True needs a synchronous save (asynchronous=False); for an asynchronous one "
+                             "call checkpoint_provenance.write_checkpoint_provenance(handle.wait(), ledger=...) "
+                             "on rank 0")
+        if data is not None and not provenance:
+            raise ValueError("data= identifies the training data in a provenance statement; pass provenance=True")
         handle = save_session(path, self, loader_state=loader_state, typed_scheduler_state=typed_scheduler_state,
                               extra=extra, asynchronous=asynchronous)
         self._ledger.checkpoint(step=self._step, path=str(path),
                                 extra={"event": "save", "asynchronous": bool(asynchronous)})
+        if provenance:
+            self._ledger.provenance(handle.path, data=data)
         return handle
 
     def load_checkpoint(self, path: str, *, allow_world_size_change: bool = False, trust: str = "signed",
@@ -144,11 +168,18 @@ class SessionBase:
         the script may destroy it; one ``prepare`` created is destroyed at interpreter exit otherwise.
 
         Refused while gradients are pending (:class:`PendingGradientsError`, as mixle 0.8.2): commit them with
-        ``finish_accumulation()`` or drop them with ``discard_accumulation()`` first."""
+        ``finish_accumulation()`` or drop them with ``discard_accumulation()`` first. Called while an exception
+        is being handled (a ``finally`` after a failed step), it drops them instead, with a logged warning:
+        cleanup never raises over the error that caused it."""
         if self._closed:
             return
         if self._pending:
-            raise PendingGradientsError(_pending_message("close", self._pending))
+            failure = sys.exc_info()[1]
+            if failure is None:
+                raise PendingGradientsError(_pending_message("close", self._pending))
+            _log.warning("closing the session while handling %s: its %d pending micro-step(s) of gradients are "
+                         "dropped", type(failure).__name__, self._pending)
+            self._drop_pending()
         self._closed = True
         if self._health is not None:
             self._health.close()

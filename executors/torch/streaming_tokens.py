@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...contracts import ParallelPlan, StepReceipt, comm_backend_for
-from ..estimation.chunks import seed_from
+from ..estimation.em_pass.chunks import seed_from
 from ..training_options import TORCH_NATIVE, TrainOptions
 from .backend import TorchDistributedBackend
 from .layouts import unwrap

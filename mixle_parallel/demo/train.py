@@ -7,6 +7,7 @@ Run in every rank of the world ``mixle_parallel.demo.run`` starts with the one s
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,23 +41,37 @@ def train_rank(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, 
     )
     receipts = Path(config["receipts"]).open("a", encoding="utf-8") if rank == 0 else None
     losses: list[float] = []
-    audits = findings = 0
+    records: list[dict[str, Any]] = []
     try:
         for step in range(config["steps"]):
             inputs, targets = workload.local_batch(step, config["seed"], plan, rank)
             receipt = session.train_batch(inputs, targets)
-            records = receipt.extra.get("sdc_audit", ())
-            audits += len(records)
-            findings += sum(1 for r in records if not r.get("matched", True))
+            records += receipt.extra.get("sdc_audit", ())
             if receipts is not None:
                 losses.append(receipt.loss)
                 receipts.write(json.dumps(to_dict(receipt), sort_keys=True) + "\n")
                 report((step + 1, receipt.loss))
+        if config.get("checkpoints"):  # the final checkpoint, with its signed provenance beside it
+            session.save_checkpoint(config["checkpoints"], provenance=True,
+                                    data=f"built-in synthetic corpus {DEMO_MODEL}, seed {config['seed']}")
         session.close()
     finally:
         if receipts is not None:
             receipts.close()
     if rank != 0:
         return None
-    return {"first_loss": losses[0], "last_loss": losses[-1], "steps": len(losses), "audits": audits,
-            "findings": findings}
+    return {"first_loss": losses[0], "last_loss": losses[-1], "steps": len(losses), **audit_counts(records)}
+
+
+def audit_counts(records: Any) -> dict[str, Any]:
+    """How many audit records (dicts or ``SDCAuditRecord``s) there were, how many compared bitwise (bound 0: a
+    peer's replay, EM's reference), how many within a bound (tensor parallelism's reference, which adds in
+    another order) and the largest such bound, and how many did not match (findings)."""
+    def field(record: Any, name: str, default: Any) -> Any:
+        # a receipt's extra holds its records as mappings (frozen, not dicts); a fit's are SDCAuditRecords
+        return record.get(name, default) if isinstance(record, Mapping) else getattr(record, name, default)
+
+    bounds = [float(field(r, "bound", 0.0)) for r in records]
+    return {"audits": len(bounds), "bitwise": sum(1 for b in bounds if b == 0.0),
+            "within_bound": sum(1 for b in bounds if b > 0.0), "max_bound": max(bounds, default=0.0),
+            "findings": sum(1 for r in records if not field(r, "matched", True))}

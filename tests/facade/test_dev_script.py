@@ -2,7 +2,8 @@
 ``.venv/bin`` is on PATH every subcommand says how to put it there.
 
 The script runs against a stand-in venv (``MIXLE_VENV``) that is already installed (its stamp is newer than
-``pyproject.toml``) and a stand-in ``java``, so nothing is installed; its ``mixle-parallel`` echoes what it got.
+``pyproject.toml``) and a stand-in ``java`` and ``chromium``, so nothing is installed; its ``mixle-parallel``
+echoes what it got.
 """
 
 from __future__ import annotations
@@ -17,16 +18,17 @@ DEV = ROOT / "scripts" / "dev"
 
 
 def _stand_ins(tmp_path: Path) -> tuple[Path, Path]:
-    """A ready venv whose ``mixle-parallel`` prints its arguments and MIXLE_PARALLEL_CLI, and a bin with java."""
+    """A ready venv whose ``mixle-parallel`` prints its arguments and MIXLE_PARALLEL_CLI; a bin with java, chromium."""
     venv, tools = tmp_path / "venv", tmp_path / "tools"
     (venv / "bin").mkdir(parents=True)
     tools.mkdir()
     (venv / "bin" / "python").symlink_to(sys.executable)
     cli = venv / "bin" / "mixle-parallel"
     cli.write_text('#!/bin/sh\necho "args: $*"\necho "cli: $MIXLE_PARALLEL_CLI"\n')
-    java = tools / "java"
+    java, chromium = tools / "java", tools / "chromium"
     java.write_text("#!/bin/sh\nexit 0\n")
-    for script in (cli, java):
+    chromium.write_text("#!/bin/sh\nexit 0\n")
+    for script in (cli, java, chromium):
         script.chmod(0o755)
     (venv / ".mixle-installed").touch()  # newer than pyproject.toml and the constraints: no install
     return venv, tools

@@ -26,3 +26,19 @@ def test_every_public_name_has_a_docstring() -> None:
         if (inspect.isclass(obj) or inspect.isfunction(obj)) and not (obj.__doc__ or "").strip():
             missing.append(name)
     assert not missing, f"public names without a docstring: {missing}"
+
+
+def test_one_guide_to_writing_a_backend() -> None:
+    """docs/estimation_backends.md holds the guide (a module, then verify/certify/conformance with JUnit XML); the
+    other places link to it instead of repeating it (issue 35 item 7)."""
+    guide = (ROOT / "docs" / "estimation_backends.md").read_text(encoding="utf-8")
+    section = guide.split("## Writing a backend", 1)[1]
+    assert "# file: acme_backend.py" in section and "register_encoded_data_backend(" in section
+    for command in ("verify", "certify", "conformance"):
+        assert f"mixle-parallel {command} --backend acme_em" in section and f"--junit-xml {command}.xml" in section
+    for other in ("docs/estimation.md", "docs/verification.md", "examples/em_backend_template.py"):
+        text = (ROOT / other).read_text(encoding="utf-8")
+        assert "estimation_backends.md" in text and "Writing a backend" in text, other
+    for doc in ("docs/estimation.md", "docs/verification.md"):
+        blocks = (ROOT / doc).read_text(encoding="utf-8").split("```")[1::2]
+        assert not [b for b in blocks if "register_encoded_data_backend(" in b], f"{doc} repeats the guide"

@@ -19,7 +19,7 @@ from torch import nn
 
 from mixle_parallel.contracts import NotAdmittedError, ParallelPlan
 from mixle_parallel.executors import get_training_backend
-from tests.launchers._insitu_job import Skewed
+from tests.launchers._in_situ_job import Skewed
 
 
 def _loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,7 +26,7 @@ from .conftest import child_env
 
 pytestmark = pytest.mark.slow
 
-JOB = pathlib.Path(__file__).resolve().parent / "_insitu_job.py"
+JOB = pathlib.Path(__file__).resolve().parent / "_in_situ_job.py"
 CERTIFYING = "mixle-parallel: certifying torch_native"
 
 
@@ -49,7 +49,11 @@ def _stored(home: pathlib.Path) -> list[AdmissionCertificate]:
 def test_ddp_run_certifies_in_situ_once_and_reuses_it(tmp_path: pathlib.Path) -> None:
     home = tmp_path / "home"
     first, stderr = _torchrun(home, tmp_path / "first", "ddp")
-    assert stderr.count(CERTIFYING) == 2  # each rank says so once
+    assert stderr.count(CERTIFYING) == 1  # rank 0 says so once for the job (it was once per rank)
+    phases = [line.split("] ", 1)[1] for line in stderr.splitlines() if line.startswith("mixle-parallel: in situ [")]
+    assert phases == ["1/3 the reference workload 'mlp' on 2 ranks",
+                      "2/3 the probe of your module (a copy) against a one-rank recomputation",
+                      "3/3 judging the evidence and signing on rank 0", "certified"], stderr[-3000:]
     assert {r["admission"] for r in first} == {"certified"}
     [certificate] = _stored(home)
     assert {r["certificate"] for r in first} == {certificate.certificate_id}

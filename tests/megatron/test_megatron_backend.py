@@ -44,7 +44,7 @@ def moe_reference():
 
 
 def _check_pipeline(runs):
-    from ._scenarios import HID
+    from ._scenarios import HID, LR
 
     for run in runs:
         assert run["errors"], "every stage owns parameters"
@@ -57,6 +57,7 @@ def _check_pipeline(runs):
             assert r["microbatches"] == plan.microbatches
             assert r["data_parallel_size"] == plan.data_parallel_size
             assert r["extra"]["admission"] == "unverified"
+            assert r["learning_rates"] and r["learning_rates"] == pytest.approx([LR] * len(r["learning_rates"]))
         # bytes are counted from the collectives really issued: at least every microbatch's activation
         # send/receive and gradient send/receive between the two stages (2 rows x HID float32 each)
         p2p_floor = plan.microbatches * plan.gradient_accumulation_steps * 2 * (2 * HID * 4)

@@ -18,7 +18,7 @@ from mixle_parallel.executors.megatron.backend import MEGATRON_PROBE_SKIPPED  # 
 from mixle_parallel.verification.attestation import load_certificate, open_envelope  # noqa: E402
 from mixle_parallel.verification.keys import TrustStore  # noqa: E402
 
-from ._insitu_body import insitu_body  # noqa: E402
+from ._in_situ_body import in_situ_body  # noqa: E402
 from ._world import run_world  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 def test_megatron_certifies_in_situ_and_reuses_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    ranks = run_world(2, insitu_body, str(home))
+    ranks = run_world(2, in_situ_body, str(home))
     [path] = sorted((home / "certificates").glob("*.json"))
     certificate, _ = open_envelope(load_certificate(path), TrustStore(home))
     for result in ranks:

@@ -15,7 +15,9 @@ from mixle_parallel.executors import get_training_backend
 from mixle_parallel.executors.torch.losses import lm_token_loss
 from tests.torch._models import SEQ, VOCAB, make_model
 
-SPIKE_STEP, SLOW_STEP, STOP_STEP = 8, 11, 3
+SPIKE_STEP, STOP_STEP = 8, 3
+ONE_SLOW_STEP, SLOW_STEPS = 4, (10, 11, 12)
+"""Rank 1 is slow on one step alone (noise, no straggler) and on three in a row (a straggler)."""
 SLOW_S = 0.4
 
 
@@ -32,14 +34,15 @@ def _batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def spike_and_straggler(rank: int, world_size: int) -> list[dict[str, Any]]:
-    """14 steps; step SPIKE_STEP's loss value is 30x (its gradient is not); rank 1 is slow at SLOW_STEP."""
+    """14 steps; step SPIKE_STEP's loss value is 30x (its gradient is not); rank 1 is slow at ONE_SLOW_STEP and
+    SLOW_STEPS."""
     step = {"n": 0}
 
     def loss_fn(module: Any, x: Any, y: Any) -> Any:
         loss_sum, count = lm_token_loss(module, x, y)
         if step["n"] + 1 == SPIKE_STEP:
             loss_sum = loss_sum + 29 * loss_sum.detach()  # the value spikes, the gradient does not
-        if step["n"] + 1 == SLOW_STEP and rank == 1:
+        if step["n"] + 1 in (ONE_SLOW_STEP, *SLOW_STEPS) and rank == 1:
             time.sleep(SLOW_S)
         return loss_sum, count
 

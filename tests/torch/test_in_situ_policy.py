@@ -12,7 +12,7 @@ import torch
 
 from mixle_parallel.contracts import NotAdmittedError, ParallelPlan
 from mixle_parallel.executors import get_training_backend
-from mixle_parallel.executors.training_insitu import launched, launcher_name
+from mixle_parallel.executors.training_in_situ import launched, launcher_name
 from mixle_parallel.verification.keys import TrustStore
 from tests.torch._models import make_model
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from mixle_parallel.contracts import CollectiveKind, ParallelPlan
-from mixle_parallel.executors.estimation.chunks import apply_chunk_fn
+from mixle_parallel.executors.estimation.em_pass.chunks import apply_chunk_fn
 from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
 from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes
 from mixle_parallel.executors.estimation.handle import handle_from_runner
@@ -110,7 +110,7 @@ def test_a_backend_that_hands_nothing_to_its_workers_is_refused(registered):
 
 @pytest.mark.slow
 def test_mp_is_held_to_one_request_and_one_reply_per_worker():
-    from mixle_parallel.executors.estimation.executor_identity import EMExecutorIdentity
+    from mixle_parallel.executors.estimation.admission.executor_identity import EMExecutorIdentity
 
     assert EMExecutorIdentity("mp").collectives_per_step(ParallelPlan(dp_replicate=3)) == {"stats:data": 6}
     report = verify("mp", ParallelPlan(dp_replicate=3), precision="fp64", workload="gaussian_mixture")

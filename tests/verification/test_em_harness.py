@@ -14,7 +14,7 @@ from tests.verification.vhelpers import admits
 
 @pytest.mark.parametrize("backend", ["local", "mp"])
 def test_em_backend_statistics_are_bitwise_and_certified(backend):
-    from mixle_parallel.executors.estimation.harness_adapter import VerifiableEncodedData, em_capabilities
+    from mixle_parallel.executors.estimation.admission.harness_adapter import VerifiableEncodedData, em_capabilities
 
     executor = VerifiableEncodedData(backend)
     report = verify(executor, ParallelPlan(dp_replicate=2), precision="fp64", workload="gaussian_mixture")
@@ -30,6 +30,6 @@ def test_em_backend_statistics_are_bitwise_and_certified(backend):
 
 
 def test_em_backend_passes_the_conformance_suite(capsys):
-    code = main_conformance(["--backend", "mixle_parallel.executors.estimation.harness_adapter:VerifiableEncodedData",
-                             "--plan", "dp_replicate=2"])
+    target = "mixle_parallel.executors.estimation.admission.harness_adapter:VerifiableEncodedData"
+    code = main_conformance(["--backend", target, "--plan", "dp_replicate=2"])
     assert code == 0, capsys.readouterr().out

@@ -25,8 +25,9 @@ from mixle_parallel.contracts.bounded_json import (
     parse_canonical,
     parse_json,
 )
+from mixle_parallel.contracts.canonical_json import hashed_json_bytes as _canonical
 from mixle_parallel.contracts.receipts import receipt_facts, receipt_from_document
-from mixle_parallel.verification.ledger.entries import _canonical, entry_hash, iter_ledger
+from mixle_parallel.verification.ledger.entries import entry_hash, iter_ledger
 from mixle_parallel.verification.ledger.receipt_line import RECEIPT_LINE, match_receipt, scan_receipt
 from mixle_parallel.verification.ledger.verify import verify_ledger
 

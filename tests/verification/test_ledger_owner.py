@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mixle_parallel.executors.estimation import encoded_data
-from mixle_parallel.executors.estimation.sdc_audit import EMAudit
+from mixle_parallel.executors.estimation.audit.sdc_audit import EMAudit
 from mixle_parallel.verification import BitFlip, FaultInjector, Ledger, SDCDetectedError, read_ledger, verify_ledger
 from mixle_parallel.verification.sdc.em import EMAuditor
 from mixle_parallel.verification.sdc.training import TrainingAuditor

@@ -25,7 +25,7 @@ from tests.verification.vhelpers import StubExecutor
 
 _BACKEND = '''
 """A third party's EM backend: the local thread runner under its own name (it claims worker processes)."""
-from mixle_parallel.executors.estimation.chunks import EncodedChunk
+from mixle_parallel.executors.estimation.em_pass.chunks import EncodedChunk
 from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 
@@ -124,7 +124,7 @@ def test_builtins_bind_the_whole_library_and_others_their_package():
 
 
 def test_a_third_party_backend_binds_its_package_and_package_data(backend):
-    from mixle_parallel.executors.estimation.executor_identity import EMExecutorIdentity
+    from mixle_parallel.executors.estimation.admission.executor_identity import EMExecutorIdentity
 
     name, module = backend
     identity = EMExecutorIdentity(name)
@@ -172,7 +172,7 @@ def test_an_edited_third_party_backend_is_refused_as_stale(backend, tmp_path, ho
 
 
 def test_a_runner_outside_the_bound_code_is_refused(backend, tmp_path, monkeypatch):
-    from mixle_parallel.executors.estimation.em_admission import refuse_unbound_code
+    from mixle_parallel.executors.estimation.admission.em_admission import refuse_unbound_code
 
     name, _ = backend
     elsewhere = tmp_path / "other_site"

@@ -110,7 +110,7 @@ def test_trusted_keys_only_never_creates_a_key_and_admits_the_ci_certificate(hom
 
 
 def test_an_em_fit_on_a_machine_that_trusts_only_its_ci_makes_no_key(home, ci):
-    from mixle_parallel.executors.estimation.em_admission import admit_encoded_data
+    from mixle_parallel.executors.estimation.admission.em_admission import admit_encoded_data
 
     TrustStore().trust(str(ci.public_key_path), label="org CI")
     _write_policy(home, "trusted-keys-only")

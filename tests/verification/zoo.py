@@ -258,7 +258,7 @@ def _runner_backend(runner_class: type) -> Any:
 
 
 def _runner_classes() -> dict[str, type]:
-    from mixle_parallel.executors.estimation.chunks import EncodedChunk
+    from mixle_parallel.executors.estimation.em_pass.chunks import EncodedChunk
     from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
 
     class CorrectRunner(LocalChunkRunner):

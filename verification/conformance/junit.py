@@ -1,4 +1,4 @@
-"""The conformance results as a JUnit XML report (what CI systems read): one testcase per check.
+"""Conformance, verify and certify results as a JUnit XML report (what CI systems read): one testcase per check.
 
 Each testcase carries what the check measured as its ``measured`` property and in ``system-out``;
 a failed check has a ``failure`` element with the reason.
@@ -13,16 +13,18 @@ from typing import Any
 __all__ = ["junit_xml"]
 
 
-def junit_xml(results: Sequence[Any], *, backend: str) -> str:
-    """A JUnit XML document for ``results`` (``suite.CheckResult``s) of the backend ``backend``."""
+def junit_xml(results: Sequence[Any], *, backend: str, suite_name: str = "mixle-parallel conformance") -> str:
+    """A JUnit XML document for ``results`` (``suite.CheckResult``s) of the backend ``backend``, as the test suite
+    ``suite_name`` (``mixle-parallel verify`` and ``certify`` write theirs under their own names)."""
     failures = sum(1 for r in results if not r.passed)
     total = sum(r.seconds for r in results)
     suites = ET.Element("testsuites", tests=str(len(results)), failures=str(failures), time=f"{total:.3f}")
-    suite = ET.SubElement(suites, "testsuite", name="mixle-parallel conformance", tests=str(len(results)),
+    suite = ET.SubElement(suites, "testsuite", name=suite_name, tests=str(len(results)),
                           failures=str(failures), errors="0", skipped="0", time=f"{total:.3f}")
     ET.SubElement(ET.SubElement(suite, "properties"), "property", name="backend", value=str(backend))
     for result in results:
-        case = ET.SubElement(suite, "testcase", classname="mixle_parallel.conformance", name=result.name,
+        case = ET.SubElement(suite, "testcase", classname=suite_name.replace("mixle-parallel ", "mixle_parallel."),
+                             name=result.name,
                              time=f"{result.seconds:.3f}")
         if result.passed:
             ET.SubElement(ET.SubElement(case, "properties"), "property", name="measured", value=result.detail)

@@ -11,8 +11,10 @@ An executor names its launch in ``verification_launch`` (``contracts.VERIFICATIO
 * ``SelfLaunch`` (``"self"``): the executor starts its own workers (EM pools), so its trials run in this
   process; collectives are reported by the trial (``trial.observed_collectives()``; EM trials count the
   messages at the backend's transport) and held to ``collectives_per_step`` where declared; no
-  receipts are judged; and the run must be bitwise the same executor on one worker (worker invariance),
-  which the evidence notes say.
+  receipts are judged; and the run must be bitwise the same executor on one worker (worker invariance) and,
+  for an executor that claims the bits of one process (``same_bits_reference()``: every EM backend), bitwise
+  the fixed fold order that reference computes in one process, so a backend that returns chunk results out of
+  order fails here as it does under the run-time audit; the evidence notes say which.
 """
 
 from __future__ import annotations
@@ -142,25 +144,18 @@ class SelfLaunch:
                            repeats=trials.repeats, rank=0, world_size=trials.plan.world_size, trace=False)]
 
     def worker_invariance(self, executor: Any, trials: TrialPlan, by_rank: ByRank) -> dict[str, str]:
-        """Per update, where the run on the plan differs in bits from the same executor on one worker."""
+        """Per update, where the run on the plan differs in bits from the fixed fold order (the executor's
+        ``same_bits_reference()``, one process) or from the same executor on one worker."""
         plan = trials.plan
-        if plan.world_size == 1:
-            return {}
-        single = run_trials(executor, trials.workload, ParallelPlan(), precision=trials.precision,
-                            seeds=trials.seeds, repeats=1, rank=0, world_size=1, trace=False)
-        ones = {run["seed"]: run["steps"] for run in single}
         found: dict[str, str] = {}
-        for run in by_rank[0]:
-            if run["repeat"]:
-                continue
-            for step, (many, one) in enumerate(zip(run["steps"], ones[run["seed"]])):
-                for node, values in many["observables"].items():
-                    for key, value in sorted(values.items()):
-                        other = one["observables"].get(node, {}).get(key)
-                        if node not in found and (other is None
-                                                  or not compare(value, other, EM_STATISTICS_TOLERANCE).within):
-                            found[node] = (f"{key} at step {step} (seed {run['seed']}) with {plan.world_size} "
-                                           "workers differs in bits from 1 worker")
+        reference = same_bits_reference(executor)
+        if reference is not None:
+            _first_differences(found, trials, by_rank, _one_process(reference, trials),
+                               f"differs in bits from the fixed fold order ({reference.capabilities.name} in one "
+                               "process), which this executor claims to reproduce")
+        if plan.world_size > 1:
+            _first_differences(found, trials, by_rank, _one_process(executor, trials),
+                               f"with {plan.world_size} workers differs in bits from 1 worker")
         return found
 
     def judge_receipts(self, updates: Sequence[DistributedUpdate],
@@ -177,12 +172,47 @@ class SelfLaunch:
         notes = (["collective counts self-reported by the executor's trial (EM: counted at the backend's transport)"]
                  if reported else [])
         notes.append("bitwise equal to the same executor on one worker" if variant is None else
-                     "NOT bitwise equal to the same executor on one worker")
+                     "NOT bitwise equal to the bits it claims (the note above says which)")
         return notes
 
     def mesh_kind(self, executor: Any, world_size: int) -> tuple[str, str]:
         """The CPU, and the transport the executor names in ``comm_backend``."""
         return "cpu", str(getattr(executor, "comm_backend", "gloo"))
+
+
+def same_bits_reference(executor: Any) -> Any:
+    """The executor whose one-process run is the fixed fold order ``executor`` claims to reproduce bit for bit
+    (``executor.same_bits_reference()``: every EM backend claims the bits of one process), or None (no such claim,
+    or the executor is that reference itself)."""
+    claim = getattr(executor, "same_bits_reference", None)
+    if not callable(claim):
+        return None
+    reference = claim()
+    if reference is None or reference.capabilities.name == executor.capabilities.name:
+        return None
+    return reference
+
+
+def _one_process(executor: Any, trials: TrialPlan) -> dict[int, list[dict[str, Any]]]:
+    """Per seed, the steps of ``executor`` run once on one worker in this process."""
+    single = run_trials(executor, trials.workload, ParallelPlan(), precision=trials.precision,
+                        seeds=trials.seeds, repeats=1, rank=0, world_size=1, trace=False)
+    return {run["seed"]: run["steps"] for run in single}
+
+
+def _first_differences(found: dict[str, str], trials: TrialPlan, by_rank: ByRank,
+                       expected: dict[int, list[dict[str, Any]]], what: str) -> None:
+    """Note in ``found``, per update not yet noted, the first observable of the run that is not bitwise ``expected``."""
+    for run in by_rank[0]:
+        if run["repeat"]:
+            continue
+        for step, (ours, theirs) in enumerate(zip(run["steps"], expected[run["seed"]])):
+            for node, values in ours["observables"].items():
+                for key, value in sorted(values.items()):
+                    other = theirs["observables"].get(node, {}).get(key)
+                    if node not in found and (other is None
+                                              or not compare(value, other, EM_STATISTICS_TOLERANCE).within):
+                        found[node] = f"{key} at step {step} (seed {run['seed']}) {what}"
 
 
 LAUNCHES: dict[str, Launch] = {"gloo": GlooMeshLaunch(), "self": SelfLaunch()}

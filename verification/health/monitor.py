@@ -2,7 +2,9 @@
 
 ``observe_step`` scores each value against the rolling baseline *before* adding it; NaN/Inf fire
 without warm-up; a full window whose spread is tiny relative to its median is a plateau (flagged
-once until the loss moves again). ``observe_rank_times`` names the straggler of a step;
+once until the loss moves again). ``observe_rank_times`` names a straggler: a rank slower than the others by
+``straggler_ratio`` (and ``straggler_min_s``) on ``straggler_steps`` observed steps in a row, so one slow step
+(an audited step's replay, a neighbour process on a shared machine) is noise, not a straggler;
 ``observe_rank_step``/``check_rank_liveness`` flag a rank that stopped reporting.
 """
 
@@ -75,7 +77,7 @@ class TrainingHealthMonitor:
                  loss_window: int = 20, loss_min_periods: int = 5, loss_z_thresh: float = 6.0,
                  grad_window: int = 20, grad_min_periods: int = 5, grad_z_thresh: float = 6.0,
                  rank_heartbeat_threshold: int = 50, plateau_rel_tol: float | None = 1e-6,
-                 straggler_ratio: float = 1.5, straggler_min_s: float = 0.005) -> None:
+                 straggler_ratio: float = 1.5, straggler_min_s: float = 0.005, straggler_steps: int = 3) -> None:
         if flop_config is not None and not isinstance(flop_config, ModelFlopConfig):
             raise TypeError(f"flop_config must be a ModelFlopConfig or None, got {type(flop_config).__name__}")
         if peak_flops_per_sec is not None and not _real(peak_flops_per_sec, "peak_flops_per_sec") > 0:
@@ -86,6 +88,8 @@ class TrainingHealthMonitor:
                 raise ValueError(f"{name} must be >= 0, got {v}")
         if not _real(straggler_ratio, "straggler_ratio") > 1:
             raise ValueError(f"straggler_ratio must be > 1, got {straggler_ratio}")
+        if isinstance(straggler_steps, bool) or not isinstance(straggler_steps, int) or straggler_steps < 1:
+            raise ValueError(f"straggler_steps must be an int >= 1, got {straggler_steps!r}")
         if isinstance(rank_heartbeat_threshold, bool) or not isinstance(rank_heartbeat_threshold, int) \
                 or rank_heartbeat_threshold < 0:
             raise ValueError(f"rank_heartbeat_threshold must be an int >= 0, got {rank_heartbeat_threshold!r}")
@@ -93,6 +97,8 @@ class TrainingHealthMonitor:
         self.loss_z_thresh, self.grad_z_thresh = float(loss_z_thresh), float(grad_z_thresh)
         self.plateau_rel_tol = None if plateau_rel_tol is None else float(plateau_rel_tol)
         self.straggler_ratio, self.straggler_min_s = float(straggler_ratio), float(straggler_min_s)
+        self.straggler_steps = straggler_steps
+        self._slow_streak: tuple[int, int, list[float]] | None = None  # (rank, steps in a row, its excess ratios)
         self.rank_heartbeat_threshold = rank_heartbeat_threshold
         self._loss = RollingBaseline(loss_window, loss_min_periods)
         self._grad = RollingBaseline(grad_window, grad_min_periods)
@@ -181,16 +187,25 @@ class TrainingHealthMonitor:
     # ---- ranks ------------------------------------------------------------------------------
     def observe_rank_times(self, step: int, seconds: Sequence[float]) -> list[Anomaly]:
         """Per-rank local step times of one step (index = rank); names the rank that took ``straggler_ratio``
-        times the others' median (and at least ``straggler_min_s`` more)."""
+        times the others' median (and at least ``straggler_min_s`` more) on ``straggler_steps`` steps in a row,
+        once per such streak (a single slow step is the run's noise; ``straggler_steps=1`` flags it)."""
         times = [float(t) for t in seconds]
         if len(times) < 2:
             return []
         slow = max(range(len(times)), key=times.__getitem__)
         others = statistics.median(t for r, t in enumerate(times) if r != slow)
         if times[slow] <= max(others * self.straggler_ratio, others + self.straggler_min_s):
+            self._slow_streak = None
             return []
+        _, run, ratios = self._slow_streak if self._slow_streak and self._slow_streak[0] == slow else (slow, 0, [])
+        self._slow_streak = (slow, run + 1, [*ratios, times[slow] / max(others, 1e-12)])
+        if run + 1 != self.straggler_steps:  # flagged once per streak, when it has lasted straggler_steps steps
+            return []
+        steps = f" on {run + 1} steps in a row (median {statistics.median(self._slow_streak[2]):.2f}x)" \
+            if run else ""
         found = [Anomaly(step, "straggler", times[slow], others, None, step, rank=slow,
-                         detail=f"rank {slow} took {times[slow]:.4f} s, the other ranks' median {others:.4f} s")]
+                         detail=f"rank {slow} took {times[slow]:.4f} s, the other ranks' median {others:.4f} s"
+                                f"{steps}")]
         self._add(found)
         return found
 

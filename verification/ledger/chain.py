@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import stat
 import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -94,7 +95,12 @@ class Ledger:
         self._signer: Any = None
         self._seq = 0
         self._prev = GENESIS
-        if (self.path.exists() and self.path.stat().st_size) or os.path.lexists(head_path(self.path)):
+        try:
+            info: os.stat_result | None = os.lstat(self.path)
+        except FileNotFoundError:
+            info = None
+        existing = info is not None and (info.st_size > 0 or not stat.S_ISREG(info.st_mode))  # a FIFO is refused
+        if existing or os.path.lexists(head_path(self.path)):
             # the chain and the signed head are verified before anything is appended (one streaming pass)
             self._seq, self._prev, self._certificate = verify_for_append(self.path, key=key, trust_store=trust_store)
         else:
@@ -122,7 +128,8 @@ class Ledger:
                     "payload": FrozenDict(payload).to_dict(), "prev": self._prev}
             entry = LedgerEntry(**body, hash=entry_hash(body, self._key))
             line = (entry.to_line() + "\n").encode("utf-8")
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NONBLOCK", 0), 0o644)  # a FIFO swapped in fails, never blocks
             try:
                 os.write(fd, line)
                 os.fsync(fd)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 from collections.abc import Iterator, Mapping
 from json.encoder import encode_basestring_ascii
@@ -19,7 +18,9 @@ from typing import Any, NamedTuple
 import attrs
 
 from ...contracts.bounded_json import LEDGER_LINE_LIMITS, parse_canonical, parse_json
+from ...contracts.canonical_json import hashed_json_bytes, ledger_line_text
 from ...contracts.frozen_mapping import FrozenDict, to_frozen_dict
+from ...contracts.safe_read import open_regular
 from .lines import OverlongLine, bounded_lines
 from .receipt_line import match_receipt
 
@@ -58,17 +59,12 @@ class LedgerEntry:
 
     def to_line(self) -> str:
         """The JSON line written to the file."""
-        return json.dumps({**self.body(), "hash": self.hash}, sort_keys=True, separators=(",", ":"))
-
-
-def _canonical(body: Mapping[str, Any]) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+        return ledger_line_text({**self.body(), "hash": self.hash})
 
 
 def entry_hash(body: Mapping[str, Any], key: bytes | None = None) -> str:
-    """``sha256:<hex>`` of the canonical body, or ``hmac-sha256:<hex>`` under ``key``."""
-    return hash_canonical(_canonical(body), key)
+    """``sha256:<hex>`` of the canonical body (``hashed_json_bytes``), or ``hmac-sha256:<hex>`` under ``key``."""
+    return hash_canonical(hashed_json_bytes(body), key)
 
 
 def hash_canonical(data: bytes, key: bytes | None = None) -> str:
@@ -125,7 +121,8 @@ def read_ledger(path: str | os.PathLike[str]) -> ReadResult:
 def truncate_torn_tail(path: str | os.PathLike[str]) -> int:
     """Remove a torn last line (deliberate repair after a crash); returns the bytes removed."""
     target = Path(path)
-    raw = target.read_bytes()
+    with open_regular(target, what="ledger") as source:
+        raw = source.read()
     if raw.endswith(b"\n") or not raw:
         return 0
     keep = raw.rfind(b"\n") + 1
@@ -220,7 +217,7 @@ def iter_ledger(path: str | os.PathLike[str], *, raw: bool = False) -> Iterator[
 
     Entries are ``LedgerEntry`` objects, or ``RawEntry`` (payload not frozen, cheaper) with ``raw=True``.
     """
-    with open(path, "rb") as handle:
+    with open_regular(path, what="ledger") as handle:  # never through a link, never blocking on a FIFO
         for number, data in bounded_lines(handle, LEDGER_LINE_LIMITS.max_bytes):
             yield ledger_line(data, number, raw=raw) if isinstance(data, bytes) else overlong_line(data, number)
 

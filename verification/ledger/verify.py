@@ -7,6 +7,7 @@ ledger with no fault.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -29,6 +30,7 @@ from ...contracts import (
 )
 from ...contracts.bounded_json import LEDGER_LINE_LIMITS
 from ...contracts.receipts import receipt_facts
+from ...contracts.safe_read import open_regular
 from ..attestation import open_envelope, read_unverified
 from ..cert_store import CertificateStore
 from ..keys import KEY_ENV, TrustStore, load_key
@@ -438,8 +440,13 @@ def _walk(path: str | os.PathLike[str], key: bytes | None, require_end: bool, he
     walk = _LedgerWalk(key, store, certificates)
     torn: tuple[int, str] | None = None
     problems = 0
-    if os.path.exists(path):
-        with open(path, "rb") as handle:
+    try:  # a regular file, never through a link, never blocking on a planted FIFO or device
+        opened: Any = open_regular(path, what="ledger") if os.path.lexists(path) else contextlib.nullcontext()
+    except OSError as exc:
+        walk.add(LedgerFault(1, None, str(exc)))
+        opened, problems = contextlib.nullcontext(), 1
+    with opened as handle:
+        if handle is not None:
             for number, data in bounded_lines(handle, LEDGER_LINE_LIMITS.max_bytes):
                 walk.last_line = number
                 if not isinstance(data, bytes):
@@ -527,7 +534,7 @@ def main_audit(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-head", action="store_true", help="do not require the signed head LEDGER.head")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    if not os.path.isfile(args.ledger):
+    if not os.path.lexists(args.ledger):  # a link, FIFO or device there is a FAULT of the report, never a hang
         print(f"mixle-parallel audit: no ledger file at {args.ledger!r}", file=sys.stderr)
         return 2
     try:

@@ -10,6 +10,8 @@ from .inject import BitFlip, FaultInjector, flip_bit
 from .schedule import (
     AUDIT_POLICIES,
     DEFAULT_AUDIT_RATE,
+    EM_AUDIT_RATE,
+    TRAINING_AUDIT_RATE,
     AuditSchedule,
     BackendDefectError,
     SDCDetectedError,
@@ -19,6 +21,7 @@ from .training import AuditVerdict, TrainingAuditor
 
 __all__ = [
     "AUDIT_POLICIES", "AuditSchedule", "AuditVerdict", "BackendDefectError", "BitFlip", "ChunkAudit",
-    "DEFAULT_AUDIT_RATE", "EMAuditor", "FaultInjector", "SDCDetectedError", "TrainingAuditor", "audit_uniform",
+    "DEFAULT_AUDIT_RATE", "EMAuditor", "EM_AUDIT_RATE", "FaultInjector", "SDCDetectedError", "TRAINING_AUDIT_RATE",
+    "TrainingAuditor", "audit_uniform",
     "audited_fold", "flip_bit",
 ]

@@ -26,7 +26,7 @@ import numpy as np
 
 from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, choose
 from .digest import digest
-from .schedule import DEFAULT_AUDIT_RATE, BackendDefectError, SDCDetectedError, audit_uniform
+from .schedule import EM_AUDIT_RATE, BackendDefectError, SDCDetectedError, audit_uniform
 
 _log = logging.getLogger(__name__)
 _MAX = 1.7976931348623157e308
@@ -87,7 +87,7 @@ class ChunkAudit:
 class EMAuditor:
     """Chooses audited chunks (seeded), runs peer/witness replays, and tracks quarantined workers."""
 
-    def __init__(self, *, rate: float = DEFAULT_AUDIT_RATE, seed: int = 0,
+    def __init__(self, *, rate: float = EM_AUDIT_RATE, seed: int = 0,
                  policy: AuditPolicy | str = AuditPolicy.QUARANTINE, digest: Callable[[Any], str] = digest) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"EM audit rate={rate} must be within [0, 1]")

@@ -3,5 +3,5 @@
 Each engine module imports its engine only when a runner is built; ``support`` holds what they
 share (engine import errors naming the extra, worker assignment), ``channel`` the direct pass
 socket of the dask and ray chunk holders. A new engine is one module here plus a line in
-``estimation.builtin_backends.BUILTIN_ENCODED_DATA_BACKENDS``.
+``builtin_backends.BUILTIN_ENCODED_DATA_BACKENDS`` (beside them).
 """

@@ -40,7 +40,7 @@ from multiprocessing import AuthenticationError, connection
 from typing import Any, NamedTuple
 
 from ....contracts.errors import MissingExtraError
-from ..combine_order import apply_chunk_fn
+from ..em_pass.combine_order import apply_chunk_fn
 from ..sources.recipes import materialize
 from .deadline import StragglerClock
 from .wire_bytes import WireBytes

@@ -30,8 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ....contracts.resources import local_cpu_count
-from ..backend_declaration import refuse_for_runner
-from ..chunks import (
+from ..em_pass.chunks import (
     WorkerLostError,
     WorkerTask,
     WorkerTimeoutError,
@@ -40,6 +39,7 @@ from ..chunks import (
 )
 from ..handle import handle_from_runner
 from ..options import EncodedDataOptions
+from .backend_declaration import refuse_for_runner
 from .channel import ChannelClient, ChannelOffer, collect_replies
 from .chunk_assignment import home_blocks, ordered_results, requested_ids
 from .dask_channel import ACTOR_START_S, POLL_S, DirectPasses, call_outcomes, channel_host

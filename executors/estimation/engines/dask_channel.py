@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..chunks import WorkerTimeoutError
+from ..em_pass.chunks import WorkerTimeoutError
 from ..sources.dask_collections import lend_to
 from .channel import ChannelClient, ChannelOffer, wait_channels
 from .chunk_assignment import ordered_results

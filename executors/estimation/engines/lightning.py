@@ -18,11 +18,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..api import encoded_data
-from ..chunks import count_rows
+from ..compat.reference_handles import BuiltByEncodedData
+from ..em_pass.chunks import count_rows
+from ..fitting.minibatch import minibatch_spec
 from ..handle import ChunkedEncodedData, handle_from_runner
-from ..minibatch import minibatch_spec
 from ..options import EncodedDataOptions
-from ..reference_handles import BuiltByEncodedData
 from .local import LocalChunkRunner
 
 __all__ = ["LightningEncodedData", "lightning_encoded_data"]

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ....contracts.resources import local_cpu_count
-from ..chunks import WorkerTask, apply_chunk_fn, check_tasks
+from ..em_pass.chunks import WorkerTask, apply_chunk_fn, check_tasks
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
 from ..sources.files import forget_reads

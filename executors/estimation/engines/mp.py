@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ....contracts.resources import local_cpu_count
-from ..chunks import (
+from ..em_pass.chunks import (
     EncodedChunk,
     WorkerLostError,
     WorkerTask,

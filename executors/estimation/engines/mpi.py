@@ -25,11 +25,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..api import encoded_data
-from ..chunks import EncodedChunk, WorkerTimeoutError, apply_chunk_fn, resolve_encoder
+from ..audit.spmd_audit import attach_spmd_reference
+from ..compat.reference_handles import BuiltByEncodedData
+from ..em_pass.chunks import EncodedChunk, WorkerTimeoutError, apply_chunk_fn, resolve_encoder
 from ..handle import ChunkedEncodedData
 from ..options import EncodedDataOptions
-from ..reference_handles import BuiltByEncodedData
-from ..spmd_audit import attach_spmd_reference
 from .chunk_assignment import (
     block_assignment,
     block_owners,

@@ -23,8 +23,8 @@ from typing import Any
 
 from ....contracts.resources import local_cpu_count
 from ..api import encoded_data
-from ..backend_declaration import refuse_for_runner
-from ..chunks import (
+from ..compat.reference_handles import BuiltByEncodedData
+from ..em_pass.chunks import (
     WorkerLostError,
     WorkerTask,
     WorkerTimeoutError,
@@ -34,8 +34,8 @@ from ..chunks import (
 )
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
-from ..reference_handles import BuiltByEncodedData
 from ..sources.recipes import materialize
+from .backend_declaration import refuse_for_runner
 from .channel import (
     ChannelClient,
     ChannelOffer,

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..chunks import WorkerLostError, WorkerTimeoutError
+from ..em_pass.chunks import WorkerLostError, WorkerTimeoutError
 from .chunk_assignment import block_assignment as _balanced
 from .mp import (
     MPChunkRunner,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ....contracts.resources import local_cpu_count
-from ..chunks import WorkerTimeoutError, apply_chunk_fn
+from ..em_pass.chunks import WorkerTimeoutError, apply_chunk_fn
 from ..handle import handle_from_runner
 from ..options import EncodedDataOptions
 from ..sources.recipes import is_recipe, materialize

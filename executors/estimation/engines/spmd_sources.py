@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..chunks import resolve_encoder
+from ..em_pass.chunks import resolve_encoder
 from ..sources import is_source, materialize
 
 __all__ = ["scatter_source", "source_row_placeholder"]

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine_choice import (
+from ..em_pass.engine_choice import (
     EngineChoice,
     kernel_kind,
     supported_names,

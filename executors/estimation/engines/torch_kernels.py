@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..engine_choice import kernel_kind
+from ..em_pass.engine_choice import kernel_kind
 from ..models import MixtureDistribution
 
 __all__ = ["ChunkTensors", "estep", "log_density", "stacked_log_density", "stacked_statistics"]

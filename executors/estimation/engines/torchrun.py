@@ -27,10 +27,10 @@ from datetime import timedelta
 from typing import Any, TextIO
 
 from ..api import encoded_data
-from ..chunks import apply_chunk_fn
+from ..audit.spmd_audit import attach_spmd_reference
+from ..compat.reference_handles import BuiltByEncodedData
+from ..em_pass.chunks import apply_chunk_fn
 from ..handle import ChunkedEncodedData
-from ..reference_handles import BuiltByEncodedData
-from ..spmd_audit import attach_spmd_reference
 from .chunk_assignment import (
     block_assignment,
     block_owners,

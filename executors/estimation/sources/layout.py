@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ..chunks import chunk_bounds
+from ..em_pass.chunks import chunk_bounds
 
 __all__ = ["ChunkPlace", "allocate_chunks", "source_layout", "source_places"]
 

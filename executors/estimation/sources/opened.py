@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..chunks import EncodedChunk
+from ..em_pass.chunks import EncodedChunk
 from .files import FileSource, file_recipes
 from .layout import ChunkPlace
 from .opened_source import OpenedSource

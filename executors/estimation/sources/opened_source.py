@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from ..chunks import EncodedChunk
+from ..em_pass.chunks import EncodedChunk
 from .layout import ChunkPlace
 from .recipes import ChunkRecipe, encode_rows
 

@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..chunks import EncodedChunk
-from ..data_checks import needs_numbers
+from ..em_pass.chunks import EncodedChunk
+from ..em_pass.data_checks import needs_numbers
 
 __all__ = ["ChunkRecipe", "check_finite", "is_recipe", "materialize", "numeric_rows"]
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from mixle_parallel.executors.estimation.chunks import chunk_estep
-from mixle_parallel.executors.estimation.combine_order import GroupFold, GroupStats, fold_group, group_of
+from mixle_parallel.executors.estimation.em_pass.chunks import chunk_estep
+from mixle_parallel.executors.estimation.em_pass.combine_order import GroupFold, GroupStats, fold_group, group_of
 from mixle_parallel.verification.capability import active_harness_capability
 
 ApplyChunkFn = Callable[[Any, Any, Sequence[int], Callable[[int], Any]], list[Any]]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from mixle_parallel.executors.estimation import encoded_data, fit, handle_from_runner
-from mixle_parallel.executors.estimation.chunks import apply_chunk_fn
+from mixle_parallel.executors.estimation.em_pass.chunks import apply_chunk_fn
 from mixle_parallel.verification.sdc import BackendDefectError, EMAuditor
 from mixle_parallel.verification.sdc.schedule import audit_uniform
 from tests.estimation.audit.audit_cases import start_model, third_party_backend

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mixle_parallel import GaussianEstimator, MixtureEstimator
-from mixle_parallel.executors.estimation.combine_order import GroupFold, GroupStats, group_of
+from mixle_parallel.executors.estimation.em_pass.combine_order import GroupFold, GroupStats, group_of
 from mixle_parallel.sdc_audit import AuditedMPEncodedData
 from mixle_parallel.verification.sdc import BackendDefectError
 from tests.estimation.audit.fold_cheats import scaled

@@ -45,7 +45,7 @@ def test_plain_mixle_call_certifies_once_on_a_fresh_machine(rows, tmp_path, monk
 
 
 def test_mpi_without_a_certificate_is_refused_naming_the_command(monkeypatch, tmp_path):
-    from mixle_parallel.executors.estimation.em_admission import admit_encoded_data
+    from mixle_parallel.executors.estimation.admission.em_admission import admit_encoded_data
 
     monkeypatch.setenv("MIXLE_PARALLEL_HOME", str(tmp_path / "fresh-home"))
     with pytest.raises(NotAdmittedError) as info:
@@ -151,7 +151,7 @@ def test_bad_admission_value_is_named(rows):
 
 def test_mpi_inside_mpiexec_certifies_in_situ_instead_of_refusing(monkeypatch, tmp_path):
     # the launched form (issue 23 item 1) hands the gate an in-situ certifier; outside a launcher it stays refused
-    from mixle_parallel.executors.estimation.em_in_situ import in_situ_certifier
+    from mixle_parallel.executors.estimation.admission.em_in_situ import in_situ_certifier
 
     for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
         monkeypatch.delenv(name, raising=False)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mixle_parallel.executors.estimation import fit
-from mixle_parallel.executors.estimation.chunks import ChunkResult, EncodedChunk, apply_chunk_fn
+from mixle_parallel.executors.estimation.em_pass.chunks import ChunkResult, EncodedChunk, apply_chunk_fn
 from mixle_parallel.verification import Ledger, read_ledger, verify_ledger
 from mixle_parallel.verification.capability import (
     active_harness_capability,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mixle_parallel import GaussianEstimator, MixtureEstimator, optimize
-from mixle_parallel.executors.estimation.chunks import chunk_bounds, chunk_estep, encode_chunks, fold_pass
+from mixle_parallel.executors.estimation.em_pass.chunks import chunk_bounds, chunk_estep, encode_chunks, fold_pass
 from mixle_parallel.sdc_audit import (
     AuditedMPEncodedData,
     NonFiniteStatisticError,

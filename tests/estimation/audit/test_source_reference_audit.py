@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from mixle_parallel.executors.estimation import encoded_data, fit, handle_from_runner
-from mixle_parallel.executors.estimation.chunks import apply_chunk_fn
+from mixle_parallel.executors.estimation.em_pass.chunks import apply_chunk_fn
 from mixle_parallel.executors.estimation.sources import materialize
 from mixle_parallel.verification import BitFlip, FaultInjector
 from mixle_parallel.verification.capability import active_harness_capability

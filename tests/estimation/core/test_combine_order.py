@@ -22,7 +22,7 @@ from mixle_parallel.executors.estimation import (
     MixtureEstimator,
     encoded_data,
 )
-from mixle_parallel.executors.estimation.chunks import (
+from mixle_parallel.executors.estimation.em_pass.chunks import (
     ChunkResult,
     GroupFold,
     GroupStats,

@@ -29,8 +29,8 @@ from mixle_parallel.executors.estimation import (
     plan,
     stochastic_em,
 )
-from mixle_parallel.executors.estimation.backend_declaration import backend_declaration, builtin_declarations
-from mixle_parallel.executors.estimation.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
+from mixle_parallel.executors.estimation.engines.backend_declaration import backend_declaration, builtin_declarations
+from mixle_parallel.executors.estimation.engines.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
 from mixle_parallel.executors.estimation.engines.lightning import LightningEncodedData
 from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
 from mixle_parallel.executors.estimation.engines.mpi import MPIEncodedData

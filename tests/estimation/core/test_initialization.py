@@ -17,7 +17,7 @@ from mixle_parallel.executors.estimation import (
     PoissonEstimator,
     optimize,
 )
-from mixle_parallel.executors.estimation.initialization import kmeans_centers, resolve_init
+from mixle_parallel.executors.estimation.fitting.initialization import kmeans_centers, resolve_init
 from mixle_parallel.executors.estimation.optimize import _restart_seed, fit
 
 

@@ -17,7 +17,7 @@ from mixle_parallel.executors.estimation import (
     estimate_estimator_stat_nbytes,
     estimate_model_nbytes,
 )
-from mixle_parallel.executors.estimation.model_decomposition import DecompAxis, ReductionOp
+from mixle_parallel.executors.estimation.planning.model_decomposition import DecompAxis, ReductionOp
 
 
 class _Declared:

@@ -10,7 +10,7 @@ from mixle.stats.compute import decomposition as mdec  # noqa: E402
 
 from mixle_parallel.balance import balance_plan  # noqa: E402
 from mixle_parallel.contracts import DeviceSpec, Resources  # noqa: E402
-from mixle_parallel.executors.estimation.model_decomposition import work_partition  # noqa: E402
+from mixle_parallel.executors.estimation.planning.model_decomposition import work_partition  # noqa: E402
 from mixle_parallel.model_decomposition import (  # noqa: E402
     DecompAxis,
     ReductionOp,

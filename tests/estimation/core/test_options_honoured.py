@@ -42,6 +42,7 @@ from mixle_parallel.executors.registry import (
     register_encoded_data_backend,
     unregister_encoded_data_backend,
 )
+from mixle_parallel.verification.keys import TrustStore
 
 X = np.random.default_rng(5).normal(size=400)
 EST = GaussianEstimator()
@@ -194,7 +195,10 @@ def test_a_factory_without_planned_workers_runs_the_workers_asked_without_a_warn
             assert seen["num_workers"] == 2 and h.num_workers == 2 and h.admission.mode == "local"
 
 
-def test_a_backend_that_may_start_processes_is_never_admitted_as_one_local_process(probe):
+def test_a_backend_that_may_start_processes_is_never_admitted_as_one_local_process(probe, tmp_path, monkeypatch):
+    # a third party's backend is certified on the spot where the policy allows (issue 35): here it does not
+    monkeypatch.setenv("MIXLE_PARALLEL_HOME", str(tmp_path / "home"))
+    TrustStore().set_policy("off")
     factory, _ = probe
     register_encoded_data_backend("probe_backend", factory)  # declares nothing: its workers may be processes
     with pytest.raises(NotAdmittedError, match="em_probe_backend"):

@@ -16,8 +16,8 @@ import pytest
 
 from mixle_parallel import GaussianEstimator, MixtureEstimator, encoded_data
 from mixle_parallel.contracts.estimation import canonical_statistic_bytes
-from mixle_parallel.executors.estimation.chunks import chunk_bounds, chunk_estep, encode_chunks
-from mixle_parallel.executors.estimation.statistic_codec import statistic_from_bytes
+from mixle_parallel.executors.estimation.em_pass.chunks import chunk_bounds, chunk_estep, encode_chunks
+from mixle_parallel.executors.estimation.em_pass.statistic_codec import statistic_from_bytes
 from mixle_parallel.resilient_em import ResilientMPEncodedData, checkpointed_fold
 from tests.estimation.core.resilient_models import KillOnWorker, data, start_model
 

@@ -21,6 +21,7 @@ from mixle_parallel.executors.registry import (
     register_encoded_data_backend,
     unregister_encoded_data_backend,
 )
+from mixle_parallel.verification.keys import TrustStore
 
 X = np.random.default_rng(7).normal(size=200)
 EST = GaussianEstimator()
@@ -60,7 +61,10 @@ def test_a_factory_that_starts_an_undeclared_process_is_not_admitted_as_local(sp
     assert len(spawner) == 1 and get_encoded_data_backend("sd_spawner").closed == [True]
 
 
-def test_declared_worker_processes_without_a_world_are_refused_before_the_factory_runs():
+def test_declared_worker_processes_without_a_world_are_refused_before_the_factory_runs(tmp_path, monkeypatch):
+    # a third party's backend is certified on the spot where the policy allows (issue 35): here it does not
+    monkeypatch.setenv("MIXLE_PARALLEL_HOME", str(tmp_path / "home"))
+    TrustStore().set_policy("off")
     calls: list[dict[str, Any]] = []
 
     def factory(data: Any, **params: Any) -> Any:

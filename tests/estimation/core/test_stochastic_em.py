@@ -66,7 +66,7 @@ def test_batch_order_and_bits_do_not_depend_on_the_workers():
 def test_epoch_seed_is_a_pure_function_of_seed_and_epoch() -> None:
     """The batch order's seed repeats for the same (seed, epoch) and differs across epochs and seeds;
     mixle's private name ``_epoch_seed`` is the same function."""
-    from mixle_parallel.executors.estimation.minibatch import batch_plan, epoch_seed
+    from mixle_parallel.executors.estimation.fitting.minibatch import batch_plan, epoch_seed
     from mixle_parallel.lightning_data import _epoch_seed
 
     assert _epoch_seed is epoch_seed

@@ -24,7 +24,7 @@ from mixle_parallel.executors.estimation import (  # noqa: E402
     PoissonEstimator,
     encoded_data,
 )
-from mixle_parallel.executors.estimation.engine_choice import EngineChoice, resolve_engine  # noqa: E402
+from mixle_parallel.executors.estimation.em_pass.engine_choice import EngineChoice, resolve_engine  # noqa: E402
 from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner  # noqa: E402
 from mixle_parallel.executors.estimation.handle import handle_from_runner  # noqa: E402
 from mixle_parallel.executors.estimation.optimize import fit  # noqa: E402

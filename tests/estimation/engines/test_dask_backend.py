@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("distributed", reason="dask.distributed is the optional [dask] extra")
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
-from mixle_parallel.executors.estimation.chunks import (  # noqa: E402
+from mixle_parallel.executors.estimation.em_pass.chunks import (  # noqa: E402
     WorkerTask,
     WorkerTimeoutError,
     WorkerUnavailableError,

@@ -20,7 +20,7 @@ from tests.estimation.engines.engine_helpers import launch_two_ranks
 
 pytestmark = pytest.mark.slow
 
-MODULE = "tests.estimation.engines.mpi_scripts.insitu_check"
+MODULE = "tests.estimation.engines.mpi_scripts.in_situ_check"
 
 
 def _launch(backend: str, home: Path, out: Path) -> tuple[list[dict[str, Any]], str]:

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from mixle_parallel.executors.estimation.chunks import WorkerLostError, WorkerTask, WorkerTimeoutError  # noqa: E402
+from mixle_parallel.executors.estimation.em_pass.chunks import WorkerLostError, WorkerTask, WorkerTimeoutError  # noqa: E402
 from mixle_parallel.executors.estimation.engines.ray import RayRunner  # noqa: E402
 from tests.estimation.engines import chunk_probes as probes  # noqa: E402
 from tests.estimation.engines import em_case  # noqa: E402

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from mixle_parallel.contracts.resources import Resources  # noqa: E402
-from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError  # noqa: E402
+from mixle_parallel.executors.estimation.em_pass.chunks import WorkerTimeoutError  # noqa: E402
 from mixle_parallel.executors.estimation.engines.spark import SparkRunner  # noqa: E402
 from tests.estimation.engines import chunk_probes as probes  # noqa: E402
 from tests.estimation.engines.engine_helpers import by_value  # noqa: E402

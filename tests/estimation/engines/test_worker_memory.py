@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from mixle_parallel.executors.estimation.chunks import EncodedChunk
+from mixle_parallel.executors.estimation.em_pass.chunks import EncodedChunk
 from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
 from mixle_parallel.executors.estimation.engines.worker_process import keep_freed_memory
 from tests.estimation.engines import chunk_probes as probes

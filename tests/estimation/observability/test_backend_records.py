@@ -62,7 +62,7 @@ def test_metering_leaves_the_bits_alone(gmm_1d):
     with encoded_data(gmm_1d, estimator=est, backend="local", num_chunks=6, audit=False) as h:
         start = h.pysp_seq_initialize(est, 3, 0.5)
         metered = h.estep(est, start).stats
-    from mixle_parallel.executors.estimation.chunks import chunk_bounds, chunk_estep, encode_chunks, fold_pass
+    from mixle_parallel.executors.estimation.em_pass.chunks import chunk_bounds, chunk_estep, encode_chunks, fold_pass
 
     chunks = encode_chunks(gmm_1d, est.encoder(), chunk_bounds(len(gmm_1d), 6))
     plain = fold_pass(est, [chunk_estep(c, (est, start)) for c in chunks]).stats

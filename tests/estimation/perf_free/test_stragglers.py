@@ -63,7 +63,7 @@ def test_a_sigstopped_worker_is_outrun_and_the_fit_ends_on_the_same_bits():
 
 
 def test_a_fresh_workers_slow_first_task_is_waited_for():
-    from mixle_parallel.executors.estimation.chunks import EncodedChunk
+    from mixle_parallel.executors.estimation.em_pass.chunks import EncodedChunk
     from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
     from tests.estimation.perf_free.slow_first import slow_first_call
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from mixle_parallel.executors.estimation.chunks import WorkerTimeoutError
+from mixle_parallel.executors.estimation.em_pass.chunks import WorkerTimeoutError
 from mixle_parallel.executors.estimation.engines.mpi import MPIRunner
 from tests.estimation.engines import chunk_probes as probes
 

@@ -1,0 +1,1 @@
+"""EM admission: the gate of ``encoded_data``, in-situ certification, the executor identity, the harness adapter."""

@@ -1,0 +1,1 @@
+"""What each EM worker did in each pass (metering) and the verdicts read from it."""
