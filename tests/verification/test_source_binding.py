@@ -196,7 +196,7 @@ def test_a_runner_outside_the_bound_code_is_refused(backend, tmp_path, monkeypat
 
 _SIBLING_FACTORY = '''
 """A third party's EM backend as a lone module whose chunk handling lives in a sibling module."""
-from mixle_parallel.executors.estimation.chunks import EncodedChunk
+from mixle_parallel.executors.estimation.em_pass.chunks import EncodedChunk
 from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 
@@ -254,7 +254,7 @@ def sibling_backend(tmp_path, monkeypatch):
 
 
 def test_the_digest_binds_the_modules_a_factory_imports(sibling_backend):
-    from mixle_parallel.executors.estimation.executor_identity import EMExecutorIdentity
+    from mixle_parallel.executors.estimation.admission.executor_identity import EMExecutorIdentity
 
     name, site = sibling_backend
     bound = {Path(p) for p in EMExecutorIdentity(name).source_files()}
