@@ -36,8 +36,8 @@ from .serialization import OPTIONAL_KEY, SCHEMA_METADATA, content_digest, regist
 
 __all__ = [
     "ADMISSION_CHECKS", "DEFAULT_MAX_AGE", "IN_TOTO_PAYLOAD_TYPE", "AdmissionCertificate", "AdmissionContext",
-    "CertificateEnvelope", "EnvelopeSignature", "admission_problems", "check_admission", "recertify_plan_flag",
-    "window_covers",
+    "CertificateEnvelope", "EnvelopeSignature", "admission_problems", "changed_files", "check_admission",
+    "recertify_plan_flag", "window_covers",
 ]
 
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -96,6 +96,24 @@ def _versions(inst: object, attribute: attrs.Attribute, value: FrozenDict) -> No
             raise ValueError(f"AdmissionCertificate.library_versions[{name!r}] must be a non-empty version string")
 
 
+def _file_digests(inst: object, attribute: attrs.Attribute, value: FrozenDict | None) -> None:
+    for name, digest in (value or {}).items():
+        if not isinstance(name, str) or not name or not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+            raise ValueError(f"AdmissionCertificate.source_files[{name!r}]={digest!r}; expected a relative path "
+                             "mapped to 64 lowercase hex (the file's sha256)")
+
+
+def changed_files(recorded: Mapping[str, str] | None, current: Mapping[str, str] | None) -> str:
+    """Which bound files differ between a certificate and the code now (empty when either side records none)."""
+    if not recorded or current is None:
+        return ""
+    changed = sorted(n for n in recorded.keys() & current.keys() if recorded[n] != current[n])
+    parts = [f"{label}: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}" for label, names in (
+        ("changed", changed), ("added", sorted(current.keys() - recorded.keys())),
+        ("removed", sorted(recorded.keys() - current.keys()))) if names]
+    return "; ".join(parts)
+
+
 def _evidence(values: Iterable[Any]) -> tuple[NumericsEvidence, ...]:
     out = tuple(values)
     for record in out:
@@ -135,6 +153,11 @@ class AdmissionCertificate:
         metadata={OPTIONAL_KEY: True})
     """How it was measured in situ, on a launched run's own ranks; None (absent from the document): by the harness
     on a mesh it spawned. Absent in certificates of earlier releases, which keep their ids."""
+    source_files: FrozenDict | None = attrs.field(
+        default=None, converter=attrs.converters.optional(to_frozen_dict), validator=_file_digests,
+        metadata={OPTIONAL_KEY: True})
+    """sha256 (64 hex) of each third-party file ``source_digest`` covers, by path relative to their common folder,
+    so a refusal can name what changed; None (absent): only built-in code, or a certificate of an earlier release."""
 
     def __attrs_post_init__(self) -> None:
         if self.measured_plan.axis_family != self.axis_family:
@@ -227,6 +250,8 @@ class AdmissionContext:
     comm_backend: str = "gloo"
     source_digest: str | None = None
     library_versions: Mapping[str, str] = attrs.field(factory=dict)
+    source_files: Mapping[str, str] | None = None
+    """Per-file sha256 of the third-party code now (``AdmissionCertificate.source_files``), to name what changed."""
     policy: Callable[[AdmissionCertificate], Tolerance] | None = None
     max_age: timedelta = DEFAULT_MAX_AGE
     now: datetime | None = None
@@ -242,8 +267,10 @@ def _identity_problems(cert: AdmissionCertificate, executor: AdmissibleExecutor,
         problems.append(_failed("executor_version", f"certificate is for {name} {cert.executor_version}, "
                                                     f"running {version}"))
     if context.source_digest is not None and cert.source_digest != context.source_digest:
+        which = changed_files(cert.source_files, context.source_files)
         problems.append(_failed("source_digest", "the executor's source files changed since the certificate was "
-                                f"issued ({cert.source_digest[:19]}... vs {context.source_digest[:19]}...)"))
+                                f"issued ({cert.source_digest[:19]}... vs {context.source_digest[:19]}...)"
+                                + (f"; {which}" if which else "") + "; re-certify the code that runs now"))
     if cert.capabilities != executor.capabilities:
         problems.append(_failed("capabilities", "the executor's capabilities changed since the certificate was issued"))
     if cert.axis_family != plan.axis_family:

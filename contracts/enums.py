@@ -80,9 +80,14 @@ class AuditPolicy(StrEnum):
     """Training: keep the audited update out (parameters and clocks unchanged) and go on."""
     QUARANTINE = "quarantine"
     """EM: take the suspect worker out and recompute its chunks elsewhere."""
+    RAISE_DEFECTS = "raise_defects"
+    """Training's default: a ``backend_defect`` (a wrong result a same-rank replay reproduces: the software) stops
+    the run with ``BackendDefectError`` on every rank; a ``device`` fault is recorded and the run goes on, as
+    ``warn``. Its records' action is ``raise`` or ``warn``, what was done."""
 
 
-TRAINING_AUDIT_POLICIES: tuple[AuditPolicy, ...] = (AuditPolicy.WARN, AuditPolicy.RAISE, AuditPolicy.SKIP_STEP)
+TRAINING_AUDIT_POLICIES: tuple[AuditPolicy, ...] = (
+    AuditPolicy.WARN, AuditPolicy.RAISE, AuditPolicy.SKIP_STEP, AuditPolicy.RAISE_DEFECTS)
 """The policies a training session honours."""
 EM_AUDIT_POLICIES: tuple[AuditPolicy, ...] = (AuditPolicy.QUARANTINE, AuditPolicy.RAISE, AuditPolicy.WARN)
 """The policies an EM handle honours."""

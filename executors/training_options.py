@@ -212,16 +212,35 @@ class AuditOptions:
 
     mode: AuditMode = attrs.field(default=AuditMode.AUTO, converter=_audit_mode)
     rate: float = attrs.field(default=TRAINING_AUDIT_RATE, converter=_audit_rate)
-    policy: AuditPolicy = attrs.field(default=AuditPolicy.WARN, converter=_policy)
+    policy: AuditPolicy = attrs.field(default=AuditPolicy.RAISE_DEFECTS, converter=_policy)
     bound: float = attrs.field(default=0.0, converter=_audit_bound)
     replay: AuditReplay = attrs.field(default=AuditReplay.PEER, converter=_replay)
     fault_injector: Any = attrs.field(default=None, validator=_fault_injector)
+
+    def __attrs_post_init__(self) -> None:
+        if self.mode is AuditMode.OFF:
+            refuse_settings_without_audit([keyword for keyword, name in AUDIT_KEYWORDS.items()
+                                           if name in _SETTINGS and getattr(self, name) != _DEFAULTS[name]])
+
+
+def refuse_settings_without_audit(given: Iterable[str]) -> None:
+    """``audit=False`` with an audit setting (``audit_rate``, ``audit_policy``, ``audit_bound``, ``audit_replay``)
+    is a contradiction, refused by name as EM's handle refuses it (``fault_injector`` stays: it shows what an
+    unaudited run lets through)."""
+    named = sorted(given)
+    if named:
+        raise ValueError(f"audit=False turns the SDC audit off, which contradicts {', '.join(f'{n}=' for n in named)}"
+                         "; drop audit=False or the audit setting(s)")
 
 
 AUDIT_KEYWORDS: Mapping[str, str] = MappingProxyType({
     "audit": "mode", "audit_rate": "rate", "audit_policy": "policy", "audit_bound": "bound",
     "audit_replay": "replay", "fault_injector": "fault_injector"})
 """``prepare()`` keyword -> ``AuditOptions`` field."""
+
+_SETTINGS = ("rate", "policy", "bound", "replay")
+"""The ``AuditOptions`` fields that only mean something with the audit on."""
+_DEFAULTS = {a.name: a.default for a in attrs.fields(AuditOptions)}
 
 
 @attrs.frozen(kw_only=True)
@@ -316,6 +335,8 @@ class TrainOptions:
         refuse_unhonoured(backend, keywords, f"{backend} prepare()")
         audit_given = {AUDIT_KEYWORDS[k]: v for k, v in keywords.items() if k in AUDIT_KEYWORDS}
         plain = {k: v for k, v in keywords.items() if k not in AUDIT_KEYWORDS}
+        if keywords.get("audit") is False or keywords.get("audit") == AuditMode.OFF:
+            refuse_settings_without_audit(k for k in keywords if AUDIT_KEYWORDS.get(k) in _SETTINGS)
         if isinstance(keywords.get("audit"), AuditOptions):
             if len(audit_given) > 1:
                 raise ValueError("pass the audit as audit=AuditOptions(...) or as audit_* keywords, not both")

@@ -45,6 +45,7 @@ from ..contracts import (
 from .attestation import (
     current_library_versions,
     executor_source_digest,
+    executor_source_files,
     load_certificate,
     open_envelope,
     reissue_hint,
@@ -94,6 +95,8 @@ class AdmissionDecision:
     notes: tuple[str, ...] = ()
     signer: str | None = None
     envelope: CertificateEnvelope | None = attrs.field(default=None, eq=False, repr=False)
+    probe: str | None = None
+    """What the probe of the user's module found at ``prepare`` ("passed: ...", "skipped: <why>"), where one ran."""
 
     @property
     def certified(self) -> bool:
@@ -110,6 +113,8 @@ class AdmissionDecision:
         extra = {"admission": self.mode.value, "certificate": self.ledger_link}
         if self.notes and self.mode is AdmissionMode.VERIFYING:
             extra["admitted_by"] = self.notes[0]
+        if self.probe is not None:
+            extra["module_probe"] = self.probe
         return extra
 
 
@@ -132,6 +137,7 @@ def _context(executor: AdmissibleExecutor, device_kind: str, comm_backend: str,
     versions.update(library_versions or {})
     return AdmissionContext(device_kind=device_kind, comm_backend=comm_backend,
                             source_digest=executor_source_digest(executor), library_versions=versions,
+                            source_files=executor_source_files(executor),
                             policy=tolerance_policy_for(executor), max_age=max_age)
 
 
@@ -145,6 +151,22 @@ def _as_envelope(certificate: Any) -> CertificateEnvelope:
         return load_certificate(certificate)
     raise NotAdmittedError((f"check 'certificate' failed: expected a signed CertificateEnvelope or the path of one, "
                             f"got {type(certificate).__name__}",))
+
+
+def _readable_envelope(certificate: Any, named_by: str) -> CertificateEnvelope:
+    """``_as_envelope``; a ``MIXLE_PARALLEL_CERTIFICATE`` that is not a readable certificate file (missing, a folder,
+    a device, a FIFO) is refused as ``NotAdmittedError`` naming it and the variable (the environment is not the
+    caller's argument: a run must not fail with an ``OSError`` from deep in the gate because of it)."""
+    try:
+        return _as_envelope(certificate)
+    except OSError as exc:
+        if named_by != CERTIFICATE_ENV:
+            raise  # a path passed in is the caller's: FileNotFoundError naming it and `mixle-parallel certify`
+        raise NotAdmittedError((
+            f"check 'certificate' failed: {named_by} names {str(certificate)!r}, which is not a readable "
+            f"certificate file ({exc.strerror or exc})",
+            f"point {named_by} at a certificate written by `mixle-parallel certify --out cert.json`, or unset it",
+        )) from None
 
 
 def _split(certificate: Any, admission: Any) -> tuple[Any, AdmissionMode | None]:
@@ -241,8 +263,9 @@ def require_admission(
         _log.warning("running %s on %s at %s WITHOUT admission (admission='unverified')",
                      common["executor"], common["plan"], precision)
         return AdmissionDecision(mode, None, notes=("admission='unverified' requested",), **common)
+    named_by = "certificate="
     if certificate is None and os.environ.get(CERTIFICATE_ENV):
-        certificate = os.environ[CERTIFICATE_ENV]
+        certificate, named_by = os.environ[CERTIFICATE_ENV], CERTIFICATE_ENV
     real_mesh = world_size > 1 or device != "cpu"
     if certificate is None and not real_mesh:
         return AdmissionDecision(AdmissionMode.LOCAL, None, notes=("single process on CPU: no certificate needed",),
@@ -252,7 +275,7 @@ def require_admission(
     where = f"this is a real device mesh (world size {world_size}, {device}/{comm})"
     if certificate is not None:
         try:
-            envelope = _as_envelope(certificate)
+            envelope = _readable_envelope(certificate, named_by)
             found, keyid = open_envelope(envelope, keys)
             certificate_id = check_admission(found, executor, plan, precision, context)
         except NotAdmittedError as exc:

@@ -46,14 +46,14 @@ from ..contracts.bounded_json import SIGNED_LIMITS, parse_json, read_limited
 from ..contracts.canonical_json import signed_json_bytes
 from .keys import KeyPurpose, TrustStore, TrustStoreError
 from .safe_files import write_atomic
-from .source_binding import code_files, files_digest
+from .source_binding import builtin_files, code_files, file_digests, files_digest
 
 __all__ = [
     "CHECKPOINT_MANIFEST_PREDICATE", "LEDGER_HEAD_PREDICATE", "PREDICATE_TYPE", "PROVENANCE_PREDICATE",
     "PURPOSE_OF_PREDICATE",
-    "STATEMENT_TYPE", "current_library_versions", "executor_source_digest", "load_certificate",
-    "open_envelope", "open_statement", "read_unverified", "reissue_hint", "save_certificate", "sign_certificate",
-    "sign_statement", "statement",
+    "STATEMENT_TYPE", "current_library_versions", "executor_source_digest", "executor_source_files",
+    "load_certificate", "open_envelope", "open_statement", "read_unverified", "reissue_hint", "save_certificate",
+    "sign_certificate", "sign_statement", "statement",
 ]
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -89,6 +89,12 @@ def reissue_hint() -> str:
 def executor_source_digest(executor: Any) -> str:
     """``sha256:<hex>`` over every file of the code ``executor`` runs (``source_binding.code_files``), read now."""
     return files_digest(code_files(executor))
+
+
+def executor_source_files(executor: Any) -> dict[str, str] | None:
+    """sha256 of each third-party file ``executor_source_digest`` covers, by path relative to their common folder
+    (what a certificate records so a refusal names the files that changed); None when all of it is built in."""
+    return file_digests(sorted(set(code_files(executor)) - builtin_files())) or None
 
 
 def _installed(distribution: str) -> str | None:

@@ -24,6 +24,7 @@ from ..contracts import (
 from .attestation import (
     current_library_versions,
     executor_source_digest,
+    executor_source_files,
     sign_certificate,
 )
 from .cert_store import CertificateStore
@@ -87,8 +88,7 @@ def certify(
     store: bool = True,
     measurement: InSituMeasurement | None = None,
 ) -> CertificateEnvelope:
-    """A signed certificate when every declared update has passing evidence, else ``CertificationError``.
-
+    """A signed certificate when every declared update has passing evidence, else ``CertificationError``;
     ``evidence`` is an iterable of ``NumericsEvidence`` or a harness report (anything with an ``evidence``
     attribute); ``measurement`` marks a certificate measured in situ (``in_situ``), None one by the harness.
     """
@@ -126,6 +126,7 @@ def certify(
         tolerance=tolerance or _merged_tolerance(records),
         issued_at=stamp.isoformat(),
         measurement=measurement,
+        source_files=executor_source_files(executor),
     )
     keys = trust_store or TrustStore()
     envelope = sign_certificate(certificate, keys.ensure_signer())

@@ -325,13 +325,13 @@ class TrustStore:
         finished key file atomically; the others use it.
         """
         if not self.has_signing_key():
-            if not self.may_create_key():
-                raise TrustStoreError(
-                    f"this machine has no signing key and the trust store's policy ({self.policy_path}) is "
-                    "trusted-keys-only: no key is created implicitly; run `mixle-parallel keys init` to make one "
-                    "deliberately, or use certificates signed by a key this store trusts")
-            with self._locked():
+            with self._locked():  # the policy is read under the lock ``set_policy`` writes it under
                 if not self.has_signing_key():
+                    if not self.may_create_key():
+                        raise TrustStoreError(
+                            f"this machine has no signing key and the trust store's policy ({self.policy_path}) is "
+                            "trusted-keys-only: no key is created implicitly; run `mixle-parallel keys init` to "
+                            "make one deliberately, or use certificates signed by a key this store trusts")
                     self._create_key("this machine")
         return self.signer()
 

@@ -8,7 +8,9 @@ A certificate is a claim about code, so its digest covers every module the execu
   ``executors`` and the facade), code and package data alike;
 * any other executor binds the code of the package that defines its class (``package_files``): the
   tree of its top-level regular package, every file in it (package data included, not only ``*.py``),
-  or the module file itself when it is a top-level module (a script's ``__main__`` included);
+  or the module file itself when it is a top-level module (a script's ``__main__`` included), and the
+  same for every module that code imports outside the standard library and installed distributions
+  (``bound_files``, ``import_closure``): a sibling module edited after certification needs a new one;
 * an executor may add files with ``source_files()`` (a third-party EM backend adds the package of its
   registered factory, ``executors.estimation.executor_identity``).
 
@@ -27,9 +29,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .import_closure import closure_files
+
 __all__ = [
-    "builtin_files", "code_files", "defining_module", "files_digest", "is_builtin_module", "object_files",
-    "package_files",
+    "bound_files", "builtin_files", "code_files", "defining_module", "file_digests", "files_digest",
+    "is_builtin_module", "object_files", "package_files",
 ]
 
 _ROOT = __name__.split(".", 1)[0]
@@ -101,18 +105,34 @@ def defining_module(thing: Any) -> str:
     return name if isinstance(name, str) else type(thing).__module__
 
 
+def bound_files(module_name: str) -> set[Path]:
+    """``package_files`` of ``module_name`` and, for third-party code, of everything it imports outside the
+    standard library and installed distributions (``import_closure``): sibling modules, helper packages, data."""
+    files = package_files(module_name)
+    if is_builtin_module(module_name):
+        return files
+    return closure_files(files, module_name, _tree, is_builtin_module)
+
+
 def object_files(thing: Any) -> set[Path]:
-    """``package_files`` of the module defining ``thing`` (a factory, a runner class, an executor)."""
-    return package_files(defining_module(thing))
+    """``bound_files`` of the module defining ``thing`` (a factory, a runner class, an executor)."""
+    return bound_files(defining_module(thing))
 
 
 def code_files(executor: Any) -> list[Path]:
-    """The files ``executor``'s certificate binds: those of its class's package plus its ``source_files()``."""
-    files = package_files(type(executor).__module__)
+    """The files ``executor``'s certificate binds: those its class's module reaches plus its ``source_files()``."""
+    files = bound_files(type(executor).__module__)
     declared = getattr(executor, "source_files", None)
     if callable(declared):
         files |= {Path(p).resolve() for p in declared()}
     return sorted(files)
+
+
+def file_digests(files: Iterable[Path]) -> dict[str, str]:
+    """The sha256 (hex) of each file's bytes, by path relative to the files' common folder."""
+    ordered = sorted(files)
+    root = os.path.commonpath([str(f.parent) for f in ordered]) if ordered else ""
+    return {os.path.relpath(path, root): hashlib.sha256(path.read_bytes()).hexdigest() for path in ordered}
 
 
 def files_digest(files: Iterable[Path]) -> str:

@@ -27,6 +27,7 @@ from .in_situ_probe import probe_module
 from .layouts import describe_parameter_layouts
 from .losses import lm_token_loss
 from .parallelize import parallelize, resolve_tp_plan
+from .probe_gate import probe_at_prepare
 from .run_ledger import current_rank, ledger_on_this_rank
 from .sdc_audit import resolve_audit, sharded_reference_template
 from .session import TorchDistributedSession
@@ -234,7 +235,9 @@ class TorchDistributedBackend:
         spec = check_prepare(module, plan, TrainOptions.from_keywords(self.name, options))
         decision = admit_training(self, plan, spec.precision, certificate=spec.options.certificate,
                                   admission=spec.options.admission, device=spec.device,
-                                  auto_certify=self._in_situ(module, plan, spec))
+                                  auto_certify=self._in_situ(module, plan, spec),
+                                  ensure_group=lambda: ensure_process_group(plan, spec.device))
+        decision = probe_at_prepare(self, module, plan, spec.precision, spec.device, decision)
         mesh, owns_pg = _materialize_mesh(plan, spec)
         template = sharded_reference_template(module, plan, spec.mode, resolve_audit(spec.options.audit, plan,
                                                                                      spec.mode), spec.device)

@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -397,7 +398,7 @@ class SessionAudit:
         diff = 0.0 if matched and self.bound == 0.0 else float(min(diff, _MAX))
         return SDCAuditRecord(
             family="training", step=step, rank=rank, unit=unit, replay=replay, expected_digest=expected,
-            observed_digest=observed, matched=matched, action="none" if matched else self.policy.value,
+            observed_digest=observed, matched=matched, action="none" if matched else self.action(cause),
             auditor_rank=self.rank if auditor is None else auditor, attributed_rank=None if matched else rank,
             maximum_absolute_difference=diff, bound=self.bound, injected=injected, cause=cause,
         )
@@ -436,7 +437,16 @@ class SessionAudit:
         dist.all_gather_object(gathered, [to_dict(r) for r in mine])
         return [from_dict(r, SDCAuditRecord) for part in gathered for r in part]
 
+    def action(self, cause: str) -> str:
+        """The action a mismatch of ``cause`` gets: the policy's, or under ``raise_defects`` (the default)
+        ``raise`` for a ``backend_defect`` and ``warn`` for anything else."""
+        if self.policy is AuditPolicy.RAISE_DEFECTS:
+            return AuditPolicy.RAISE.value if cause == "backend_defect" else AuditPolicy.WARN.value
+        return self.policy.value
+
     def _conclude(self, records: list[SDCAuditRecord]) -> tuple[list[SDCAuditRecord], bool]:
+        if self.policy is AuditPolicy.RAISE_DEFECTS:  # causes are known now: each record says what was done
+            records = [r if r.matched else attrs.evolve(r, action=self.action(r.cause)) for r in records]
         self.records.extend(records)
         bad = [r for r in records if not r.matched]
         for r in bad:
@@ -446,6 +456,8 @@ class SessionAudit:
             if any(r.cause == "backend_defect" for r in bad):
                 raise BackendDefectError(records)
             raise SDCDetectedError(records)
+        if self.policy is AuditPolicy.RAISE_DEFECTS and any(r.cause == "backend_defect" for r in bad):
+            raise BackendDefectError(records)  # every rank holds every record: raised on every rank
         return records, bool(bad) and self.policy is AuditPolicy.SKIP_STEP
 
 

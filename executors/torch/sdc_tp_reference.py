@@ -158,7 +158,7 @@ def reference_record(audit: Any, step: int, found: ShardComparison, observed_dig
     return SDCAuditRecord(
         family="training", step=step, rank=audit.rank, unit=unit, replay="reference",
         expected_digest=found.expected_digest, observed_digest=observed_digest, matched=found.matched,
-        action="none" if found.matched else audit.policy.value, auditor_rank=audit.rank,
+        action="none" if found.matched else audit.action(""), auditor_rank=audit.rank,
         attributed_rank=None if found.matched else audit.rank, maximum_absolute_difference=min(found.difference, _MAX),
         bound=found.bound, injected=injected)
 

@@ -220,3 +220,16 @@ def test_megatron_bridge_keeps_its_own_options() -> None:
     session = backend.prepare(Provider(), plan=ParallelPlan(tp=2), wrap_with_ddp=False, precision="BF16",
                               admission="unverified")
     assert session.module.kwargs == {"wrap_with_ddp": False} and session.precision == "bf16"
+
+
+@pytest.mark.parametrize("setting", [{"audit_rate": 0.5}, {"audit_policy": "raise"}, {"audit_replay": "both"},
+                                     {"audit_bound": 1e-3}, {"audit_rate": 0.05, "audit_bound": 0.0}])
+def test_audit_settings_with_the_audit_off_are_refused_by_name(setting: dict) -> None:
+    """As EM's handle refuses audit=False with audit_rate= (issue 34 item 8): a setting of an audit that is off."""
+    names = "=, ".join(sorted(setting)) + "="
+    with pytest.raises(ValueError, match=f"audit=False turns the SDC audit off, which contradicts {names}"):
+        TorchDistributedBackend().prepare(make_model(), plan=ParallelPlan(dp_shard=2), audit=False, **setting)
+    with pytest.raises(ValueError, match="contradicts audit_rate="):
+        AuditOptions(mode=AuditMode.OFF, rate=0.5)
+    assert not dist.is_initialized()
+    AuditOptions(mode=AuditMode.OFF, fault_injector=FaultInjector([]))  # a fault injector stays: it shows the gap

@@ -192,3 +192,115 @@ def test_a_runner_outside_the_bound_code_is_refused(backend, tmp_path, monkeypat
         refuse_unbound_code(handle, name, decision)
     refuse_unbound_code(handle, name, AdmissionDecision("local", None))  # nothing bound, nothing to refuse
     sys.modules.pop(f"{name}_runner", None)
+
+
+_SIBLING_FACTORY = '''
+"""A third party's EM backend as a lone module whose chunk handling lives in a sibling module."""
+from mixle_parallel.executors.estimation.em_pass.chunks import EncodedChunk
+from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
+from mixle_parallel.executors.estimation.handle import handle_from_runner
+
+from NAME_cut import cut
+
+
+class Runner(LocalChunkRunner):
+    name = "NAME"
+
+    def scatter(self, chunks):
+        super().scatter([EncodedChunk(c.chunk_id, c.start, c.stop, cut(c.data)) for c in chunks])
+
+
+def factory(data, *, num_workers=None, **params):
+    return handle_from_runner(Runner(num_workers or 2), data, **params)
+
+
+factory.encoded_data_options = frozenset({"num_workers"})
+factory.planned_workers = lambda options: options.num_workers or 2
+factory.worker_processes = True
+'''
+
+_SIBLING = '''
+"""The sibling module: what the factory's runner does to every chunk."""
+import NAME_deep
+
+HALF = 0  # 1: the first half of every chunk is overwritten with zeros
+
+
+def cut(data):
+    data = data.copy()
+    data[: len(data) // 2 * HALF * NAME_deep.ON] = 0
+    return data
+'''
+
+
+@pytest.fixture
+def sibling_backend(tmp_path, monkeypatch):
+    """A backend whose factory is a top-level module importing a sibling module (which imports another)."""
+    from mixle_parallel.executors.registry import register_encoded_data_backend, unregister_encoded_data_backend
+
+    name = f"acme_sib_{uuid.uuid4().hex[:8]}"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / f"{name}.py").write_text(_SIBLING_FACTORY.replace("NAME", name))
+    (site / f"{name}_cut.py").write_text(_SIBLING.replace("NAME", name))
+    (site / f"{name}_deep.py").write_text("ON = 1\n")
+    monkeypatch.syspath_prepend(str(site))
+    imported = __import__(name)
+    register_encoded_data_backend(name, imported.factory)
+    yield name, site
+    unregister_encoded_data_backend(name)
+    for module in (name, f"{name}_cut", f"{name}_deep"):
+        sys.modules.pop(module, None)
+
+
+def test_the_digest_binds_the_modules_a_factory_imports(sibling_backend):
+    from mixle_parallel.executors.estimation.admission.executor_identity import EMExecutorIdentity
+
+    name, site = sibling_backend
+    bound = {Path(p) for p in EMExecutorIdentity(name).source_files()}
+    wanted = {(site / f"{name}{suffix}.py").resolve() for suffix in ("", "_cut", "_deep")}
+    assert wanted <= bound
+    assert not any("site-packages" in p.parts or p.name == "os.py" for p in bound)  # stdlib, distributions: not bound
+    from mixle_parallel.verification.source_binding import builtin_files
+    assert not (bound & builtin_files())  # the library is bound by the identity itself, not as third-party code
+
+
+def test_an_edited_sibling_module_needs_a_new_certificate(sibling_backend, tmp_path):
+    from mixle_parallel.executors.estimation.api import encoded_data
+    from mixle_parallel.verification.harness.run import verify
+
+    name, site = sibling_backend
+    report = verify(name, ParallelPlan(dp_replicate=2), precision="fp64", workload="gaussian_mixture")
+    assert report.passed, report.summary()
+    cert = save_certificate(report.certify(name), tmp_path / "cert.json")
+    data, estimator = _fit_args()
+    encoded_data(data, estimator=estimator, backend=name, num_workers=2, admission=str(cert)).close()  # admitted
+
+    _rewrite_keeping_size_and_mtime(site / f"{name}_cut.py", "HALF = 0", "HALF = 1")  # the sibling, not the factory
+    with pytest.raises(NotAdmittedError, match="check 'source_digest' failed") as refused:
+        encoded_data(data, estimator=estimator, backend=name, num_workers=2, admission=str(cert))
+    assert f"{name}_cut.py" in str(refused.value)  # the refusal names the file that changed
+    _rewrite_keeping_size_and_mtime(site / f"{name}_cut.py", "HALF = 1", "HALF = 0")
+    _rewrite_keeping_size_and_mtime(site / f"{name}_deep.py", "ON = 1", "ON = 0")  # two imports away
+    with pytest.raises(NotAdmittedError, match="check 'source_digest' failed"):
+        encoded_data(data, estimator=estimator, backend=name, num_workers=2, admission=str(cert))
+
+
+def test_a_package_binds_what_its_modules_import_outside_it(tmp_path, monkeypatch):
+    from mixle_parallel.verification.source_binding import bound_files
+
+    name = f"acme_pkg_{uuid.uuid4().hex[:8]}"
+    site = tmp_path / "site"
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text("from .impl import factory\n")
+    (site / name / "impl.py").write_text(f"import json\n\ndef factory():\n    import {name}_helper\n"
+                                         f"    return {name}_helper.VALUE\n")
+    (site / f"{name}_helper.py").write_text("VALUE = 1\n")  # imported lazily, never run before the digest
+    monkeypatch.syspath_prepend(str(site))
+    __import__(name)
+    bound = bound_files(name)
+    assert (site / f"{name}_helper.py").resolve() in bound and (site / name / "impl.py").resolve() in bound
+    assert f"{name}_helper" not in sys.modules  # found without importing it
+    assert not any(p.name == "json" or "json" in p.parts for p in bound)  # the standard library is not bound
+    sys.modules.pop(name, None)
+    sys.modules.pop(f"{name}.impl", None)

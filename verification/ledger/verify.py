@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from hashlib import sha256
 from typing import Any
 
@@ -30,7 +31,8 @@ from ...contracts import (
 from ...contracts.bounded_json import LEDGER_LINE_LIMITS
 from ...contracts.receipts import receipt_facts
 from ...contracts.safe_read import open_regular
-from ..attestation import read_unverified
+from ..attestation import open_envelope, read_unverified
+from ..cert_store import CertificateStore
 from ..keys import KEY_ENV, TrustStore, load_key
 from .entries import (
     ENTRY_KINDS,
@@ -78,6 +80,10 @@ class LedgerReport:
     faults: tuple[LedgerFault, ...]
     warnings: tuple[str, ...]
     signed_head: str = ""
+    unverified_runs: int = 0
+    """Runs that started with admission 'unverified' (no certificate vouches for them; not a fault)."""
+    unchecked_runs: int = 0
+    """Runs naming a certificate id the audit found nowhere to check (a warning; not counted as certified)."""
 
     @property
     def ok(self) -> bool:
@@ -94,7 +100,12 @@ class LedgerReport:
         head = (f"{self.path}: {self.entries} entries, {self.runs} run(s), {self.receipts} receipts, "
                 f"{self.audits} audit records, {'HMAC-keyed' if self.keyed else 'sha256 chain'}")
         if self.ok:
-            return (head + "\nOK: chain, seals, sequence, steps and certificate links verified"
+            certified = self.runs - self.unverified_runs - self.unchecked_runs
+            return (head + "\nOK: chain, seals, sequence and steps verified; certificates: "
+                    f"{certified} run(s) under a certificate signed by a key trusted for certify (links verified), "
+                    f"{self.unverified_runs} run(s) unverified"
+                    + (f", {self.unchecked_runs} run(s) naming a certificate NOT checked (see warnings)"
+                       if self.unchecked_runs else "")
                     + (f"\n{self.signed_head}" if self.signed_head else ""))
         lines = [head, f"FAULT: first bad entry at {self.first_bad}"]
         lines += [f"  also: {fault}" for fault in self.faults[1:20]]
@@ -132,6 +143,12 @@ def _link_problems(extra: Mapping[str, Any], certificate: str) -> list[str]:
     return problems
 
 
+def _shown(value: Any) -> str:
+    """A short rendering of a value from an untrusted line, for a fault message."""
+    text = repr(_plain(value))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _check_payload(entry: LedgerEntry | RawEntry, run: _Run, fault: Any) -> None:
     payload = entry.payload
     if entry.kind == "receipt":
@@ -142,6 +159,9 @@ def _check_payload(entry: LedgerEntry | RawEntry, run: _Run, fault: Any) -> None
             fault(f"receipt payload is not a StepReceipt document: {exc}")
             return
         rank = payload.get("rank", 0)
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            fault(f"receipt payload's rank is {type(rank).__name__} {_shown(rank)}, not a non-negative integer")
+            return
         if payload.get("step") != step:
             fault(f"payload step {payload.get('step')} differs from the receipt's step {step}")
         for problem in _link_problems(extra, run.certificate):
@@ -189,32 +209,86 @@ def _hash_problem(entry: LedgerEntry | RawEntry, key: bytes | None) -> str | Non
     return None
 
 
-def _start_problems(entry: LedgerEntry | RawEntry) -> list[str]:
-    """A run_start's certificate link and the certificate document it embeds."""
-    problems = []
-    if entry.certificate != UNVERIFIED and not entry.certificate.startswith("sha256:"):
-        problems.append(f"run_start certificate {entry.certificate!r} is neither a certificate id nor 'unverified'")
+def _start_problems(entry: LedgerEntry | RawEntry, store: TrustStore | None) -> list[str]:
+    """A run_start's certificate: 'unverified', or the id of a certificate that a key trusted for ``certify``
+    signed (embedded as its envelope, or found by id in the local certificate store), issued before the run.
+
+    ``store`` None (a writer checking the chain before it appends): only the link to an embedded document."""
+    link = entry.certificate
+    if link == UNVERIFIED:
+        return []
+    if not link.startswith("sha256:"):
+        return [f"run_start certificate {link!r} is neither a certificate id nor 'unverified'"]
     document = entry.payload.get("certificate_document")
-    if document is not None:
+    try:
+        raw = _plain(document) if document is not None else None
+        if raw is not None and not isinstance(raw, dict):
+            raise ContractError(f"it is a {type(raw).__name__}")
+        if raw is not None and raw.get("kind") != "CertificateEnvelope":
+            cert = from_dict(raw, AdmissionCertificate)
+            if store is None:
+                return ([] if cert.certificate_id == link else
+                        [f"the embedded certificate's id {cert.certificate_id} differs from the run's link"])
+            return [f"the run started under an UNSIGNED certificate ({cert.certificate_id[:19]}..., issued "
+                    f"{cert.issued_at}): no key vouches for it, so the run is not certified; "
+                    "certified runs embed a certificate signed by a key trusted for certify"]
+        if store is None:
+            unread = read_unverified(from_dict(raw, CertificateEnvelope)) if raw is not None else None
+            return ([] if unread is None or unread.certificate_id == link else
+                    [f"the embedded certificate's id {unread.certificate_id} differs from the run's link"])
+        envelope = from_dict(raw, CertificateEnvelope) if raw is not None else _stored_envelope(link, store)
+        if envelope is None:
+            return [_UNCHECKED]
         try:
-            raw = _plain(document)
-            cert = (read_unverified(from_dict(raw, CertificateEnvelope))
-                    if raw.get("kind") == "CertificateEnvelope" else from_dict(raw, AdmissionCertificate))
-            if cert.certificate_id != entry.certificate:
-                problems.append(f"the embedded certificate's id {cert.certificate_id} differs from the run's link")
-        except (ContractError, NotAdmittedError, AttributeError) as exc:
-            problems.append(f"embedded certificate is not a certificate document: {exc}")
+            cert, _ = open_envelope(envelope, store)
+        except NotAdmittedError as exc:
+            unchecked = read_unverified(envelope)
+            return [f"the run's certificate {unchecked.certificate_id[:19]}... is not signed by a key trusted for "
+                    f"certify ({'; '.join(exc.reasons)}): the run is not vouched for; trust the signer with "
+                    "`mixle-parallel keys trust --for certify` if you know it, else treat the run as unverified"]
+    except (ContractError, NotAdmittedError, AttributeError, TypeError) as exc:
+        return [f"embedded certificate is not a certificate document: {exc}"]
+    problems = []
+    if cert.certificate_id != link:
+        problems.append(f"the embedded certificate's id {cert.certificate_id} differs from the run's link")
+    if _later(cert.issued_at, entry.time):
+        problems.append(f"the run's certificate was issued at {cert.issued_at}, after the run started ({entry.time})")
     return problems
+
+
+_UNCHECKED = "unchecked"
+"""``_start_problems``' answer for a bare certificate id found nowhere: a warning, and the run is not counted as
+certified (the library's writers always embed the signed envelope; a bare id comes only from a hand call)."""
+
+
+def _later(issued_at: str, started: str) -> bool:
+    """True when a certificate's issue time is after the run's start (either unreadable: not judged here)."""
+    try:
+        return datetime.fromisoformat(issued_at) > datetime.fromisoformat(started)
+    except (TypeError, ValueError):
+        return False
+
+
+def _stored_envelope(link: str, store: TrustStore) -> CertificateEnvelope | None:
+    """The envelope with certificate id ``link`` in the trust store's local certificate store, if any."""
+    for envelope, cert, _ in CertificateStore(store.home).entries():
+        if cert.certificate_id == link:
+            return envelope
+    return None
 
 
 class _LedgerWalk:
     """The state of one pass over a ledger's entries: faults and warnings found, counts, the open run."""
 
-    def __init__(self, key: bytes | None, store: TrustStore) -> None:
+    def __init__(self, key: bytes | None, store: TrustStore, certificates: bool = True) -> None:
         self.key, self.store = key, store
+        self.certificates = certificates
+        """Check each run's certificate signature (the audit); a writer about to append checks only the chain."""
         self.faults: list[LedgerFault] = []
         self.warnings: list[str] = []
         self.counts = {"run_start": 0, "receipt": 0, "audit": 0}
+        self.unverified_runs = 0
+        self.unchecked_runs = 0
         self.run: _Run | None = None
         self.prev_hash = GENESIS
         self.count = 0
@@ -256,8 +330,18 @@ class _LedgerWalk:
                 self.warnings.append(
                     f"line {line}: a run started while the previous one had no run_end (resumed after a crash?)")
             self.run = _Run(entry.certificate)
-            for problem in _start_problems(entry):
-                fault(problem)
+            if entry.certificate == UNVERIFIED:
+                self.unverified_runs += 1
+            problems = _start_problems(entry, self.store if self.certificates else None)
+            if problems == [_UNCHECKED]:
+                self.unchecked_runs += 1
+                self.warnings.append(
+                    f"line {line}: the run names certificate {entry.certificate[:19]}... but embeds no signed "
+                    "certificate and none with that id is in the local certificate store: its signature was NOT "
+                    "checked (add the signed certificate to the store, or treat the run as unverified)")
+            else:
+                for problem in problems:
+                    fault(problem)
         elif self.run is None:
             fault(f"{entry.kind} entry before any run_start")
         else:
@@ -271,7 +355,7 @@ class _LedgerWalk:
         ``scan_receipt`` proved (a valid StepReceipt in a canonical line), without building the entry.
         """
         run, key, step, rank = self.run, self.key, scan.step, scan.rank
-        if (scan.seq != index or scan.prev != self.prev_hash or run is None or run.ended
+        if (scan.seq != index or scan.prev != self.prev_hash or run is None or run.ended or rank < 0
                 or scan.certificate != run.certificate or scan.payload_step != step
                 or (key is not None) != scan.hash.startswith("hmac-sha256:")
                 or hash_canonical(scan.canonical, key) != scan.hash or _link_problems(scan.extra, run.certificate)):
@@ -347,13 +431,13 @@ class _Head:
 
 
 def _walk(path: str | os.PathLike[str], key: bytes | None, require_end: bool, heads: list[_Head],
-          store: TrustStore) -> tuple[_LedgerWalk, list[LedgerFault]]:
+          store: TrustStore, certificates: bool = True) -> tuple[_LedgerWalk, list[LedgerFault]]:
     """One streaming pass over the ledger (one line in memory at a time): the walk and its end/head faults.
 
     A complete receipt line that ``scan_receipt`` reads and ``clean_receipt`` takes is done; every other line
     (another kind, anything non-canonical, any fault) is read by ``ledger_line`` and checked by ``check``.
     """
-    walk = _LedgerWalk(key, store)
+    walk = _LedgerWalk(key, store, certificates)
     torn: tuple[int, str] | None = None
     problems = 0
     try:  # a regular file, never through a link, never blocking on a planted FIFO or device
@@ -413,7 +497,8 @@ def verify_ledger(path: str | os.PathLike[str], *, key: bytes | None = None, req
                         "for them yet (a crash between an append and its head?)")
     signed_head = own.describe() if own is not None and own.fault(walk.count, 0) is None else ""
     return LedgerReport(str(path), walk.count, walk.counts["run_start"], walk.counts["receipt"],
-                        walk.counts["audit"], walk.keyed, tuple(faults), tuple(warnings), signed_head)
+                        walk.counts["audit"], walk.keyed, tuple(faults), tuple(warnings), signed_head,
+                        walk.unverified_runs, walk.unchecked_runs)
 
 
 def verify_for_append(path: str | os.PathLike[str], *, key: bytes | None,
@@ -423,7 +508,7 @@ def verify_for_append(path: str | os.PathLike[str], *, key: bytes | None,
     or truncated ledger is refused before a new run could seal it."""
     store = trust_store or TrustStore()
     own = _Head(head_path(path), "", store)
-    walk, end_faults = _walk(path, key, False, [own], store)
+    walk, end_faults = _walk(path, key, False, [own], store, certificates=False)
     faults = sorted(walk.faults + end_faults, key=lambda f: f.line)
     if faults:
         raise LedgerError(f"{path}: refusing to append: {faults[0]}; run `mixle-parallel audit {path}`")
