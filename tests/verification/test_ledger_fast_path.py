@@ -177,12 +177,24 @@ def test_the_receipt_pattern_gives_exactly_what_json_and_the_canonical_body_give
     ('"global_examples_observed":null', '"global_examples_observed":7'),  # fewer than local_examples (8)
     ('"microbatches":1', '"microbatches":0'), ('"optimizer":"sgd"', '"optimizer":"  "'),
     ('"step":0', '"step":-1'), ('"seq":', '"seq":-'), ('"seq":', '"seq":9007199254740992'),
+    ('"learning_rates":[]', '"learning_rates":[1]'), ('"learning_rates":[]', '"learning_rates":[1e400]'),
+    ('"learning_rates":[]', '"learning_rates":[-0.5]'), ('"learning_rates":[]', '"learning_rates":[0.10]'),
+    ('"learning_rates":[]', '"learning_rates":[0.1,]'),
 ])
 def test_the_receipt_pattern_declines_every_non_canonical_token_and_every_invalid_receipt(ledger, old, new):
     line = next(line for line in _lines(ledger) if '"kind":"receipt"' in line and '"step":0' in line)
     edited = line.replace(old, new, 1).encode() + b"\n"
     assert edited != line.encode() + b"\n"
     assert match_receipt(edited) is None and scan_receipt(edited) is None
+
+
+def test_learning_rates_read_by_the_pattern_are_what_the_strict_parser_reads(ledger):
+    line = next(line for line in _lines(ledger) if '"kind":"receipt"' in line and '"step":0' in line)
+    edited = line.replace('"learning_rates":[]', '"learning_rates":[0.001,0.5,0.0]', 1)
+    found = match_receipt(edited.encode() + b"\n")
+    assert found is not None
+    assert found.record["payload"]["receipt"]["data"]["learning_rates"] == [0.001, 0.5, 0.0]
+    assert receipt_from_document(found.record["payload"]["receipt"]).learning_rates == (0.001, 0.5, 0.0)
 
 
 @pytest.mark.parametrize("line", [

@@ -36,6 +36,7 @@ _OPTIONAL_INT = rb"(null|0|[1-9][0-9]{0,17})"  # optional_non_negative_int
 _NON_BLANK = rb'"( *[\x21\x23-\x5b\x5d-\x7e][\x20\x21\x23-\x5b\x5d-\x7e]*)"'  # non_empty_str: not only spaces
 _BOOL = rb"(true|false)"
 _OBJECT = rb"(\{[^{}\[\]]*\})"  # no nested container; parse_canonical decodes and checks it
+_RATES = rb"(\[[-0-9.e+,]*\])"  # a flat list of numbers; each checked further in Python (a float as its repr, >= 0)
 _INT_TOKEN = re.compile(_INT)
 
 
@@ -59,6 +60,20 @@ def _number(token: bytes) -> int | float:
     return value
 
 
+def _rates(token: bytes) -> list[float]:
+    """A ``learning_rates`` token as ``json.loads`` decodes it: floats written exactly as their ``repr``, each
+    finite and >= 0 (StepReceipt's validator); anything else (an int, ``1e400``) takes the strict path."""
+    if token == b"[]":
+        return []
+    values = []
+    for item in token[1:-1].split(b","):
+        value = _number(item)
+        if type(value) is not float or not value >= 0:
+            raise _NotCanonical
+        values.append(value)
+    return values
+
+
 def _object(token: bytes) -> dict[str, Any]:
     """A flat ``extra`` object, decoded and checked by ``parse_canonical``."""
     decoded = parse_canonical(token, LEDGER_LINE_LIMITS)
@@ -72,7 +87,7 @@ _FIELD_PATTERNS = {
     "microbatches": _POSITIVE, "accumulation_steps": _POSITIVE, "data_parallel_size": _POSITIVE,
     "collective_bytes": _NON_NEGATIVE, "loss": _NUMBER, "optimizer": _NON_BLANK, "precision": _NON_BLANK,
     "skipped": _BOOL, "extra": _OBJECT, "global_examples_observed": _OPTIONAL_INT,
-    "global_tokens_observed": _OPTIONAL_INT,
+    "global_tokens_observed": _OPTIONAL_INT, "learning_rates": _RATES,
 }
 """Each StepReceipt field's token, within the range its validator accepts; ``match_receipt`` unpacks them in
 sorted order (the canonical key order) and checks the one rule across fields (observed global >= local)."""
@@ -131,23 +146,26 @@ class ReceiptScan(NamedTuple):
     """The canonical encoding of every field but ``hash`` (the line less its ``hash`` member)."""
 
 
-def _valid(line: bytes) -> tuple[re.Match[bytes], dict[str, Any], dict[str, Any], int | float] | None:
+def _valid(line: bytes) -> tuple[re.Match[bytes], dict[str, Any], dict[str, Any], int | float, list[float]] | None:
     """The match of a canonical receipt line whose every token and receipt rule holds: with the receipt's
-    decoded ``extra``, the payload's ``extra`` and the loss. None when the line is not provably one."""
+    decoded ``extra``, the payload's ``extra``, the loss and the learning rates. None when the line is not
+    provably one."""
     found = RECEIPT_LINE.fullmatch(line) if RECEIPT_LINE is not None and len(line) <= _MAX_LINE else None
     if found is None:
         return None
-    outer, seen_examples, seen_tokens, local_examples, local_tokens, loss = found.group(3, 9, 10, 11, 12, 13)
+    outer, seen_examples, seen_tokens, rates, local_examples, local_tokens, loss = found.group(3, 9, 10, 11, 12, 13,
+                                                                                              14)
     try:
         inner = {} if found[8] == b"{}" else _object(found[8])
         payload_extra = {} if outer == b"{}" else _object(outer)
         value = _number(loss)
+        learning_rates = _rates(rates)
     except _NotCanonical:
         return None
     if ((seen_examples != b"null" and int(seen_examples) < int(local_examples))
-            or (seen_tokens != b"null" and int(seen_tokens) < int(local_tokens)) or not 0 <= int(found[21]) < 2**53):
+            or (seen_tokens != b"null" and int(seen_tokens) < int(local_tokens)) or not 0 <= int(found[22]) < 2**53):
         return None  # the strict path names the fault
-    return found, inner, payload_extra, value
+    return found, inner, payload_extra, value, learning_rates
 
 
 _HASH_KEY = len(b',"hash":"')
@@ -166,8 +184,8 @@ def scan_receipt(line: bytes) -> ReceiptScan | None:
     valid = _valid(line)
     if valid is None:
         return None
-    found, inner, _, _ = valid
-    certificate, hash_, rank, skipped, step, payload_step, prev, seq = found.group(1, 2, 4, 17, 18, 19, 20, 21)
+    found, inner, _, _, _ = valid
+    certificate, hash_, rank, skipped, step, payload_step, prev, seq = found.group(1, 2, 4, 18, 19, 20, 21, 22)
     return tuple.__new__(ReceiptScan, (  # the tuple itself: a NamedTuple's __new__ is a Python call, a million times
         certificate.decode("ascii"), hash_.decode("ascii"), prev.decode("ascii"), int(seq), int(rank),
         int(payload_step), int(step), skipped == b"true", inner, _canonical(line, found)))
@@ -181,16 +199,17 @@ def match_receipt(line: bytes) -> ReceiptLine | None:
     valid = _valid(line)
     if valid is None:
         return None
-    found, inner, outer_extra, loss = valid
+    found, inner, outer_extra, loss, learning_rates = valid
     (certificate, hash_, _, rank, accumulation_steps, collective_bytes, data_parallel_size, _, global_examples,
-     global_tokens, local_examples, local_tokens, _, microbatches, optimizer, precision, skipped, step,
+     global_tokens, _, local_examples, local_tokens, _, microbatches, optimizer, precision, skipped, step,
      payload_step, prev, seq, time) = found.groups()
     data: dict[str, Any] = {
         "accumulation_steps": int(accumulation_steps), "collective_bytes": int(collective_bytes),
         "data_parallel_size": int(data_parallel_size), "extra": inner,
         "global_examples_observed": None if global_examples == b"null" else int(global_examples),
         "global_tokens_observed": None if global_tokens == b"null" else int(global_tokens),
-        "local_examples": int(local_examples), "local_tokens": int(local_tokens), "loss": loss,
+        "learning_rates": learning_rates, "local_examples": int(local_examples),
+        "local_tokens": int(local_tokens), "loss": loss,
         "microbatches": int(microbatches), "optimizer": optimizer.decode("ascii"),
         "precision": precision.decode("ascii"), "skipped": skipped == b"true", "step": int(step)}
     payload = {"extra": outer_extra, "rank": int(rank),
