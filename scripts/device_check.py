@@ -10,7 +10,7 @@ the work. Parts, each a child process with its own time limit, its output append
    the CPU and scikit-learn, 10M x 8, K=8: time to a converged fit, log-likelihood reached).
 4. ``bf16``: ``mixle-parallel certify`` of ``torch_native`` on one rank at bf16 (on the GPU: the harness's
    single-process fp32 reference against the executor in bf16), the errors per update that certificate holds.
-5. ``in_situ``: ``torchrun`` of ``scripts/device_insitu_job.py`` on a fresh trust store: ``prepare`` certifies
+5. ``in_situ``: ``torchrun`` of ``scripts/device_in_situ_job.py`` on a fresh trust store: ``prepare`` certifies
    ``torch_native`` in situ on the GPU before its first step.
 
 Without CUDA, parts 3-5 are reported as ``not run (no device)`` and the check exits 0; ``--cpu-dry-run`` runs
@@ -149,7 +149,7 @@ class Check:
         env = dict(self.env, MIXLE_PARALLEL_HOME=tempfile.mkdtemp(prefix="device-check-home-"))
         ranks = "1" if cuda else "2"  # one GPU is already a device mesh; on the CPU a mesh needs two ranks
         argv = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"])
-        code, _ = self.run("in_situ", [*argv, "--nproc-per-node", ranks, "scripts/device_insitu_job.py",
+        code, _ = self.run("in_situ", [*argv, "--nproc-per-node", ranks, "scripts/device_in_situ_job.py",
                                        str(report)], env=env)
         found = json.loads(report.read_text(encoding="utf-8")) if report.is_file() else {}
         report.unlink(missing_ok=True)

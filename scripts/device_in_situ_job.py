@@ -1,6 +1,6 @@
 """A launched torch_native run with no certificate: ``prepare`` certifies it in situ before the first step.
 
-    torchrun --nproc-per-node N scripts/device_insitu_job.py OUT.json
+    torchrun --nproc-per-node N scripts/device_in_situ_job.py OUT.json
 
 Run by ``scripts/device-check`` on a fresh trust store: on a GPU each rank drives ``cuda:LOCAL_RANK``
 (world 1 on one GPU is already a real device mesh, so the gate needs a certificate and makes one on the
@@ -65,5 +65,5 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        raise SystemExit("usage: torchrun --nproc-per-node N scripts/device_insitu_job.py OUT.json")
+        raise SystemExit("usage: torchrun --nproc-per-node N scripts/device_in_situ_job.py OUT.json")
     main(sys.argv[1])
