@@ -102,6 +102,6 @@ def probe_at_prepare(backend: Any, module: nn.Module, plan: ParallelPlan, precis
             "rank-dependent backward?) or run with admission='unverified' to record that no one vouches for it"))
     _PROBED[key] = outcome
     text = f"{outcome.outcome}: {outcome.reason}"
-    if outcome.outcome != "passed":
+    if outcome.outcome != "passed" and dist.get_rank() == 0:  # every rank's receipt says it; rank 0 logs it once
         _log.warning("mixle-parallel: module probe %s", text)
     return attrs.evolve(decision, probe=text)
