@@ -10,6 +10,7 @@ certification, and their collectives met and crashed (gloo ``RuntimeError``). No
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -32,6 +33,8 @@ def _torchrun_logged(out: pathlib.Path, homes: list[pathlib.Path], model: str) -
     out.mkdir(parents=True)
     env = child_env()
     env.pop("MIXLE_PARALLEL_CERTIFICATE", None)
+    # the job imports tests.launchers._in_situ_job: the repository root on its path, as pytest's own
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(JOB.parents[2]), env.get("PYTHONPATH", "")) if p)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(JOB), str(out), model, *map(str, homes)], env=env, capture_output=True, text=True,
                           timeout=600)
