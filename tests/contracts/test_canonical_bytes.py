@@ -27,7 +27,7 @@ STATISTIC_DIGESTS = {
 
 
 def _checksum_cases() -> dict:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch is the optional [torch] extra")
     return {
         "tree": {"b": [1, 2.5, None, True, "x\u00e9", b"\x01"], 2: (np.float64(0.5), np.bool_(True), np.int32(-7)),
                  "a": {}},

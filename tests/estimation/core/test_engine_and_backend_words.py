@@ -16,7 +16,7 @@ from mixle_parallel.executors.estimation.models import GaussianEstimator
 
 
 def test_both_keywords_are_mixles():
-    mixle = pytest.importorskip("mixle.utils.parallel")
+    mixle = pytest.importorskip("mixle.utils.parallel", reason="mixle is the optional [mixle] extra")
     ours, theirs = inspect.signature(encoded_data).parameters, inspect.signature(mixle.encoded_data).parameters
     assert {"engine", "backend"} <= set(ours) and {"engine", "backend"} <= set(theirs)
     assert EM_ENGINES == ("numpy", "torch")
