@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ....contracts.bounded_json import CHECKPOINT_STATE_LIMITS, parse_object, read_limited
 from ....contracts.estimation import canonical_statistic_bytes, statistic_digest
 from ..em_pass.chunks import GroupFold, chunk_estep
 from ..em_pass.combine_order import GroupStats, combine_groups, fold_group
@@ -194,8 +195,9 @@ class ResilientMPEncodedData(ChunkedEncodedData):
     def _load(self, estimator: Any) -> dict[str, Any] | None:
         if self.checkpoint_path is None or not os.path.exists(self.checkpoint_path):
             return None
-        with open(self.checkpoint_path, encoding="utf-8") as f:
-            doc = json.load(f)
+        what = f"EM checkpoint {self.checkpoint_path}"  # a regular file, within its limit, strict JSON (safe_read)
+        doc = parse_object(read_limited(self.checkpoint_path, CHECKPOINT_STATE_LIMITS, what=what),
+                           CHECKPOINT_STATE_LIMITS, what=what)
         if doc.get("kind") != CHECKPOINT_KIND:
             raise ValueError(f"{self.checkpoint_path} is not an EM checkpoint (kind {doc.get('kind')!r})")
         if doc["identity"] != self._identity(estimator):

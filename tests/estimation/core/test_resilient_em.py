@@ -86,3 +86,21 @@ def test_a_driver_killed_mid_pass_resumes_from_its_checkpoint_on_the_same_bits(t
     assert final["iteration"] == 4 and final["running"] is None
     assert len({p["digest"] for p in final["passes"]}) == 4
     assert np.isfinite(float.fromhex(final["passes"][-1]["log_likelihood"]))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("plant", ["fifo", "link"])
+def test_a_planted_checkpoint_is_refused_at_once_naming_it(tmp_path, plant):
+    """The EM checkpoint is read like every stored file: a FIFO or a link in its place is refused, never opened
+    (a FIFO would block the read forever)."""
+    from mixle_parallel.contracts.safe_read import UnsafeFileError
+
+    ckpt = tmp_path / "fit.json"
+    if plant == "fifo":
+        os.mkfifo(ckpt)
+    else:
+        (tmp_path / "elsewhere.json").write_text("{}")
+        ckpt.symlink_to(tmp_path / "elsewhere.json")
+    with ResilientMPEncodedData(data()[:2000], estimator=EST, num_workers=1, checkpoint=str(ckpt)) as handle:
+        with pytest.raises(UnsafeFileError, match="fit.json"):
+            handle.fit(EST, start_model(), max_its=1)
