@@ -53,6 +53,72 @@ def test_vector_rows_from_an_array_column_equal_the_rows_in_memory(spark_context
     assert em_case.signature(on_spark) == em_case.signature(in_memory)
 
 
+@pytest.mark.parametrize("kinds", [("double",), ("double", "float", "int", "long"), ("int", "short")],
+                         ids=["one-double", "mixed", "integers"])
+def test_numeric_columns_read_through_arrow_are_the_rows_the_row_path_reads(spark_context, tmp_path, kinds):
+    """Plain numeric columns are read with ``mapInArrow`` (no ``Row`` per record): each partition's array has the
+    Row path's dtype, shape and bits, so a fit of a Parquet table is the fit of the same rows in memory."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import SparkSession
+
+    from mixle_parallel.executors.estimation.sources.spark_rows import _arrow_rows, _row_reader
+
+    spark = SparkSession(spark_context)
+    rng = np.random.default_rng(7)
+    n = 1000
+    types = {"double": (pa.float64(), lambda: rng.normal(0, 3, n)),
+             "float": (pa.float32(), lambda: rng.normal(0, 3, n).astype(np.float32)),
+             "int": (pa.int32(), lambda: rng.integers(-50, 50, n).astype(np.int32)),
+             "short": (pa.int16(), lambda: rng.integers(-50, 50, n).astype(np.int16)),
+             "long": (pa.int64(), lambda: rng.integers(-50, 50, n))}
+    table = pa.table({f"c{j}": pa.array(types[k][1](), types[k][0]) for j, k in enumerate(kinds)})
+    pq.write_table(table, str(tmp_path / "rows.parquet"), row_group_size=300)
+    frame = spark.read.parquet(str(tmp_path / "rows.parquet")).repartition(3)
+    frame = frame.cache()
+    arrow = _arrow_rows(frame)
+    assert arrow is not None
+    via_arrow = arrow.glom().collect()
+    via_rows = frame.rdd.glom().map(lambda rows: rows).collect()
+    read = _row_reader(frame.schema)
+    assert len(via_arrow) == len(via_rows) == 3
+    for blocks, records in zip(via_arrow, via_rows):
+        got, want = (np.concatenate(blocks) if blocks else np.empty((0,))), read(records)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.tobytes() == want.tobytes()
+
+
+def test_a_null_in_a_numeric_column_is_refused_naming_the_column(spark_context, tmp_path):
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession(spark_context)
+    frame = spark.createDataFrame([(1.0, 2.0), (None, 3.0), (4.0, 5.0)], "a double, b double")
+    with pytest.raises(Exception, match=r"column 'a' holds 1 null\(s\)"):
+        source_case.run(frame, "spark", None, client=spark_context)
+
+
+def test_a_parquet_table_read_as_a_dataframe_fits_the_bits_of_its_rows_in_memory(spark_context, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import SparkSession
+
+    from mixle_parallel import MixtureEstimator, MultivariateGaussianEstimator, fit
+
+    spark = SparkSession(spark_context)
+    rng = np.random.default_rng(11)
+    rows = np.concatenate([rng.normal(-3, 1, (400, 2)), rng.normal(3, 1, (400, 2))])
+    pq.write_table(pa.table({"x": rows[:, 0], "y": rows[:, 1]}), str(tmp_path / "t.parquet"))
+    frame = spark.read.parquet(str(tmp_path / "t.parquet")).coalesce(1)
+    kwargs = dict(max_its=5, delta=None, seed=3, chunk_size=100, progress=False, admission="unverified")
+
+    def est():
+        return MixtureEstimator([MultivariateGaussianEstimator(dim=2) for _ in range(2)])
+
+    on_spark = fit(frame, est(), backend="spark", client=spark_context, **kwargs)
+    in_memory = fit(rows, est(), backend="local", num_workers=1, **kwargs)
+    assert em_case.signature(on_spark) == em_case.signature(in_memory)
+
+
 @pytest.mark.parametrize("layout", ["one_npy", "parquet"])
 @pytest.mark.parametrize("n", [1, 2])
 def test_files_are_read_by_the_executors(spark_context, tmp_path, layout, n):
