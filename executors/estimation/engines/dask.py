@@ -19,38 +19,33 @@ When a worker dies its actor is gone (a call in flight fails with ``OSError``, l
 the driver, loads the lost ones into live actors (the least-loaded survivor, or a fresh actor on a
 replacement worker the cluster started) and recomputes them, as those of a straggler (``dask_channel``,
 dropped from the cluster); a pass no worker finishes within ``timeout`` seconds raises ``WorkerTimeoutError``.
+The actor calls themselves are ``dask_calls``; work placed on chosen workers (the audit's) is ``dask_placement``.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import pickle
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ....contracts.resources import local_cpu_count
-from ..em_pass.chunks import (
-    WorkerLostError,
-    WorkerTask,
-    WorkerTimeoutError,
-    WorkerUnavailableError,
-    check_tasks,
-)
+from ..em_pass.chunks import WorkerLostError, WorkerTimeoutError
 from ..handle import handle_from_runner
 from ..options import EncodedDataOptions
 from .backend_declaration import refuse_for_runner
-from .channel import ChannelClient, ChannelOffer, collect_replies
+from .channel import ChannelClient, ChannelOffer
 from .chunk_assignment import home_blocks, ordered_results, requested_ids
-from .dask_channel import ACTOR_START_S, POLL_S, DirectPasses, call_outcomes, channel_host
+from .dask_channel import ACTOR_START_S, channel_host
 from .dask_holder import (
     DaskChunkHolder,
     dask_config_for_em,
     pack_for_holder,
     work_for_holder,
 )
+from .dask_placement import PlacedRuns
 from .dask_tasks import DaskTaskRunner, is_task_only_client, scheduler_workers
-from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_straggler_timeout, check_timeout
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_straggler_timeout, check_timeout
 from .main_guard import require_main_guard
 from .optional_engine import require_engine
 from .wire_bytes import WireBytes
@@ -60,17 +55,7 @@ __all__ = ["DaskChunkHolder", "DaskRunner", "DaskTaskRunner", "channel_host", "d
 _log = logging.getLogger(__name__)
 
 
-class _PlacedCalls(NamedTuple):
-    """The calls of one placed run: dask calls pending (worker -> (address, future)), pass channels sent to,
-    the chunk ids of each dask call, and the orphaned chunks each worker keeps."""
-
-    pending: dict[int, tuple[str, Any]]
-    direct: dict[int, ChannelClient]
-    sent: dict[int, list[int]]
-    adopted: dict[int, list[int]]
-
-
-class DaskRunner(DirectPasses):
+class DaskRunner(PlacedRuns):
     """Chunk runner over a dask.distributed ``Client`` (given, or a ``LocalCluster`` it owns)."""
 
     name = "dask"
@@ -257,123 +242,6 @@ class DaskRunner(DirectPasses):
                 self._where[i] = target
         self.recoveries += len(chunk_ids)
 
-    # -- calls --------------------------------------------------------------------------------
-    def _invoke(self, address: str, method: str, *args: Any) -> Any:
-        """Start ``method(*args)`` on the actor of ``address``; None when that actor is already gone."""
-        actor = self._actors.get(address)
-        if actor is None or not self._alive(address):
-            return None
-        try:
-            call = getattr(actor, method)(*args)
-        except Exception:  # noqa: BLE001 - the handle refuses calls once its worker is lost
-            return None
-        if method == "run":  # a pass through dask's RPC: the task, work and borrowed chunks, all bytes
-            self.wire.count_sent(*args)
-        return call
-
-    def _await(self, address: str, call: Any, deadline: Deadline, what: str) -> Any:
-        """The value of a (non-``run``) actor call; None when its worker was lost; past the deadline
-        ``WorkerTimeoutError`` saying the worker did not ``what``."""
-        while call is not None:
-            if call.done():
-                try:
-                    return call.result()
-                except Exception as exc:  # noqa: BLE001 - the call failed: the worker is gone
-                    _log.warning("dask: worker %s was lost during a call (%r)", address, exc)
-                    break
-            if not self._alive(address):
-                break
-            if deadline.expired():
-                raise WorkerTimeoutError(
-                    f"dask worker {address} did not {what} within {self.timeout} s; "
-                    "raise timeout= (seconds) or restart it"
-                )
-            self._wait_some([call], deadline)
-        self._forget(address)
-        return None
-
-    def _settle(self, pending: dict[Any, tuple[Any, ...]], deadline: Deadline, timed_out: Callable[[], Exception],
-                clock: StragglerClock | None = None) -> Any:
-        """Yield ``(key, entry, values)`` as the calls of ``pending`` (key -> ``(address, call, ...)``)
-        settle, removing each; ``values`` is None when the worker was lost (then forgotten), or outrun by the
-        straggler ``clock`` (then also dropped). The caller may add calls between yields. When nothing settles
-        by the deadline, raises ``timed_out()``.
-
-        One hand-off to the client's event loop waits for every pending call at once (up to the poll
-        interval) and brings back the outcomes of those that finished: each ``ActorFuture.result()``
-        would be a hand-off of its own, three or four per pass."""
-        while pending:
-            calls = {key: entry[1] for key, entry in pending.items() if entry[1] is not None}
-            remaining = deadline.remaining()
-            wait = POLL_S if remaining is None else min(POLL_S, remaining)
-            outcomes = self.client.sync(call_outcomes, calls, wait) if calls else {}
-            progressed = False
-            outrun = clock is not None and not outcomes and clock.due()
-            for key, entry in list(pending.items()):
-                address, call = entry[0], entry[1]
-                if key in outcomes:
-                    values = self._decode(address, *outcomes[key])
-                elif call is None or not self._alive(address):
-                    values = None
-                elif outrun and address in self._answered:
-                    self._outrun(address, list(entry[2]) if len(entry) > 2 else [])  # (address, call, chunk ids)
-                    values = None
-                else:
-                    continue
-                del pending[key]
-                progressed = True
-                if values is None:
-                    self._forget(address)
-                elif clock is not None:
-                    self._answered.add(address)
-                    clock.answered()
-                yield key, entry, values
-            if outrun and clock is not None:
-                clock.restart() if progressed else clock.disarm()
-            if pending and not progressed and deadline.expired():
-                raise timed_out()
-
-    def _decode(self, address: str, ok: bool, value: Any) -> Any:
-        """A finished ``run`` call's results; None when the call failed (its worker is gone); ``fn``'s
-        own error is raised."""
-        if not ok:
-            _log.warning("dask: worker %s was lost during a call (%r)", address, value)
-            return None
-        self.wire.count_received(value)
-        status, result = pickle.loads(value)
-        if status == "raised":
-            raise result
-        return result
-
-    @staticmethod
-    def _wait_some(calls: list[Any], deadline: Deadline) -> None:
-        """Block until the first unfinished call finishes, the poll interval passes, or the deadline."""
-        remaining = deadline.remaining()
-        wait = POLL_S if remaining is None else min(POLL_S, remaining)
-        for call in calls:
-            if call is not None and not call.done():
-                try:
-                    call.result(timeout=wait)
-                except Exception:  # noqa: BLE001 - timeouts and failures are read by the caller
-                    pass
-                return
-
-    def _check_losses(self, losses: int, chunk_ids: Sequence[int]) -> None:
-        """Give up a pass whose workers keep dying (``max_recoveries`` losses)."""
-        if losses > self.max_recoveries:
-            raise WorkerLostError(
-                f"dask lost chunks {sorted(chunk_ids)} {losses} times in one pass (workers keep dying); "
-                "check the workers' memory limits and logs"
-            )
-
-    def _pass_timeout(self, hung: Mapping[str, Sequence[int]]) -> WorkerTimeoutError:
-        """The error of a pass whose workers (address -> chunk ids owed) did not answer in time."""
-        return WorkerTimeoutError(
-            f"dask worker(s) {sorted(hung)} did not return chunk(s) {sorted(i for ids in hung.values() for i in ids)} "
-            f"within {self.timeout} s; a worker is hung or overloaded. Raise timeout= (seconds) or restart the "
-            "hung worker."
-        )
-
     # -- data passes --------------------------------------------------------------------------
     def map_chunks(
         self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None
@@ -422,117 +290,6 @@ class DaskRunner(DirectPasses):
             next(self._calls): (address, self._invoke(address, "run", task, work_for_holder(wids)), wids)
             for address, wids in sorted(by_worker.items())
         }
-
-    # -- placement (the SDC audit recomputes a chunk on a chosen worker) -----------------------
-    def worker_ids(self) -> list[int]:
-        """Ids (positions in the worker list fixed at start) of the workers whose holder is alive.
-
-        Read from the holders' futures, which the scheduler turns to ``error`` when it loses a worker:
-        no round trip (asking the scheduler each time cost ~1 ms, and an audited pass asks 4-5 times);
-        a worker lost a moment ago that still reads as alive fails its next call, which recovers."""
-        return [i for i, address in enumerate(self._workers) if self._alive(address)]
-
-    def chunk_owners(self) -> list[int]:
-        """The worker id each chunk is resident on (-1 for a chunk re-placed on a worker not in the list)."""
-        index = {address: i for i, address in enumerate(self._workers)}
-        return [index.get(address, -1) for address in self._where]
-
-    def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
-        """One actor call per chosen worker; chunks it does not hold are sent from the driver's copy and
-        not kept, except a chunk whose holder died, which stays on the (first) worker that computes it.
-        A chosen worker that is gone, or dies meanwhile, raises ``WorkerUnavailableError``."""
-        checked = check_tasks(tasks, len(self._chunks), self.worker_ids(), self.name)
-        deadline = Deadline(self.timeout)
-        calls = self._send_placed(checked)
-        values = self._collect_placed(checked, calls, deadline)
-        return {w: [values[w][i] for i in t.chunk_ids] for w, t in checked.items()}
-
-    def _send_placed(self, checked: dict[int, WorkerTask]) -> _PlacedCalls:
-        """Send each chosen worker its task: over its pass channel, or as a dask call (orphaned chunks it keeps)."""
-        calls = _PlacedCalls({}, {}, {}, {})
-        self._lent = []  # the chunks lent in the last pass are in their borrowers' hands or done with
-        for w, t in sorted(checked.items()):
-            if not t.chunk_ids:
-                continue
-            address = self._workers[w]
-            task = pack_for_holder((t.fn, t.payload), task=True)
-            ids = list(t.chunk_ids)
-            packed = {i: self._packed(i, address) for i in dict.fromkeys(ids) if self._where[i] != address}
-            borrowed = {i: blob for i, blob in packed.items() if blob is not None}
-            if len(borrowed) < len(packed):  # the worker is gone, or was given up while chunks were moved there
-                calls.sent[w], calls.pending[w] = ids, (address, None)
-                continue
-            orphans = [
-                i
-                for i in dict.fromkeys(borrowed)
-                if not self._alive(self._where[i]) and all(i not in kept for kept in calls.adopted.values())
-            ]
-            calls.adopted[w] = orphans
-            # over the holder's pass channel, borrowed chunks included, unless a dead holder's chunks are
-            # to stay here (that goes through dask); one call either way, so one thread computes
-            channel = None if orphans else self._channel_for(address)  # opened here when no plain pass came first
-            if channel is not None and channel.send(task, ids, borrowed):
-                calls.direct[w] = channel
-                calls.sent[w] = []
-                continue
-            calls.sent[w] = ids
-            calls.pending[w] = (
-                address,
-                self._invoke(address, "run", task, work_for_holder(ids, orphans), *([borrowed] if borrowed else [])),
-            )
-        return calls
-
-    def _collect_placed(self, checked: dict[int, WorkerTask], calls: _PlacedCalls,
-                        deadline: Deadline) -> dict[int, dict[int, Any]]:
-        """Every chosen worker's results by chunk id; lost workers raise ``WorkerUnavailableError``."""
-        values: dict[int, dict[int, Any]] = {w: {} for w in checked}
-        clock = self._straggler_clock()
-        answered = {w for w in calls.direct if self._workers[w] in self._answered}
-        got, closed, hung, outrun = collect_replies(calls.direct, deadline.remaining, clock, answered)
-        for w in outrun:  # a straggler among workers that answered: lost to this placed run, like a dead one
-            self._outrun(self._workers[w], list(checked[w].chunk_ids))
-        if hung:
-            raise WorkerTimeoutError(
-                f"dask worker(s) {[self._workers[w] for w in hung]} did not return chunks "
-                f"within {self.timeout} s; raise timeout= (seconds) or restart it"
-            )
-        for w, (ids, entries) in got.items():
-            values[w].update(zip(ids, entries))
-            self._answered.add(self._workers[w])
-        dead: list[int] = list(closed) + list(outrun)
-        for w in dead:
-            self._drop_channel(self._workers[w])
-
-        def timed_out() -> WorkerTimeoutError:
-            w = min(calls.pending)
-            return WorkerTimeoutError(
-                f"dask worker {self._workers[w]} did not return chunks "
-                f"{list(checked[w].chunk_ids)} within {self.timeout} s; "
-                "raise timeout= (seconds) or restart it"
-            )
-
-        for w, (address, _), entries in self._settle(calls.pending, deadline, timed_out, clock):
-            if entries is None:
-                dead.append(w)
-                continue
-            values[w].update(zip(calls.sent[w], entries))
-            for i in calls.adopted[w]:
-                self._where[i] = address
-            self.recoveries += len(calls.adopted[w])
-        if dead:
-            dead = sorted(set(dead))
-            for w in dead:
-                self._forget(self._workers[w])
-            raise WorkerUnavailableError(
-                dead, f"dask worker(s) {[self._workers[w] for w in dead]} were lost while computing chosen chunks"
-            )
-        return values
-
-    def compute_on(
-        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
-    ) -> list[Any]:
-        """``fn`` over ``chunk_ids`` on worker ``worker``."""
-        return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
 
     # -- lifetime -----------------------------------------------------------------------------
     def worker_pids(self) -> dict[int, int]:
