@@ -11,20 +11,16 @@ tests of issue 23 require); the launcher then ends the other ranks.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 from ..contracts import NotAdmittedError, ParallelPlan, comm_backend_for
 from ..verification.admission import AdmissionDecision, AutoCertify, require_admission
 from ..verification.capability import active_harness_capability
-from ..verification.keys import TrustStore, TrustStoreError
+from ..verification.rank_agreement import AdmissionView, Gate, may_certify_in_situ
+from ..verification.rank_agreement import agreed_decision as shared_agreed_decision
 
 __all__ = ["admit_training", "agreed_decision"]
-
-_CHECK = re.compile(r"check '([a-z_]+)' failed")
-
-Gate = Callable[[AutoCertify | None], AdmissionDecision]
 
 
 def admit_training(executor: Any, plan: ParallelPlan, precision: str, *, certificate: Any, admission: Any,
@@ -55,60 +51,23 @@ def admit_training(executor: Any, plan: ParallelPlan, precision: str, *, certifi
         try:  # a rank its own store refuses, with no in-situ certification possible, refuses before any group
             gate(None)
         except NotAdmittedError:
-            if not _may_certify(auto_certify):
+            if not may_certify_in_situ(auto_certify):
                 return gate(auto_certify)  # refuses again, naming why it may not certify here (the policy)
         ensure_group()
     return agreed_decision(gate, auto_certify)
 
 
-def _may_certify(auto_certify: AutoCertify | None) -> bool:
-    if auto_certify is None:
-        return False
-    try:
-        return TrustStore().automatic_certification_refusal() is None
-    except TrustStoreError:
-        return False
+def _all_gather(view: AdmissionView) -> list[AdmissionView]:
+    """Every rank's view on every rank: one ``all_gather_object`` on the default process group."""
+    import torch.distributed as dist
 
-
-def _view(decision: AdmissionDecision | None, refusal: NotAdmittedError | None, may_certify: bool) -> dict[str, Any]:
-    """What a rank would do, in terms every rank can compare (no paths, which differ between ranks' homes)."""
-    if decision is not None:
-        return {"mode": decision.mode.value, "certificate": decision.certificate_id}
-    checks = sorted({m.group(1) for reason in (refusal.reasons if refusal else ()) for m in _CHECK.finditer(reason)})
-    return {"mode": "refused", "checks": checks, "may_certify_in_situ": may_certify}
-
-
-def _describe(view: dict[str, Any]) -> str:
-    if view["mode"] == "refused":
-        return (f"refused ({', '.join(view['checks']) or 'no reason named'}"
-                + ("; would certify in situ" if view["may_certify_in_situ"] else "; may not certify in situ") + ")")
-    return view["mode"] + (f" under certificate {view['certificate'][:19]}..." if view["certificate"] else "")
+    views: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, view)
+    return views
 
 
 def agreed_decision(gate: Gate, auto_certify: AutoCertify | None) -> AdmissionDecision:
-    """Every rank of the default process group: this rank's decision without certifying, every rank's view of it
-    gathered (one ``all_gather_object``), then the shared decision, in-situ certification on every rank together
-    when all found none and all may certify, or the same ``NotAdmittedError`` on every rank."""
-    import torch.distributed as dist
-
-    decision: AdmissionDecision | None = None
-    refusal: NotAdmittedError | None = None
-    try:
-        decision = gate(None)
-    except NotAdmittedError as exc:
-        refusal = exc
-    mine = _view(decision, refusal, _may_certify(auto_certify) if refusal is not None else False)
-    views: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(views, mine)
-    if any(view != views[0] for view in views):
-        raise NotAdmittedError((
-            "check 'agreement' failed: the ranks of this run reached different admission decisions, so none of them "
-            "starts (their collectives would not match): "
-            + "; ".join(f"rank {rank}: {_describe(view)}" for rank, view in enumerate(views)),
-            "give every rank the same trust store and certificate (MIXLE_PARALLEL_HOME, MIXLE_PARALLEL_CERTIFICATE, "
-            "certificate=/admission=) and the same policy, then launch again"))
-    if decision is not None:
-        return decision
-    # every rank was refused alike: all may certify, and do so in situ together; or none may, and each refuses
-    # again naming why (the policy), with no collective
-    return gate(auto_certify)
+    """Every rank of the default process group: the shared comparison of ``verification.rank_agreement`` over
+    one ``all_gather_object``; the shared decision, in-situ certification on every rank together, or the same
+    ``NotAdmittedError`` on every rank."""
+    return shared_agreed_decision(gate, auto_certify, _all_gather)

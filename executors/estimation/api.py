@@ -131,7 +131,7 @@ def _create(data: Any, backend: str, options: EncodedDataOptions, verification: 
     workers, world = declaration.planned_world(options)
     options = capped_workers(declaration, options, workers)
     decision, certificate = admit_encoded_data(declaration.key, admission=verification.admission, workers=workers,
-                                               world_size=world)
+                                               world_size=world, options=options)
     if builtin_backend_name(factory) is not None:  # a built-in declares its world in its engine module
         handle, started = factory(data, **options.as_kwargs()), frozenset[int]()
     else:

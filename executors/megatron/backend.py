@@ -26,6 +26,7 @@ from ...contracts import (
 )
 from ...verification.in_situ import ProbeOutcome
 from ..torch.health import SessionHealth
+from ..torch.probe_gate import probe_not_run
 from ..training_admission import admit_training
 from ..training_in_situ import in_situ_certifier
 from ..training_options import MEGATRON, TrainOptions
@@ -128,6 +129,7 @@ class MegatronBackend:
                                   device=device, auto_certify=in_situ_certifier(
                                       BACKEND_NAME, plan, precision, device=device, ensure_group=lambda: None,
                                       probe=lambda: ProbeOutcome("skipped", MEGATRON_PROBE_SKIPPED)))
+        admitted = probe_not_run(admitted, plan, MEGATRON_PROBE_SKIPPED)  # in every receipt, and logged first
         rank, world = dist.get_rank(), dist.get_world_size()
         attestation = attest_worker_coordinate(plan, actual_world_size=world, rank=rank)
         with cpu_compat(device):

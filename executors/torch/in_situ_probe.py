@@ -8,7 +8,10 @@ tolerance). It checks the executor's gradient path on the user's module (its hoo
 functions, the reduction), not the user's loss function or data. It is skipped, with the reason
 recorded in the certificate, when no one-rank recomputation is possible: the module is split by
 tensor or context parallelism, holds meta parameters, is too large for one rank, or its first layer
-is neither ``nn.Linear`` nor ``nn.Embedding`` (no input can be synthesized).
+is none of ``nn.Linear``, ``nn.Embedding``, ``nn.LayerNorm``, ``nn.RMSNorm``, ``nn.BatchNorm1d``, ``nn.Conv1d``,
+``nn.Conv2d`` (no input can be synthesized). The recomputation runs the forward on each rank's share of each
+accumulation step separately, as the executor does, so a layer whose output depends on its batch (batch
+normalization) is compared with what it should compute, not with one global batch's statistics.
 """
 
 from __future__ import annotations
@@ -49,15 +52,35 @@ def _skip_reason(module: nn.Module, plan: ParallelPlan) -> str | None:
     return None
 
 
+SPATIAL = 8
+"""Length of each spatial dimension of a synthesized convolution input, beyond the kernel's reach."""
+
+_NORMS = (nn.LayerNorm, nn.RMSNorm)
+
+
+def _spatial(conv: nn.Conv1d | nn.Conv2d) -> tuple[int, ...]:
+    """A small spatial size every kernel of ``conv`` fits into (its dilated reach, plus ``SPATIAL``)."""
+    return tuple((k - 1) * d + SPATIAL for k, d in zip(conv.kernel_size, conv.dilation))
+
+
 def _synthesized_input(module: nn.Module, rows: int, generator: torch.Generator) -> torch.Tensor | str:
-    """Seeded inputs for the module's first parameterized layer, or why none can be made."""
+    """Seeded inputs for the module's first parameterized layer, or why none can be made: token ids for
+    ``nn.Embedding``; features for ``nn.Linear``, ``nn.LayerNorm``/``nn.RMSNorm`` (their normalized shape) and
+    ``nn.BatchNorm1d``; channels over a small spatial size for ``nn.Conv1d``/``nn.Conv2d``."""
     first = next((m for m in module.modules() if not list(m.children()) and list(m.parameters(recurse=False))), None)
     if isinstance(first, nn.Embedding):
         return torch.randint(0, first.num_embeddings, (rows, 4), generator=generator)
     if isinstance(first, nn.Linear):
         return torch.randn(rows, first.in_features, generator=generator)
+    if isinstance(first, _NORMS) and first.normalized_shape is not None:
+        return torch.randn(rows, *first.normalized_shape, generator=generator)
+    if isinstance(first, nn.BatchNorm1d):
+        return torch.randn(rows, first.num_features, generator=generator)
+    if isinstance(first, (nn.Conv1d, nn.Conv2d)):
+        return torch.randn(rows, first.in_channels, *_spatial(first), generator=generator)
     kind = type(first).__name__ if first is not None else "no layer"
-    return f"the module's first layer is {kind}: the probe synthesizes inputs for nn.Linear or nn.Embedding only"
+    return (f"the module's first layer is {kind}: the probe synthesizes inputs for nn.Linear, nn.Embedding, "
+            "nn.LayerNorm, nn.RMSNorm, nn.BatchNorm1d, nn.Conv1d and nn.Conv2d only")
 
 
 def _probe_loss(module: nn.Module, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +97,7 @@ def _global_batch(module: nn.Module, plan: ParallelPlan) -> tuple[torch.Tensor, 
         return inputs
     try:
         with torch.no_grad():
-            out = copy.deepcopy(module)(inputs[:1])
+            out = copy.deepcopy(module)(inputs[:ROWS_PER_CALL])
     except Exception as exc:  # noqa: BLE001 - a module that takes other inputs is skipped, saying why
         return f"the module's forward on a synthesized {tuple(inputs.shape)} input raised {type(exc).__name__}: {exc}"
     if not isinstance(out, torch.Tensor) or not out.is_floating_point():
@@ -118,14 +141,25 @@ def _full(grad: torch.Tensor) -> torch.Tensor:
     return tensor.detach().float().cpu()
 
 
-def _reference_gradients(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The gradient of the global-batch mean loss on a plain copy of the module, in this one process."""
+def _reference_gradients(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
+                         plan: ParallelPlan) -> dict[str, torch.Tensor]:
+    """The gradient of the global-batch mean loss on a plain copy of the module, in this one process: the forward
+    on each data-parallel rank's share of each accumulation step, as the executor cuts them (``_shares``)."""
     plain = copy.deepcopy(module).float()
-    inputs, weights = batch
     device = next(plain.parameters()).device
-    loss, count = _probe_loss(plain, inputs.to(device), weights.to(device))
-    (loss / count).backward()
+    total = torch.zeros((), device=device)
+    for x, w in _shares(batch, plan):
+        total = total + _probe_loss(plain, x.to(device), w.to(device))[0]
+    (total / batch[0].shape[0]).backward()
     return {n: p.grad.detach().float().cpu() for n, p in plain.named_parameters() if p.grad is not None}
+
+
+def _shares(batch: tuple[torch.Tensor, torch.Tensor], plan: ParallelPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every (inputs, weights) one forward of the executor sees: rank by rank, accumulation step by step."""
+    calls, out = plan.gradient_accumulation_steps, []
+    for inputs, weights in zip(*(t.tensor_split(plan.data_parallel_size) for t in batch)):
+        out += list(zip(inputs.tensor_split(calls), weights.tensor_split(calls)))
+    return out
 
 
 def probe_module(backend: Any, module: nn.Module, plan: ParallelPlan, *, precision: str,
@@ -136,7 +170,7 @@ def probe_module(backend: Any, module: nn.Module, plan: ParallelPlan, *, precisi
     if isinstance(batch, str):
         return ProbeOutcome("skipped", batch)
     check_unused = DataParallelMode.for_plan(plan).uses_ddp and not prepare_options.get("find_unused_parameters")
-    want = _reference_gradients(module, batch) if rank == 0 or check_unused else {}
+    want = _reference_gradients(module, batch, plan) if rank == 0 or check_unused else {}
     if check_unused:  # every rank: the same module and batch give the same answer, before any collective
         unused = [n for n, p in module.named_parameters() if p.requires_grad and n not in want]
         if unused:  # DDP would leave their buckets unreduced

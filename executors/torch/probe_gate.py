@@ -8,7 +8,9 @@ of a copy through this backend against a one-rank recomputation on rank 0) for a
 certificate in this process; a certificate made in situ by this very ``prepare`` already probed it. Rank 0's
 verdict is broadcast: a failure is ``NotAdmittedError`` (check ``probe``) on every rank; a probe that cannot run
 (no one-rank recomputation possible) is recorded, with its reason, in every receipt (``module_probe``) and logged
-as the run's first line. The probe's own ``prepare`` runs under the same certificate with the probe off.
+as the run's first line. The probe's own ``prepare`` runs under the same certificate with the probe off. A backend
+whose probe cannot run at all (megatron rebuilds the module as its own stages) records why the same way
+(``probe_not_run``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ...verification.capability import active_harness_capability
 from ...verification.in_situ import ProbeOutcome
 from .in_situ_probe import probe_module
 
-__all__ = ["module_digest", "probe_at_prepare"]
+__all__ = ["module_digest", "probe_at_prepare", "probe_not_run"]
 
 _log = logging.getLogger("mixle_parallel")
 
@@ -83,12 +85,18 @@ def _probe_here(backend: Any, module: nn.Module, plan: ParallelPlan, precision: 
     return ProbeOutcome(*chosen)
 
 
+def _applies(decision: AdmissionDecision, plan: ParallelPlan) -> bool:
+    """Whether a module probe belongs to this run: certified, launched over more than one rank, outside the
+    probe's own ``prepare`` and the harness's trials."""
+    return not (decision.mode is not AdmissionMode.CERTIFIED or plan.world_size == 1 or _PROBING.get()
+                or active_harness_capability() is not None or not (dist.is_available() and dist.is_initialized()))
+
+
 def probe_at_prepare(backend: Any, module: nn.Module, plan: ParallelPlan, precision: str, device: Any,
                      decision: AdmissionDecision) -> AdmissionDecision:
     """``decision`` with the probe's outcome (``AdmissionDecision.probe``) for a certified launched run of more
     than one rank; ``NotAdmittedError`` on every rank when the probe fails. Other runs are returned unchanged."""
-    if (decision.mode is not AdmissionMode.CERTIFIED or plan.world_size == 1 or _PROBING.get()
-            or active_harness_capability() is not None or not (dist.is_available() and dist.is_initialized())):
+    if not _applies(decision, plan):
         return decision
     key = (str(decision.certificate_id), module_digest(module))
     outcome = _PROBED.get(key) or _from_certificate(decision)
@@ -101,6 +109,18 @@ def probe_at_prepare(backend: Any, module: nn.Module, plan: ParallelPlan, precis
             "the certificate covers the plan family, not this module's gradient path: fix the module (a "
             "rank-dependent backward?) or run with admission='unverified' to record that no one vouches for it"))
     _PROBED[key] = outcome
+    return _recorded(decision, outcome)
+
+
+def probe_not_run(decision: AdmissionDecision, plan: ParallelPlan, reason: str) -> AdmissionDecision:
+    """For a backend whose probe of the user's module cannot run (megatron): a certified launched run's
+    ``decision`` with the probe recorded as skipped and ``reason``, in every receipt and as the run's first log line
+    (rank 0). Other runs are returned unchanged."""
+    return _recorded(decision, ProbeOutcome("skipped", reason)) if _applies(decision, plan) else decision
+
+
+def _recorded(decision: AdmissionDecision, outcome: ProbeOutcome) -> AdmissionDecision:
+    """``decision`` carrying ``outcome`` for every receipt; one not passed is logged once, by rank 0."""
     text = f"{outcome.outcome}: {outcome.reason}"
     if outcome.outcome != "passed" and dist.get_rank() == 0:  # every rank's receipt says it; rank 0 logs it once
         _log.warning("mixle-parallel: module probe %s", text)

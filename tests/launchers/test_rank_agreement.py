@@ -74,7 +74,36 @@ def test_a_stored_certificate_admits_a_module_only_after_its_probe(tmp_path: pat
         assert "check 'probe' failed" in record["refused"] and "first.weight" in record["refused"]
 
     normed, log = _torchrun_logged(tmp_path / "normed", [shared, shared], "normed")
-    for record in normed:
+    for record in normed:  # a LayerNorm first layer: the probe synthesizes its input and runs (issue 34 item 5)
         assert record.get("admission") == "certified", record
-        assert record["module_probe"].startswith("skipped: the module's first layer is LayerNorm"), record
-    assert "module probe skipped: the module's first layer is LayerNorm" in log
+        assert record["module_probe"].startswith("passed: one seeded step"), record
+    assert "module probe skipped" not in log
+
+
+def test_a_rank_dependent_backward_behind_a_layernorm_is_refused_by_the_probe(tmp_path: pathlib.Path) -> None:
+    """Issue 34 item 5: the attack behind a LayerNorm first layer was certified with the probe skipped; now the
+    probe runs (inputs synthesized from the normalized shape) and refuses it, in situ and under a stored
+    certificate alike."""
+    fresh = tmp_path / "fresh"
+    in_situ = _torchrun(tmp_path / "in_situ", [fresh, fresh], "normed_skewed")  # certifying in situ probes it
+    for record in in_situ:
+        assert "refused" in record, record
+        assert "check 'probe' failed" in record["refused"] and "norm.weight" in record["refused"]
+    assert not list(fresh.glob("certificates/*.json"))
+
+    shared = tmp_path / "shared"
+    _torchrun(tmp_path / "first", [shared, shared])  # a certificate of the plan family, earned with a plain module
+    stored = _torchrun(tmp_path / "stored", [shared, shared], "normed_skewed")
+    for record in stored:
+        assert "refused" in record, record
+        assert "check 'probe' failed" in record["refused"] and "norm.weight" in record["refused"]
+
+
+@pytest.mark.parametrize("model", ["rms_normed", "batch_normed", "conv1d", "conv2d"])
+def test_honest_modules_with_other_first_layers_pass_the_probe(model: str, tmp_path: pathlib.Path) -> None:
+    """Inputs are synthesized for RMSNorm, BatchNorm1d, Conv1d and Conv2d first layers too; an honest module passes
+    (a batch-norm layer is recomputed on each rank's share, as the executor runs it)."""
+    home = tmp_path / "home"
+    for record in _torchrun(tmp_path / "out", [home, home], model):  # certified in situ: the probe judged it
+        assert record.get("admission") == "certified", record
+        assert record["module_probe"].startswith("passed: one seeded step"), record

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Any
@@ -12,8 +13,13 @@ from tests.megatron._scenarios import HID, mlp, mse
 
 
 def in_situ_body(rank: int, world: int, home: str) -> dict[str, Any]:
-    """prepare twice on dp_replicate=2 (the trust store at ``home`` starts empty); the receipts' admission."""
+    """prepare twice on dp_replicate=2 (the trust store at ``home`` starts empty); the receipts' admission and
+    module probe, and what the library logged."""
     warnings.filterwarnings("ignore")
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("mixle_parallel").addHandler(handler)
     os.environ["MIXLE_PARALLEL_HOME"] = home
     os.environ.pop("MIXLE_PARALLEL_CERTIFICATE", None)
     from mixle_parallel.contracts import ParallelPlan
@@ -27,6 +33,7 @@ def in_situ_body(rank: int, world: int, home: str) -> dict[str, Any]:
         generator = torch.Generator().manual_seed(run * world + rank)
         receipt = session.train_batch(torch.randn(2, 4, generator=generator), torch.randn(2, 3, generator=generator))
         found.append({"admission": receipt.extra["admission"], "certificate": receipt.extra["certificate"],
+                      "module_probe": receipt.extra.get("module_probe"),
                       "notes": list(session.admission.notes) if hasattr(session, "admission") else []})
         session.close()
-    return {"runs": found}
+    return {"runs": found, "logged": logged}

@@ -16,7 +16,9 @@ starts. Without a certificate for a no-mesh run the environment's ``MIXLE_PARALL
 ``admission=`` on a mesh, admission is automatic: a fitting signed certificate from the local
 store, else EM is certified on the spot (the harness on two workers; a third party's registered backend as a
 built-in, where the trust store's policy allows) and the result stored; under mpiexec
-or torchrun (backends ``mpi``, ``torchrun``) it is certified in situ on the job's own ranks (``em_in_situ``).
+or torchrun (backends ``mpi``, ``torchrun``) it is certified in situ on the job's own ranks (``em_in_situ``),
+after the ranks agreed on the decision (``em_agreement``): in situ only when every rank found no certificate and
+every rank may certify; ranks whose views differ all end in the same ``NotAdmittedError``.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from ....contracts import AdmissionMode, NotAdmittedError, ParallelPlan
-from ....verification.admission import AdmissionDecision, require_admission
+from ....verification.admission import AdmissionDecision, AutoCertify, require_admission
 from ....verification.capability import active_harness_capability
+from ....verification.rank_agreement import agreed_decision
 from ....verification.source_binding import code_files, defining_module
 from ...registry import get_encoded_data_backend
 from ..engines.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
+from ..options import EncodedDataOptions
+from .em_agreement import rank_exchange
 from .em_in_situ import in_situ_certifier
 from .executor_identity import EM_PRECISION, EMExecutorIdentity
 
@@ -107,13 +112,15 @@ def _certify_command(executor: EMExecutorIdentity, workers: int) -> str:
 
 
 def admit_encoded_data(
-    name: str, *, admission: Any, workers: int, world_size: int
+    name: str, *, admission: Any, workers: int, world_size: int, options: EncodedDataOptions | None = None
 ) -> tuple[AdmissionDecision, Any]:
     """The gate: an ``AdmissionDecision`` (and the signed certificate used), or ``NotAdmittedError``.
 
     ``name`` is the registry key that will run. With no ``admission=`` a fitting certificate comes from
     the local store, or EM is certified on the spot (once; about a second for ``mp``; a registration over
     an auto-certified built-in is certified the same way, under its own identity) and stored for next time.
+    The ranks of a launched SPMD run (``mpi``, ``torchrun``; ``options`` names the handle's communicator) agree
+    on the decision first (``em_agreement``): one decision, or the same refusal on every rank.
     """
     executor = EMExecutorIdentity(name)
     auto = (in_situ_certifier(name, world_size) if executor.name in _IN_SITU
@@ -131,24 +138,21 @@ def admit_encoded_data(
             precision=EM_PRECISION,
             notes=("one process on CPU: no certificate needed",),
         ), None
-    try:
-        decision = require_admission(
-            executor,
-            plan,
-            EM_PRECISION,
-            admission=admission,
-            world_size=world_size,
-            device_kind="cpu",
-            comm_backend=executor.comm_backend,
-            auto_certify=auto,
-            certify_command=_certify_command(executor, workers),
-        )
-    except NotAdmittedError as exc:
-        command = _certify_command(executor, workers)
-        if any(command in reason for reason in exc.reasons):
-            raise  # the gate's refusal already names the command: once is enough
-        raise NotAdmittedError((*exc.reasons, f"certify with `{command}` (it stores the certificate where this "
-                                              "gate finds it), then run again")) from None
+    command = _certify_command(executor, workers)
+
+    def gate(certifier: AutoCertify | None) -> AdmissionDecision:
+        try:
+            return require_admission(executor, plan, EM_PRECISION, admission=admission, world_size=world_size,
+                                     device_kind="cpu", comm_backend=executor.comm_backend, auto_certify=certifier,
+                                     certify_command=command)
+        except NotAdmittedError as exc:
+            if any(command in reason for reason in exc.reasons):
+                raise  # the gate's refusal already names the command: once is enough
+            raise NotAdmittedError((*exc.reasons, f"certify with `{command}` (it stores the certificate where "
+                                                  "this gate finds it), then run again")) from None
+
+    exchange = rank_exchange(name, world_size, options)
+    decision = gate(auto) if exchange is None else agreed_decision(gate, auto, exchange)
     return decision, decision.envelope if decision.certified else None
 
 

@@ -16,14 +16,12 @@ timeout makes the collectives fail.
 
 from __future__ import annotations
 
-import atexit
 import io
 import os
 import pickle
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Any, TextIO
 
 from ..api import encoded_data
@@ -42,6 +40,7 @@ from .mpi import MPIEncodedData
 from .optional_engine import require_engine
 from .spmd_schedule import CollectiveSchedule, map_tag, tag_code
 from .spmd_sources import source_row_placeholder
+from .torchrun_group import init_default_group, torchrun_variables
 from .wire_bytes import WireBytes, dumps
 
 __all__ = ["TorchRunChunkError", "TorchRunEncodedData", "TorchRunRunner", "torchrun_encoded_data", "torchrun_out"]
@@ -88,20 +87,11 @@ class TorchRunRunner:
         self.single_process = group is None and not self.dist.is_initialized() and not launched
         """Outside torchrun with no process group: a world of this one process (as mixle 0.8.2 runs)."""
         if not self.dist.is_initialized() and not self.single_process:
-            if not init_process_group or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            if not init_process_group or not torchrun_variables():
                 raise RuntimeError(
                     "backend='torchrun' needs torch.distributed: start the script with `torchrun --nproc-per-node N "
                     "script.py` (it sets RANK/WORLD_SIZE), or call torch.distributed.init_process_group first")
-            torch = require_engine("torch", "torch")
-            if backend is None:
-                backend = "nccl" if torch.cuda.is_available() else "gloo"
-            if backend == "nccl":
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK") or 0))
-            kwargs = {} if timeout is None else {"timeout": timedelta(seconds=float(timeout))}
-            self.dist.init_process_group(backend=backend, **kwargs)
-            # the group serves every later handle of this job (a re-rendezvous per handle races under
-            # torchrun); it is destroyed when the interpreter exits
-            atexit.register(_destroy_default_group, self.dist)
+            init_default_group(backend, timeout)
         if self.single_process:
             self.rank, self.size = 0, 1
         else:
@@ -296,12 +286,6 @@ class TorchRunRunner:
     def close(self) -> None:
         """Drop this rank's chunks (the process group stays for the job's other handles)."""
         self._local = {}
-
-
-def _destroy_default_group(dist: Any) -> None:
-    """At exit: destroy the default process group this module initialized, if still there."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 class TorchRunEncodedData(BuiltByEncodedData, ChunkedEncodedData):
