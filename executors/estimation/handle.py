@@ -17,7 +17,7 @@ from ...contracts import ParallelPlan
 from ...contracts.estimation import statistic_digest
 from ...contracts.placement import Placement
 from ...verification.ledger.chain import Ledger
-from .audit.sdc_audit import EM_AUDIT_RATE, AuditNote, EMAudit, em_receipt
+from .audit.sdc_audit import EM_AUDIT_RATE, EMAudit
 from .compat.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from .em_pass.chunks import (
     ChunkResult,
@@ -37,7 +37,14 @@ from .em_pass.chunks import (
     seed_from,
 )
 from .em_pass.engine_choice import EngineChoice, resolve_engine
-from .em_pass.estep import rows_reference, source_reference
+from .em_pass.estep import (
+    audited_entries,
+    folded_result,
+    record_receipt,
+    rows_reference,
+    source_reference,
+    write_findings,
+)
 from .em_pass.runner_protocols import AssignsChunks, transport_count
 from .fitting.minibatch import (
     DEFAULT_STEP_EXPONENT,
@@ -77,6 +84,7 @@ class ChunkedEncodedData:
     def _attach_reference(self) -> None:
         """Give the audit the driver's reference where this handle keeps the rows, or reads them again from
         ``files(...)`` (SPMD handles agree on it)."""
+        assert self._audit is not None  # called right after the audit is made
         self._audit.reference = (rows_reference(self._audit_rows, self.bounds) if self._audit_rows is not None else
                                  source_reference(self.source, self.places))
 
@@ -135,7 +143,7 @@ class ChunkedEncodedData:
         self.last_audits: tuple[Any, ...] = ()
         self.last_receipt: Any = None
         """The StepReceipt of the last E-step (also written to the ledger when there is one)."""
-        self._audit: Any = None
+        self._audit: EMAudit | None = None
         self._fit_first = True
         self._failure: str | None = None
         if self._encoder is not None:
@@ -193,7 +201,7 @@ class ChunkedEncodedData:
             try:
                 results = self._audit.placed_map(fn, payload, self.num_chunks)
             finally:
-                self._log_audit_events(self._audit.take_events())
+                write_findings(self.ledger, self._audit.take_events())
         else:
             results = self._metered.map_chunks(fn, payload)
         if len(results) != self.num_chunks:
@@ -279,7 +287,7 @@ class ChunkedEncodedData:
     def estep(self, estimator: Any, model: Any) -> EStepResult:
         """One data pass: the statistics under ``model``, its log-likelihood, and the M-step.
 
-        Audited (see ``executors.estimation.sdc_audit``) when the handle has an SDC audit; each pass
+        Audited (``audit.sdc_audit``; the pass is ``em_pass.estep``) when the handle has an SDC audit; each pass
         is one ledger receipt when the handle has a ledger.
         """
         estimator, model, _ = adapt_mixle_objects(estimator, model, None)
@@ -291,12 +299,9 @@ class ChunkedEncodedData:
         try:
             if self._audit is not None:
                 self._ensure_scattered(estimator, model)
-                try:
-                    entries, outcomes = self._audit.estep_results(
-                        estimator, model, iteration, num_chunks=self.num_chunks, encoder=self._encoder,
-                        first_of_fit=self._fit_first)
-                finally:  # what the audit found reaches the ledger even when it raises
-                    self._log_audit_events(self._audit.take_events())
+                entries, outcomes = audited_entries(
+                    self._audit, self.ledger, estimator, model, iteration=iteration, num_chunks=self.num_chunks,
+                    encoder=self._encoder, first_of_fit=self._fit_first)
             else:
                 entries, outcomes = self.estep_entries(estimator, model), ()
         finally:
@@ -305,13 +310,11 @@ class ChunkedEncodedData:
             after = transport_count(self.runner, "transport_messages")
             self.last_transport_messages = None if after is None or messages_before is None else after - messages_before
         self._fit_first = False
-        total = self._fold_entries(estimator, entries)
-        nobs, ll, stats = total.count, total.log_likelihood, total.stats
-        out = EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
+        out = folded_result(estimator, entries, self._fold_entries)
         self.iteration = iteration + 1
         self.last_audits = tuple(outcomes)
-        self.last_receipt = em_receipt(
-            iteration, nobs, ll, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
+        self.last_receipt = record_receipt(
+            self.ledger, iteration, out, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
             quarantined=sorted(self.quarantined),
             transport_bytes=None if moved_before is None else
             int(transport_count(self.runner, "transport_bytes") or 0) - moved_before,
@@ -319,19 +322,7 @@ class ChunkedEncodedData:
             draw=None if self._audit is None or self._audit.last_draw is None else
             self._audit.last_draw.receipt_fields(),
         )
-        if self.ledger is not None:
-            self.ledger.receipt(self.last_receipt)
         return out
-
-    def _log_audit_events(self, events: Sequence[Any]) -> None:
-        """Write the audit's findings (records and notes, in order) to this handle's ledger: its one writer."""
-        if self.ledger is None:
-            return
-        for event in events:
-            if isinstance(event, AuditNote):
-                self.ledger.note(event.message, **event.fields)
-            else:
-                self.ledger.audit(event)
 
     def _fold_entries(self, estimator: Any, entries: list[Any]) -> Any:
         """A pass's total from its entries (``fold_pass``); a subclass may guard it (``finite_guarded_fold``)."""
@@ -351,7 +342,7 @@ class ChunkedEncodedData:
 
     # -- verification -----------------------------------------------------------------------------
     @property
-    def audit(self) -> Any:
+    def audit(self) -> EMAudit | None:
         """The handle's ``EMAudit`` (None when not audited)."""
         return self._audit
 
