@@ -45,7 +45,7 @@ from .em_pass.estep import (
     source_reference,
     write_findings,
 )
-from .em_pass.runner_protocols import AssignsChunks, transport_count
+from .em_pass.runner_protocols import AssignsChunks, RunLedger, transport_count
 from .fitting.minibatch import (
     DEFAULT_STEP_EXPONENT,
     DEFAULT_STEP_OFFSET,
@@ -81,11 +81,10 @@ class ChunkedEncodedData:
     reference_audit = True
     """Whether the SDC audit also recomputes audited chunks outside the backend (where the rows are at hand)."""
 
-    def _attach_reference(self) -> None:
-        """Give the audit the driver's reference where this handle keeps the rows, or reads them again from
+    def _attach_reference(self, audit: EMAudit) -> None:
+        """Give ``audit`` the driver's reference where this handle keeps the rows, or reads them again from
         ``files(...)`` (SPMD handles agree on it)."""
-        assert self._audit is not None  # called right after the audit is made
-        self._audit.reference = (rows_reference(self._audit_rows, self.bounds) if self._audit_rows is not None else
+        audit.reference = (rows_reference(self._audit_rows, self.bounds) if self._audit_rows is not None else
                                  source_reference(self.source, self.places))
 
     def __init__(self, runner: ChunkRunner, data: Any = None, options: EncodedDataOptions | None = None, *,
@@ -137,7 +136,7 @@ class ChunkedEncodedData:
         )
         self.admission: Any = None
         """The ``AdmissionDecision`` that let this handle run (set by ``encoded_data``)."""
-        self.ledger: Any = None
+        self.ledger: RunLedger | None = None
         self.iteration = 0
         """E-steps done so far (the step number of the next ledger receipt and audit)."""
         self.last_audits: tuple[Any, ...] = ()
@@ -390,7 +389,7 @@ class ChunkedEncodedData:
         chosen = attrs.evolve(base, **controls) if controls else base
         self.admission = admission
         ledger = chosen.ledger
-        if ledger is not None and not hasattr(ledger, "receipt"):
+        if ledger is not None and not isinstance(ledger, RunLedger):  # a path
             ledger = Ledger(ledger)
         on = (self.num_workers > 1) if chosen.audit is None else chosen.audit
         given = chosen.set_options()
@@ -403,19 +402,19 @@ class ChunkedEncodedData:
             self._audit = EMAudit(self._metered, rate=rate, policy=chosen.audit_policy, seed=chosen.audit_seed,
                                   fault_injector=chosen.fault_injector)
             if self.reference_audit:
-                self._attach_reference()
+                self._attach_reference(self._audit)
         if self._audit is None or self._audit.reference is None:
             self._audit_rows = None
         self.ledger = ledger
         if ledger is not None:
-            self._ledger_start(certificate)
+            self._ledger_start(ledger, certificate)
 
-    def _ledger_start(self, certificate: Any) -> None:
+    def _ledger_start(self, ledger: RunLedger, certificate: Any) -> None:
         decision = self.admission
         link = (
             certificate if certificate is not None else (decision.ledger_link if decision is not None else "unverified")
         )
-        self.ledger.run_start(
+        ledger.run_start(
             plan=ParallelPlan(dp_replicate=max(1, self.num_workers)),
             certificate=link,
             executor=decision.executor if decision is not None else f"em_{self.backend}",
@@ -555,7 +554,8 @@ def handle_layout(opts: EncodedDataOptions, num_rows: int, part_rows: Sequence[i
         chunk_size = spec.batch_size
     placement = opts.placement
     if placement is not None and num_chunks is None and chunk_size is None:
-        num_chunks = getattr(placement, "num_chunks", None)  # the plan's chunks, unless chunking is given
+        # the plan's chunks, unless chunking is given (any other placement= is refused by check_placement)
+        num_chunks = placement.num_chunks if isinstance(placement, Placement) else None
     if part_rows is not None:
         return tuple((p.start, p.stop) for p in source_layout(part_rows, num_chunks, chunk_size)), spec, placement
     return chunk_bounds(num_rows, num_chunks, chunk_size), spec, placement

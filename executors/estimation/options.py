@@ -22,6 +22,7 @@ import attrs
 from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, choose
 from ..registry import normalize_backend_name
 from .em_pass.chunks import chunk_bounds
+from .em_pass.runner_protocols import RunLedger
 from .fitting.minibatch import check_minibatch_options
 
 __all__ = [
@@ -183,7 +184,7 @@ def _seed(_: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 
 def _ledger(_: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and not hasattr(value, "receipt") and not isinstance(value, (str, os.PathLike)):
+    if value is not None and not isinstance(value, (RunLedger, str, os.PathLike)):
         raise TypeError(f"ledger= takes a verification.Ledger or a path, got {type(value).__name__}")
 
 

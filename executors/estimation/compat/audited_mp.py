@@ -268,6 +268,7 @@ class AuditedMPEncodedData(ChunkedEncodedData):
         if isinstance(sub_chunks, bool) or not isinstance(sub_chunks, int) or sub_chunks < 1:
             raise ValueError(f"sub_chunks must be an int >= 1, got {sub_chunks!r}")
         self.audit_rtol, self.audit_atol, self.max_retries = float(audit_rtol), float(audit_atol), int(max_retries)
+        self._audit = None  # made by attach_verification below; the rate is kept until then
         self.audit_rate = audit_rate
         self._audit_rng = rng if hasattr(rng, "choice") else np.random.RandomState(_seed(rng))
         self._last_model: Any = None
@@ -315,7 +316,7 @@ class AuditedMPEncodedData(ChunkedEncodedData):
         if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0.0 <= value <= 1.0:
             raise ValueError(f"audit_rate must be finite and within [0, 1], got {value!r}")
         self._audit_rate = float(value)
-        audit = getattr(self, "_audit", None)
+        audit = self._audit
         if audit is not None:  # the secret sample's reference audit runs at the same rate
             audit.auditor.rate = self._audit_rate
 

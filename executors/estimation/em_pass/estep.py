@@ -1,4 +1,4 @@
-"""One audited EM pass against the independent reference, read top to bottom (DESIGN §9).
+"""One EM pass read top to bottom (DESIGN §9): audited against the independent reference, then findings, fold, receipt.
 
 1. Hand the runner its tasks: every chunk on its worker, the same tasks on every pass (no chunk named);
    each combine group folds on its worker and commits to a digest per chunk (``GroupFold(commit=True)``).
@@ -35,9 +35,9 @@ from ..audit.commitments import check_commitments
 from ..audit.fold_binding import fold_digest, opened_groups, refold_on, reveal_chunks
 from .chunks import ChunkResult, EncodedChunk, EStepResult, chunk_estep
 from .combine_order import commit_digest, committed_result, fold_group
+from .runner_protocols import RunLedger
 
 if TYPE_CHECKING:
-    from ....verification.ledger.chain import Ledger
     from ..audit.sdc_audit import EMAudit
     from ..sources import ChunkPlace, OpenedSource
 
@@ -167,7 +167,7 @@ def _recheck(entries: list[Any], references: dict[int, Any], verdict: Verdict, a
 
 
 # ---- around the pass: findings, fold, receipt ----------------------------------------------------------
-def audited_entries(audit: EMAudit, ledger: Ledger | None, estimator: Any, model: Any, *, iteration: int,
+def audited_entries(audit: EMAudit, ledger: RunLedger | None, estimator: Any, model: Any, *, iteration: int,
                     num_chunks: int, encoder: Any, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
     """The entries and outcomes of one audited pass (the audit picks it: ``reference_pass`` above, the peer
     replays without a reference, mixle's named draw); what the audit found reaches ``ledger`` even when it
@@ -179,7 +179,7 @@ def audited_entries(audit: EMAudit, ledger: Ledger | None, estimator: Any, model
         write_findings(ledger, audit.take_events())
 
 
-def write_findings(ledger: Ledger | None, events: Sequence[AuditEvent]) -> None:
+def write_findings(ledger: RunLedger | None, events: Sequence[AuditEvent]) -> None:
     """The audit's findings (records and notes, in order) written to the run's ledger (none: dropped)."""
     if ledger is None:
         return
@@ -198,7 +198,7 @@ def folded_result(estimator: Any, entries: list[Any], fold: Callable[[Any, list[
     return EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
 
 
-def record_receipt(ledger: Ledger | None, iteration: int, result: EStepResult, **fields: Any) -> StepReceipt:
+def record_receipt(ledger: RunLedger | None, iteration: int, result: EStepResult, **fields: Any) -> StepReceipt:
     """The pass's receipt (``em_receipt``: rows, log-likelihood, ``fields``) written to ``ledger`` where there
     is one."""
     receipt = em_receipt(iteration, result.nobs, result.log_likelihood, **fields)

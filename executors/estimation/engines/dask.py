@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from ....contracts.resources import local_cpu_count
 from ..em_pass.chunks import (
+    ChunkRunner,
     WorkerLostError,
     WorkerTask,
     WorkerTimeoutError,
@@ -567,7 +568,7 @@ def dask_encoded_data(data: Any, *, client: Any = None, num_workers: int | None 
     task-only client they are refused. ``params`` are the handle's options."""
     engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "direct_channel", "straggler_timeout")
                               if k in params}
-    runner: Any
+    runner: ChunkRunner
     if is_task_only_client(client, require_engine("distributed", "dask")):
         refuse_for_runner("dask", engine, f"a {type(client).__name__} that only submits and gathers",
                           "a distributed.Client")
