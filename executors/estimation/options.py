@@ -208,7 +208,7 @@ class VerificationOptions:
     audit_rate: float | None = attrs.field(default=None, validator=_rate)
     audit_policy: AuditPolicy = attrs.field(default=AuditPolicy.QUARANTINE, converter=_policy)
     audit_seed: int = attrs.field(default=0, validator=_seed)
-    ledger: Any = attrs.field(default=None, validator=_ledger)
+    ledger: RunLedger | str | os.PathLike[str] | None = attrs.field(default=None, validator=_ledger)
     fault_injector: Any = None
 
     def __attrs_post_init__(self) -> None:

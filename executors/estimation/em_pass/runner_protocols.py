@@ -7,8 +7,9 @@ declare False: an SPMD rank or a Spark task cannot be aimed at a chosen worker).
 capabilities the pass, the handle and the sources read where a runner has them: the worker each chunk is
 resident on (:class:`ChunkOwnership`), chunk blocks assigned to workers by a placement (:class:`AssignsChunks`),
 the counters of its transport (:class:`CountsTransport`), its worker processes (:class:`PoolProcesses`), the
-ranks of an SPMD collective (:class:`RankCollective`), a dask client its actors live on (:class:`ClientCluster`)
-and Spark partitions placed as chunks (:class:`PlacesPartitions`).
+ranks of an SPMD program (:class:`RankGather`; with the root and each chunk's rank, :class:`RankCollective`), a
+dask client its actors live on (:class:`ClientCluster`) and Spark partitions placed as chunks
+(:class:`PlacesPartitions`).
 
 A handle meets the fit loop (``optimize``), the gate and the harness through mixle 0.8.2's shape
 (``contracts.estimation.EncodedDataHandle``) and what ours adds where a third-party handle may lack it: one
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["AdmittedHandle", "AssignsChunks", "AuditedHandle", "BindsVerification", "ChunkOwnership",
            "ChunkedHandle", "ClientCluster", "CountsTransport", "CountsWorkers", "EStepHandle", "FitLifecycle",
            "InitializableHandle", "MeteredHandle", "MinibatchHandle", "PlacesPartitions", "PoolProcesses",
-           "RankCollective", "RunLedger", "RunsOnRunner", "SizedHandle", "WorkerPlacement", "places_work",
+           "RankCollective", "RankGather", "RunLedger", "RunsOnRunner", "SizedHandle", "WorkerPlacement", "places_work",
            "transport_count"]
 
 
@@ -80,19 +81,24 @@ class PoolProcesses(Protocol):
 
 
 @runtime_checkable
-class RankCollective(ChunkOwnership, Protocol):
-    """A runner whose workers are the ranks of one SPMD program (``mpi``, ``torchrun``): this process is one."""
+class RankGather(Protocol):
+    """A runner whose workers are ranks, this process one of them, that gathers a value from every rank."""
 
     @property
     def rank(self) -> int: ...
+
+    def all_gather(self, value: Any) -> list[Any]: ...
+
+
+@runtime_checkable
+class RankCollective(RankGather, ChunkOwnership, Protocol):
+    """A runner whose workers are the ranks of one SPMD program (``mpi``, ``torchrun``): this process is one."""
 
     @property
     def root(self) -> int: ...
 
     @property
     def is_root(self) -> bool: ...
-
-    def all_gather(self, value: Any) -> list[Any]: ...
 
 
 @runtime_checkable

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..em_pass.chunks import ChunkRunner
-from ..em_pass.runner_protocols import RankCollective
+from ..em_pass.runner_protocols import RankGather
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
 from .recipes import encode_rows, numeric_rows
@@ -39,7 +39,7 @@ class RankLocalRows:
 
     def open(self, runner: ChunkRunner) -> OpenedRankLocal:
         """Exchange the ranks' row counts (a collective: every rank calls it)."""
-        if not isinstance(runner, RankCollective):
+        if not isinstance(runner, RankGather):
             raise ValueError("rank_local(rows) is read by the SPMD backends (mpi, torchrun), each rank holding its "
                              f"own rows; the {runner.name} runner has no ranks")
         counts = tuple(int(n) for n in runner.all_gather(len(self.rows)))
