@@ -53,6 +53,22 @@ HANDLE_PROTOCOLS = (EncodedDataHandle, EStepHandle, ChunkedHandle, Initializable
                     BindsVerification, RunsOnRunner)
 
 
+class Bare:
+    """mixle 0.8.2's handle shape (its four methods and ``close``), nothing of ours."""
+
+    def pysp_seq_log_density_sum(self, estimate: Any) -> tuple[float, float]:
+        return 0.0, 0.0
+
+    def pysp_seq_estimate(self, estimator: Any, prev_estimate: Any) -> Any:
+        return prev_estimate
+
+    def pysp_seq_initialize(self, estimator: Any, rng: Any, p: float) -> Any:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
 def _estimator() -> MixtureEstimator:
     return MixtureEstimator([GaussianEstimator() for _ in range(2)])
 
@@ -70,19 +86,6 @@ def test_our_handle_meets_every_handle_protocol_the_fit_loop_checks() -> None:
 
 
 def test_a_bare_mixle_shaped_handle_meets_none_of_ours() -> None:
-    class Bare:  # mixle 0.8.2's four methods and close, nothing of ours
-        def pysp_seq_log_density_sum(self, estimate: Any) -> tuple[float, float]:
-            return 0.0, 0.0
-
-        def pysp_seq_estimate(self, estimator: Any, prev_estimate: Any) -> Any:
-            return prev_estimate
-
-        def pysp_seq_initialize(self, estimator: Any, rng: Any, p: float) -> Any:
-            return None
-
-        def close(self) -> None:
-            pass
-
     bare = Bare()
     assert isinstance(bare, EncodedDataHandle) and isinstance(bare, InitializableHandle)
     assert [p.__name__ for p in HANDLE_PROTOCOLS if isinstance(bare, p)] == ["EncodedDataHandle",
@@ -124,18 +127,5 @@ def test_each_source_refuses_a_runner_that_cannot_read_it_by_name() -> None:
 
 
 def test_stochastic_em_refuses_a_handle_without_mini_batches_by_name() -> None:
-    class Bare:
-        def pysp_seq_log_density_sum(self, estimate: Any) -> tuple[float, float]:
-            return 0.0, 0.0
-
-        def pysp_seq_estimate(self, estimator: Any, prev_estimate: Any) -> Any:
-            return prev_estimate
-
-        def pysp_seq_initialize(self, estimator: Any, rng: Any, p: float) -> Any:
-            return None
-
-        def close(self) -> None:
-            pass
-
     with pytest.raises(TypeError, match="a Bare cannot compute .*pass the rows or a handle from encoded_data"):
         stochastic_em(Bare(), _estimator())
