@@ -14,11 +14,13 @@ from typing import Any
 
 from ...contracts import AdmissionMode, NotAdmittedError
 from ...contracts.estimation import EncodedDataHandle
+from ...verification.admission import AdmissionDecision
 from ..registry import available_encoded_data_backends, get_encoded_data_backend
 from .admission.em_admission import admit_encoded_data, refuse_unbound_code
 from .compat.mixle_interop import adapt_mixle_objects
 from .em_pass.data_checks import check_rows
 from .em_pass.engine_choice import engine_hint, resolve_engine
+from .em_pass.runner_protocols import BindsVerification, CountsWorkers
 from .engines.backend_declaration import (
     BackendDeclaration,
     backend_declaration,
@@ -84,7 +86,7 @@ def options_from_keywords(keywords: Mapping[str, Any]) -> tuple[EncodedDataOptio
 
 
 def handle_for(data: Any, backend: str | None, options: EncodedDataOptions,
-               verification: VerificationOptions) -> tuple[Any, bool]:
+               verification: VerificationOptions) -> tuple[EncodedDataHandle, bool]:
     """``(handle, created)``: ``data`` itself when it is a handle (any control set is refused), else a new handle
     on ``backend`` built under ``options`` and ``verification``."""
     if is_encoded_data_handle(data):
@@ -93,7 +95,7 @@ def handle_for(data: Any, backend: str | None, options: EncodedDataOptions,
     return _create(data, _backend_name(backend), options, verification), True
 
 
-def _refuse_controls(handle: Any, backend: str | None, options: EncodedDataOptions,
+def _refuse_controls(handle: EncodedDataHandle, backend: str | None, options: EncodedDataOptions,
                      verification: VerificationOptions) -> None:
     """Raise ``EncodedDataControlConflictError`` when any control is set for an existing handle."""
     given = options.set_options()
@@ -162,11 +164,11 @@ def _check_call(data: Any, declaration: BackendDeclaration, options: EncodedData
                          "rank must cut the same mini-batches, so give the rows per batch")
 
 
-def _refuse_unplanned_world(handle: Any, declaration: BackendDeclaration, decision: Any, world: int,
-                            started: frozenset[int]) -> None:
+def _refuse_unplanned_world(handle: EncodedDataHandle, declaration: BackendDeclaration, decision: AdmissionDecision,
+                            world: int, started: frozenset[int]) -> None:
     """A handle admitted as one local process that runs worker processes is refused: more workers than
     planned reported by the handle, or any child process the factory started (``started``)."""
-    if getattr(decision, "mode", None) != AdmissionMode.LOCAL:
+    if decision.mode != AdmissionMode.LOCAL:
         return
     if started:
         raise NotAdmittedError(
@@ -174,7 +176,7 @@ def _refuse_unplanned_world(handle: Any, declaration: BackendDeclaration, decisi
             f"(pids {', '.join(map(str, sorted(started)))}) while it was admitted as one local process: it "
             "declared no world of worker processes. Register it with planned_workers= (or pass num_workers=) so "
             "its world is admitted, certified, before it starts")
-    workers = getattr(handle, "num_workers", None)
+    workers = handle.num_workers if isinstance(handle, CountsWorkers) else None
     if not declaration.worker_processes or not isinstance(workers, int) or workers <= world:
         return
     raise NotAdmittedError(
@@ -183,11 +185,10 @@ def _refuse_unplanned_world(handle: Any, declaration: BackendDeclaration, decisi
         "worker_processes=False if its workers are threads), or pass num_workers=")
 
 
-def _attach_verification(handle: Any, backend: str, decision: Any, certificate: Any,
-                         verification: VerificationOptions) -> Any:
+def _attach_verification(handle: EncodedDataHandle, backend: str, decision: AdmissionDecision, certificate: Any,
+                         verification: VerificationOptions) -> EncodedDataHandle:
     """Bind the admission decision, SDC audit and ledger to a new handle; close it if that fails."""
-    attach = getattr(handle, "attach_verification", None)
-    if attach is None:
+    if not isinstance(handle, BindsVerification):
         asked = [k for k in verification.set_options()  # audit=False on a handle with no audit is honoured as is
                  if k != "admission" and not (k == "audit" and verification.audit is False)]
         if asked:
@@ -196,7 +197,7 @@ def _attach_verification(handle: Any, backend: str, decision: Any, certificate: 
                              f"ledger; drop {', '.join(asked)} or build the backend on ChunkedEncodedData")
         return handle
     try:
-        attach(verification, admission=decision, certificate=certificate)
+        handle.attach_verification(verification, admission=decision, certificate=certificate)
     except BaseException:
         handle.close()
         raise

@@ -17,7 +17,7 @@ from ...contracts import ParallelPlan
 from ...contracts.estimation import statistic_digest
 from ...contracts.placement import Placement
 from ...verification.ledger.chain import Ledger
-from .audit.sdc_audit import EM_AUDIT_RATE, AuditNote, EMAudit, em_receipt
+from .audit.sdc_audit import EM_AUDIT_RATE, EMAudit
 from .compat.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
 from .em_pass.chunks import (
     ChunkResult,
@@ -37,8 +37,15 @@ from .em_pass.chunks import (
     seed_from,
 )
 from .em_pass.engine_choice import EngineChoice, resolve_engine
-from .em_pass.estep import rows_reference, source_reference
-from .em_pass.runner_protocols import AssignsChunks, transport_count
+from .em_pass.estep import (
+    audited_entries,
+    folded_result,
+    record_receipt,
+    rows_reference,
+    source_reference,
+    write_findings,
+)
+from .em_pass.runner_protocols import AssignsChunks, RunLedger, transport_count
 from .fitting.minibatch import (
     DEFAULT_STEP_EXPONENT,
     DEFAULT_STEP_OFFSET,
@@ -74,10 +81,10 @@ class ChunkedEncodedData:
     reference_audit = True
     """Whether the SDC audit also recomputes audited chunks outside the backend (where the rows are at hand)."""
 
-    def _attach_reference(self) -> None:
-        """Give the audit the driver's reference where this handle keeps the rows, or reads them again from
+    def _attach_reference(self, audit: EMAudit) -> None:
+        """Give ``audit`` the driver's reference where this handle keeps the rows, or reads them again from
         ``files(...)`` (SPMD handles agree on it)."""
-        self._audit.reference = (rows_reference(self._audit_rows, self.bounds) if self._audit_rows is not None else
+        audit.reference = (rows_reference(self._audit_rows, self.bounds) if self._audit_rows is not None else
                                  source_reference(self.source, self.places))
 
     def __init__(self, runner: ChunkRunner, data: Any = None, options: EncodedDataOptions | None = None, *,
@@ -129,13 +136,13 @@ class ChunkedEncodedData:
         )
         self.admission: Any = None
         """The ``AdmissionDecision`` that let this handle run (set by ``encoded_data``)."""
-        self.ledger: Any = None
+        self.ledger: RunLedger | None = None
         self.iteration = 0
         """E-steps done so far (the step number of the next ledger receipt and audit)."""
         self.last_audits: tuple[Any, ...] = ()
         self.last_receipt: Any = None
         """The StepReceipt of the last E-step (also written to the ledger when there is one)."""
-        self._audit: Any = None
+        self._audit: EMAudit | None = None
         self._fit_first = True
         self._failure: str | None = None
         if self._encoder is not None:
@@ -193,7 +200,7 @@ class ChunkedEncodedData:
             try:
                 results = self._audit.placed_map(fn, payload, self.num_chunks)
             finally:
-                self._log_audit_events(self._audit.take_events())
+                write_findings(self.ledger, self._audit.take_events())
         else:
             results = self._metered.map_chunks(fn, payload)
         if len(results) != self.num_chunks:
@@ -279,7 +286,7 @@ class ChunkedEncodedData:
     def estep(self, estimator: Any, model: Any) -> EStepResult:
         """One data pass: the statistics under ``model``, its log-likelihood, and the M-step.
 
-        Audited (see ``executors.estimation.sdc_audit``) when the handle has an SDC audit; each pass
+        Audited (``audit.sdc_audit``; the pass is ``em_pass.estep``) when the handle has an SDC audit; each pass
         is one ledger receipt when the handle has a ledger.
         """
         estimator, model, _ = adapt_mixle_objects(estimator, model, None)
@@ -291,12 +298,9 @@ class ChunkedEncodedData:
         try:
             if self._audit is not None:
                 self._ensure_scattered(estimator, model)
-                try:
-                    entries, outcomes = self._audit.estep_results(
-                        estimator, model, iteration, num_chunks=self.num_chunks, encoder=self._encoder,
-                        first_of_fit=self._fit_first)
-                finally:  # what the audit found reaches the ledger even when it raises
-                    self._log_audit_events(self._audit.take_events())
+                entries, outcomes = audited_entries(
+                    self._audit, self.ledger, estimator, model, iteration=iteration, num_chunks=self.num_chunks,
+                    encoder=self._encoder, first_of_fit=self._fit_first)
             else:
                 entries, outcomes = self.estep_entries(estimator, model), ()
         finally:
@@ -305,13 +309,11 @@ class ChunkedEncodedData:
             after = transport_count(self.runner, "transport_messages")
             self.last_transport_messages = None if after is None or messages_before is None else after - messages_before
         self._fit_first = False
-        total = self._fold_entries(estimator, entries)
-        nobs, ll, stats = total.count, total.log_likelihood, total.stats
-        out = EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
+        out = folded_result(estimator, entries, self._fold_entries)
         self.iteration = iteration + 1
         self.last_audits = tuple(outcomes)
-        self.last_receipt = em_receipt(
-            iteration, nobs, ll, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
+        self.last_receipt = record_receipt(
+            self.ledger, iteration, out, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
             quarantined=sorted(self.quarantined),
             transport_bytes=None if moved_before is None else
             int(transport_count(self.runner, "transport_bytes") or 0) - moved_before,
@@ -319,19 +321,7 @@ class ChunkedEncodedData:
             draw=None if self._audit is None or self._audit.last_draw is None else
             self._audit.last_draw.receipt_fields(),
         )
-        if self.ledger is not None:
-            self.ledger.receipt(self.last_receipt)
         return out
-
-    def _log_audit_events(self, events: Sequence[Any]) -> None:
-        """Write the audit's findings (records and notes, in order) to this handle's ledger: its one writer."""
-        if self.ledger is None:
-            return
-        for event in events:
-            if isinstance(event, AuditNote):
-                self.ledger.note(event.message, **event.fields)
-            else:
-                self.ledger.audit(event)
 
     def _fold_entries(self, estimator: Any, entries: list[Any]) -> Any:
         """A pass's total from its entries (``fold_pass``); a subclass may guard it (``finite_guarded_fold``)."""
@@ -351,7 +341,7 @@ class ChunkedEncodedData:
 
     # -- verification -----------------------------------------------------------------------------
     @property
-    def audit(self) -> Any:
+    def audit(self) -> EMAudit | None:
         """The handle's ``EMAudit`` (None when not audited)."""
         return self._audit
 
@@ -399,7 +389,7 @@ class ChunkedEncodedData:
         chosen = attrs.evolve(base, **controls) if controls else base
         self.admission = admission
         ledger = chosen.ledger
-        if ledger is not None and not hasattr(ledger, "receipt"):
+        if ledger is not None and not isinstance(ledger, RunLedger):  # a path
             ledger = Ledger(ledger)
         on = (self.num_workers > 1) if chosen.audit is None else chosen.audit
         given = chosen.set_options()
@@ -412,19 +402,19 @@ class ChunkedEncodedData:
             self._audit = EMAudit(self._metered, rate=rate, policy=chosen.audit_policy, seed=chosen.audit_seed,
                                   fault_injector=chosen.fault_injector)
             if self.reference_audit:
-                self._attach_reference()
+                self._attach_reference(self._audit)
         if self._audit is None or self._audit.reference is None:
             self._audit_rows = None
         self.ledger = ledger
         if ledger is not None:
-            self._ledger_start(certificate)
+            self._ledger_start(ledger, certificate)
 
-    def _ledger_start(self, certificate: Any) -> None:
+    def _ledger_start(self, ledger: RunLedger, certificate: Any) -> None:
         decision = self.admission
         link = (
             certificate if certificate is not None else (decision.ledger_link if decision is not None else "unverified")
         )
-        self.ledger.run_start(
+        ledger.run_start(
             plan=ParallelPlan(dp_replicate=max(1, self.num_workers)),
             certificate=link,
             executor=decision.executor if decision is not None else f"em_{self.backend}",
@@ -564,7 +554,8 @@ def handle_layout(opts: EncodedDataOptions, num_rows: int, part_rows: Sequence[i
         chunk_size = spec.batch_size
     placement = opts.placement
     if placement is not None and num_chunks is None and chunk_size is None:
-        num_chunks = getattr(placement, "num_chunks", None)  # the plan's chunks, unless chunking is given
+        # the plan's chunks, unless chunking is given (any other placement= is refused by check_placement)
+        num_chunks = placement.num_chunks if isinstance(placement, Placement) else None
     if part_rows is not None:
         return tuple((p.start, p.stop) for p in source_layout(part_rows, num_chunks, chunk_size)), spec, placement
     return chunk_bounds(num_rows, num_chunks, chunk_size), spec, placement

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import attrs
 import numpy as np
 
+from ...contracts.estimation import EncodedDataHandle
 from .api import handle_for, is_encoded_data_handle, options_from_keywords
 from .compat.mixle_interop import (
     as_estimator,
@@ -19,6 +20,7 @@ from .compat.mixle_interop import (
     wrap_mixle_model,
 )
 from .em_pass.chunks import seed_from
+from .em_pass.runner_protocols import AdmittedHandle, AuditedHandle, EStepHandle, FitLifecycle, SizedHandle
 from .fitting.initialization import initial_model, resolve_init
 
 __all__ = ["ConvergenceWarning", "EMStep", "FitOptions", "FitResult", "as_estimator", "fit", "optimize"]
@@ -102,8 +104,8 @@ def _progress_bar(progress: Any, total: int) -> Any:
     return tqdm(total=total, desc="EM", unit="it", leave=False, delay=delay, file=sys.stderr)
 
 
-def _one_pass(handle: Any, estimator: Any, model: Any) -> tuple[float, Any]:
-    if hasattr(handle, "estep"):
+def _one_pass(handle: EncodedDataHandle, estimator: Any, model: Any) -> tuple[float, Any]:
+    if isinstance(handle, EStepHandle):
         result = handle.estep(estimator, model)
         return result.log_likelihood, result.model
     # A third-party handle without ``estep`` costs two passes: score, then update.
@@ -125,7 +127,7 @@ def _decrease_floor(delta: float | None, ll: float) -> float:
     return float(delta) if delta is not None else 1e-12 * max(1.0, abs(ll))
 
 
-def _em_loop(handle: Any, estimator: Any, model: Any, max_its: int, delta: float | None,
+def _em_loop(handle: EncodedDataHandle, estimator: Any, model: Any, max_its: int, delta: float | None,
              on_step: Callable[[EMStep], Any] | None, bar: Any) -> _Run:
     """EM passes from ``model`` until the gain is below ``delta``, a step falls, or ``max_its``."""
     history: list[float] = []
@@ -136,7 +138,7 @@ def _em_loop(handle: Any, estimator: Any, model: Any, max_its: int, delta: float
         t0 = time.perf_counter()
         ll, new_model = _one_pass(handle, estimator, model)
         gain = math.inf if not history else ll - history[-1]
-        found = tuple(getattr(handle, "last_audit_records", ()))
+        found = tuple(handle.last_audit_records) if isinstance(handle, AuditedHandle) else ()
         audits.extend(found)
         if on_step is not None:
             on_step(EMStep(it, ll, gain, model, time.perf_counter() - t0, found))
@@ -272,7 +274,7 @@ def _fit(data: Any, estimator: Any, max_its: int, delta: float | None, init_p: f
     try:
         return _fit_on(handle, estimator, prev_estimate, run), run
     except BaseException as exc:
-        if own and hasattr(handle, "record_failure"):
+        if own and isinstance(handle, FitLifecycle):
             handle.record_failure(exc)
         raise
     finally:
@@ -280,13 +282,13 @@ def _fit(data: Any, estimator: Any, max_its: int, delta: float | None, init_p: f
             handle.close()
 
 
-def _fit_on(handle: Any, estimator: Any, prev_estimate: Any, run: FitOptions) -> FitResult:
+def _fit_on(handle: EncodedDataHandle, estimator: Any, prev_estimate: Any, run: FitOptions) -> FitResult:
     """EM on ``handle`` from each start (``n_init``, or ``prev_estimate``); the best final log-likelihood kept."""
     init_est = estimator if run.init_estimator is None else as_estimator(run.init_estimator)
     chosen = "prev_estimate" if prev_estimate is not None else resolve_init(init_est, run.init)
-    if hasattr(handle, "begin_fit"):
+    if isinstance(handle, FitLifecycle):
         handle.begin_fit()
-    rows = getattr(handle, "num_rows", 0) or 0
+    rows = (handle.num_rows if isinstance(handle, SizedHandle) else 0) or 0
     threshold = run.threshold(rows)
     starts = 1 if prev_estimate is not None else run.n_init
     bar = _progress_bar(run.progress, run.max_its * starts)
@@ -308,11 +310,12 @@ def _fit_on(handle: Any, estimator: Any, prev_estimate: Any, run: FitOptions) ->
         if bar is not None:
             bar.close()
     assert best is not None
-    decision = getattr(handle, "admission", None)
+    decision = handle.admission if isinstance(handle, AdmittedHandle) else None  # an AdmissionDecision
+    mode, link = (None, None) if decision is None else (decision.mode, decision.ledger_link)
+    quarantined = tuple(sorted(handle.quarantined)) if isinstance(handle, AuditedHandle) else ()
     return FitResult(unwrap_mixle(best.model), best.history[-1] if best.history else math.nan, len(best.history),
-                     best.reason == "converged", best.history, tuple(audits), getattr(decision, "mode", None),
-                     getattr(decision, "ledger_link", None), tuple(sorted(getattr(handle, "quarantined", ()))),
-                     best.reason, chosen)
+                     best.reason == "converged", best.history, tuple(audits), mode, link, quarantined, best.reason,
+                     chosen)
 
 
 def _warn_if_unconverged(result: FitResult, run: FitOptions) -> None:

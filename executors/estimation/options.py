@@ -22,6 +22,7 @@ import attrs
 from ...contracts import EM_AUDIT_POLICIES, AuditPolicy, choose
 from ..registry import normalize_backend_name
 from .em_pass.chunks import chunk_bounds
+from .em_pass.runner_protocols import RunLedger
 from .fitting.minibatch import check_minibatch_options
 
 __all__ = [
@@ -183,7 +184,7 @@ def _seed(_: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 
 def _ledger(_: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and not hasattr(value, "receipt") and not isinstance(value, (str, os.PathLike)):
+    if value is not None and not isinstance(value, (RunLedger, str, os.PathLike)):
         raise TypeError(f"ledger= takes a verification.Ledger or a path, got {type(value).__name__}")
 
 
@@ -207,7 +208,7 @@ class VerificationOptions:
     audit_rate: float | None = attrs.field(default=None, validator=_rate)
     audit_policy: AuditPolicy = attrs.field(default=AuditPolicy.QUARANTINE, converter=_policy)
     audit_seed: int = attrs.field(default=0, validator=_seed)
-    ledger: Any = attrs.field(default=None, validator=_ledger)
+    ledger: RunLedger | str | os.PathLike[str] | None = attrs.field(default=None, validator=_ledger)
     fault_injector: Any = None
 
     def __attrs_post_init__(self) -> None:

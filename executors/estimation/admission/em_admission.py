@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from ....contracts import AdmissionMode, NotAdmittedError, ParallelPlan
+from ....contracts.estimation import EncodedDataHandle
 from ....verification.admission import AdmissionDecision, AutoCertify, require_admission
 from ....verification.capability import active_harness_capability
 from ....verification.rank_agreement import agreed_decision
 from ....verification.source_binding import code_files, defining_module
 from ...registry import get_encoded_data_backend
+from ..em_pass.runner_protocols import RunsOnRunner
 from ..engines.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
 from ..options import EncodedDataOptions
 from .em_agreement import rank_exchange
@@ -161,14 +163,14 @@ def _defined_in(cls: type) -> Path | None:
     return Path(origin).resolve() if origin else None
 
 
-def refuse_unbound_code(handle: Any, name: str, decision: AdmissionDecision) -> None:
+def refuse_unbound_code(handle: EncodedDataHandle, name: str, decision: AdmissionDecision) -> None:
     """A certified (or measured) handle whose class or runner is defined outside the code the certificate binds
     (the library and the factory's package) is refused: that code was never bound, so an edit to it would not
     require re-certification."""
     if decision.mode not in (AdmissionMode.CERTIFIED, AdmissionMode.VERIFYING):
         return
     bound = set(code_files(EMExecutorIdentity(name)))
-    for cls in (type(handle), type(getattr(handle, "runner", None))):
+    for cls in (type(handle), type(handle.runner if isinstance(handle, RunsOnRunner) else None)):
         where = _defined_in(cls)
         if cls is not type(None) and where not in bound:
             raise NotAdmittedError((

@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from ....contracts import CollectiveKind, ObservedCollective, ParallelAxis, ParallelPlan
+from ....contracts.estimation import EncodedDataHandle
 from ...registry import register_encoded_data_verification, register_verification_target
 from ..api import encoded_data
+from ..em_pass.runner_protocols import MeteredHandle
 from ..engines.backend_declaration import backend_declaration
 from ..engines.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
 from ..models import (
@@ -57,16 +59,18 @@ def _observables(stats: Any, model: MixtureDistribution) -> dict[str, np.ndarray
     }
 
 
-def observed_messages(handle: Any) -> int:
+def observed_messages(handle: EncodedDataHandle) -> int:
     """Messages of the handle's last E-step, counted where they cross: the runner's transport counter
     (``transport_messages``: pipe writes and reads, mpi/torch.distributed object collectives, dask/ray
     calls and channel frames, Spark tasks and collected records, thread-pool hand-offs), else, for a
     runner that keeps none, two per task its workers ran and answered (the metering wrapper's requests,
     seen on the workers' side of the transport). Never derived from the worker count."""
-    counted = getattr(handle, "last_transport_messages", None)
+    if not isinstance(handle, MeteredHandle):
+        return 0
+    counted = handle.last_transport_messages
     if counted is not None:
         return int(counted)
-    return 2 * sum(int(r.extra.get("requests", 0)) for r in getattr(handle, "last_rank_records", ()))
+    return 2 * sum(int(r.extra.get("requests", 0)) for r in handle.last_rank_records)
 
 
 class VerifiableEncodedData(EMExecutorIdentity):

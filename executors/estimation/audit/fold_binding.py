@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..em_pass.chunks import WorkerTask, chunk_estep
+from ..em_pass.chunks import ChunkRunner, WorkerTask, chunk_estep
 from ..em_pass.combine_order import GroupFold, GroupReveal, GroupStats, commit_digest, fold_group, group_of
+from ..em_pass.runner_protocols import WorkerPlacement
 
 __all__ = ["fold_digest", "opened_groups", "refold_on", "reveal_chunks"]
 
@@ -40,14 +41,15 @@ def fold_digest(digests: Sequence[str], total: Any) -> str:
     return commit_digest((tuple(digests), float(total[0]), float(total[1]), total[2]))
 
 
-def reveal_chunks(runner: Any, placement: bool, ids: Sequence[int], owners: Sequence[int], payload: Any,
+def reveal_chunks(runner: ChunkRunner, placement: bool, ids: Sequence[int], owners: Sequence[int], payload: Any,
                   token: str) -> dict[int, Any]:
     """The own results of ``ids`` the workers that folded them kept under ``token``: one round, each chunk on
     its owner (``placement``: ``run_on_workers``), or the runner's own placement otherwise (SPMD: the owner
     rank, all-gathered)."""
     reveal = GroupReveal(chunk_estep, token)
     if not placement:
-        return dict(zip(ids, runner.map_chunks(reveal, payload, chunk_ids=list(ids))))
+        return dict(zip(ids, runner.map_chunks(reveal, payload, chunk_ids=list(ids))))  # type: ignore[arg-type]  # NamedTuple __call__
+    assert isinstance(runner, WorkerPlacement)  # placement is declared by a WorkerPlacement only (places_work)
     jobs: dict[int, list[int]] = {}
     for c in ids:
         jobs.setdefault(owners[c], []).append(c)
@@ -56,7 +58,7 @@ def reveal_chunks(runner: Any, placement: bool, ids: Sequence[int], owners: Sequ
     return {c: v for w, cs in jobs.items() for c, v in zip(cs, out[w])}
 
 
-def refold_on(runner: Any, placement: bool, group: tuple[int, int], num_chunks: int, worker: int, payload: Any,
+def refold_on(runner: ChunkRunner, placement: bool, group: tuple[int, int], num_chunks: int, worker: int, payload: Any,
               token: str) -> str:
     """The group folded (committed, kept) and revealed again on ``worker`` through the backend: its observed
     :func:`fold_digest`, to compare with the pass's (a group that comes back unfolded is folded here)."""
@@ -64,9 +66,10 @@ def refold_on(runner: Any, placement: bool, group: tuple[int, int], num_chunks: 
     fold = GroupFold(chunk_estep, num_chunks, frozenset(), True, token)
     ids = list(range(a, b))
     if placement:
+        assert isinstance(runner, WorkerPlacement)  # placement is declared by a WorkerPlacement only (places_work)
         entries = runner.run_on_workers({worker: WorkerTask(fold, payload, tuple(ids))})[worker]  # type: ignore[arg-type]
     else:
-        entries = runner.map_chunks(fold, payload, chunk_ids=ids)
+        entries = runner.map_chunks(fold, payload, chunk_ids=ids)  # type: ignore[arg-type]  # NamedTuple __call__
     total = entries[-1]
     if not (isinstance(total, GroupStats) and len(total.digests) == b - a):
         return fold_digest([commit_digest(v) for v in entries], fold_group(payload[0], entries))

@@ -1,8 +1,8 @@
-"""SDC audit of the EM E-step inside an encoded-data handle.
+"""SDC audit of the EM E-step inside an encoded-data handle: ``EMAudit`` keeps the audit's state and picks the pass.
 
 With the reference (the handle holds the rows: ``estep.rows_reference``; or fetches the audited chunks again from
 their source: ``estep.source_reference``; on SPMD handles every rank agrees on it, ``spmd_audit``), the pass is
-``estep.reference_pass`` (read it top to bottom); ``EMAudit`` keeps the audit's state and places its work:
+``estep.reference_pass`` (read it top to bottom):
 
 1. The pass hands the backend the same tasks on every pass, audited or not: every chunk on its worker, no
    chunk named, each folded group bringing back the ``commit_digest`` of each of its chunks' own results
@@ -12,100 +12,72 @@ their source: ``estep.source_reference``; on SPMD handles every rank agrees on i
    ``ceil(1/rate)`` passes; one chunk per worker on a fit's first pass), recorded in the pass's receipt.
    Before the commitments nothing differs between an audited and an unaudited pass (no thread, no state).
 3. The driver recomputes each audited chunk's E-step from the rows (the one recomputation: the backend
-   computes no chunk twice), and ``EMAuditor.audit_reference`` compares it with the committed digest; where
+   computes no chunk twice), and the judge (``audit_judge``) compares it with the committed digest; where
    they differ a replay on the same worker through the backend decides: it reproduces the digest and lies
    within ``EM_REFERENCE_TOLERANCE`` (rounding), it reproduces and lies beyond (``backend_defect``: raises
    unless ``warn``), or it does not reproduce (``device``): under ``quarantine`` with a healthy worker left
    that worker is quarantined, its chunks recomputed on the others and checked against the reference again, so
    the fit ends on the same bits as a clean run.
 
-Without the reference (a source that cannot read one chunk alone; mixle's ``AuditedMPEncodedData``, whose peer
-evaluations are counted), on a runner that can place work (``supports_worker_placement``: local, mp, dask,
-ray) one round computes every chunk on its primary *and* every audited chunk (a seeded ``rate`` fraction,
-``EMAuditor.audited_chunks``) on the next healthy worker; ``EMAuditor.audit_chunk`` compares the two by
-``statistic_digest``; on a mismatch a third worker witnesses and the majority names the faulty worker, which
-is quarantined (two workers: ``SDCDetectedError``). Runners without placement (mpi, spark) recompute an
-audited chunk on the same runner (``same_rank`` replays). Fault injection (``audit_injection``) strikes
-inside the worker that computes a chunk.
+Without the reference (a source that cannot read one chunk alone) the audited chunks (a seeded ``rate``
+fraction, ``EMAuditor.audited_chunks``) are recomputed through the backend on a peer (``peer_replay``, over the
+placed rounds of ``placed_rounds``); mixle's ``AuditedMPEncodedData`` names its own draw
+(``compat.named_draw``: peer replays, then the secret sample's reference audit on the same pass). Fault
+injection (``audit_injection``) strikes inside the worker that computes a chunk.
 
-The audit writes no ledger: ``take_events`` hands its findings (``SDCAuditRecord`` values and
-``AuditNote`` values for lost / quarantined workers, in the order found) to the handle, which owns
-the run's ledger and writes them.
+The audit writes no ledger: ``take_events`` hands its findings (``audit_findings``: ``SDCAuditRecord`` values
+and ``AuditNote`` values for lost / quarantined workers, in the order found) to the pass, which writes them to
+the handle's ledger.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-import attrs
-
-from ....contracts import EM_AUDIT_POLICIES, AuditPolicy, SDCAuditRecord, choose
+from ....contracts import EM_AUDIT_POLICIES, AuditPolicy, choose
 from ....contracts.estimation import statistic_digest
 from ....verification.harness.em_reference import EM_REFERENCE_TOLERANCE
 from ....verification.sdc.em import ChunkAudit, EMAuditor
+from ....verification.sdc.inject import FaultInjector
 from ....verification.sdc.schedule import EM_AUDIT_RATE, audit_uniform
-from ..em_pass.chunks import (
-    ChunkRunner,
-    GroupFold,
-    GroupStats,
-    WorkerLostError,
-    WorkerTask,
-    WorkerUnavailableError,
-    chunk_estep,
-    chunk_result,
-    group_of,
-    supports_worker_placement,
-)
-from ..em_pass.estep import References, judge_against_reference, open_folded_groups, reference_pass
-from ..em_pass.runner_protocols import ChunkOwnership, WorkerPlacement
+from ..em_pass.chunks import ChunkRunner, GroupFold, GroupStats, chunk_estep, chunk_result
+from ..em_pass.estep import References, reference_pass
+from ..em_pass.runner_protocols import ChunkOwnership, WorkerPlacement, places_work
 from ..engines.chunk_assignment import block_assignment
 from .audit_draw import Draw, SystematicDraw, fresh_entropy
-from .audit_injection import chunk_estep_struck, flip_statistic  # re-exported here, their earlier home
+from .audit_findings import AuditEvent, Findings
 from .audit_judge import Verdict, enforce
-from .audit_receipt import em_receipt  # re-exported here, its earlier home
-from .commitments import check_commitments
+from .peer_replay import backend_pass
+from .placed_rounds import committed_round, mend, owners_on, placed_map, placed_round
 
-__all__ = ["EM_AUDIT_RATE", "AuditNote", "EMAudit", "chunk_estep_struck", "em_receipt", "flip_statistic"]
+__all__ = ["EM_AUDIT_RATE", "EMAudit", "NamedDraw"]
 
 _log = logging.getLogger("mixle_parallel.verification.sdc.em")  # the auditor's logger, as before
 
 
-# ---- the audit driver ------------------------------------------------------------------------------
-def _ring_next(healthy: Sequence[int], primary: int) -> int | None:
-    """The worker ``EMAuditor`` picks as the auditor of ``primary``'s chunk: next healthy in ring order."""
-    if not healthy:
-        return None
-    begin = healthy.index(primary) if primary in healthy else 0
-    ring = list(healthy[begin:]) + list(healthy[:begin])
-    others = [w for w in ring if w != primary]
-    return others[0] if others else None
+class NamedDraw(Protocol):
+    """A pass whose audited chunks are named ahead (mixle's draw: ``compat.named_draw.NamedDrawPass``)."""
 
+    def audited_chunks(self, iteration: int, num_chunks: int, *, first_of_fit: bool = False) -> tuple[int, ...]: ...
 
-@attrs.frozen
-class AuditNote:
-    """A ledger note the audit found (a lost or quarantined worker); the handle writes it."""
-
-    message: str
-    fields: Mapping[str, Any] = attrs.field(factory=dict)
-
-
-AuditEvent = SDCAuditRecord | AuditNote
-"""What ``EMAudit.take_events`` returns, in the order found."""
+    def run(self, audit: EMAudit, payload: tuple[Any, Any], iteration: int, num_chunks: int, encoder: Any,
+            first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]: ...
 
 
 class EMAudit:
     """The SDC audit state of one handle: the seeded auditor, quarantined and lost workers, injector."""
 
     def __init__(self, runner: ChunkRunner, *, rate: float = EM_AUDIT_RATE,
-                 policy: AuditPolicy | str = AuditPolicy.QUARANTINE, seed: int = 0, fault_injector: Any = None) -> None:
+                 policy: AuditPolicy | str = AuditPolicy.QUARANTINE, seed: int = 0,
+                 fault_injector: FaultInjector | None = None) -> None:
         self.runner = runner
         chosen = choose(AuditPolicy, policy, option="audit_policy", allowed=EM_AUDIT_POLICIES)
         self.auditor = EMAuditor(rate=rate, seed=seed, policy=chosen, digest=statistic_digest)
         self.injector = fault_injector
-        self.placement = supports_worker_placement(runner)
+        self.placement = places_work(runner)
         if fault_injector is not None and not self.placement:
             raise ValueError(
                 f"fault_injector= needs a runner that computes chosen chunks on a chosen worker; the "
@@ -117,7 +89,10 @@ class EMAudit:
         handle sets it where it holds the rows or can read them again); each audited chunk is compared with it."""
         self.tolerance = EM_REFERENCE_TOLERANCE
         """What a reference comparison allows where the bits differ (the harness's EM bound)."""
-        self.peer_replays = False
+        self.named_draw: NamedDraw | None = None
+        """mixle's draw naming each pass's audited chunks (``compat.named_draw``; ``AuditedMPEncodedData`` counts
+        their peer evaluations), or None: against the reference the secret sample alone, which replaces the peer
+        replay (that only checked the backend against itself); a mismatch is classified by a same-worker replay."""
         self.computes: Callable[[int], bool] | None = None
         """Which audited chunks' reference this process computes (None: all; SPMD: each rank its own)."""
         self.gather: Callable[[Any], list[Any]] | None = None
@@ -132,11 +107,8 @@ class EMAudit:
         self.agree: Callable[[bytes], bytes] | None = None
         """SPMD: the root's entropy on every rank (a collective), so every rank draws the same sample."""
         self._owner = secrets.token_hex(8)  # names this audit's passes in the workers' retained results
-        """With a reference, whether audited chunks are still also computed on a peer in the pass (mixle's
-        ``AuditedMPEncodedData`` counts those evaluations); by default the reference replaces the peer replay,
-        which only checked the backend against itself, and a mismatch is classified by a same-worker replay."""
-        self._events: list[AuditEvent] = []
-        self._taken = 0  # auditor records already moved to _events
+        self.findings = Findings(self.auditor.records)
+        """What the audit found and the ledger's owner has not taken yet (``take_events``)."""
 
     @property
     def placer(self) -> WorkerPlacement:
@@ -146,21 +118,9 @@ class EMAudit:
             raise RuntimeError(f"the {runner.name!r} runner cannot compute chosen chunks on a chosen worker")
         return runner
 
-    # -- findings for the ledger's owner -------------------------------------------------------------
-    def _sync(self) -> None:
-        fresh = self.auditor.records[self._taken:]
-        self._taken += len(fresh)
-        self._events.extend(fresh)
-
-    def _note(self, message: str, **fields: Any) -> None:
-        self._sync()
-        self._events.append(AuditNote(message, fields))
-
     def take_events(self) -> tuple[AuditEvent, ...]:
-        """The records and notes found since the last call, in order (the handle writes them to its ledger)."""
-        self._sync()
-        events, self._events = tuple(self._events), []
-        return events
+        """The records and notes found since the last call, in order (the pass writes them to the ledger)."""
+        return self.findings.take()
 
     # -- state ----------------------------------------------------------------------------------
     @property
@@ -202,7 +162,9 @@ class EMAudit:
         """Chunks a pass audits where its tasks name them (peer replays: the seeded sample, plus one on the first
         E-step of a fit). Against the reference no rule tells them ahead: each pass's sample is drawn after its
         commitments are in (``draw_sample``; the past ones are in ``draws``)."""
-        if self.reference is not None and not self.peer_replays:
+        if self.named_draw is not None:
+            return self.named_draw.audited_chunks(iteration, num_chunks, first_of_fit=first_of_fit)
+        if self.reference is not None:
             raise RuntimeError("the reference audit draws each pass's sample after the pass's commitments are in, "
                                "so no pass's sample is known ahead; read audit.draws for the passes done")
         chosen = set(self.auditor.audited_chunks(iteration, num_chunks))
@@ -221,83 +183,6 @@ class EMAudit:
         self.last_draw = drawn
         return drawn.chunks
 
-    def _owners(self, num_chunks: int, healthy: list[int]) -> list[int]:
-        preferred = list(self.runner.chunk_owners()) if isinstance(self.runner, ChunkOwnership) else []
-        if len(preferred) == num_chunks and all(w in healthy for w in preferred):
-            return preferred
-        owners = [0] * num_chunks
-        for w, ids in zip(healthy, block_assignment(num_chunks, len(healthy))):
-            for c in ids:
-                owners[c] = w
-        if len(preferred) == num_chunks:  # keep resident placement where the owner is still healthy
-            owners = [p if p in healthy else o for p, o in zip(preferred, owners)]
-        return owners
-
-    # -- placed rounds ---------------------------------------------------------------------------
-    def _round(self, jobs: dict[int, list[int]], estimator: Any, model: Any, iteration: int | None,
-               struck: set[tuple[int, int]], fold: GroupFold | None = None) -> dict[tuple[int, int], Any]:
-        """Compute ``jobs`` (worker -> chunk ids) in one placed round; strike planned flips inside workers.
-
-        With ``fold``, a worker without planned flips folds its complete groups, bringing back the own
-        results of ``fold.raw`` (the audited chunks, read with ``chunk_result``); the entries are then
-        for ``fold_pass``."""
-        tasks: dict[int, WorkerTask] = {}
-        for w, ids in jobs.items():
-            if not ids:
-                continue
-            flips: dict[int, tuple[tuple[int, int], ...]] = {}
-            if self.injector is not None and iteration is not None:
-                for c in ids:
-                    found = []
-                    while (flip := self.injector.claim("statistic", f"chunk:{c}", rank=w, step=iteration)) is not None:
-                        found.append((flip.index, flip.bit))
-                    if found:
-                        flips[c] = tuple(found)
-                        struck.add((w, c))
-            if flips:
-                tasks[w] = WorkerTask(chunk_estep_struck, (estimator, model, flips), tuple(ids))
-            else:
-                tasks[w] = WorkerTask(  # GroupFold is callable through its __call__, unseen by mypy on a NamedTuple
-                    fold if fold is not None else chunk_estep,  # type: ignore[arg-type]  # NamedTuple __call__
-                    (estimator, model),
-                    tuple(ids),
-                )
-        out = self.placer.run_on_workers(tasks)
-        return {(w, c): value for w, task in tasks.items() for c, value in zip(task.chunk_ids, out[w])}
-
-    def _note_lost(self, exc: WorkerUnavailableError) -> None:
-        self.lost.update(exc.workers)
-        self._note(f"worker(s) {list(exc.workers)} lost during an audited pass; their chunks move to "
-                   "the healthy workers", workers=list(exc.workers))
-
-    def _healthy_or_raise(self) -> list[int]:
-        healthy = self.healthy()
-        if not healthy:
-            raise WorkerLostError(
-                f"no healthy worker left (quarantined {sorted(self.auditor.quarantined)}, lost {sorted(self.lost)}); "
-                "create a new handle on replaced hardware"
-            )
-        return healthy
-
-    def placed_map(self, fn: Callable[[Any, Any], Any], payload: Any, num_chunks: int,
-                   ids: Sequence[int] | None = None) -> list[Any]:
-        """``fn`` over the chunks, only on healthy workers; results in chunk order."""
-        wanted = list(range(num_chunks)) if ids is None else sorted(ids)
-        for _ in range(len(self.placer.worker_ids()) + 1):
-            healthy = self._healthy_or_raise()
-            owners = self._owners(num_chunks, healthy)
-            jobs: dict[int, list[int]] = {}
-            for c in wanted:
-                jobs.setdefault(owners[c], []).append(c)
-            try:
-                out = self.placer.run_on_workers({w: WorkerTask(fn, payload, tuple(cs)) for w, cs in jobs.items()})
-            except WorkerUnavailableError as exc:
-                self._note_lost(exc)
-                continue
-            values = {c: v for w, cs in jobs.items() for c, v in zip(cs, out[w])}
-            return [values[c] for c in wanted]
-        raise WorkerLostError("workers kept dying during one pass; create a new handle")
-
     # -- the audited E-step ----------------------------------------------------------------------
     def estep_results(self, estimator: Any, model: Any, iteration: int, *, num_chunks: int, encoder: Any,
                       first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
@@ -305,31 +190,13 @@ class EMAudit:
         result, or its committed digest, readable with ``committed_result``) and the audit outcomes. Against the
         reference the pass is ``estep.reference_pass``; it is given plain values, never the handle."""
         self.last_draw = None
-        if self.reference is not None and not self.peer_replays:
+        if self.named_draw is not None:
+            return self.named_draw.run(self, (estimator, model), iteration, num_chunks, encoder, first_of_fit)
+        if self.reference is not None:
             return reference_pass(self, estimator, model, iteration=iteration, num_chunks=num_chunks,
                                   encoder=encoder, first_of_fit=first_of_fit)
         audited = self.audited_chunks(iteration, num_chunks, first_of_fit=first_of_fit)
-        payload = (estimator, model)
-        if self.reference is None:
-            return self._backend_pass(payload, iteration, num_chunks, audited)
-        return self._named_and_secret_pass(payload, iteration, num_chunks, encoder, audited, first_of_fit)
-
-    def _named_and_secret_pass(self, payload: tuple[Any, Any], iteration: int, n: int, encoder: Any,
-                               audited: tuple[int, ...],
-                               first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """The pass with peer replays of the chunks it names (mixle's draw) and, on it, the secret sample's
-        reference audit and group opening (drawn after the pass), so sparing exactly the named chunks does not
-        pass."""
-        token = self.pass_token(iteration)
-        entries, outcomes = self._backend_pass(payload, iteration, n, audited, token)
-        owners = self.chunk_owners(n)
-        check_commitments(entries, n, backend=self.runner.name, iteration=iteration, owners=owners)
-        secret = self.draw_sample(n, owners, first_of_fit=first_of_fit)
-        chunks = tuple(sorted(set(audited) | set(secret)))
-        refs = self.references(chunks, encoder, *payload)  # mixle's chunks, then the secret ones
-        outcomes += judge_against_reference(self, entries, refs, chunks, owners, payload, iteration, None)
-        folds = open_folded_groups(self, entries, payload, iteration, secret, owners, token)
-        return entries, outcomes + folds
+        return backend_pass(self, (estimator, model), iteration, num_chunks, audited)
 
     def pass_token(self, iteration: int) -> str:
         """The token a pass's folding workers keep their chunks' own results under (for the reveals)."""
@@ -341,7 +208,7 @@ class EMAudit:
         them whole: the ``raw`` chunks' own results come back, with ``commit`` every chunk's digest, with
         ``token`` the workers keep their groups' own results for a ``GroupReveal``."""
         fold = GroupFold(chunk_estep, n, frozenset(int(c) for c in raw), commit, token)
-        out = self.placed_map(fold, payload, n) if self.excluded else self.runner.map_chunks(fold, payload)  # type: ignore[arg-type]  # NamedTuple __call__
+        out = placed_map(self, fold, payload, n) if self.excluded else self.runner.map_chunks(fold, payload)  # type: ignore[arg-type]  # NamedTuple __call__
         if len(out) != n:
             raise RuntimeError(f"backend {self.runner.name!r} returned {len(out)} chunk results for {n} chunks; a "
                                "runner must return one result per chunk, ordered by chunk id")
@@ -352,8 +219,8 @@ class EMAudit:
         """The pass's entries, every folded group committed to its chunks' digests and kept under ``token``, and
         the (worker, chunk) pairs a planned fault struck (a pass with one pending runs placed, to strike)."""
         struck: set[tuple[int, int]] = set()
-        if self.placement and (self.excluded or self._injection_pending(iteration)):
-            return self._committed_round(*payload, iteration, n, struck, token), struck
+        if self.placement and (self.excluded or self.injection_pending(iteration)):
+            return committed_round(self, *payload, iteration, n, struck, token), struck
         return self.fold_entries(payload, n, commit=True, token=token), struck
 
     def references(self, chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, Any]:
@@ -394,53 +261,25 @@ class EMAudit:
         """After a device fault quarantined a worker (a placed runner), recompute its chunks on the others."""
         found = [o for o in outcomes if o.quarantined is not None] if self.placement else []
         for o in found:
-            self._note(f"worker {o.quarantined} quarantined after a mismatch with the reference it did not reproduce "
-                       f"on {o.records[0].unit.replace(':', ' ')} at iteration {iteration}; its chunks are "
-                       "recomputed on the others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
+            self.findings.note(
+                f"worker {o.quarantined} quarantined after a mismatch with the reference it did not reproduce on "
+                f"{o.records[0].unit.replace(':', ' ')} at iteration {iteration}; its chunks are recomputed on the "
+                "others", worker=o.quarantined, chunk=o.chunk, iteration=iteration)
         if found:
-            self._mend(entries, {}, owners, *payload)
+            mend(self, entries, {}, owners, *payload)
 
-    def _injection_pending(self, iteration: int) -> bool:
+    def injection_pending(self, iteration: int) -> bool:
         """Whether a planned fault strikes at ``iteration`` (the pass then runs placed, so it can strike)."""
         return self.injector is not None and any(f.step == iteration for f in self.injector.pending)
 
-    def _backend_pass(self, payload: tuple[Any, Any], iteration: int, n: int,
-                      audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """The pass through the backend, audited chunks replayed on a peer (or on the same runner); with a
-        ``token`` every folded group also commits to its chunks' digests and keeps their results."""
-        if not self.placement:
-            return self._same_runner(payload, iteration, n, audited, token)
-        pending = self._injection_pending(iteration)
-        if not audited and not self.excluded and not pending:
-            return self.fold_entries(payload, n, commit=bool(token), token=token), ()
-        for _ in range(len(self.placer.worker_ids()) + 1):
-            try:
-                return self._placed_pass(*payload, iteration, n, audited, token)
-            except WorkerUnavailableError as exc:
-                self._note_lost(exc)
-        raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
-
-    def _committed_round(self, estimator: Any, model: Any, iteration: int, n: int,
-                         struck: set[tuple[int, int]], token: str = "") -> list[Any]:
-        """The pass on the healthy workers only (planned flips struck), groups committed to their digests."""
-        for _ in range(len(self.placer.worker_ids()) + 1):
-            owners = self._owners(n, self._healthy_or_raise())
-            jobs: dict[int, list[int]] = {}
-            for c in range(n):
-                jobs.setdefault(owners[c], []).append(c)
-            try:
-                values = self._round(jobs, estimator, model, iteration, struck,
-                                     GroupFold(chunk_estep, n, frozenset(), True, token))
-            except WorkerUnavailableError as exc:
-                self._note_lost(exc)
-                continue
-            return [values[(owners[c], c)] for c in range(n)]
-        raise WorkerLostError("workers kept dying during one audited pass; create a new handle")
+    def placed_map(self, fn: Callable[[Any, Any], Any], payload: Any, num_chunks: int) -> list[Any]:
+        """``fn`` over the chunks, only on healthy workers (a pass while some worker is kept idle); chunk order."""
+        return placed_map(self, fn, payload, num_chunks)
 
     def replay(self, worker: int, c: int, payload: tuple[Any, Any]) -> Any:
         """Chunk ``c`` recomputed through the backend on ``worker`` (or on the runner, without placement)."""
         if self.placement:
-            value = self._round({worker: [c]}, *payload, None, set())[(worker, c)]
+            value = placed_round(self, {worker: [c]}, *payload, None, set())[(worker, c)]
         else:
             value = self.runner.map_chunks(chunk_estep, payload, chunk_ids=[c])[0]
         return chunk_result([value], 0) if isinstance(value, GroupStats) else value
@@ -448,96 +287,7 @@ class EMAudit:
     def chunk_owners(self, num_chunks: int) -> list[int]:
         """The worker each chunk was computed on (for the record and the same-worker replay)."""
         if self.placement:
-            return self._owners(num_chunks, self.healthy() or self.live())
+            return owners_on(self.runner, num_chunks, self.healthy() or self.live())
         if isinstance(self.runner, ChunkOwnership):
             return list(self.runner.chunk_owners())
         return [w for w, ids in enumerate(block_assignment(num_chunks, self.runner.num_workers)) for _ in ids]
-
-    def _placed_pass(self, estimator: Any, model: Any, iteration: int, n: int,
-                     audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        """One placed pass, each audited chunk also computed on its ring peer in the same round; then the
-        audit, and the mending of what it found."""
-        healthy = self._healthy_or_raise()
-        owners = self._owners(n, healthy)
-        jobs: dict[int, list[int]] = {}
-        for c in range(n):
-            jobs.setdefault(owners[c], []).append(c)
-        for c in audited:
-            w = _ring_next(healthy, owners[c])
-            if w is not None:
-                jobs.setdefault(w, []).append(c)
-        struck: set[tuple[int, int]] = set()
-        values = self._round(jobs, estimator, model, iteration, struck,
-                             GroupFold(chunk_estep, n, frozenset(audited), bool(token), token))
-        entries = [values[(owners[c], c)] for c in range(n)]
-        outcomes, decided = self._peer_audits(entries, values, owners, estimator, model, iteration, audited, struck)
-        for outcome in outcomes:
-            if outcome.quarantined is not None:
-                self._note(f"worker {outcome.quarantined} quarantined after a witnessed mismatch on "
-                           f"chunk {outcome.chunk} at iteration {iteration}; its chunks are recomputed on the "
-                           "others", worker=outcome.quarantined, chunk=outcome.chunk, iteration=iteration)
-        self._mend(entries, decided, owners, estimator, model)
-        return entries, tuple(outcomes)
-
-    def _peer_audits(self, entries: list[Any], values: dict[tuple[int, int], Any], owners: list[int],
-                     estimator: Any, model: Any, iteration: int, audited: tuple[int, ...],
-                     struck: set[tuple[int, int]]) -> tuple[list[ChunkAudit], dict[int, Any]]:
-        """Each audited chunk against its peer's replay (a witness on a mismatch; one worker left: a same-worker
-        replay); the outcomes and the statistics the audit decided on where they are not the primary's."""
-        outcomes: list[ChunkAudit] = []
-        decided: dict[int, Any] = {}
-        live = self.live()
-        for c in audited:
-            primary = chunk_result(entries, c)
-            if len(self.auditor.healthy(live)) < 2:
-                replay = self._round({owners[c]: [c]}, estimator, model, iteration, struck)[(owners[c], c)]
-                outcome = self.auditor.audit_same_worker(
-                    iteration=iteration, chunk=c, worker=owners[c], statistic=primary, replayed=replay,
-                    injected=any(k[1] == c for k in struck))
-            else:
-                def recompute(worker: int, c: int = c) -> Any:
-                    if (worker, c) not in values:
-                        values.update(self._round({worker: [c]}, estimator, model, iteration, struck))
-                    value = values[(worker, c)]
-                    return chunk_result([value], 0) if isinstance(value, GroupStats) else value
-
-                outcome = self.auditor.audit_chunk(
-                    iteration=iteration, chunk=c, primary=owners[c], statistic=primary, recompute=recompute,
-                    workers=live, injected=any(k[1] == c for k in struck))
-            if outcome.statistic is not primary and statistic_digest(outcome.statistic) != statistic_digest(primary):
-                decided[c] = outcome.statistic
-            if outcome.quarantined is not None:
-                decided.setdefault(c, outcome.statistic)
-            outcomes.append(outcome)
-        return outcomes, decided
-
-    def _mend(self, entries: list[Any], decided: dict[int, Any], owners: Sequence[int], estimator: Any,
-              model: Any) -> None:
-        """Recompute, per chunk on healthy workers, the chunks of a quarantined worker and every group holding
-        one of them or a chunk whose audited statistic is not its primary's (a group folded with a bad chunk in
-        it cannot be mended in place); the audit's own statistic stands for the decided chunks."""
-        n = len(entries)
-        touched = {group_of(n, c) for c in range(n) if owners[c] in self.auditor.quarantined} | {
-            group_of(n, c) for c in decided}
-        redo = sorted(c for a, b in touched for c in range(a, b) if c not in decided)
-        if redo:
-            for c, value in zip(redo, self.placed_map(chunk_estep, (estimator, model), n, redo)):
-                entries[c] = value
-        for c, value in decided.items():
-            entries[c] = value
-
-    def _same_runner(self, payload: tuple[Any, Any], iteration: int, n: int,
-                     audited: tuple[int, ...], token: str = "") -> tuple[list[Any], tuple[ChunkAudit, ...]]:
-        results = self.fold_entries(payload, n, audited, commit=bool(token), token=token)
-        if not audited:
-            return results, ()
-        replays = self.runner.map_chunks(chunk_estep, payload, chunk_ids=list(audited))
-        owners = self.chunk_owners(len(results))
-        outcomes = []
-        for c, replay in zip(audited, replays):
-            outcomes.append(
-                self.auditor.audit_same_worker(
-                    iteration=iteration, chunk=c, worker=owners[c], statistic=chunk_result(results, c), replayed=replay
-                )
-            )
-        return results, tuple(outcomes)

@@ -13,32 +13,38 @@ digests with the same references, enters the same replays and raises the same er
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..em_pass.estep import rows_reference, source_reference
+from ..em_pass.runner_protocols import RankCollective
+
+if TYPE_CHECKING:
+    from ..sources import ChunkPlace, OpenedSource
+    from .sdc_audit import EMAudit
 
 __all__ = ["attach_spmd_reference"]
 
 
-def attach_spmd_reference(handle: Any) -> None:
+def attach_spmd_reference(audit: EMAudit, runner: RankCollective, rows: Any, bounds: Sequence[tuple[int, int]],
+                          source: OpenedSource | None, places: Sequence[ChunkPlace] | None) -> None:
     """Agree on each pass's draw entropy and turn the reference on, on every rank (a collective: all ranks call
-    it)."""
-    audit, runner = handle._audit, handle.runner
+    it). ``rows`` are the rows this rank keeps for the reference (None: none), ``bounds`` the chunks' row
+    ranges, ``source`` and ``places`` where a source's chunks are read again."""
     audit.agree = lambda entropy: runner.all_gather(entropy)[runner.root]
-    from_source = source_reference(handle.source, handle.places) if handle._audit_rows is None else None
-    found = runner.all_gather((handle._audit_rows is not None, from_source is not None))
+    from_source = source_reference(source, places) if rows is None else None
+    found = runner.all_gather((rows is not None, from_source is not None))
     if all(readable for _, readable in found):  # a source every rank reads its own chunks of again
         audit.reference = from_source
         audit.computes, audit.gather = _owned_by(runner, everywhere=True), runner.all_gather
         return
     if not found[runner.root][0]:  # no rows at the root and a source not every rank can read: no reference
         return
-    everywhere = all(rows for rows, _ in found)
-    audit.reference = rows_reference(handle._audit_rows, handle.bounds) if handle._audit_rows is not None else _no_rows
+    everywhere = all(has_rows for has_rows, _ in found)
+    audit.reference = rows_reference(rows, bounds) if rows is not None else _no_rows
     audit.computes, audit.gather = _owned_by(runner, everywhere), runner.all_gather
 
 
-def _owned_by(runner: Any, everywhere: bool) -> Callable[[int], bool]:
+def _owned_by(runner: RankCollective, everywhere: bool) -> Callable[[int], bool]:
     """Which audited chunks this rank recomputes: its own (every rank can), else the root all of them."""
     def computes(chunk: int) -> bool:
         return runner.chunk_owners()[chunk] == runner.rank if everywhere else runner.is_root

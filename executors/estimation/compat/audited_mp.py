@@ -17,7 +17,7 @@ until ``arm_corruption(None)``, and each mismatch's :class:`SDCAuditReceipt` car
 ``mismatch_reason``, the witness, the suspects, the quarantine status).
 
 mixle's draw is named in the pass (its own results come back), so a backend could spare exactly those chunks;
-the same passes therefore also run the secret-sample reference audit (``EMAudit._named_and_secret_pass``):
+the same passes therefore also run the secret-sample reference audit (``named_draw.NamedDrawPass``):
 every folded group commits to its chunks' digests, the secretly drawn chunks are compared with the reference
 and their groups opened. Its records join ``audit_records``; mixle's round fields count mixle's draw only.
 """
@@ -37,6 +37,8 @@ import numpy as np
 from ....contracts import AuditPolicy, SDCAuditRecord
 from ....contracts.estimation import canonical_statistic_bytes
 from ....verification.sdc.inject import BitFlip, FaultInjector
+from ..audit.placed_rounds import owners_on
+from ..audit.sdc_audit import EMAudit
 from ..em_pass.chunks import ChunkResult, GroupStats, WorkerTask, chunk_estep
 from ..em_pass.finite_guard import (
     NonFiniteStatisticError,
@@ -45,6 +47,7 @@ from ..em_pass.finite_guard import (
 )
 from ..engines.mp import MPChunkRunner
 from ..handle import ChunkedEncodedData
+from .named_draw import NamedDrawPass
 
 __all__ = ["AuditedMPEncodedData", "CorruptionHook", "SDCAuditReceipt", "audit_receipts", "inject_bit_flip"]
 
@@ -265,6 +268,7 @@ class AuditedMPEncodedData(ChunkedEncodedData):
         if isinstance(sub_chunks, bool) or not isinstance(sub_chunks, int) or sub_chunks < 1:
             raise ValueError(f"sub_chunks must be an int >= 1, got {sub_chunks!r}")
         self.audit_rtol, self.audit_atol, self.max_retries = float(audit_rtol), float(audit_atol), int(max_retries)
+        self._audit = None  # made by attach_verification below; the rate is kept until then
         self.audit_rate = audit_rate
         self._audit_rng = rng if hasattr(rng, "choice") else np.random.RandomState(_seed(rng))
         self._last_model: Any = None
@@ -289,10 +293,17 @@ class AuditedMPEncodedData(ChunkedEncodedData):
         except BaseException:
             runner.close()
             raise
-        audit: Any = self._audit
+        audit = self._held_audit()
         audit.runner = _PayloadTap(audit.runner, self)
-        audit.audited_chunks = self._audited_chunks  # mixle's draw replaces the seeded sample (module doc)
-        audit.peer_replays = True  # mixle's primary/audit/witness evaluations, then the reference as well
+        # mixle's draw replaces the seeded sample: its primary/audit/witness evaluations, then the reference too
+        audit.named_draw = NamedDrawPass(self._audited_chunks)
+
+    def _held_audit(self) -> EMAudit:
+        """The audit this handle always has (``attach_verification(audit=True)`` in the constructor)."""
+        audit = self._audit
+        if audit is None:
+            raise RuntimeError("AuditedMPEncodedData always has its SDC audit; this one was built without it")
+        return audit
 
     # -- mixle's instrumentation ----------------------------------------------------------------
     @property
@@ -305,15 +316,15 @@ class AuditedMPEncodedData(ChunkedEncodedData):
         if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0.0 <= value <= 1.0:
             raise ValueError(f"audit_rate must be finite and within [0, 1], got {value!r}")
         self._audit_rate = float(value)
-        audit = getattr(self, "_audit", None)
+        audit = self._audit
         if audit is not None:  # the secret sample's reference audit runs at the same rate
             audit.auditor.rate = self._audit_rate
 
     def _audited_chunks(self, iteration: int, num_chunks: int, *, first_of_fit: bool = False) -> tuple[int, ...]:
         """This round's audited chunks: ``round(audit_rate x chunks)`` drawn without replacement from ``rng``."""
-        audit: Any = self._audit
+        audit = self._held_audit()
         healthy = audit.healthy()
-        self._round_owners = audit._owners(num_chunks, healthy) if healthy else []
+        self._round_owners = owners_on(audit.runner, num_chunks, healthy) if healthy else []
         self._round_roles = {}
         n_audit = max(0, min(int(round(self._audit_rate * num_chunks)), num_chunks))
         if n_audit == 0 or len(healthy) < 2:
@@ -373,7 +384,7 @@ class AuditedMPEncodedData(ChunkedEncodedData):
         ``arm_corruption(None)``; or planned bit flips of chunk statistics struck inside the workers
         (``BitFlip('statistic', 'chunk:<c>', rank=<worker>, step=<iteration>, index, bit)``, or a
         ``FaultInjector``). ``None`` clears both."""
-        audit: Any = self._audit
+        audit = self._held_audit()
         if flips is None:
             self._corrupt_hook, audit.injector = None, None
         elif isinstance(flips, FaultInjector):

@@ -25,6 +25,7 @@ class _ByBackend(type):
         if type.__instancecheck__(cls, obj):
             return True
         name = cls.__dict__.get("backend_name")
+        # getattr: a handle still being built (or failed half-way) has no runner to name its backend yet
         return name is not None and isinstance(obj, ChunkedEncodedData) and getattr(obj, "backend", None) == name
 
 

@@ -104,6 +104,8 @@ def _canonical_shard_payloads(groups: Sequence[tuple[int, bytes]], expected_shar
 class ResilientMPEncodedData(ChunkedEncodedData):
     """The mp handle with retries, a blacklist and (``checkpoint=``) resumable mid-fit checkpoints."""
 
+    runner: ResilientMPChunkRunner
+
     def __init__(self, data: Sequence[Any], estimator: Any = None, encoder: Any = None,
                  num_workers: int | None = None, sub_chunks: int = 1, max_retries: int = 2,
                  worker_timeout_s: float = 30.0, *, num_chunks: int | None = None, checkpoint: str | None = None,
@@ -138,18 +140,18 @@ class ResilientMPEncodedData(ChunkedEncodedData):
     @property
     def _conns(self) -> dict[int, None]:
         """The live, not blacklisted workers (keys only: the pipes are the runner's)."""
-        runner: Any = self.runner
+        runner = self.runner
         return {w: None for w in runner.live_workers if w not in runner.blacklist}
 
     @property
     def _failures(self) -> dict[int, int]:
-        runner: Any = self.runner
+        runner = self.runner
         return {w: int(runner.failures.get(w, 0)) for w in range(runner.num_workers)}
 
     @property
     def _worker_shards(self) -> dict[int, set[int]]:
         """Chunks (mixle's shards) each live worker is sent in a plain pass."""
-        runner: Any = self.runner
+        runner = self.runner
         out: dict[int, set[int]] = {}
         if self._scattered:
             for chunk, worker in enumerate(runner.chunk_owners()):
@@ -161,11 +163,11 @@ class ResilientMPEncodedData(ChunkedEncodedData):
         """Arm a one-shot fault hook for the next E-step: ``hook(worker_id, process)`` is called for every live
         worker after it acknowledges the E-step and before it is sent any chunk work (a kill there always lands
         before the worker accumulates). The E-step after it ends on the bits of a clean one. None disarms."""
-        self.runner.arm_kill(hook)  # type: ignore[attr-defined]  # a ResilientMPChunkRunner
+        self.runner.arm_kill(hook)
 
     def _in_round(self, run: Callable[[], _T]) -> _T:
         """``run()`` as one round: the runner's round sets (and an armed kill hook) start fresh, then are copied."""
-        runner: Any = self.runner
+        runner = self.runner
         runner.begin_round()
         try:
             return run()
@@ -186,7 +188,7 @@ class ResilientMPEncodedData(ChunkedEncodedData):
     @property
     def blacklist(self) -> set[int]:
         """Workers blacklisted after ``max_retries`` failures."""
-        return set(self.runner.blacklist)  # type: ignore[attr-defined]  # a ResilientMPChunkRunner
+        return set(self.runner.blacklist)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _identity(self, estimator: Any) -> dict[str, Any]:
@@ -218,7 +220,7 @@ class ResilientMPEncodedData(ChunkedEncodedData):
     # -- a checkpointed pass --------------------------------------------------------------------
     def _batches(self) -> list[list[tuple[int, int]]]:
         groups = list(combine_groups(self.num_chunks))
-        size = self.groups_per_batch or max(1, len(self.runner.live_workers))  # type: ignore[attr-defined]
+        size = self.groups_per_batch or max(1, len(self.runner.live_workers))
         return [groups[i:i + size] for i in range(0, len(groups), size)]
 
     def _checkpointed_pass(self, estimator: Any, model: Any, doc: dict[str, Any]) -> GroupStats:

@@ -128,7 +128,7 @@ class WorkerTask(NamedTuple):
     chunk_ids: tuple[int, ...]
 
 
-def supports_worker_placement(runner: Any) -> bool:
+def supports_worker_placement(runner: object) -> bool:
     """Whether ``runner`` can compute chosen chunks on a chosen worker: it is a ``WorkerPlacement`` (the
     members) and declares ``supports_worker_placement = True`` (``runner_protocols.places_work``)."""
     return places_work(runner)

@@ -1,4 +1,4 @@
-"""One audited EM pass against the independent reference, read top to bottom (DESIGN §9).
+"""One EM pass read top to bottom (DESIGN §9): audited against the independent reference, then findings, fold, receipt.
 
 1. Hand the runner its tasks: every chunk on its worker, the same tasks on every pass (no chunk named);
    each combine group folds on its worker and commits to a digest per chunk (``GroupFold(commit=True)``).
@@ -12,30 +12,37 @@
 7. Open the folded groups holding an audited chunk (their workers reveal the chunks' own results) and judge
    each sum against its commitments; mend again.
 
-The caller (the handle) folds the entries in the fixed order (``fold_pass``) and writes the receipt; nothing
-here reaches back into the handle: it is given plain values and the audit's state (``EMAudit``).
+Around every pass, audited or not (the handle calls these, then keeps what they return): the audit's findings
+go to the ledger even when the pass raises (:func:`audited_entries`, :func:`write_findings`), the entries are
+folded in the fixed order and the M-step taken (:func:`folded_result`), and the pass's receipt is made and
+written (:func:`record_receipt`). Nothing here reaches back into the handle: it is given plain values, the
+audit's state (``EMAudit``) and the ledger.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ....contracts import StepReceipt
 from ....verification.sdc.em import ChunkAudit, within_tolerance
 from ....verification.sdc.schedule import SDCDetectedError
+from ..audit.audit_findings import AuditEvent, AuditNote
 from ..audit.audit_judge import ChunkEvidence, FoldEvidence, Verdict, judge_chunks, judge_folds, replays_needed
+from ..audit.audit_receipt import em_receipt
 from ..audit.commitments import check_commitments
 from ..audit.fold_binding import fold_digest, opened_groups, refold_on, reveal_chunks
-from .chunks import ChunkResult, EncodedChunk, chunk_estep
+from .chunks import ChunkResult, EncodedChunk, EStepResult, chunk_estep
 from .combine_order import commit_digest, committed_result, fold_group
+from .runner_protocols import RunLedger
 
 if TYPE_CHECKING:
     from ..audit.sdc_audit import EMAudit
     from ..sources import ChunkPlace, OpenedSource
 
-__all__ = ["References", "judge_against_reference", "open_folded_groups", "reference_pass", "rows_reference",
-           "source_reference"]
+__all__ = ["References", "audited_entries", "folded_result", "judge_against_reference", "open_folded_groups",
+           "record_receipt", "reference_pass", "rows_reference", "source_reference", "write_findings"]
 
 
 class References(Protocol):
@@ -157,6 +164,47 @@ def _recheck(entries: list[Any], references: dict[int, Any], verdict: Verdict, a
                                     audit.tolerance.rtol)
         if not ok:
             raise SDCDetectedError(outcome.records)
+
+
+# ---- around the pass: findings, fold, receipt ----------------------------------------------------------
+def audited_entries(audit: EMAudit, ledger: RunLedger | None, estimator: Any, model: Any, *, iteration: int,
+                    num_chunks: int, encoder: Any, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
+    """The entries and outcomes of one audited pass (the audit picks it: ``reference_pass`` above, the peer
+    replays without a reference, mixle's named draw); what the audit found reaches ``ledger`` even when it
+    raises."""
+    try:
+        return audit.estep_results(estimator, model, iteration, num_chunks=num_chunks, encoder=encoder,
+                                   first_of_fit=first_of_fit)
+    finally:
+        write_findings(ledger, audit.take_events())
+
+
+def write_findings(ledger: RunLedger | None, events: Sequence[AuditEvent]) -> None:
+    """The audit's findings (records and notes, in order) written to the run's ledger (none: dropped)."""
+    if ledger is None:
+        return
+    for event in events:
+        if isinstance(event, AuditNote):
+            ledger.note(event.message, **event.fields)
+        else:
+            ledger.audit(event)
+
+
+def folded_result(estimator: Any, entries: list[Any], fold: Callable[[Any, list[Any]], Any]) -> EStepResult:
+    """The pass's entries folded in the fixed order by ``fold`` (``fold_pass``, or a guarded one) and the
+    M-step on the total."""
+    total = fold(estimator, entries)
+    nobs, ll, stats = total.count, total.log_likelihood, total.stats
+    return EStepResult(nobs, ll, stats, estimator.estimate(nobs, stats))
+
+
+def record_receipt(ledger: RunLedger | None, iteration: int, result: EStepResult, **fields: Any) -> StepReceipt:
+    """The pass's receipt (``em_receipt``: rows, log-likelihood, ``fields``) written to ``ledger`` where there
+    is one."""
+    receipt = em_receipt(iteration, result.nobs, result.log_likelihood, **fields)
+    if ledger is not None:
+        ledger.receipt(receipt)
+    return receipt
 
 
 # ---- the references -----------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ....contracts.resources import local_cpu_count
-from ..em_pass.chunks import WorkerLostError, WorkerTimeoutError
+from ..em_pass.chunks import ChunkRunner, WorkerLostError, WorkerTimeoutError
 from ..handle import handle_from_runner
 from ..options import EncodedDataOptions
 from .backend_declaration import refuse_for_runner
@@ -324,7 +324,7 @@ def dask_encoded_data(data: Any, *, client: Any = None, num_workers: int | None 
     task-only client they are refused. ``params`` are the handle's options."""
     engine: dict[str, Any] = {k: params.pop(k) for k in ("timeout", "direct_channel", "straggler_timeout")
                               if k in params}
-    runner: Any
+    runner: ChunkRunner
     if is_task_only_client(client, require_engine("distributed", "dask")):
         refuse_for_runner("dask", engine, f"a {type(client).__name__} that only submits and gathers",
                           "a distributed.Client")

@@ -8,10 +8,13 @@ engine fitting the same parts, so the bits are too.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..em_pass.chunks import resolve_encoder
 from ..sources import is_source, materialize
+
+if TYPE_CHECKING:
+    from .mpi import MPIEncodedData
 
 __all__ = ["scatter_source", "source_row_placeholder"]
 
@@ -27,14 +30,15 @@ def source_row_placeholder(data: Any, root_only: bool, backend: str) -> int | No
     return 0
 
 
-def scatter_source(handle: Any, estimator: Any, model: Any) -> None:
+def scatter_source(handle: MPIEncodedData, estimator: Any, model: Any) -> None:
     """Build this rank's chunks of ``handle``'s source here (its own files' rows, or its own rows) and hand the
     runner this rank's block; a source that says which rank holds which chunk (``rank_local``) sets the blocks."""
-    runner = handle.runner
+    runner, source, places = handle.runner, handle.source, handle.places
+    assert source is not None and places is not None  # called for a handle over a source only
     if handle._encoder is None:
         handle._encoder = resolve_encoder(estimator, model)
-    recipes = handle.source.recipes(handle.places, handle._encoder)
-    owners = handle.source.owners(handle.places, runner.size)
+    recipes = source.recipes(places, handle._encoder)
+    owners = source.owners(places, runner.size)
     if owners is not None:
         runner.blocks = owners
     mine = set(runner.owned_chunk_ids(len(recipes)))

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from ..api import encoded_data
+from ..audit.sdc_audit import EMAudit
 from ..audit.spmd_audit import attach_spmd_reference
 from ..compat.reference_handles import BuiltByEncodedData
 from ..em_pass.chunks import apply_chunk_fn
@@ -296,9 +297,9 @@ class TorchRunEncodedData(BuiltByEncodedData, ChunkedEncodedData):
     ``encoded_data(data, backend="torchrun", ...)``, called on every rank.
     """
 
-    def _attach_reference(self) -> None:
+    def _attach_reference(self, audit: EMAudit) -> None:
         """Every rank agrees on the audit's sample and references (``spmd_audit``)."""
-        attach_spmd_reference(self)
+        attach_spmd_reference(audit, self.runner, self._audit_rows, self.bounds, self.source, self.places)
 
     backend_name = "torchrun"
 

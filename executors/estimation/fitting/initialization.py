@@ -20,6 +20,7 @@ from ..em_pass.chunks import (
     ordered_sum,
     seed_from,
 )
+from ..em_pass.runner_protocols import ChunkedHandle, InitializableHandle, SizedHandle
 from ..models.combinators import _stacked_kernel
 
 __all__ = [
@@ -183,9 +184,9 @@ def chunk_labelled_start(chunk: EncodedChunk, payload: tuple[Any, int, float, st
     return float(np.sum(weights)), acc.value()
 
 
-def _kmeans_sample(handle: Any, estimator: Any, seed: int, p: float) -> np.ndarray | None:
+def _kmeans_sample(handle: ChunkedHandle, estimator: Any, seed: int, p: float) -> np.ndarray | None:
     """The seeded k-means sample gathered in chunk order (None: the rows are not numeric)."""
-    rows = max(1, getattr(handle, "num_rows", 0))
+    rows = max(1, handle.num_rows if isinstance(handle, SizedHandle) else 0)
     rate = min(1.0, KMEANS_SAMPLE_ROWS / (rows * p))
     parts: Sequence[Any] = handle.map_chunks(chunk_feature_sample, (seed, p, rate), estimator)
     if any(part is None for part in parts):
@@ -193,14 +194,14 @@ def _kmeans_sample(handle: Any, estimator: Any, seed: int, p: float) -> np.ndarr
     return np.concatenate(list(parts), axis=0)
 
 
-def initial_model(handle: Any, estimator: Any, *, init: str | None = None, seed: Any = None,
+def initial_model(handle: InitializableHandle, estimator: Any, *, init: str | None = None, seed: Any = None,
                   p: float = 0.1) -> tuple[Any, str]:
     """The starting model of ``estimator`` on ``handle``'s data by the ``init`` strategy, and the one used."""
     chosen = resolve_init(estimator, init)
-    if chosen not in ("random", "auto") and not hasattr(handle, "map_chunks"):
+    if chosen not in ("random", "auto") and not isinstance(handle, ChunkedHandle):
         raise ValueError(f"init={chosen!r} needs a handle with map_chunks (ChunkedEncodedData); "
                          f"{type(handle).__name__} only starts from its own pysp_seq_initialize: use init='random'")
-    if chosen == "random" or not hasattr(handle, "map_chunks"):
+    if chosen == "random" or not isinstance(handle, ChunkedHandle):
         return handle.pysp_seq_initialize(estimator, seed, p), "random"
     if not (isinstance(p, (int, float)) and 0.0 < float(p) <= 1.0):
         raise ValueError(f"init_p must be in (0, 1], got {p!r}")

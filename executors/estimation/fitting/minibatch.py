@@ -22,6 +22,7 @@ import numpy as np
 
 from ..em_pass.chunks import chunk_initialize, combine_in_chunk_order, ordered_sum
 from ..em_pass.combine_order import fold_group
+from ..em_pass.runner_protocols import MinibatchHandle
 from .initialization import initial_model
 
 __all__ = [
@@ -182,7 +183,7 @@ def step_gains(schedule: Callable[[int], float] | None = None, step_exponent: fl
 class _BatchView:
     """One mini-batch of a handle as a handle of its own, for ``initial_model`` (``map_chunks`` on its chunks)."""
 
-    def __init__(self, handle: Any, chunk_ids: Sequence[int]) -> None:
+    def __init__(self, handle: MinibatchHandle, chunk_ids: Sequence[int]) -> None:
         self.handle, self.ids = handle, sorted(int(c) for c in chunk_ids)
         self.num_rows = sum(handle.bounds[c][1] - handle.bounds[c][0] for c in self.ids)
 
@@ -198,7 +199,7 @@ class _BatchView:
         return estimator.estimate(nobs, combine_in_chunk_order(estimator, [r[1] for r in results]))
 
 
-def batch_start(handle: Any, estimator: Any, seed: int, p: float, chunk_ids: Sequence[int],
+def batch_start(handle: MinibatchHandle, estimator: Any, seed: int, p: float, chunk_ids: Sequence[int],
                 init: str | None = None) -> Any:
     """A start drawn from one mini-batch only, by ``optimize``'s ``init`` strategies (k-means++ for mixtures of
     scalar or vector rows, else random with rows kept with probability ``p``); draws from (seed, chunk id)."""
@@ -214,9 +215,10 @@ def _check_epochs(epochs: Any) -> float:
     return float(epochs)
 
 
-def stepwise_em(handle: Any, estimator: Any, model: Any, batches: Callable[[int], Iterable[Sequence[int]]], *,
-                epochs: float = 1.0, gains: Callable[[int], float] | None = None, init_p: float = 0.2,
-                init_seed: int = 0, init: str | None = None) -> StochasticFit:
+def stepwise_em(handle: MinibatchHandle, estimator: Any, model: Any,
+                batches: Callable[[int], Iterable[Sequence[int]]], *, epochs: float = 1.0,
+                gains: Callable[[int], float] | None = None, init_p: float = 0.2, init_seed: int = 0,
+                init: str | None = None) -> StochasticFit:
     """Stepwise EM on ``handle`` over ``epochs`` passes; ``batches(epoch)`` yields each batch's chunk ids.
 
     ``model`` None starts from the first batch (:func:`batch_start`). The handle supplies

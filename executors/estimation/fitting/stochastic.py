@@ -16,6 +16,7 @@ import attrs
 
 from ..api import handle_for, is_encoded_data_handle, options_from_keywords
 from ..compat.mixle_interop import adapt_mixle_objects
+from ..em_pass.runner_protocols import MinibatchHandle
 from .minibatch import (
     DEFAULT_STEP_EXPONENT,
     DEFAULT_STEP_OFFSET,
@@ -30,7 +31,7 @@ from .minibatch import (
 __all__ = ["StochasticFit", "StochasticOptions", "minibatches", "scale_statistic", "stochastic_em"]
 
 
-def minibatches(handle: Any, batch_size: int | None = None, *, shuffle: bool = True, seed: int = 0,
+def minibatches(handle: MinibatchHandle, batch_size: int | None = None, *, shuffle: bool = True, seed: int = 0,
                 epoch: int = 0) -> list[list[int]]:
     """The chunk ids of each mini-batch of one epoch of ``handle``: runs of whole chunks holding about
     ``batch_size`` rows (default: one chunk), in a permutation seeded by ``(seed, epoch)`` (chunk order
@@ -89,6 +90,10 @@ def stochastic_em(data: Any, estimator: Any, model: Any = None, **keywords: Any)
     handle, _ = handle_for(data, backend, options, verification)
     estimator, model, _ = adapt_mixle_objects(estimator, model, None)
     try:
+        if not isinstance(handle, MinibatchHandle):
+            raise TypeError(f"stochastic_em steps through mini-batches of chosen chunks, which a "
+                            f"{type(handle).__name__} cannot compute (no batch_statistics/map_batch); pass the rows "
+                            "or a handle from encoded_data(...)")
         def batches(epoch: int) -> list[list[int]]:
             return minibatches(handle, run.batch_size, shuffle=run.shuffle, seed=run.seed, epoch=epoch)
 

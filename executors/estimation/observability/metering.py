@@ -21,8 +21,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..em_pass.chunks import WorkerTask
+from ..em_pass.chunks import ChunkRunner, WorkerTask
 from ..em_pass.combine_order import apply_chunk_fn
+from ..em_pass.runner_protocols import PoolProcesses, WorkerPlacement, places_work
 from .em_observability import RankRecord
 
 __all__ = ["IN_PROCESS_RUNNERS", "Metered", "MeteredFn", "MeteredRunner", "WorkMeta"]
@@ -114,9 +115,9 @@ class _Tally:
 class MeteredRunner:
     """A chunk runner whose every call is measured per worker; otherwise the wrapped runner itself."""
 
-    def __init__(self, runner: Any) -> None:
+    def __init__(self, runner: ChunkRunner) -> None:
         self.inner = runner
-        self.moves_bytes = getattr(runner, "name", "") not in IN_PROCESS_RUNNERS
+        self.moves_bytes = runner.name not in IN_PROCESS_RUNNERS
         self._ranks: dict[str, int] = {}
         self._pass: dict[int, _Tally] | None = None
         self._round = 0
@@ -140,7 +141,7 @@ class MeteredRunner:
     @property
     def supports_worker_placement(self) -> bool:
         """Whether the wrapped runner can aim chunks at chosen workers."""
-        return bool(getattr(self.inner, "supports_worker_placement", False))
+        return places_work(self.inner)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -153,7 +154,7 @@ class MeteredRunner:
                    chunk_ids: Sequence[int] | None = None) -> list[Any]:
         """The wrapped ``map_chunks`` of ``fn``, measured; plain results in chunk order."""
         t0 = time.perf_counter()
-        out = self.inner.map_chunks(MeteredFn(fn), payload, chunk_ids)  # NamedTuple with __call__
+        out = self.inner.map_chunks(MeteredFn(fn), payload, chunk_ids)  # type: ignore[arg-type]  # NamedTuple __call__
         self._note([(None, out)], time.perf_counter() - t0, payload, fn)
         return [_value(e) for e in out]
 
@@ -161,8 +162,11 @@ class MeteredRunner:
         """The wrapped ``run_on_workers``, each task measured on its worker."""
         wrapped = {w: WorkerTask(MeteredFn(t[0]), t[1], tuple(t[2]))  # type: ignore[arg-type]  # NamedTuple __call__
                    for w, t in tasks.items()}
+        inner = self.inner
+        if not isinstance(inner, WorkerPlacement):
+            raise RuntimeError(f"the {inner.name!r} runner cannot compute chosen chunks on a chosen worker")
         t0 = time.perf_counter()
-        out = self.inner.run_on_workers(wrapped)
+        out = inner.run_on_workers(wrapped)
         first = next(iter(tasks.values()), None)
         self._note([(w, v) for w, v in out.items()], time.perf_counter() - t0,
                    None if first is None else first[1], None if first is None else first[0])
@@ -223,10 +227,8 @@ class MeteredRunner:
         """The worker index: given by the call, or the runner's index of the pid, or first-seen order."""
         if worker is not None:
             return int(worker)
-        pids = getattr(self.inner, "worker_pids", None)
-        live = getattr(self.inner, "live_workers", None)
-        if callable(pids) and live is not None:
-            by_pid = dict(zip(pids(), live))
+        if isinstance(self.inner, PoolProcesses):
+            by_pid = dict(zip(self.inner.worker_pids(), self.inner.live_workers))
             if meta.pid in by_pid:
                 return int(by_pid[meta.pid])
         return self._ranks.setdefault(meta.worker, len(self._ranks))

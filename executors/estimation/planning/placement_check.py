@@ -12,12 +12,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from ....contracts.placement import Placement
+from ..em_pass.chunks import ChunkRunner
 from ..em_pass.runner_protocols import AssignsChunks
 
 __all__ = ["check_placement"]
 
 
-def check_placement(placement: Any, num_rows: int, bounds: Sequence[tuple[int, int]], runner: Any) -> Placement | None:
+def check_placement(placement: Any, num_rows: int, bounds: Sequence[tuple[int, int]],
+                    runner: ChunkRunner) -> Placement | None:
     """``placement`` checked against the data and the runner (None passes); a mismatch raises ``ValueError``."""
     if placement is None:
         return None

@@ -18,6 +18,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from ..em_pass.chunks import ChunkRunner
+from ..em_pass.runner_protocols import ClientCluster
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
 from .recipes import ChunkRecipe, encode_rows, numeric_rows
@@ -134,10 +136,10 @@ class DaskCollection:
     def __init__(self, data: Any) -> None:
         self.data = data
 
-    def open(self, runner: Any) -> OpenedDaskCollection:
+    def open(self, runner: ChunkRunner) -> OpenedDaskCollection:
         """Compute the partitions on the runner's cluster and count their rows."""
-        client = getattr(runner, "client", None)
-        if client is None or not hasattr(runner, "_workers"):
+        client = runner.client if isinstance(runner, ClientCluster) else None  # the actors, not DaskTaskRunner
+        if client is None:
             raise ValueError("a dask collection is read by the dask backend over a distributed.Client; a client "
                              "that only submits and gathers cannot hold its chunks: pass a distributed.Client")
         parts = _delayed_parts(self.data)

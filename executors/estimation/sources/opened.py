@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..em_pass.chunks import EncodedChunk
+from ..em_pass.chunks import ChunkRunner, EncodedChunk
 from .files import FileSource, file_recipes
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
@@ -126,7 +126,7 @@ class OpenedFiles(OpenedSource):
         return [recipe.build() for recipe in file_recipes(self.source, list(places), encoder)]
 
 
-def open_source(source: Any, runner: Any) -> OpenedSource:
+def open_source(source: Any, runner: ChunkRunner) -> OpenedSource:
     """``source`` opened on ``runner``: the engine counts the rows of each part where they are."""
     if isinstance(source, FileSource):
         return OpenedFiles(source)

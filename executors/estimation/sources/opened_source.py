@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from ..em_pass.chunks import EncodedChunk
+from ..em_pass.chunks import ChunkRunner, EncodedChunk
 from .layout import ChunkPlace
 from .recipes import ChunkRecipe, encode_rows
 
@@ -47,7 +47,7 @@ class OpenedSource:
         """One recipe per chunk place, built where the chunk is held."""
         raise NotImplementedError
 
-    def place(self, runner: Any, places: Sequence[ChunkPlace], encoder: Any) -> None:
+    def place(self, runner: ChunkRunner, places: Sequence[ChunkPlace], encoder: Any) -> None:
         """Put the chunks on ``runner``'s workers (default: the runner scatters the recipes)."""
         runner.scatter(self.recipes(places, encoder))
 

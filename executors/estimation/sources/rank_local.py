@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..em_pass.chunks import ChunkRunner
+from ..em_pass.runner_protocols import RankGather
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
 from .recipes import encode_rows, numeric_rows
@@ -35,13 +37,12 @@ class RankLocalRows:
     def __repr__(self) -> str:
         return f"rank_local({len(self.rows)} rows)"
 
-    def open(self, runner: Any) -> OpenedRankLocal:
+    def open(self, runner: ChunkRunner) -> OpenedRankLocal:
         """Exchange the ranks' row counts (a collective: every rank calls it)."""
-        gather = getattr(runner, "all_gather", None)
-        if gather is None or not hasattr(runner, "rank"):
+        if not isinstance(runner, RankGather):
             raise ValueError("rank_local(rows) is read by the SPMD backends (mpi, torchrun), each rank holding its "
-                             f"own rows; the {getattr(runner, 'name', type(runner).__name__)} runner has no ranks")
-        counts = tuple(int(n) for n in gather(len(self.rows)))
+                             f"own rows; the {runner.name} runner has no ranks")
+        counts = tuple(int(n) for n in runner.all_gather(len(self.rows)))
         return OpenedRankLocal(self.rows, int(runner.rank), counts)
 
 

@@ -16,6 +16,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from ..em_pass.chunks import ChunkRunner
+from ..em_pass.runner_protocols import WorkerPlacement
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
 from .recipes import ChunkRecipe
@@ -93,9 +95,9 @@ class RayDataset:
     def __init__(self, data: Any) -> None:
         self.data = data
 
-    def open(self, runner: Any) -> OpenedRayDataset:
+    def open(self, runner: ChunkRunner) -> OpenedRayDataset:
         """Materialize the dataset in its order; its blocks (references and row counts) are the parts."""
-        if not hasattr(runner, "_actors"):
+        if not (isinstance(runner, WorkerPlacement) and runner.name == "ray"):  # the actors, not RayTaskRunner
             raise ValueError("a ray.data.Dataset is read by the ray backend's actors; a Ray module without "
                              "cluster_resources cannot hold its chunks: start Ray with ray.init()")
         held = _materialized(self.data)

@@ -19,6 +19,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from ..em_pass.chunks import ChunkRunner
+from ..em_pass.runner_protocols import PlacesPartitions
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
 from .recipes import ChunkRecipe, encode_rows, numeric_rows
@@ -201,9 +203,9 @@ class SparkRows:
         """The SparkContext the data belongs to."""
         return self.data.sparkSession.sparkContext if self.is_frame else self.data.context
 
-    def open(self, runner: Any) -> OpenedSparkRows:
+    def open(self, runner: ChunkRunner) -> OpenedSparkRows:
         """Count the rows of every partition (a Spark job; a DataFrame's on the JVM)."""
-        if not hasattr(runner, "place_partitions"):
+        if not isinstance(runner, PlacesPartitions):
             raise ValueError(f"a pyspark RDD / DataFrame is read by the spark backend's SparkRunner; "
                              f"{type(runner).__name__} cannot read it")
         arrow = _arrow_rows(self.data) if self.is_frame else None
@@ -280,8 +282,9 @@ class OpenedSparkRows(OpenedSource):
             self._raw.unpersist()
             self._raw = None
 
-    def place(self, runner: Any, places: Sequence[ChunkPlace], encoder: Any) -> None:
+    def place(self, runner: ChunkRunner, places: Sequence[ChunkPlace], encoder: Any) -> None:
         """Map every partition to its encoded chunks, cached on the executors."""
+        assert isinstance(runner, PlacesPartitions)  # opened on it (``open`` refuses any other runner)
         by_part: dict[int, list[PartitionChunk]] = {}
         for recipe in partition_recipes(places, encoder, "RDD partition"):
             by_part.setdefault(recipe.part, []).append(recipe)

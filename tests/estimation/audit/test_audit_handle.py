@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mixle_parallel.executors.estimation import ChunkedEncodedData, encoded_data, fit
-from mixle_parallel.executors.estimation.audit.sdc_audit import flip_statistic
+from mixle_parallel.executors.estimation.audit.audit_injection import flip_statistic
 from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
 from mixle_parallel.verification import BitFlip, FaultInjector, Ledger, SDCDetectedError, read_ledger, verify_ledger
 from tests.estimation.audit.audit_cases import clean_fit, flip_trial, same_bits, start_model
