@@ -45,6 +45,7 @@ from ..em_pass.finite_guard import (
     check_chunk_result,
     guarded_fold_pass,
 )
+from ..em_pass.runner_wrapper import ForwardingRunner
 from ..engines.mp import MPChunkRunner
 from ..handle import ChunkedEncodedData
 from .named_draw import NamedDrawPass
@@ -223,16 +224,13 @@ def _payload_fields(primary: bytes | None, audit: bytes | None) -> dict[str, Any
             "audit_value_repr": repr(a_value)[:2000] if not a_err else a_err}
 
 
-class _PayloadTap:
+class _PayloadTap(ForwardingRunner):
     """The audit's runner, seen through mixle's payloads: every evaluation of a chunk audited this round
     becomes pickled ``(count, statistic)`` bytes, passes the corruption hook, is kept for the receipt and
     decoded back (an undecodable payload stands as a statistic of NaNs, which agrees with nothing)."""
 
     def __init__(self, inner: Any, handle: AuditedMPEncodedData) -> None:
         self.inner, self.handle = inner, handle
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
         """The wrapped ``run_on_workers``; audited chunks' results through :meth:`AuditedMPEncodedData._tap`."""

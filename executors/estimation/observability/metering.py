@@ -24,6 +24,7 @@ import numpy as np
 from ..em_pass.chunks import ChunkRunner, WorkerTask
 from ..em_pass.combine_order import apply_chunk_fn
 from ..em_pass.runner_protocols import PoolProcesses, WorkerPlacement, places_work
+from ..em_pass.runner_wrapper import ForwardingRunner
 from .em_observability import RankRecord
 
 __all__ = ["IN_PROCESS_RUNNERS", "Metered", "MeteredFn", "MeteredRunner", "WorkMeta"]
@@ -112,8 +113,10 @@ class _Tally:
         self.rows = self.chunks = self.data = self.result = self.requests = 0
 
 
-class MeteredRunner:
+class MeteredRunner(ForwardingRunner):
     """A chunk runner whose every call is measured per worker; otherwise the wrapped runner itself."""
+
+    inner: ChunkRunner
 
     def __init__(self, runner: ChunkRunner) -> None:
         self.inner = runner
@@ -142,9 +145,6 @@ class MeteredRunner:
     def supports_worker_placement(self) -> bool:
         """Whether the wrapped runner can aim chunks at chosen workers."""
         return places_work(self.inner)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     def scatter(self, chunks: Sequence[Any]) -> None:
         """Place the chunks (the wrapped runner's ``scatter``)."""

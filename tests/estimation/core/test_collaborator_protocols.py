@@ -111,6 +111,54 @@ def test_our_runners_meet_the_runner_protocols_they_are_read_through(tmp_path: P
     assert isinstance(ledger, RunLedger) and not isinstance(str(tmp_path / "run.jsonl"), RunLedger)
 
 
+class _SparkLike:
+    """A runner with Spark's capabilities only (its chunks placed as partitions; no placement, no pool)."""
+
+    name, num_workers, supports_worker_placement = "spark", 2, False
+
+    def chunk_owners(self) -> list[int]:
+        return [0, 1]
+
+    def place_partitions(self, encoded: Any, parts: Any) -> None:
+        raise AssertionError("not called")
+
+
+def test_a_wrapper_shows_exactly_its_runners_capabilities_to_the_static_lookup_of_python_3_12() -> None:
+    """From Python 3.12 a runtime-checkable Protocol looks members up with ``inspect.getattr_static``, which never
+    reaches ``__getattr__``: the metering wrapper (and mixle's payload tap over it) must show each capability of
+    the runner it wraps on its class, and none the runner lacks, or on 3.12 the audit's placement is silently off
+    and a Spark DataFrame is refused."""
+    import inspect
+
+    from mixle_parallel.executors.estimation.em_pass.runner_wrapper import CAPABILITY_MEMBERS, ForwardingRunner
+
+    local = LocalChunkRunner(2)
+    try:
+        for runner in (local, _SparkLike()):
+            metered = MeteredRunner(runner)
+
+            class Tap(ForwardingRunner):
+                def __init__(self, inner: Any) -> None:
+                    self.inner = inner
+
+            for wrapper, own in ((metered, MeteredRunner), (Tap(metered), Tap)):
+                for member in CAPABILITY_MEMBERS:
+                    if hasattr(own, member):  # the wrapper's own member (metering's map_chunks, run_on_workers...)
+                        continue
+                    try:
+                        inspect.getattr_static(wrapper, member)
+                        shown = True
+                    except AttributeError:
+                        shown = False
+                    assert shown == hasattr(wrapper.inner, member), (own.__name__, member)
+                assert isinstance(wrapper, MeteredRunner | Tap)
+        assert places_work(MeteredRunner(local)) and not places_work(MeteredRunner(_SparkLike()))
+        assert isinstance(MeteredRunner(_SparkLike()), PlacesPartitions)
+        assert not isinstance(MeteredRunner(local), PlacesPartitions)
+    finally:
+        local.close()
+
+
 def test_each_source_refuses_a_runner_that_cannot_read_it_by_name() -> None:
     local = LocalChunkRunner(2)
     try:
