@@ -52,6 +52,7 @@ from .audit_findings import AuditEvent, Findings
 from .audit_judge import Verdict, enforce
 from .peer_replay import backend_pass
 from .placed_rounds import committed_round, mend, owners_on, placed_map, placed_round
+from .reveal_mode import empty_statistic_bytes, ship_own_results
 
 __all__ = ["EM_AUDIT_RATE", "EMAudit", "NamedDraw"]
 
@@ -221,7 +222,14 @@ class EMAudit:
         struck: set[tuple[int, int]] = set()
         if self.placement and (self.excluded or self.injection_pending(iteration)):
             return committed_round(self, *payload, iteration, n, struck, token), struck
-        return self.fold_entries(payload, n, commit=True, token=token), struck
+        own = range(n) if ship_own_results(self.reveal_is_a_job, empty_statistic_bytes(payload[0]), n) else ()
+        return self.fold_entries(payload, n, own, commit=True, token="" if own else token), struck
+
+    @property
+    def reveal_is_a_job(self) -> bool:
+        """Whether opening a group after the draw is an engine job of its own (``reveal_mode``): a runner that
+        cannot aim work at the worker that folded, outside an SPMD program."""
+        return not self.placement and self.gather is None
 
     def references(self, chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, Any]:
         """The references of ``chunks`` by chunk: those this process computes, or (SPMD) every rank's gathered, so

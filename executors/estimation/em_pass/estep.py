@@ -9,8 +9,8 @@
    request), outside the backend; replay on its worker what differs.
 5. Judge (``audit_judge``: pure), and apply the verdict (records, quarantine, raise per policy).
 6. Mend: a quarantined worker's chunks are recomputed on the others and re-checked against the reference.
-7. Open the folded groups holding an audited chunk (their workers reveal the chunks' own results) and judge
-   each sum against its commitments; mend again.
+7. Open the folded groups holding an audited chunk (their workers reveal the chunks' own results, or the pass
+   brought them already: ``audit.reveal_mode``) and judge each sum against its commitments; mend again.
 
 Around every pass, audited or not (the handle calls these, then keeps what they return): the audit's findings
 go to the ledger even when the pass raises (:func:`audited_entries`, :func:`write_findings`), the entries are
@@ -84,7 +84,10 @@ def _references_and_reveals(audit: EMAudit, entries: list[Any], audited: Sequenc
     computed on a thread while the workers reveal (the driver mostly waits on them); on SPMD ranks, whose
     gathers and reveals are collectives in a fixed order, one after the other."""
     ids = [c for a, b in opened_groups(entries, audited) for c in range(a, b)]
-    if audit.gather is not None or not ids:
+    own = {c: committed_result(entries, c)[0] for c in ids}
+    if all(v is not None for v in own.values()):  # the pass brought the own results (``reveal_mode``): no round
+        return audit.references(audited, encoder, *payload), own
+    if audit.gather is not None:
         return audit.references(audited, encoder, *payload), {}
     found: dict[str, Any] = {}
 

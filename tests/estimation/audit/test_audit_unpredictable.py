@@ -84,9 +84,31 @@ def peeking_backend(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def test_a_backend_that_spares_only_the_chunks_it_believes_audited_is_caught(peeking_backend, rows):
+    kwargs = dict(max_its=4, delta=None, prev_estimate=start_model(rows), chunk_size=ROWS_PER_CHUNK, backend=NAME,
+                  num_workers=2, audit_rate=RATE)
+    if peeking_backend == "tasks":
+        # the pass names every chunk (each brings its own result: audit.reveal_mode), so a backend sparing the
+        # chunks its tasks name spares them all: it cannot cheat, and the fit is the honest one's
+        cheated = fit(rows, estimator(), audit_policy="raise", **kwargs)
+        honest = fit(rows, estimator(), backend="local", **{k: v for k, v in kwargs.items() if k != "backend"})
+        assert cheated.log_likelihood == honest.log_likelihood
+        return
     with pytest.raises(BackendDefectError) as caught:
-        fit(rows, estimator(), max_its=4, delta=None, prev_estimate=start_model(rows), chunk_size=ROWS_PER_CHUNK,
-            backend=NAME, num_workers=2, audit_rate=RATE, audit_policy="raise")
+        fit(rows, estimator(), audit_policy="raise", **kwargs)
+    bad = [r for r in caught.value.records if not r.matched]
+    assert [(r.replay, r.cause) for r in bad] == [("reference", "backend_defect")]
+
+
+def test_a_backend_that_spares_the_chunks_a_task_names_is_caught_where_a_pass_names_none(rows, monkeypatch):
+    """Where a pass does not bring every chunk's own result (large statistics: a reveal round instead), the tasks
+    name no chunk, so the same backend spares none it could know of and is caught."""
+    from mixle_parallel.executors.estimation.audit import reveal_mode
+
+    monkeypatch.setattr(reveal_mode, "OWN_RESULTS_MAX_BYTES", 0)
+    with third_party_backend(NAME, lambda n: PeekingRunner(n, "tasks")):
+        with pytest.raises(BackendDefectError) as caught:
+            fit(rows, estimator(), max_its=4, delta=None, prev_estimate=start_model(rows), chunk_size=ROWS_PER_CHUNK,
+                backend=NAME, num_workers=2, audit_rate=RATE, audit_policy="raise")
     bad = [r for r in caught.value.records if not r.matched]
     assert [(r.replay, r.cause) for r in bad] == [("reference", "backend_defect")]
 
@@ -100,7 +122,10 @@ def test_the_pass_tasks_are_the_same_whichever_chunks_are_audited(rows):
             runner.seen.clear()
             handle.estep(estimator(), model)
             passes = [s for s in runner.seen if s[0] == "GroupFold"]
-            assert passes == [("GroupFold", tuple(range(handle.num_chunks)), ())]  # every chunk, none named
+            # every chunk, none named: a runner that cannot aim a reveal at the worker that folded brings every
+            # chunk's own result on every pass (audit.reveal_mode), so no reveal round follows the draw
+            every = tuple(range(handle.num_chunks))
+            assert passes == [("GroupFold", every, every)]
         sampled = [d.chunks for d in handle.audit.draws]  # drawn after each pass's commitments (audit_draw)
         assert len(set(sampled)) > 1 and all(sampled) and all(r.matched for r in handle.audit_records)
         # the sample is not the published rule's: fresh entropy draws it

@@ -1,0 +1,37 @@
+"""Whether a pass's workers send every chunk's own result with their group sums: a pure decision per pass.
+
+A folded group commits to a digest per chunk; after the draw, the groups holding an audited chunk are opened:
+their workers reveal the chunks' own results (``fold_binding.reveal_chunks``). Where a reveal is an engine job
+of its own and the worker keeps nothing between jobs (Spark, the task runners: a placed run cannot be aimed at
+the worker that folded), that job costs the audited pass about one pass more. There, when the own results are
+small, every pass (audited or not: the tasks stay the same) brings back every chunk's own result beside its
+group's sum and digests, which is then the commitment itself: the draw still comes after it, the opened groups
+are checked against their digests and sums exactly as revealed ones, and no reveal round runs.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+__all__ = ["OWN_RESULTS_MAX_BYTES", "empty_statistic_bytes", "ship_own_results"]
+
+OWN_RESULTS_MAX_BYTES = 4 << 20
+"""The most bytes a pass's own results may add to what comes back (estimated from the estimator's statistics)."""
+
+
+def empty_statistic_bytes(estimator: Any) -> int | None:
+    """The pickled size of ``estimator``'s statistics before any row (a chunk's own result is about as large for
+    the fixed-size statistics of mixture models), known before the first pass so every pass gets the same tasks;
+    None when the estimator cannot make an empty accumulator."""
+    try:
+        value = estimator.accumulator_factory().make().value()
+        return len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # noqa: BLE001 - an estimator without one: the reveal round, as before
+        return None
+
+
+def ship_own_results(reveal_is_a_job: bool, result_bytes: int | None, num_chunks: int) -> bool:
+    """Send every chunk's own result with the pass: only where a reveal is a job of its own, and the own results of
+    ``num_chunks`` chunks of about ``result_bytes`` each (``empty_statistic_bytes``) stay within the bound."""
+    return reveal_is_a_job and result_bytes is not None and result_bytes * num_chunks <= OWN_RESULTS_MAX_BYTES
