@@ -11,7 +11,8 @@ store and recompute them (same bits); a pass no actor finishes within ``timeout`
 With ``direct_channel=True`` (the default) each actor also serves the data passes on a socket of its
 own (``engines.channel``): a pass, and each placed run of the SDC audit (borrowed chunks included),
 then costs a pipe-like round trip instead of two trips through Ray's task RPC. Loading chunks,
-liveness and recovery stay Ray's.
+liveness and recovery stay Ray's. Work placed on chosen actors (the audit's), and a straggler given up, are
+``ray_placement``.
 """
 
 from __future__ import annotations
@@ -26,11 +27,8 @@ from ..api import encoded_data
 from ..compat.reference_handles import BuiltByEncodedData
 from ..em_pass.chunks import (
     WorkerLostError,
-    WorkerTask,
     WorkerTimeoutError,
-    WorkerUnavailableError,
     apply_chunk_fn,
-    check_tasks,
 )
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
@@ -40,7 +38,6 @@ from .channel import (
     ChannelClient,
     ChannelOffer,
     ChannelServer,
-    collect_replies,
     holder_key,
     wait_channels,
 )
@@ -53,6 +50,7 @@ from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_straggl
 from .optional_engine import require_engine
 from .ray_loopback import loopback_ray_start, one_node_cluster
 from .ray_payload import INLINE_PAYLOAD_BYTES, pack_payload, pack_payload_sized, pickled_results, ray_uses_tls
+from .ray_placement import RayPlacedRuns
 from .ray_tasks import RayTaskRunner, has_cluster_view
 from .wire_bytes import WireBytes
 from .worker_process import prepare_worker
@@ -119,7 +117,7 @@ class RayChunkWorker:
         )
 
 
-class RayRunner:
+class RayRunner(RayPlacedRuns):
     """Chunk runner over Ray actors (a running Ray, or a local one it starts and owns)."""
 
     name = "ray"
@@ -341,20 +339,6 @@ class RayRunner:
                 clock.answered()
         return ordered_results(results, ids, self.name)
 
-    def _outrun(self, w: int, owed: list[int]) -> list[int]:
-        """Give up on straggler ``w``: kill it, move its chunks to the others; returns ``owed`` (its unsent chunks)."""
-        import ray
-
-        _log.warning("ray: actor %d is a straggler (silent past the straggler deadline); recomputing %s", w, owed)
-        try:
-            ray.kill(self._actors[w], no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone: its chunks move all the same
-            pass
-        self.stragglers.append(w)
-        self.recovered_chunks.extend(owed)
-        self._reassign(w)
-        return owed
-
     def _map_direct(self, task: bytes, ids: list[int], deadline: Deadline) -> list[Any]:
         """A pass over the actors' sockets; a closed socket is a dead actor, whose chunks move to the
         survivors (through Ray) and are recomputed there."""
@@ -406,109 +390,6 @@ class RayRunner:
                 self._answered.add(w)
                 clock.answered()
         return ordered_results(results, ids, self.name)
-
-    # -- placement (the SDC audit recomputes a chunk on a chosen actor) ------------------------
-    def worker_ids(self) -> list[int]:
-        """Ids of the live actors."""
-        return [w for w, ok in enumerate(self._alive) if ok]
-
-    def chunk_owners(self) -> list[int]:
-        """The actor each chunk is resident on."""
-        return list(self._owner)
-
-    def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
-        """Each actor computes its task's chunk ids (non-resident ones fetched from the object store);
-        an actor that is gone or dies raises ``WorkerUnavailableError`` (its chunks move to survivors)."""
-        ray = require_engine("ray", "ray")
-        checked = check_tasks(tasks, len(self._refs), self.worker_ids(), self.name)
-        deadline = Deadline(self.timeout)
-        refs, direct, sent = self._send_placed(ray, checked)
-        values: dict[int, dict[int, Any]] = {w: {} for w in checked}
-        clock = StragglerClock(self.timeout, self.straggler_timeout)
-        got, closed, hung, outrun = collect_replies(direct, deadline.remaining, clock, self._answered)
-        for w in outrun:  # a straggler among actors that answered: lost to this placed run, like a dead one
-            self._outrun(w, list(checked[w].chunk_ids))
-        if hung:
-            raise WorkerTimeoutError(
-                f"ray actor(s) {hung} did not answer within {self.timeout} s; "
-                "a worker is hung or overloaded. Raise timeout= (seconds)."
-            )
-        for w, (ids, entries) in got.items():
-            values[w].update(zip(ids, entries))
-            self._answered.add(w)
-        dead = sorted(set(closed) | set(outrun) | set(self._collect_calls(ray, refs, sent, values, deadline)))
-        if dead:
-            for w in dead:
-                self._reassign(w)
-            raise WorkerUnavailableError(dead, f"ray actor(s) {dead} died while computing chosen chunks")
-        return {w: [values[w][i] for i in task.chunk_ids] for w, task in checked.items()}
-
-    def _send_placed(self, ray: Any, checked: dict[int, WorkerTask]) -> tuple[dict[Any, int], dict[int, Any],
-                                                                              dict[int, list[int]]]:
-        """Send each task over its actor's pass channel, or as an actor call: ``(call refs -> worker, channels
-        sent to, chunk ids of each actor call)``."""
-        refs: dict[Any, int] = {}
-        direct: dict[int, Any] = {}
-        sent: dict[int, list[int]] = {}
-        for w, task in checked.items():
-            if not task.chunk_ids:
-                continue
-            # over the actor's pass channel, borrowed chunks included (one call, so one thread computes)
-            blob = pickled_results((task.fn, task.payload)) if w in self._channels else b""
-            rest = list(task.chunk_ids)
-            if 0 < len(blob) <= INLINE_PAYLOAD_BYTES:
-                borrowed = {i: pickled_results(ray.get(self._refs[i]))
-                            for i in dict.fromkeys(rest) if self._owner[i] != w}
-                if self._channels[w].send(blob, rest, borrowed):
-                    direct[w] = self._channels[w]
-                    rest = []
-            sent[w] = rest
-            if rest:
-                borrowed_refs = {i: [self._refs[i]] for i in rest if self._owner[i] != w}
-                packed, size = pack_payload_sized(task.payload)
-                refs[self._actors[w].run_any.remote(task.fn, packed, rest, borrowed_refs)] = w
-                self.wire.count_message_sent(size)
-        return refs, direct, sent
-
-    def _collect_calls(self, ray: Any, refs: dict[Any, int], sent: dict[int, list[int]],
-                       values: dict[int, dict[int, Any]], deadline: Deadline) -> list[int]:
-        """The actor calls' results into ``values``; returns the workers whose actor died."""
-        dead: list[int] = []
-        pending = list(refs)
-        clock = StragglerClock(self.timeout, self.straggler_timeout)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=clock.wait_s(deadline.remaining()))
-            if not ready and clock.due():  # stragglers among actors that answered: lost to this run
-                for w in sorted({refs[r] for r in pending if refs[r] in self._answered}):
-                    self._outrun(w, sent[w])
-                    dead.append(w)
-                pending = [r for r in pending if refs[r] not in dead]
-                clock.disarm()
-                continue
-            if not ready and deadline.expired():
-                hung = sorted(refs[r] for r in pending)
-                raise WorkerTimeoutError(
-                    f"ray actor(s) {hung} did not answer within {self.timeout} s; "
-                    "a worker is hung or overloaded. Raise timeout= (seconds)."
-                )
-            for ref in ready:
-                w = refs[ref]
-                try:
-                    reply = ray.get(ref)
-                except ray.exceptions.RayActorError:
-                    dead.append(w)
-                    continue
-                self.wire.count_received(reply)
-                values[w].update(zip(sent[w], pickle.loads(reply)))
-                self._answered.add(w)
-                clock.answered()
-        return dead
-
-    def compute_on(
-        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
-    ) -> list[Any]:
-        """``fn`` over ``chunk_ids`` on actor ``worker``."""
-        return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
