@@ -97,7 +97,6 @@ class DirectPasses:
     straggler_timeout: float | None
     """``straggler_timeout=``: the straggler deadline in seconds (None: ``deadline.straggler_deadline``'s rule)."""
     _answered: set[str]  # holders that answered a pass: a fresh one (importing modules) is never a straggler
-    _unusable: set[str]  # workers never used again (a straggler given up among them)
 
     def _init_stragglers(self, straggler_timeout: float | None) -> None:
         self.stragglers, self.recovered_chunks, self._answered = [], [], set()
@@ -117,7 +116,6 @@ class DirectPasses:
                      "%s on the others and dropping it from the cluster", address, list(owed))
         self.stragglers.append(self._workers.index(address) if address in self._workers else -1)
         self.recovered_chunks.extend(owed)
-        self._unusable.add(address)  # never an actor again there, even while the scheduler still lists it
 
         async def remove(dask_scheduler: Any, address: str, stimulus_id: str) -> Any:
             return await dask_scheduler.remove_worker(address=address, stimulus_id=stimulus_id, close=True)

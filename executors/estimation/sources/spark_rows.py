@@ -13,6 +13,7 @@ random or non-deterministic one first): a partition whose row count changed is r
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -80,8 +81,6 @@ def _arrow_blocks(names: Sequence[str], floating: bool) -> Callable[[Iterator[An
     pickled numpy block (int64, or float64 when any column is floating: the dtype ``np.asarray`` gives the
     ``Row`` path's tuples), in order; a null is refused, naming its column."""
     def blocks(batches: Iterator[Any]) -> Iterator[Any]:
-        import pickle
-
         import pyarrow as pa
 
         dtype = np.float64 if floating else np.int64
@@ -101,8 +100,6 @@ def _arrow_blocks(names: Sequence[str], floating: bool) -> Callable[[Iterator[An
 
 
 def _block_of(row: Any) -> Any:
-    import pickle
-
     return pickle.loads(row[0])
 
 

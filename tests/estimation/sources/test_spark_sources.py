@@ -34,15 +34,10 @@ def test_a_dataframe_of_numeric_columns_or_one_vector_column(spark_context):
         source_case.run(labelled, "spark", None, client=spark_context)
 
 
-def test_vector_rows_from_an_array_column_equal_the_rows_in_memory(spark_context):
-    from pyspark.sql import SparkSession
-
+def _assert_fits_the_rows_in_memory(spark_context, frame, rows):
+    """A 2-component, 2-D fit of ``frame`` on spark has the bits of the same fit of ``rows`` in memory."""
     from mixle_parallel import MixtureEstimator, MultivariateGaussianEstimator, fit
 
-    spark = SparkSession(spark_context)
-    rng = np.random.default_rng(5)
-    rows = np.concatenate([rng.normal(-3, 1, (300, 2)), rng.normal(3, 1, (300, 2))])
-    frame = spark.createDataFrame([([float(a), float(b)],) for a, b in rows], ["v"]).coalesce(1)
     kwargs = dict(max_its=5, delta=None, seed=3, chunk_size=100, progress=False, admission="unverified")
 
     def est():
@@ -51,6 +46,16 @@ def test_vector_rows_from_an_array_column_equal_the_rows_in_memory(spark_context
     on_spark = fit(frame, est(), backend="spark", client=spark_context, **kwargs)
     in_memory = fit(rows, est(), backend="local", num_workers=1, **kwargs)
     assert em_case.signature(on_spark) == em_case.signature(in_memory)
+
+
+def test_vector_rows_from_an_array_column_equal_the_rows_in_memory(spark_context):
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession(spark_context)
+    rng = np.random.default_rng(5)
+    rows = np.concatenate([rng.normal(-3, 1, (300, 2)), rng.normal(3, 1, (300, 2))])
+    frame = spark.createDataFrame([([float(a), float(b)],) for a, b in rows], ["v"]).coalesce(1)
+    _assert_fits_the_rows_in_memory(spark_context, frame, rows)
 
 
 @pytest.mark.parametrize("kinds", [("double",), ("double", "float", "int", "long"), ("int", "short")],
@@ -79,7 +84,7 @@ def test_numeric_columns_read_through_arrow_are_the_rows_the_row_path_reads(spar
     arrow = _arrow_rows(frame)
     assert arrow is not None
     via_arrow = arrow.glom().collect()
-    via_rows = frame.rdd.glom().map(lambda rows: rows).collect()
+    via_rows = frame.rdd.glom().collect()
     read = _row_reader(frame.schema)
     assert len(via_arrow) == len(via_rows) == 3
     for blocks, records in zip(via_arrow, via_rows):
@@ -102,21 +107,12 @@ def test_a_parquet_table_read_as_a_dataframe_fits_the_bits_of_its_rows_in_memory
     import pyarrow.parquet as pq
     from pyspark.sql import SparkSession
 
-    from mixle_parallel import MixtureEstimator, MultivariateGaussianEstimator, fit
-
     spark = SparkSession(spark_context)
     rng = np.random.default_rng(11)
     rows = np.concatenate([rng.normal(-3, 1, (400, 2)), rng.normal(3, 1, (400, 2))])
     pq.write_table(pa.table({"x": rows[:, 0], "y": rows[:, 1]}), str(tmp_path / "t.parquet"))
     frame = spark.read.parquet(str(tmp_path / "t.parquet")).coalesce(1)
-    kwargs = dict(max_its=5, delta=None, seed=3, chunk_size=100, progress=False, admission="unverified")
-
-    def est():
-        return MixtureEstimator([MultivariateGaussianEstimator(dim=2) for _ in range(2)])
-
-    on_spark = fit(frame, est(), backend="spark", client=spark_context, **kwargs)
-    in_memory = fit(rows, est(), backend="local", num_workers=1, **kwargs)
-    assert em_case.signature(on_spark) == em_case.signature(in_memory)
+    _assert_fits_the_rows_in_memory(spark_context, frame, rows)
 
 
 @pytest.mark.parametrize("layout", ["one_npy", "parquet"])

@@ -25,7 +25,9 @@ def _rank(backend: str) -> int:
     return int(os.environ["RANK"])
 
 
-def main(backend: str, out: str) -> None:
+def admission_record(backend: str) -> dict[str, object]:
+    """This rank's ``encoded_data`` handle on ``backend`` with no certificate given: its rank and admission mode and
+    certificate id, or the refusal's text."""
     rng = np.random.default_rng(3)
     rows = np.concatenate([rng.normal(-2.0, 1.0, 400), rng.normal(3.0, 1.0, 400)])
     estimator = MixtureEstimator([GaussianEstimator(), GaussianEstimator()])
@@ -37,6 +39,11 @@ def main(backend: str, out: str) -> None:
     else:
         record.update(admission=handle.admission.mode.value, certificate=handle.admission.certificate_id)
         handle.close()
+    return record
+
+
+def main(backend: str, out: str) -> None:
+    record = admission_record(backend)
     Path(out, f"rank{record['rank']}.json").write_text(json.dumps(record))
 
 
