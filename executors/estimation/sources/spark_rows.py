@@ -168,12 +168,10 @@ def _slices_job(wanted: dict[int, list[tuple[int, int, int]]]) -> Callable[[int,
     """The function each cached partition runs for one pass's references: ``(k, rows[lo:hi])`` for each audited
     chunk ``k`` it holds; the others nothing."""
     def slices(index: int, held: Iterator[Any]) -> Iterator[Any]:
-        asks = wanted.get(index)
-        if not asks:
-            return
-        found = next(iter(held))
-        for k, lo, hi in asks:
-            yield k, (np.array(found[lo:hi]) if isinstance(found, np.ndarray) else found[lo:hi])
+        asks = wanted.get(index, [])
+        for found in held:  # read to its end: a Python worker that left input unread is not reused (a cold start)
+            for k, lo, hi in asks:
+                yield k, (np.array(found[lo:hi]) if isinstance(found, np.ndarray) else found[lo:hi])
 
     return slices
 
