@@ -67,7 +67,8 @@ def _data(x: np.ndarray, source: str, backend: str, workers: int, tmp: str) -> t
     if source == "ray":
         import ray
 
-        ray.init(num_cpus=workers, include_dashboard=False, ignore_reinit_error=True)
+        # two handles (audited, plain) hold their actors at once, a CPU each: room for both (the cores are shared)
+        ray.init(num_cpus=2 * workers, include_dashboard=False, ignore_reinit_error=True)
         return ray.data.from_numpy(x), backend, {}
     if source in ("spark-df", "spark-rdd"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the executors run this interpreter

@@ -1,13 +1,13 @@
 """A dask Array (chunked along rows), DataFrame or Bag, read by the ``dask`` backend where it lives.
 
-Parts are the collection's partitions, in order. The partitions are computed on the cluster (one future
-each), their row counts gathered (numbers only), and every chunk encoded by a task next to its
-partition (:func:`_encode_slice`), so each encoded chunk is one future on the worker that computed it.
-Then the raw partitions are released, and the chunk holders (``DaskRunner``) take each chunk on the
-worker that has it (:class:`HeldChunk`, whose ``home`` is that worker): nothing passes through the
-driver. A lost worker's chunks are recomputed by dask from the collection's graph when a survivor asks
-for them. An Array holds rows along its first axis (1-D: scalar rows, 2-D: vector rows); a DataFrame
-numeric columns (or one column of arrays); a Bag one row per element, as an RDD.
+Parts are the collection's partitions, in order. The partitions are computed on the cluster (one future each),
+their row counts gathered (numbers only), and every chunk encoded by a task next to its partition
+(:func:`_encode_slice`), so each encoded chunk is one future on the worker that computed it. The raw partitions
+stay held (the audit's references slice them there), and the chunk holders (``DaskRunner``) take each chunk on the
+worker that has it (:class:`HeldChunk`, whose ``home`` is that worker): nothing passes through the driver. A lost
+worker's chunks are recomputed by dask from the collection's graph when a survivor asks for them. An Array holds
+rows along its first axis (1-D: scalar rows, 2-D: vector rows); a DataFrame numeric columns (or one column of
+arrays); a Bag one row per element, as an RDD.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class DaskCollection:
         parts = _delayed_parts(self.data)
         raw = client.compute(parts)
         counts = client.gather(client.map(_count_rows, raw, pure=False))
-        return OpenedDaskCollection(client, raw, tuple(int(n) for n in counts), parts)
+        return OpenedDaskCollection(client, raw, tuple(int(n) for n in counts))
 
 
 class OpenedDaskCollection(OpenedSource):
@@ -154,12 +154,12 @@ class OpenedDaskCollection(OpenedSource):
     kind = "dask"
     reads_chunks = True
 
-    def __init__(self, client: Any, raw: list[Any], part_rows: tuple[int, ...], parts: Sequence[Any] = ()) -> None:
+    def __init__(self, client: Any, raw: list[Any], part_rows: tuple[int, ...]) -> None:
         self.client = client
         self.raw = raw
+        """The computed partitions, held for the handle's life: the chunks are encoded from them and the audit's
+        references slice them (dask recomputes a lost one from the collection's graph)."""
         self.part_rows = part_rows
-        self.parts = list(parts)
-        """The partitions as delayed objects (the collection's graph, no data): what ``chunk_rows`` recomputes."""
         self.encoded: list[Any] = []
         """One future per chunk (held for the handle's life: dask recomputes a lost one from the graph)."""
 
@@ -178,24 +178,18 @@ class OpenedDaskCollection(OpenedSource):
         if bad:
             self.client.gather(bad)  # raises the first error (a null, a NaN, a wrong column)
         homes = self.client.who_has(self.encoded)
-        for future in self.raw:
-            future.release()
-        self.raw = []
         return [HeldChunk(chunk_id=r.chunk_id, start=r.start, stop=r.stop, part=r.part, offset=r.offset,
                           stop_offset=r.stop_offset, encoder=None, key=f.key, home=str((homes.get(f.key) or [""])[0]))
                 for r, f in zip(slices, self.encoded)]
 
     def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
-        """The rows of every chunk at ``places``: one dask computation (each chunk sliced on the worker that
-        computes its partition), gathered here together; only the chunks' rows cross."""
-        import dask
-
-        if not self.parts:
-            raise RuntimeError("this dask source was opened without its partitions' graph; reopen it")
-        tasks = [dask.delayed(_slice_rows, pure=False)(self.parts[p.part], p.offset, p.stop_offset,
-                                                       self.part_rows[p.part], self.describe_part(p.part))
-                 for p in places]
-        futures = self.client.compute(tasks)
+        """The rows of every chunk at ``places``: each sliced on the worker that holds its computed partition (kept
+        from ``open``; dask recomputes a lost one from the collection's graph), gathered here together; only the
+        chunks' rows cross, and no partition is computed again."""
+        if not self.raw:
+            raise RuntimeError("this dask source holds no partitions (closed); reopen it")
+        futures = [self.client.submit(_slice_rows, self.raw[p.part], p.offset, p.stop_offset, self.part_rows[p.part],
+                                      self.describe_part(p.part), pure=False) for p in places]
         try:
             return list(self.client.gather(futures))
         finally:
@@ -203,20 +197,8 @@ class OpenedDaskCollection(OpenedSource):
                 future.release()
 
     def chunk_rows(self, place: ChunkPlace) -> Any:
-        """The chunk's rows, computed by dask from the collection's graph (its partition, sliced on the worker that
-        computes it) and gathered here: one chunk crosses to this process, not the partition."""
-        import dask
-
-        if not self.parts:
-            raise RuntimeError("this dask source was opened without its partitions' graph; reopen it")
-        part = place.part
-        task = dask.delayed(_slice_rows, pure=False)(self.parts[part], place.offset, place.stop_offset,
-                                                     self.part_rows[part], self.describe_part(part))
-        future = self.client.compute(task)
-        try:
-            return future.result()
-        finally:
-            future.release()
+        """The chunk's rows, sliced on the worker that holds its partition: one chunk crosses, not the partition."""
+        return self.chunks_rows([place])[0]
 
     def close(self) -> None:
         """Release the partitions and chunk futures."""
@@ -225,4 +207,4 @@ class OpenedDaskCollection(OpenedSource):
                 future.release()
             except Exception:  # noqa: BLE001 - a closed client has released them already
                 pass
-        self.raw, self.encoded, self.parts = [], [], []
+        self.raw, self.encoded = [], []

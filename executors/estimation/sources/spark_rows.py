@@ -1,8 +1,9 @@
 """A pyspark RDD of rows (as mixle 0.8.2 takes) or a DataFrame, read by the ``spark`` backend where it lives.
 
 Parts are the RDD's partitions, in order. One Spark job counts each partition's rows (on the JVM for a
-DataFrame); a second maps every partition to its encoded chunks, which stay cached on the executors
-(``SparkRunner.place_partitions``); the driver only ever holds the counts. An RDD element is one row, as
+DataFrame); a second reads every partition's rows once into a cached RDD and maps them to their encoded chunks,
+which stay cached on the executors (``SparkRunner.place_partitions``); the audit's references slice the cached
+rows. The driver only ever holds the counts and the audited chunks' rows. An RDD element is one row, as
 in mixle (numbers, a vector, a tuple of fields); numeric rows become one array, as an in-memory fit gets.
 A DataFrame gives numeric columns (one row per record) or one vector / array column; plain integer and floating
 columns are read through Arrow (``mapInArrow``: each batch one numpy block, no ``Row`` object per record, the same
@@ -124,16 +125,12 @@ def _arrow_rows(frame: Any) -> Any:
     return blocks.rdd.map(_block_of, preservesPartitioning=True)
 
 
-def _encoder_job(by_part: dict[int, list[PartitionChunk]], counts: Sequence[int],
-                 read: Callable[[list[Any]], Any]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """The function each partition runs once: its rows read, checked against the count, cut and encoded."""
-    def encode(index: int, records: Iterator[Any]) -> Iterator[Any]:
-        rows = read(list(records))
-        if len(rows) != counts[index]:
-            raise ValueError(f"partition {index} held {counts[index]} rows when counted and {len(rows)} now: the "
-                             "data is not the same on every evaluation; cache it (rdd.cache() / df.cache()) first")
-        for recipe in by_part.get(index, []):
-            yield recipe.chunk_id, encode_rows(recipe, rows[recipe.offset:recipe.stop_offset])
+def _encoder_job(by_part: dict[int, list[PartitionChunk]]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The function each partition of the cached rows (``_raw_job``) runs once: its rows cut and encoded."""
+    def encode(index: int, held: Iterator[Any]) -> Iterator[Any]:
+        for rows in held:  # the partition's rows, read and checked once
+            for recipe in by_part.get(index, []):
+                yield recipe.chunk_id, encode_rows(recipe, rows[recipe.offset:recipe.stop_offset])
 
     return encode
 
@@ -254,18 +251,16 @@ class OpenedSparkRows(OpenedSource):
 
     def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
         """The rows of every chunk at ``places``: one Spark job on just their partitions, sending only the chunks'
-        row ranges here. The partitions are read (and checked against their counts) once, on the first audited
-        pass, into a cached RDD of their rows (``_raw``, apart from the runner's encoded chunks), so a later
-        pass slices cached rows instead of converting a DataFrame partition again."""
+        row ranges here. It slices the partitions' cached rows (``_rows``: read once, when the chunks were placed),
+        not the runner's encoded chunks, and reads every record it is sent (a PySpark worker that leaves input
+        unread is not reused)."""
         if not places:
             return []
-        if self._raw is None:
-            self._raw = self.rdd.mapPartitionsWithIndex(_raw_job(self.part_rows, self.read)).cache()
         wanted: dict[int, list[tuple[int, int, int]]] = {}
         for k, place in enumerate(places):
             wanted.setdefault(place.part, []).append((k, place.offset, place.stop_offset))
-        job = _slices_job(wanted)
-        found = dict(self.rdd.context.runJob(self._raw.mapPartitionsWithIndex(job), _as_is, partitions=sorted(wanted)))
+        sliced = self._rows().mapPartitionsWithIndex(_slices_job(wanted))
+        found = dict(self.rdd.context.runJob(sliced, _as_is, partitions=sorted(wanted)))
         missing = [self.describe_part(p.part) for k, p in enumerate(places) if k not in found]
         if missing:
             raise RuntimeError(f"Spark returned no rows for {', '.join(missing)}")
@@ -278,10 +273,17 @@ class OpenedSparkRows(OpenedSource):
             self._raw = None
 
     def place(self, runner: ChunkRunner, places: Sequence[ChunkPlace], encoder: Any) -> None:
-        """Map every partition to its encoded chunks, cached on the executors."""
+        """Map every partition to its encoded chunks, cached on the executors. The partitions are read once (and
+        checked against their counts) into cached rows (``_raw``), which the chunks are encoded from and the
+        audit's references slice (``chunks_rows``): no second read of the source when a pass is audited."""
         assert isinstance(runner, PlacesPartitions)  # opened on it (``open`` refuses any other runner)
         by_part: dict[int, list[PartitionChunk]] = {}
         for recipe in partition_recipes(places, encoder, "RDD partition"):
             by_part.setdefault(recipe.part, []).append(recipe)
-        runner.place_partitions(self.rdd.mapPartitionsWithIndex(_encoder_job(by_part, self.part_rows, self.read)),
-                                [p.part for p in places])
+        runner.place_partitions(self._rows().mapPartitionsWithIndex(_encoder_job(by_part)), [p.part for p in places])
+
+    def _rows(self) -> Any:
+        """The partitions' rows, read and checked once, cached on the executors."""
+        if self._raw is None:
+            self._raw = self.rdd.mapPartitionsWithIndex(_raw_job(self.part_rows, self.read)).cache()
+        return self._raw

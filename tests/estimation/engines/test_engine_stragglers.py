@@ -152,8 +152,9 @@ def _evaluated(marks: str) -> Callable[[int], list[float]]:
 
 @pytest.mark.timeout(600)
 def test_spark_chunks_lost_mid_fit_are_recomputed_from_their_lineage(spark_context, tmp_path):
-    """Spark's own recovery on a source that lives with the workers: after pass 2 the cached encoded chunks are
-    dropped (``unpersist``: what losing the executors that held them does to the cache); every later pass reads
+    """Spark's own recovery on a source that lives with the workers: after pass 2 the cached encoded chunks and the
+    partitions' cached rows are dropped (``unpersist``: what losing the executors that held them does to the
+    cache); every later pass reads
     the partitions again through their lineage (the user's RDD, then the encoder) and the fit ends on the bits of
     the same parts fitted locally. The markers count each partition's evaluations: once to encode, then once
     per pass after the loss, the same for every partition."""
@@ -171,6 +172,7 @@ def test_spark_chunks_lost_mid_fit_are_recomputed_from_their_lineage(spark_conte
             if step.iteration == 2:
                 before = len(os.listdir(marks))
                 h.runner._rdd.unpersist(blocking=True)
+                h.source._raw.unpersist(blocking=True)  # the rows the chunks were encoded from (spark_rows)
                 lost.append(before)
 
         got = fit(h, est, on_step=lose_the_cache, **kwargs)
