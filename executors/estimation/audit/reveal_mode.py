@@ -1,12 +1,14 @@
 """Whether a pass's workers send every chunk's own result with their group sums: a pure decision per pass.
 
 A folded group commits to a digest per chunk; after the draw, the groups holding an audited chunk are opened:
-their workers reveal the chunks' own results (``fold_binding.reveal_chunks``). Where a reveal is an engine job
-of its own and the worker keeps nothing between jobs (Spark, the task runners: a placed run cannot be aimed at
-the worker that folded), that job costs the audited pass about one pass more. There, when the own results are
-small, every pass (audited or not: the tasks stay the same) brings back every chunk's own result beside its
-group's sum and digests, which is then the commitment itself: the draw still comes after it, the opened groups
-are checked against their digests and sums exactly as revealed ones, and no reveal round runs.
+their workers reveal the chunks' own results (``fold_binding.reveal_chunks``). A reveal is a round of its own after
+the pass: an engine job where the worker keeps nothing between jobs (Spark, the task runners), a round trip to the
+worker that folded elsewhere (mp, dask and Ray actors), so an audited pass costs that round more. When the own
+results are small, every pass (audited or not: the tasks stay the same) brings back every chunk's own result
+beside its group's sum and digests instead, which is then the commitment itself: the draw still comes after it,
+the opened groups are checked against their digests and sums exactly as revealed ones, and no reveal round runs.
+SPMD ranks (mpi, torchrun) keep their reveal step: it is one of the pass's numbered collectives, the same on
+every rank, and own results would widen every all-gather.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def empty_statistic_bytes(estimator: Any) -> int | None:
         return None
 
 
-def ship_own_results(reveal_is_a_job: bool, result_bytes: int | None, num_chunks: int) -> bool:
-    """Send every chunk's own result with the pass: only where a reveal is a job of its own, and the own results of
-    ``num_chunks`` chunks of about ``result_bytes`` each (``empty_statistic_bytes``) stay within the bound."""
-    return reveal_is_a_job and result_bytes is not None and result_bytes * num_chunks <= OWN_RESULTS_MAX_BYTES
+def ship_own_results(spmd: bool, result_bytes: int | None, num_chunks: int) -> bool:
+    """Send every chunk's own result with the pass: outside an SPMD program, where the own results of ``num_chunks``
+    chunks of about ``result_bytes`` each (``empty_statistic_bytes``) stay within the bound."""
+    return not spmd and result_bytes is not None and result_bytes * num_chunks <= OWN_RESULTS_MAX_BYTES

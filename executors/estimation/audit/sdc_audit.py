@@ -222,14 +222,8 @@ class EMAudit:
         struck: set[tuple[int, int]] = set()
         if self.placement and (self.excluded or self.injection_pending(iteration)):
             return committed_round(self, *payload, iteration, n, struck, token), struck
-        own = range(n) if ship_own_results(self.reveal_is_a_job, empty_statistic_bytes(payload[0]), n) else ()
+        own = range(n) if ship_own_results(self.gather is not None, empty_statistic_bytes(payload[0]), n) else ()
         return self.fold_entries(payload, n, own, commit=True, token="" if own else token), struck
-
-    @property
-    def reveal_is_a_job(self) -> bool:
-        """Whether opening a group after the draw is an engine job of its own (``reveal_mode``): a runner that
-        cannot aim work at the worker that folded, outside an SPMD program."""
-        return not self.placement and self.gather is None
 
     def references(self, chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, Any]:
         """The references of ``chunks`` by chunk: those this process computes, or (SPMD) every rank's gathered, so

@@ -7,13 +7,15 @@ digests but returns a wrong sum (its statistics scaled, or a chunk dropped from 
 every audit passing. Now the groups holding audited chunks are opened after the pass (the worker hands back
 the chunks' results it kept, each checked against its digest) and re-folded in the driver: the cheat is a
 backend defect. A one-off flip of a folded sum is a device fault: its worker is quarantined, the run ends on
-a clean run's bits.
+a clean run's bits. Each holds both ways a pass opens its groups: the pass brings every chunk's own result
+with the sums (small statistics, the default: ``audit.reveal_mode``) or the workers reveal them in a round of
+their own after the draw (statistics over ``OWN_RESULTS_MAX_BYTES``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -72,15 +74,16 @@ class PlacedBlockRunner(BlockRunner):
 
     supports_worker_placement = True
 
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, flip: bool = True) -> None:
         super().__init__(num_workers)
         self.passes = 0
         self.flipped = 0
+        self.flip = flip
 
     def run_on_workers(self, tasks: dict[int, WorkerTask], pass_: bool = False) -> dict[int, list[Any]]:
         out = super().run_on_workers(tasks)
         self.passes += int(pass_)
-        if pass_ and self.passes == 1 and 1 in out:
+        if self.flip and pass_ and self.passes == 1 and 1 in out:
             out[1] = [self._flip(e) for e in out[1]]
         return out
 
@@ -95,19 +98,52 @@ class PlacedBlockRunner(BlockRunner):
         return entry._replace(value=value) if type(entry).__name__ == "Metered" else value
 
 
+class Opening(NamedTuple):
+    """How the passes opened their groups: ``mode`` and the size of every reveal round they ran (not a replay's)."""
+
+    mode: str
+    rounds: list[int]
+
+    @property
+    def as_asked(self) -> bool:
+        """Reveal rounds ran exactly when they were forced (no worker quarantined, so every pass ran as set)."""
+        return bool(self.rounds) == (self.mode == "revealed")
+
+
+@pytest.fixture(params=["shipped", "revealed"])
+def opening(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Opening:
+    """``shipped``: the pass brings every chunk's own result (the default for small statistics); ``revealed``: a
+    reveal round after the draw, forced by a zero ``OWN_RESULTS_MAX_BYTES``."""
+    from mixle_parallel.executors.estimation.audit import fold_binding, reveal_mode
+    from mixle_parallel.executors.estimation.em_pass import estep
+
+    if request.param == "revealed":
+        monkeypatch.setattr(reveal_mode, "OWN_RESULTS_MAX_BYTES", 0)
+    found = Opening(request.param, [])
+
+    def counted(*args: Any, **kwargs: Any) -> dict[int, Any]:
+        found.rounds.append(len(args[2]))
+        return fold_binding.reveal_chunks(*args, **kwargs)
+
+    monkeypatch.setattr(estep, "reveal_chunks", counted)
+    return found
+
+
 @pytest.fixture(params=["scale", "drop"])
 def fold_cheating_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     with third_party_backend(NAME, lambda n: BlockRunner(n, cheating_apply(apply_chunk_fn, request.param))):
         yield request.param
 
 
-def test_a_backend_with_honest_digests_and_a_wrong_folded_sum_is_a_backend_defect(fold_cheating_backend, rows):
+def test_a_backend_with_honest_digests_and_a_wrong_folded_sum_is_a_backend_defect(fold_cheating_backend, rows,
+                                                                                  opening):
     with pytest.raises(BackendDefectError) as caught:
         fit(rows, estimator(), max_its=4, delta=None, prev_estimate=start_model(rows), chunk_size=ROWS_PER_CHUNK,
             backend=NAME, num_workers=2, audit_rate=0.2, audit_policy="raise")
     records = caught.value.records
     assert [(r.replay, r.cause, r.unit.split(":")[0]) for r in records if not r.matched] == [
         ("reference", "backend_defect", "group")]
+    assert opening.as_asked, opening
 
 
 def test_the_cheat_fits_wrong_without_the_audit(rows):
@@ -119,13 +155,14 @@ def test_the_cheat_fits_wrong_without_the_audit(rows):
     assert not same_bits(cheated, clean_fit(rows, start, 3))
 
 
-def test_an_honest_fit_has_the_same_bits_with_and_without_the_audit_and_opens_only_audited_groups(rows):
+def test_an_honest_fit_has_the_same_bits_with_and_without_the_audit_and_opens_only_audited_groups(rows, opening):
     start = start_model(rows)
     with handle_from_runner(BlockRunner(2), rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK) as handle:
         handle.attach_verification(audit=True, audit_rate=0.2)
         audited = fit(handle, estimator(), max_its=4, delta=None, prev_estimate=start)
         records = handle.audit_records
     assert same_bits(audited, clean_fit(rows, start, 4)) and all(r.matched for r in records)
+    assert opening.as_asked, opening
     groups = [r for r in records if r.unit.startswith("group:")]
     assert groups
     for r in groups:  # each opened group holds a chunk audited in the same pass
@@ -134,7 +171,27 @@ def test_an_honest_fit_has_the_same_bits_with_and_without_the_audit_and_opens_on
         assert chunks & set(range(first, last + 1))
 
 
-def test_a_flipped_folded_sum_that_does_not_reproduce_is_a_device_fault_and_the_run_ends_on_clean_bits(rows):
+@pytest.mark.parametrize("backend", ["placed", "mp"])
+def test_a_runner_that_places_work_opens_its_groups_as_asked_on_the_same_bits(rows, opening, backend):
+    """A runner that can aim work at the worker that folded (in-process placed blocks, and ``mp``) gets the own
+    results with the pass too when they are small: no reveal round after the draw (one round trip less per
+    pass); forced over the bound, it reveals. Either way the fit has a clean run's bits."""
+    start = start_model(rows)
+    kwargs = {"max_its": 4, "delta": None, "prev_estimate": start}
+    if backend == "mp":
+        result = fit(rows, estimator(), backend="mp", num_workers=2, chunk_size=ROWS_PER_CHUNK,
+                     admission="unverified", audit_rate=0.2, **kwargs)
+    else:
+        with handle_from_runner(PlacedBlockRunner(2, flip=False), rows, estimator=estimator(),
+                                chunk_size=ROWS_PER_CHUNK) as handle:
+            handle.attach_verification(audit=True, audit_rate=0.2)
+            result = fit(handle, estimator(), **kwargs)
+    assert same_bits(result, clean_fit(rows, start, 4))
+    assert opening.as_asked, opening
+
+
+def test_a_flipped_folded_sum_that_does_not_reproduce_is_a_device_fault_and_the_run_ends_on_clean_bits(rows,
+                                                                                                     opening):
     start = start_model(rows)
     runner = PlacedBlockRunner(2)
     with handle_from_runner(runner, rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK) as handle:
@@ -147,6 +204,7 @@ def test_a_flipped_folded_sum_that_does_not_reproduce_is_a_device_fault_and_the_
         ("group", "device", "quarantine", 1)}
     assert quarantined == frozenset({1})
     assert same_bits(result, clean_fit(rows, start, 3))
+    assert opening.mode == "shipped" or opening.rounds, opening  # once worker 1 is out, passes are placed and reveal
 
 
 def test_a_worker_hands_back_the_results_it_kept_for_the_pass_without_recomputing():
