@@ -8,17 +8,14 @@ engine backend builds one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import attrs
-
-from ...contracts import ParallelPlan
 from ...contracts.estimation import statistic_digest
 from ...contracts.placement import Placement
-from ...verification.ledger.chain import Ledger
-from .audit.sdc_audit import EM_AUDIT_RATE, EMAudit
-from .compat.mixle_interop import adapt_mixle_objects, unwrap_mixle, wrap_mixle_model
+from .audit.sdc_audit import EMAudit
+from .compat.mixle_interop import adapt_mixle_objects
+from .compat.mixle_sequence import MixleSequenceMethods
 from .em_pass.chunks import (
     ChunkResult,
     ChunkRunner,
@@ -26,35 +23,23 @@ from .em_pass.chunks import (
     GroupFold,
     chunk_bounds,
     chunk_estep,
-    chunk_initialize,
     chunk_log_density,
-    combine_in_chunk_order,
     count_rows,
     encode_chunks,
     fold_pass,
-    ordered_sum,
     resolve_encoder,
-    seed_from,
 )
 from .em_pass.engine_choice import EngineChoice, resolve_engine
 from .em_pass.estep import (
     audited_entries,
     folded_result,
     record_receipt,
-    rows_reference,
-    source_reference,
     write_findings,
 )
 from .em_pass.runner_protocols import AssignsChunks, RunLedger, transport_count
-from .fitting.minibatch import (
-    DEFAULT_STEP_EXPONENT,
-    DEFAULT_STEP_OFFSET,
-    MinibatchSpec,
-    batch_plan,
-    minibatch_spec,
-    step_gains,
-    stepwise_em,
-)
+from .em_pass.verification_binding import VerifiedPasses
+from .fitting.minibatch import MinibatchSpec, minibatch_spec
+from .fitting.minibatch_passes import MinibatchPasses
 from .observability.em_observability import (
     FitReport,
     RankRecord,
@@ -63,7 +48,7 @@ from .observability.em_observability import (
     round_summary,
 )
 from .observability.metering import MeteredRunner
-from .options import EncodedDataOptions, UnknownOptionError, VerificationOptions, option_names, sub_chunked
+from .options import EncodedDataOptions, UnknownOptionError, option_names, sub_chunked
 from .planning.placement_check import check_placement
 from .planning.planner import placement_for_bounds
 from .sources import ChunkPlace, OpenedSource, as_source, open_source, source_layout, source_places
@@ -75,17 +60,12 @@ STRAGGLER_MIN_EXCESS_S = 0.05
 others' median (besides the ratio and robust-z rule), so scheduling jitter on tiny passes is not news."""
 
 
-class ChunkedEncodedData:
-    """An encoded-data handle over any :class:`ChunkRunner`; same bits on every backend."""
+class ChunkedEncodedData(MixleSequenceMethods, MinibatchPasses, VerifiedPasses):
+    """An encoded-data handle over any :class:`ChunkRunner`; same bits on every backend.
 
-    reference_audit = True
-    """Whether the SDC audit also recomputes audited chunks outside the backend (where the rows are at hand)."""
-
-    def _attach_reference(self, audit: EMAudit) -> None:
-        """Give ``audit`` the driver's reference where this handle keeps the rows, or reads them again from
-        ``files(...)`` (SPMD handles agree on it)."""
-        audit.reference = (rows_reference(self._audit_rows, self.bounds) if self._audit_rows is not None else
-                                 source_reference(self.source, self.places))
+    Its mixle 0.8.2 sequence methods (``compat.mixle_sequence``), mini-batch passes and stochastic EM
+    (``fitting.minibatch_passes``) and its admission/audit/ledger binding (``em_pass.verification_binding``)
+    are bases of their own; this class holds the data, options and runner and runs the passes."""
 
     def __init__(self, runner: ChunkRunner, data: Any = None, options: EncodedDataOptions | None = None, *,
                  num_rows: int | None = None, owns_runner: bool = True, **params: Any) -> None:
@@ -239,45 +219,10 @@ class ChunkedEncodedData:
         # GroupFold is callable through its __call__, which mypy does not see on a NamedTuple
         return self._map(fold, (estimator, model), estimator, model)  # type: ignore[arg-type]  # NamedTuple __call__
 
-    def batch_statistics(self, estimator: Any, model: Any, chunk_ids: Sequence[int]) -> list[ChunkResult]:
-        """E-step results of the chosen chunks, in ascending chunk order (mini-batch EM; collective on SPMD)."""
-        self._ensure_scattered(estimator, model)
-        estimator, model = self._bound(estimator, model)
-        return [ChunkResult(*r) for r in self.map_batch(chunk_estep, (estimator, model), chunk_ids)]
-
-    def map_batch(self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int],
-                  estimator: Any = None) -> list[Any]:
-        """``fn(chunk, payload)`` on the chosen chunks only, in ascending chunk order (a mini-batch)."""
-        self._ensure_scattered(estimator, None)
-        return self._metered.map_chunks(fn, payload, sorted(int(c) for c in chunk_ids))
-
-    def minibatch_plan(self, *, epoch: int = 0) -> list[list[int]]:
-        """The chunk ids of each mini-batch of ``epoch`` under ``self.minibatch`` (a function of the seed, the
-        epoch, the batch size and the rows only)."""
-        spec = self.minibatch
-        return batch_plan(self.num_chunks, self.num_rows, spec.batch_size, shuffle=spec.shuffle, seed=spec.seed,
-                          epoch=epoch)
-
-    def stochastic_em(self, estimator: Any, *, epochs: float = 5, schedule: Callable[[int], float] | None = None,
-                      init_p: float = 0.2, seed: int = 0, model: Any = None, init: str | None = None,
-                      step_exponent: float = DEFAULT_STEP_EXPONENT,
-                      step_offset: float = DEFAULT_STEP_OFFSET) -> Any:
-        """Stepwise mini-batch EM over ``epochs`` passes of this handle's mini-batches; returns the model.
-
-        Starts from ``model``, else from the first batch (``init`` as ``optimize``'s: k-means++ for mixtures;
-        ``init_p``, ``seed``); steps and passes are in
-        ``last_stochastic_fit``. ``schedule(t)`` (mixle's) replaces ``(t + step_offset) ** -step_exponent``.
-        """
-        estimator, model, _ = adapt_mixle_objects(estimator, model, None)
-        gains = step_gains(schedule, step_exponent, step_offset)
-        fit = stepwise_em(self, estimator, model, self._epoch_batches, epochs=epochs, gains=gains, init_p=init_p,
-                          init_seed=seed, init=init)
-        self.last_stochastic_fit = fit
-        return unwrap_mixle(fit.model)
-
-    def _epoch_batches(self, epoch: int) -> Iterable[Sequence[int]]:
-        """The batches stochastic EM takes in ``epoch`` (a subclass may draw them through a data loader)."""
-        return self.minibatch_plan(epoch=epoch)
+    def _log_densities(self, estimate: Any) -> list[Any]:
+        """Each chunk's ``(rows, log-likelihood)`` under ``estimate`` (already bound to the engine), in chunk order:
+        the scoring pass of mixle's ``pysp_seq_log_density_sum`` (``compat.mixle_sequence``)."""
+        return self._map(chunk_log_density, estimate, None, estimate)
 
     def chunk_digests(self, estimator: Any, model: Any) -> list[str]:
         """``sha256:`` digest of each chunk's statistics, in chunk order."""
@@ -338,135 +283,6 @@ class ChunkedEncodedData:
         """Stragglers, data skew and totals over every E-step of this handle (``em_observability``)."""
         return fit_report(self.rank_records, threshold_ratio=threshold_ratio, z_threshold=z_threshold,
                           min_excess_seconds=min_excess_seconds)
-
-    # -- verification -----------------------------------------------------------------------------
-    @property
-    def audit(self) -> EMAudit | None:
-        """The handle's ``EMAudit`` (None when not audited)."""
-        return self._audit
-
-    @property
-    def audit_records(self) -> tuple[Any, ...]:
-        """Every ``SDCAuditRecord`` of this handle's audited passes."""
-        return self._audit.records if self._audit is not None else ()
-
-    @property
-    def last_audit_records(self) -> tuple[Any, ...]:
-        """The ``SDCAuditRecord``s of the last E-step."""
-        return tuple(r for outcome in self.last_audits for r in outcome.records)
-
-    @property
-    def quarantined(self) -> frozenset[int]:
-        """Workers quarantined by the audit (they get no chunks)."""
-        return self._audit.quarantined if self._audit is not None else frozenset()
-
-    def readmit(self, workers: Sequence[int] | None = None) -> None:
-        """Give quarantined workers chunks again (all when ``workers`` is None), e.g. after a repair."""
-        if self._audit is not None:
-            self._audit.readmit(workers)
-            if self.ledger is not None:
-                self.ledger.note("quarantined worker(s) readmitted", workers=None if workers is None else list(workers))
-
-    def begin_fit(self) -> None:
-        """Mark the next E-step as a fit's first: the audit then checks at least one chunk."""
-        self._fit_first = True
-
-    def record_failure(self, error: BaseException) -> None:
-        """Remember why the run failed; ``close`` writes it into the ledger's run_end."""
-        self._failure = f"{type(error).__name__}: {error}"[:500]
-
-    def attach_verification(self, verification: VerificationOptions | None = None, *, admission: Any = None,
-                            certificate: Any = None, **controls: Any) -> None:
-        """Bind the admission decision, the SDC audit and the ledger (``encoded_data`` calls this).
-
-        ``verification`` (a :class:`VerificationOptions`): ``audit=None`` audits when the runner has two
-        workers or more; ``audit_rate`` defaults to 0.05; ``fault_injector`` needs the audit on. ``ledger``
-        (a ``verification.Ledger`` or a path) gets run_start now, one receipt per E-step, every audit
-        record, and run_end on ``close``. ``controls`` are its fields as keywords (made into one at once).
-        ``admission`` is the gate's ``AdmissionDecision``.
-        """
-        base = VerificationOptions() if verification is None else verification
-        chosen = attrs.evolve(base, **controls) if controls else base
-        self.admission = admission
-        ledger = chosen.ledger
-        if ledger is not None and not isinstance(ledger, RunLedger):  # a path
-            ledger = Ledger(ledger)
-        on = (self.num_workers > 1) if chosen.audit is None else chosen.audit
-        given = chosen.set_options()
-        shaping = [k for k in ("audit_rate", "audit_policy", "audit_seed", "fault_injector") if k in given]
-        if shaping and not on:
-            raise ValueError(f"{'=, '.join(shaping)}= shape(s) the SDC audit, which is off for {self.num_workers} "
-                             f"worker(s) by default; pass audit=True (or drop {'=, '.join(shaping)}=)")
-        if on:
-            rate = EM_AUDIT_RATE if chosen.audit_rate is None else float(chosen.audit_rate)
-            self._audit = EMAudit(self._metered, rate=rate, policy=chosen.audit_policy, seed=chosen.audit_seed,
-                                  fault_injector=chosen.fault_injector)
-            if self.reference_audit:
-                self._attach_reference(self._audit)
-        if self._audit is None or self._audit.reference is None:
-            self._audit_rows = None
-        self.ledger = ledger
-        if ledger is not None:
-            self._ledger_start(ledger, certificate)
-
-    def _ledger_start(self, ledger: RunLedger, certificate: Any) -> None:
-        decision = self.admission
-        link = (
-            certificate if certificate is not None else (decision.ledger_link if decision is not None else "unverified")
-        )
-        ledger.run_start(
-            plan=ParallelPlan(dp_replicate=max(1, self.num_workers)),
-            certificate=link,
-            executor=decision.executor if decision is not None else f"em_{self.backend}",
-            extra={
-                "kind": "em_fit",
-                "backend": self.backend,
-                "rows": self.num_rows,
-                "chunks": self.num_chunks,
-                "workers": self.num_workers,
-                "admission": decision.mode if decision is not None else None,
-                "audit_rate": self._audit.rate if self._audit is not None else None,
-                "audit_policy": self._audit.auditor.policy if self._audit is not None else None,
-                "engine": "numpy (fp64)" if self.engine is None else str(self.engine),
-            },
-        )
-
-    def pysp_seq_estimate(self, estimator: Any, prev_estimate: Any) -> Any:
-        """One E/M update from ``prev_estimate`` (the new model); mixle objects in, a mixle distribution out."""
-        estimator, prev_estimate, _ = adapt_mixle_objects(estimator, prev_estimate, None)
-        return unwrap_mixle(self.estep(estimator, prev_estimate).model)
-
-    def pysp_seq_log_density_sum(self, estimate: Any) -> tuple[float, float]:
-        """Rows and total log-likelihood of ``estimate`` (ours or a mixle distribution) over the data."""
-        estimate = self._bound(None, wrap_mixle_model(estimate))[1]
-        results = self._map(chunk_log_density, estimate, None, estimate)
-        return ordered_sum([r[0] for r in results]), ordered_sum([r[1] for r in results])
-
-    def pysp_seq_initialize(self, estimator: Any, rng: Any, p: float) -> Any:
-        """A random start: rows kept with probability ``p``; draws depend on (seed, chunk id) only."""
-        if not (isinstance(p, (int, float)) and 0.0 < float(p) <= 1.0):
-            raise ValueError(f"init_p must be in (0, 1], got {p!r}")
-        estimator, _, _ = adapt_mixle_objects(estimator, None, None)
-        seed = seed_from(rng)
-        results = self._map(chunk_initialize, (estimator, seed, float(p)), estimator)
-        nobs = ordered_sum([r[0] for r in results])
-        if nobs == 0.0 and self.num_rows > 0:
-            # Nothing was drawn (tiny data, small p): start from every row instead.
-            results = self._map(chunk_initialize, (estimator, seed, 1.0), estimator)
-            nobs = ordered_sum([r[0] for r in results])
-        stats = combine_in_chunk_order(estimator, [r[1] for r in results])
-        return unwrap_mixle(estimator.estimate(nobs, stats))
-
-    def pysp_stream_accumulate(self, estimator: Any, model: Any) -> tuple[float, Any]:
-        """Rows and the combined statistics under ``model`` (mixle's streaming-EM fold), no M-step."""
-        estimator, model, _ = adapt_mixle_objects(estimator, model, None)
-        total = self._fold_entries(estimator, self.estep_entries(estimator, model))
-        return total.count, total.stats
-
-    @property
-    def num_records(self) -> int:
-        """Rows of the data (mixle's name for ``num_rows``)."""
-        return self.num_rows
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:

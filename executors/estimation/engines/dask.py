@@ -59,7 +59,6 @@ class DaskRunner(PlacedRuns):
     """Chunk runner over a dask.distributed ``Client`` (given, or a ``LocalCluster`` it owns)."""
 
     name = "dask"
-    supports_worker_placement = True
 
     def __init__(
         self,

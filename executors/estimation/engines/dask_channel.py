@@ -24,7 +24,8 @@ from .channel import ChannelClient, ChannelOffer, wait_channels
 from .chunk_assignment import ordered_results
 from .dask_holder import pack_for_holder
 from .dask_straggler import kill_worker_process, silent_in_copy
-from .deadline import Deadline, StragglerClock, straggler_deadline
+from .deadline import Deadline, straggler_deadline
+from .runner_families import ActorClusterRunner
 from .wire_bytes import WireBytes
 
 __all__ = ["ACTOR_START_S", "POLL_S", "DirectPasses", "call_outcomes", "channel_host"]
@@ -65,8 +66,9 @@ async def call_outcomes(calls: dict[Any, Any], timeout: float | None) -> dict[An
     return {tasks[task]: task.result() for task in done}
 
 
-class DirectPasses:
-    """Data passes over the chunk holders' own sockets (mixed into ``DaskRunner``)."""
+class DirectPasses(ActorClusterRunner[str]):
+    """Data passes over the chunk holders' own sockets (mixed into ``DaskRunner``); the family's straggler
+    bookkeeping and counted bytes are ``runner_families.ActorClusterRunner``'s."""
 
     _channels: dict[str, ChannelClient]
     _channel_offer: ChannelOffer | None
@@ -85,25 +87,10 @@ class DirectPasses:
     _replace: Callable[[list[int], Deadline], None]
     _check_losses: Callable[[int, Sequence[int]], None]
     _pass_timeout: Callable[[Mapping[str, Sequence[int]]], WorkerTimeoutError]
-    timeout: float | None
     wire: WireBytes
     """Pass bytes to and from the holders: channel frames, and the blobs of ``run`` calls through dask."""
     client: Any
     _workers: list[str]
-    stragglers: list[int]
-    """Workers (ids) whose holder the others outran by the straggler deadline: dropped from the cluster."""
-    recovered_chunks: list[int]
-    """Chunk ids a straggler owed, recomputed by the other holders (for tests and logs)."""
-    straggler_timeout: float | None
-    """``straggler_timeout=``: the straggler deadline in seconds (None: ``deadline.straggler_deadline``'s rule)."""
-    _answered: set[str]  # holders that answered a pass: a fresh one (importing modules) is never a straggler
-
-    def _init_stragglers(self, straggler_timeout: float | None) -> None:
-        self.stragglers, self.recovered_chunks, self._answered = [], [], set()
-        self.straggler_timeout = straggler_timeout
-
-    def _straggler_clock(self) -> StragglerClock:
-        return StragglerClock(self.timeout, self.straggler_timeout)
 
     def _outrun(self, address: str, owed: Sequence[int]) -> None:
         """Give up on the holder at ``address``, silent past the straggler deadline: on a cluster this runner
@@ -114,8 +101,7 @@ class DirectPasses:
         used again."""
         _log.warning("dask: worker %s is a straggler (silent past the straggler deadline); recomputing chunks "
                      "%s on the others and dropping it from the cluster", address, list(owed))
-        self.stragglers.append(self._workers.index(address) if address in self._workers else -1)
-        self.recovered_chunks.extend(owed)
+        self._note_straggler(self._workers.index(address) if address in self._workers else -1, owed)
 
         async def remove(dask_scheduler: Any, address: str, stimulus_id: str) -> Any:
             return await dask_scheduler.remove_worker(address=address, stimulus_id=stimulus_id, close=True)
@@ -162,16 +148,6 @@ class DirectPasses:
                     self._outrun(silent, [i for i, w in enumerate(self._where) if w == silent])
                     self._forget(silent)
         return False
-
-    @property
-    def transport_bytes(self) -> int:
-        """Pass bytes sent to and received from the holders so far (models out, statistics back)."""
-        return self.wire.total
-
-    @property
-    def transport_messages(self) -> int:
-        """Messages handed to and taken from the transport so far (``WireBytes.messages``)."""
-        return self.wire.messages
 
     def _channel_for(self, address: str) -> ChannelClient | None:
         """The pass socket of the holder on ``address``, opened on first use; None when the cluster's

@@ -7,7 +7,6 @@ dies, or is outrun by the others, ends the run with ``WorkerUnavailableError`` n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ..em_pass.chunks import WorkerTask, WorkerTimeoutError, WorkerUnavailableError, check_tasks
@@ -135,9 +134,3 @@ class PlacedRuns(ActorCalls):
                 dead, f"dask worker(s) {[self._workers[w] for w in dead]} were lost while computing chosen chunks"
             )
         return values
-
-    def compute_on(
-        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
-    ) -> list[Any]:
-        """``fn`` over ``chunk_ids`` on worker ``worker``."""
-        return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]

@@ -12,27 +12,24 @@ from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
 from ..sources.files import forget_reads
 from ..sources.recipes import is_recipe, materialize
-from .chunk_assignment import block_assignment, place_blocks
+from .runner_families import ProcessPoolRunner
 
 __all__ = ["LocalChunkRunner", "local_backend"]
 
 
-class LocalChunkRunner:
+class LocalChunkRunner(ProcessPoolRunner):
     """Chunk-level thread pool (numpy releases the GIL in its kernels); one worker runs inline."""
 
     name = "local"
-    supports_worker_placement = True
     transport_bytes = 0
     """Threads share the driver's memory: nothing crosses a process boundary."""
     transport_messages = 0
     """Tasks handed to worker threads and results taken back so far (the thread pool is this runner's transport)."""
 
     def __init__(self, num_workers: int | None = None) -> None:
-        n = local_cpu_count() if num_workers is None else num_workers
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"local backend num_workers must be an int >= 1, got {num_workers!r}")
-        self.num_workers = n
+        self.num_workers = self._pool_size(num_workers)
         self._chunks: list[Any] = []
+        self._num_chunks = 0
         self._pool: ThreadPoolExecutor | None = None
         self._pinned: list[ThreadPoolExecutor] = []
         self._blocks: list[list[int]] | None = None
@@ -40,6 +37,7 @@ class LocalChunkRunner:
     def scatter(self, chunks: Sequence[Any]) -> None:
         """Keep the encoded chunks (list index = chunk id); recipes (``files``) are read and encoded here."""
         self._chunks = [materialize(c) for c in chunks]
+        self._num_chunks = len(self._chunks)
         if any(is_recipe(c) for c in chunks):
             forget_reads()  # the last row group read stays with no chunk
 
@@ -63,21 +61,9 @@ class LocalChunkRunner:
         return [f.result() for f in futures]
 
     # -- placement (the SDC audit recomputes a chunk on another worker thread) ---------------------
-    def assign_chunks(self, blocks: Sequence[Sequence[int]]) -> None:
-        """Run chunks on worker threads by a plan: ``blocks[w]`` are worker ``w``'s chunk ids."""
-        self._blocks = place_blocks(blocks, self.num_workers, len(self._chunks), self.name)
-
     def worker_ids(self) -> list[int]:
         """Worker thread ids ``0..num_workers-1``."""
         return list(range(self.num_workers))
-
-    def chunk_owners(self) -> list[int]:
-        """The worker thread each chunk is assigned to by default (contiguous blocks)."""
-        owners = [0] * len(self._chunks)
-        for w, ids in enumerate(self._blocks or block_assignment(len(self._chunks), self.num_workers)):
-            for i in ids:
-                owners[i] = w
-        return owners
 
     def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
         """Each task on its own pinned worker thread; results per worker in the order of its ids."""
@@ -93,12 +79,6 @@ class LocalChunkRunner:
         self.transport_messages += 2 * len(futures)
         return {w: f.result() for w, f in futures.items()}
 
-    def compute_on(
-        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
-    ) -> list[Any]:
-        """``fn`` over ``chunk_ids`` on worker thread ``worker``."""
-        return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
-
     def close(self) -> None:
         """Stop the thread pools and drop the chunks."""
         if self._pool is not None:
@@ -108,6 +88,7 @@ class LocalChunkRunner:
             pool.shutdown(wait=True)
         self._pinned = []
         self._chunks = []
+        self._num_chunks = 0
 
 
 def local_backend(

@@ -11,13 +11,9 @@ worker answers within ``timeout`` seconds, the silent ones are terminated and re
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
-import os
 import pickle
-import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing import connection
 from multiprocessing.shared_memory import SharedMemory
@@ -32,104 +28,32 @@ from ..em_pass.chunks import (
     WorkerTask,
     WorkerTimeoutError,
     WorkerUnavailableError,
-    apply_chunk_fn,
     check_tasks,
 )
 from ..handle import ChunkedEncodedData, handle_from_runner
 from ..options import EncodedDataOptions
 from ..sources.recipes import is_recipe
-from .chunk_assignment import block_assignment, place_blocks
 from .deadline import check_straggler_timeout, straggler_deadline
-from .main_guard import dumps_for_workers, main_left_out
-from .mp_layout import plan_arrays, rebuild_arrays
-from .recipe_store import RecipeStore, touch
-from .worker_process import keep_freed_memory, yield_on_wakeup
+from .main_guard import dumps_for_workers
+from .mp_layout import plan_arrays
+from .mp_workers import BLAS_THREAD_VARIABLES, MPWorker, MPWorkerProcesses
+from .recipe_store import touch
+from .runner_families import ProcessPoolRunner
 
 __all__ = ["BLAS_THREAD_VARIABLES", "MPChunkRunner", "WorkerTaskError", "mp_backend"]
-
-BLAS_THREAD_VARIABLES = (
-    "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS",
-)
-"""Environment variables set to ``1`` in every worker so workers do not oversubscribe cores."""
-
-_ENV_LOCK = threading.Lock()
 
 
 class WorkerTaskError(RuntimeError):
     """A chunk function raised inside a worker; the message carries the worker's traceback."""
 
 
-# ---- worker process ------------------------------------------------------------------------------
-def _serve(conn: Any, chunks: Any) -> None:
-    """Answer ``("map", fn, payload, ids[, home])`` requests over ``chunks`` until ``close``; ``home`` (recipes
-    only) names the chunks this worker keeps from now on."""
-    conn.send_bytes(pickle.dumps(("ready", os.getpid())))
-    while True:
-        try:
-            message = conn.recv_bytes()
-        except EOFError:
-            return
-        kind, *rest = pickle.loads(message)
-        if kind == "close":
-            return
-        fn, payload, ids, *home = rest
-        if home and home[0] is not None:
-            chunks.set_home(home[0])
-        try:
-            out = list(zip(ids, apply_chunk_fn(fn, payload, ids, chunks.__getitem__)))
-        except BaseException as exc:  # noqa: BLE001 - reported to the driver with the traceback
-            conn.send_bytes(pickle.dumps(("error", getattr(exc, "chunk_id", ids), traceback.format_exc())))
-        else:
-            conn.send_bytes(dumps_for_workers(("ok", out)))
+class MPChunkRunner(MPWorkerProcesses, ProcessPoolRunner):
+    """Worker processes over shared memory; recomputes a dead worker's chunks on survivors.
 
-
-def _worker_main(conn: Any, shm_name: str | None, layout: bytes) -> None:
-    """Worker loop: attach the shared block (or take the chunks' recipes, ``shm_name`` None: this worker
-    reads its own chunks), then answer ``map`` requests until ``close``. A start that fails is reported
-    with its traceback (the driver names the cause in its ``WorkerLostError``)."""
-    keep_freed_memory()  # BLAS threads are capped through the environment the worker was started with
-    yield_on_wakeup()
-    if shm_name is None:
-        try:
-            store = RecipeStore(pickle.loads(layout))
-        except BaseException:  # noqa: BLE001 - the driver names the cause in its WorkerLostError
-            conn.send_bytes(pickle.dumps(("failed", traceback.format_exc())))
-            return
-        _serve(conn, store)
-        return
-    try:
-        shm = SharedMemory(name=shm_name)
-        assert shm.buf is not None  # an attached block is open until close()
-        chunks = [EncodedChunk(c, a, b, rebuild_arrays(d, shm.buf)) for c, a, b, d in pickle.loads(layout)]
-    except BaseException:  # noqa: BLE001 - the driver names the cause in its WorkerLostError
-        conn.send_bytes(pickle.dumps(("failed", traceback.format_exc())))
-        return
-    try:
-        _serve(conn, chunks)
-    finally:
-        chunks = []  # noqa: F841 - drop the views before closing the block
-        try:
-            shm.close()
-        except BufferError:  # pragma: no cover - a view escaped; the OS frees it at exit
-            pass
-
-
-class _Worker:
-    __slots__ = ("index", "process", "conn", "pending", "home")
-
-    def __init__(self, index: int, process: Any, conn: Any) -> None:
-        self.index, self.process, self.conn = index, process, conn
-        self.pending: list[int] = []
-        self.home: tuple[int, ...] | None = None
-        """The chunks this worker was last told to keep (recipes only)."""
-
-
-class MPChunkRunner:
-    """Worker processes over shared memory; recomputes a dead worker's chunks on survivors."""
+    The processes' start, liveness and stop are ``mp_workers``'s; the plan's blocks and chunk owners are the
+    process pools' (``runner_families``); this class scatters the chunks and runs the passes and placed runs."""
 
     name = "mp"
-    supports_worker_placement = True
 
     def __init__(
         self,
@@ -142,9 +66,7 @@ class MPChunkRunner:
         shutdown_timeout: float = 5.0,
         straggler_timeout: float | None = None,
     ) -> None:
-        n = local_cpu_count() if num_workers is None else num_workers
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"mp backend num_workers must be an int >= 1, got {num_workers!r}")
+        n = self._pool_size(num_workers)
         if timeout is not None and not timeout > 0:
             raise ValueError(f"mp backend timeout must be > 0 seconds or None, got {timeout!r}")
         if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, (int, float)) \
@@ -158,7 +80,7 @@ class MPChunkRunner:
         self.start_timeout = start_timeout
         self.blas_threads = int(blas_threads)
         self._ctx = mp.get_context(start_method)
-        self._workers: list[_Worker] = []
+        self._workers: list[MPWorker] = []
         self._shm: SharedMemory | None = None
         self._num_chunks = 0
         self.recovered_chunks: list[int] = []
@@ -210,7 +132,7 @@ class MPChunkRunner:
             self.close()
             raise
 
-    def _request(self, worker: _Worker, fn: Callable[[Any, Any], Any], payload: Any, ids: list[int]) -> bytes:
+    def _request(self, worker: MPWorker, fn: Callable[[Any, Any], Any], payload: Any, ids: list[int]) -> bytes:
         """A ``map`` request; a worker reading its own chunks is also told its home when that changed."""
         home = None
         if self._reads_own:
@@ -220,70 +142,8 @@ class MPChunkRunner:
         request = ("map", fn, payload, ids) if home is None else ("map", fn, payload, ids, home)
         return dumps_for_workers(request)
 
-    def _spawn(self, indices: Sequence[int], layout: bytes) -> list[_Worker]:
-        """Start worker processes ``indices`` on the shared block or the recipes (not yet waited for). They never
-        run the user's main module: spawn/forkserver get none to re-run, and what it defines travels by value."""
-        spawned = self._ctx.get_start_method() != "fork"  # a forked child runs nothing of the script again
-        started: list[_Worker] = []
-        self._answered.difference_update(indices)
-        with _ENV_LOCK, main_left_out() if spawned else contextlib.nullcontext():
-            # children inherit the environment at start: cap BLAS threads there
-            saved = {k: os.environ.get(k) for k in BLAS_THREAD_VARIABLES}
-            os.environ.update({k: str(self.blas_threads) for k in BLAS_THREAD_VARIABLES})
-            try:
-                for i in indices:
-                    parent, child = self._ctx.Pipe(duplex=True)
-                    proc = self._ctx.Process(  # type: ignore[attr-defined]  # get_context(str) -> BaseContext
-                        target=_worker_main, args=(child, None if self._shm is None else self._shm.name, layout),
-                        name=f"mixle-em-mp-{i}", daemon=True,
-                    )
-                    proc.start()
-                    child.close()
-                    started.append(_Worker(i, proc, parent))
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-        return started
-
-    def _await_ready(self, w: _Worker, deadline: float) -> None:
-        """Wait for worker ``w``'s start-up report; a worker that failed or died names the cause."""
-        if not w.conn.poll(max(deadline - time.monotonic(), 0.0)):
-            raise WorkerTimeoutError(
-                f"mp worker {w.index} did not start within {self.start_timeout:.0f} s; the machine may "
-                "be overloaded: raise start_timeout= or lower num_workers="
-            )
-        try:
-            reply = pickle.loads(w.conn.recv_bytes())
-        except EOFError:
-            w.process.join(timeout=5)
-            raise WorkerLostError(
-                f"mp worker {w.index} exited during start-up (exit code {w.process.exitcode}) before it could "
-                "report a cause: killed by the system (memory?) or its interpreter failed to start; see its stderr"
-            ) from None
-        if reply[0] == "failed":
-            cause = reply[1].strip().splitlines()[-1]
-            raise WorkerLostError(f"mp worker {w.index} failed to load the encoded chunks: {cause}\n{reply[1]}")
-
-    def _start_workers(self, layout: bytes) -> None:
-        self._workers.extend(self._spawn(range(self.num_workers), layout))
-        deadline = time.monotonic() + self.start_timeout
-        for w in self._workers:
-            self._await_ready(w, deadline)
-
     # -- map --------------------------------------------------------------------------------------
-    @property
-    def live_workers(self) -> list[int]:
-        """Indices of workers still alive."""
-        return [w.index for w in self._workers if w.process.is_alive()]
-
-    def worker_pids(self) -> list[int]:
-        """Process ids of the live workers, in worker order."""
-        return [w.process.pid for w in self._workers if w.process.is_alive()]
-
-    def _send(self, worker: _Worker, message: bytes, ids: list[int]) -> bool:
+    def _send(self, worker: MPWorker, message: bytes, ids: list[int]) -> bool:
         try:
             worker.conn.send_bytes(message)
         except (BrokenPipeError, ConnectionError, OSError):
@@ -293,7 +153,7 @@ class MPChunkRunner:
         worker.pending = list(ids)
         return True
 
-    def _receive(self, worker: _Worker) -> bytes:
+    def _receive(self, worker: MPWorker) -> bytes:
         """One reply read from ``worker``'s pipe, counted (``EOFError`` when the worker is gone)."""
         if not worker.conn.poll():
             raise EOFError
@@ -301,16 +161,6 @@ class MPChunkRunner:
         self.transport_bytes += len(raw)
         self.transport_messages += 1
         return raw
-
-    def _drop(self, worker: _Worker) -> None:
-        if worker.process.is_alive():
-            worker.process.kill()
-        worker.process.join(timeout=5)
-        try:
-            worker.conn.close()
-        except OSError:  # pragma: no cover
-            pass
-        self._workers.remove(worker)
 
     def map_chunks(
         self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None
@@ -328,28 +178,9 @@ class MPChunkRunner:
         return [results[i] for i in ids]
 
     # -- placement (the SDC audit recomputes a chunk on a chosen worker) -------------------------------
-    def assign_chunks(self, blocks: Sequence[Sequence[int]]) -> None:
-        """Send chunks to workers by a plan: ``blocks[w]`` are worker ``w``'s chunk ids (a ``Placement``'s
-        shards); balanced blocks again once a worker is lost."""
-        self._blocks = place_blocks(blocks, self.num_workers, self._num_chunks, self.name)
-
-    def _planned(self) -> list[list[int]] | None:
-        live = self.live_workers
-        return self._blocks if self._blocks is not None and live == list(range(self.num_workers)) else None
-
     def worker_ids(self) -> list[int]:
         """Ids of the live worker processes."""
         return self.live_workers
-
-    def chunk_owners(self) -> list[int]:
-        """The worker each chunk goes to in a plain pass (contiguous blocks over the live workers)."""
-        live = self.live_workers
-        owners = [0] * self._num_chunks
-        if live:
-            for w, ids in zip(live, self._planned() or block_assignment(self._num_chunks, len(live))):
-                for i in ids:
-                    owners[i] = w
-        return owners
 
     def run_on_workers(self, tasks: dict[int, WorkerTask]) -> dict[int, list[Any]]:
         """Each worker computes its task's chunk ids; a requested worker that is gone or dies raises
@@ -372,12 +203,6 @@ class MPChunkRunner:
         if gone:
             raise WorkerUnavailableError(gone, f"mp worker(s) {gone} died while computing chosen chunks")
         return {w: [results[(w, c)] for c in t.chunk_ids] for w, t in checked.items()}
-
-    def compute_on(
-        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
-    ) -> list[Any]:
-        """``fn`` over ``chunk_ids`` on worker process ``worker``."""
-        return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]
 
     def _dispatch(self, fn: Callable[[Any, Any], Any], payload: Any, ids: list[int]) -> None:
         live = [w for w in self._workers if w.process.is_alive()]
@@ -405,7 +230,7 @@ class MPChunkRunner:
     def _deadlines(self) -> tuple[float | None, float | None]:
         return self.timeout, self.straggler_timeout  # straggler_deadline's (timeout, fixed), read per pass
 
-    def _give_up_on_stragglers(self, busy: dict[Any, _Worker], sentinels: dict[Any, _Worker],
+    def _give_up_on_stragglers(self, busy: dict[Any, MPWorker], sentinels: dict[Any, MPWorker],
                                lost: list[tuple[int, list[int]]]) -> None:
         """Drop every busy worker that has answered before as lost (terminated), so its chunks are recomputed
         by the others; a fresh process's first task (it imports the user's modules) is waited for up to the
@@ -478,7 +303,7 @@ class MPChunkRunner:
                     straggle_at = started + straggler_deadline(time.monotonic() - started, *self._deadlines)
         return lost
 
-    def _drain(self, busy: dict[Any, _Worker], failed: _Worker) -> None:
+    def _drain(self, busy: dict[Any, MPWorker], failed: MPWorker) -> None:
         """After a task error, read (and drop) the replies of the other busy workers."""
         for conn, w in list(busy.items()):
             if w is failed:
@@ -489,24 +314,6 @@ class MPChunkRunner:
             except (EOFError, OSError):
                 pass
 
-    # -- stop -------------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Stop the workers and free the shared block (idempotent)."""
-        for w in list(self._workers):
-            try:
-                w.conn.send_bytes(pickle.dumps(("close",)))
-            except (OSError, ValueError):
-                pass
-        for w in list(self._workers):
-            w.process.join(timeout=self.shutdown_timeout)
-            self._drop(w)
-        if self._shm is not None:
-            try:
-                self._shm.close()
-                self._shm.unlink()
-            except (FileNotFoundError, BufferError):  # pragma: no cover
-                pass
-            self._shm = None
 
 
 def mp_backend(

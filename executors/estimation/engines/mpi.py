@@ -33,13 +33,13 @@ from ..handle import ChunkedEncodedData
 from ..options import EncodedDataOptions
 from .chunk_assignment import (
     block_assignment,
-    block_owners,
     ordered_results,
     requested_ids,
 )
 from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_timeout
 from .optional_engine import require_engine
-from .spmd_schedule import CollectiveSchedule, map_tag
+from .runner_families import SPMDRunner
+from .spmd_schedule import map_tag
 from .spmd_sources import scatter_source, source_row_placeholder
 from .wire_bytes import WireBytes, dumps
 
@@ -50,15 +50,10 @@ class MPIChunkError(RuntimeError):
     """A chunk function failed on some rank; raised on every rank so none is left blocked."""
 
 
-class MPIRunner:
+class MPIRunner(SPMDRunner):
     """SPMD chunk runner over an mpi4py communicator (``COMM_WORLD`` by default)."""
 
     name = "mpi"
-    supports_worker_placement = False
-    """Declined: an SPMD rank computes only its own block.
-
-    The SDC audit recomputes a chunk on the same runner instead (``same_rank``).
-    """
 
     def __init__(
         self,
@@ -72,45 +67,14 @@ class MPIRunner:
         if comm is None:
             comm = require_engine("mpi4py.MPI", "mpi").COMM_WORLD
         self.comm = comm
-        self.rank = int(comm.Get_rank())
-        self.size = int(comm.Get_size())
-        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
-            raise ValueError(f"root={root!r} is not a rank of this communicator (size {self.size})")
-        self.root = root
-        self.root_only = bool(root_only)
-        self.num_workers = self.size
-        self.blocks: list[list[int]] | None = None
-        """The chunk ids each rank holds when a source says so (``rank_local``); None: contiguous blocks."""
-        self._local: dict[int, Any] = {}
-        self._num_chunks = 0
+        self._init_ranks(int(comm.Get_rank()), int(comm.Get_size()), root, root_only, "communicator")
         self.wire = WireBytes()
         """This rank's pass bytes: the pickled payload and every rank's pickled results, as they crossed."""
-        self.schedule = CollectiveSchedule()
-        """Every collective step checked against the other ranks' before it runs (``spmd_schedule``)."""
 
     def _agree(self, operation: str) -> None:
         """The schedule check as a step of its own (``scatter``: once per handle; nothing to check alone)."""
         if self.size > 1:
             self.schedule.check(self.comm.allgather(self.schedule.next_tag(operation)))
-
-    @property
-    def transport_bytes(self) -> int:
-        """Pass bytes this rank sent and received so far (the payload broadcast, the results all-gather)."""
-        return self.wire.total
-
-    @property
-    def transport_messages(self) -> int:
-        """Messages handed to and taken from the transport so far (``WireBytes.messages``)."""
-        return self.wire.messages
-
-    @property
-    def is_root(self) -> bool:
-        """Whether this process is the root rank."""
-        return self.rank == self.root
-
-    def owned_chunk_ids(self, num_chunks: int) -> list[int]:
-        """The contiguous block of chunk ids this rank holds."""
-        return (self.blocks or block_assignment(num_chunks, self.size))[self.rank]
 
     # -- placement ----------------------------------------------------------------------------
     def scatter(self, chunks: Sequence[Any] | None) -> None:
@@ -147,10 +111,6 @@ class MPIRunner:
         self._num_chunks = int(n)
         self._local = dict(mine)
 
-    def chunk_owners(self) -> list[int]:
-        """The worker (rank / partition) each chunk is computed on: contiguous blocks."""
-        return block_owners(self.blocks or block_assignment(self._num_chunks, self.size), self._num_chunks)
-
     def all_gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order (a collective: every rank calls it)."""
         if self.size == 1:
@@ -158,15 +118,6 @@ class MPIRunner:
         parts = self.comm.allgather((self.schedule.next_tag("all_gather"), value))  # the step's tag travels along
         self.schedule.check([tag for tag, _ in parts])
         return [v for _, v in parts]
-
-    def compute_on(
-        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
-    ) -> list[Any]:
-        """Not supported: an SPMD rank computes only its own block."""
-        raise NotImplementedError(
-            "the mpi runner cannot compute chosen chunks on a chosen worker (an SPMD rank computes only its "
-            "own block); check supports_worker_placement first"
-        )
 
     # -- data passes --------------------------------------------------------------------------
     def map_chunks(

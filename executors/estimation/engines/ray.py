@@ -46,7 +46,7 @@ from .chunk_assignment import (
     ordered_results,
     requested_ids,
 )
-from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_straggler_timeout, check_timeout
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_straggler_timeout, check_timeout
 from .optional_engine import require_engine
 from .ray_loopback import loopback_ray_start, one_node_cluster
 from .ray_payload import INLINE_PAYLOAD_BYTES, pack_payload, pack_payload_sized, pickled_results, ray_uses_tls
@@ -121,7 +121,6 @@ class RayRunner(RayPlacedRuns):
     """Chunk runner over Ray actors (a running Ray, or a local one it starts and owns)."""
 
     name = "ray"
-    supports_worker_placement = True
 
     def __init__(
         self,
@@ -142,7 +141,7 @@ class RayRunner(RayPlacedRuns):
         self.wire = WireBytes()
         """Pass bytes to and from the actors: channel frames, and the blobs of ``run`` calls through Ray."""
         self.timeout = check_timeout(timeout)
-        self.straggler_timeout = check_straggler_timeout(straggler_timeout, self.timeout)
+        self._init_stragglers(check_straggler_timeout(straggler_timeout, self.timeout))
         self.start_timeout = check_timeout(start_timeout)
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
@@ -166,21 +165,6 @@ class RayRunner(RayPlacedRuns):
         self._owner: list[int] = []
         self.recoveries = 0
         """Chunks moved to a surviving actor after one died (for tests and logs)."""
-        self.stragglers: list[int] = []
-        """Actors killed because the others outran them by the straggler deadline (for tests and logs)."""
-        self.recovered_chunks: list[int] = []
-        """Chunk ids a straggler owed, recomputed by the other actors (for tests and logs)."""
-        self._answered: set[int] = set()  # actors that answered a pass: a fresh one is never a straggler
-
-    @property
-    def transport_bytes(self) -> int:
-        """Pass bytes sent to and received from the actors so far (models out, statistics back)."""
-        return self.wire.total
-
-    @property
-    def transport_messages(self) -> int:
-        """Messages handed to and taken from the transport so far (``WireBytes.messages``)."""
-        return self.wire.messages
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live actors, in worker order."""
@@ -305,7 +289,7 @@ class RayRunner(RayPlacedRuns):
                 self.wire.count_message_sent(payload_size)  # each actor gets the pickled payload (inline or store)
 
         submit(ids)
-        clock = StragglerClock(self.timeout, self.straggler_timeout)
+        clock = self._straggler_clock()
         while inflight:
             ready, _ = ray.wait(list(inflight), num_returns=1, timeout=clock.wait_s(deadline.remaining()))
             if not ready and clock.due():
@@ -361,7 +345,7 @@ class RayRunner(RayPlacedRuns):
                     submit(fail(w) + wids)
 
         submit(ids)
-        clock = StragglerClock(self.timeout, self.straggler_timeout)
+        clock = self._straggler_clock()
         while any(channel.waiting for channel in self._channels.values()):
             ready = wait_channels(self._channels, clock.wait_s(deadline.remaining()))
             if not ready and clock.due():

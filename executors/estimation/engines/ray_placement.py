@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from ..em_pass.chunks import WorkerTask, WorkerTimeoutError, WorkerUnavailableError, check_tasks
 from .channel import ChannelClient, collect_replies
-from .deadline import Deadline, StragglerClock
+from .deadline import Deadline
 from .optional_engine import require_engine
 from .ray_payload import INLINE_PAYLOAD_BYTES, pack_payload_sized, pickled_results
+from .runner_families import ActorClusterRunner
 from .wire_bytes import WireBytes
 
 __all__ = ["RayPlacedRuns"]
@@ -25,21 +26,17 @@ __all__ = ["RayPlacedRuns"]
 _log = logging.getLogger("mixle_parallel.executors.estimation.engines.ray")
 
 
-class RayPlacedRuns:
-    """Runs on chosen actors and the straggler given up (mixed into ``RayRunner``, whose state they read)."""
+class RayPlacedRuns(ActorClusterRunner[int]):
+    """Runs on chosen actors and the straggler given up (mixed into ``RayRunner``, whose state they read); the
+    family's straggler bookkeeping and counted bytes are ``runner_families.ActorClusterRunner``'s."""
 
     name: str
-    timeout: float | None
-    straggler_timeout: float | None
     wire: WireBytes
     _actors: list[Any]
     _alive: list[bool]
     _refs: list[Any]
     _owner: list[int]
     _channels: dict[int, ChannelClient]
-    _answered: set[int]
-    stragglers: list[int]
-    recovered_chunks: list[int]
     _reassign: Callable[[int], list[int]]
 
     def _outrun(self, w: int, owed: list[int]) -> list[int]:
@@ -51,8 +48,7 @@ class RayPlacedRuns:
             ray.kill(self._actors[w], no_restart=True)
         except Exception:  # noqa: BLE001 - already gone: its chunks move all the same
             pass
-        self.stragglers.append(w)
-        self.recovered_chunks.extend(owed)
+        self._note_straggler(w, owed)
         self._reassign(w)
         return owed
 
@@ -72,7 +68,7 @@ class RayPlacedRuns:
         deadline = Deadline(self.timeout)
         refs, direct, sent = self._send_placed(ray, checked)
         values: dict[int, dict[int, Any]] = {w: {} for w in checked}
-        clock = StragglerClock(self.timeout, self.straggler_timeout)
+        clock = self._straggler_clock()
         got, closed, hung, outrun = collect_replies(direct, deadline.remaining, clock, self._answered)
         for w in outrun:  # a straggler among actors that answered: lost to this placed run, like a dead one
             self._outrun(w, list(checked[w].chunk_ids))
@@ -123,7 +119,7 @@ class RayPlacedRuns:
         """The actor calls' results into ``values``; returns the workers whose actor died."""
         dead: list[int] = []
         pending = list(refs)
-        clock = StragglerClock(self.timeout, self.straggler_timeout)
+        clock = self._straggler_clock()
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=clock.wait_s(deadline.remaining()))
             if not ready and clock.due():  # stragglers among actors that answered: lost to this run
@@ -151,9 +147,3 @@ class RayPlacedRuns:
                 self._answered.add(w)
                 clock.answered()
         return dead
-
-    def compute_on(
-        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
-    ) -> list[Any]:
-        """``fn`` over ``chunk_ids`` on actor ``worker``."""
-        return self.run_on_workers({worker: WorkerTask(fn, payload, tuple(chunk_ids))})[worker]

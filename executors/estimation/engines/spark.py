@@ -34,6 +34,7 @@ from .chunk_assignment import (
 )
 from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_straggler_timeout, check_timeout
 from .optional_engine import require_engine
+from .runner_families import CountedTransport, DeclinesPlacement
 from .wire_bytes import WireBytes, dumps
 
 __all__ = ["LOCAL_TASK_ATTEMPTS", "SparkRunner", "spark_encoded_data"]
@@ -64,15 +65,11 @@ def _partition_runner(task: bytes, wanted: frozenset[int] | None) -> Callable:
     return run
 
 
-class SparkRunner:
+class SparkRunner(DeclinesPlacement, CountedTransport):
     """Chunk runner over a SparkContext (given, or a ``local[n]`` one it starts and owns)."""
 
     name = "spark"
-    supports_worker_placement = False
-    """Declined: a Spark task cannot be aimed at a chosen executor.
-
-    The SDC audit recomputes a chunk on the same runner instead (``same_rank``).
-    """
+    placement_refusal = "a Spark task cannot be aimed at a chosen executor"
 
     def __init__(
         self,
@@ -134,16 +131,6 @@ class SparkRunner:
         self.recovered_chunks: list[int] = []
         """Chunk ids of those partitions, recomputed (for tests and logs)."""
         self._answered = False  # a pass finished: the Python workers are warm, a slow task is a straggler
-
-    @property
-    def transport_bytes(self) -> int:
-        """Pass bytes sent to and collected from the partitions so far (models out, statistics back)."""
-        return self.wire.total
-
-    @property
-    def transport_messages(self) -> int:
-        """Messages handed to and taken from the transport so far (``WireBytes.messages``)."""
-        return self.wire.messages
 
     # -- placement ----------------------------------------------------------------------------
     def scatter(self, chunks: Sequence[Any]) -> None:
@@ -269,15 +256,6 @@ class SparkRunner:
             return [p % self.num_workers for p in self._owners]
         n = self._num_chunks
         return [w for w, ids in enumerate(block_assignment(n, max(1, min(self.num_workers, n)))) for _ in ids]
-
-    def compute_on(
-        self, worker: int, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int]
-    ) -> list[Any]:
-        """Not supported: a Spark task cannot be aimed at a chosen executor."""
-        raise NotImplementedError(
-            "the spark runner cannot compute chosen chunks on a chosen worker (a Spark task cannot be aimed "
-            "at a chosen executor); check supports_worker_placement first"
-        )
 
     def map_chunks(
         self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None

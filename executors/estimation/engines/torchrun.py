@@ -32,14 +32,14 @@ from ..em_pass.chunks import apply_chunk_fn
 from ..handle import ChunkedEncodedData
 from .chunk_assignment import (
     block_assignment,
-    block_owners,
     ordered_results,
     requested_ids,
 )
 from .deadline import DEFAULT_TIMEOUT_S
 from .mpi import MPIEncodedData
 from .optional_engine import require_engine
-from .spmd_schedule import CollectiveSchedule, map_tag, tag_code
+from .runner_families import SPMDRunner
+from .spmd_schedule import map_tag, tag_code
 from .spmd_sources import source_row_placeholder
 from .torchrun_group import init_default_group, torchrun_variables
 from .wire_bytes import WireBytes, dumps
@@ -73,12 +73,10 @@ def torchrun_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE") or 1)
 
 
-class TorchRunRunner:
+class TorchRunRunner(SPMDRunner):
     """SPMD chunk runner over a ``torch.distributed`` process group (the default group by default)."""
 
     name = "torchrun"
-    supports_worker_placement = False
-    """Declined: an SPMD rank computes only its own block (audits replay on the same rank)."""
 
     def __init__(self, group: Any = None, *, root: int = 0, root_only: bool = False, init_process_group: bool = True,
                  backend: str | None = None, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
@@ -94,25 +92,14 @@ class TorchRunRunner:
                     "script.py` (it sets RANK/WORLD_SIZE), or call torch.distributed.init_process_group first")
             init_default_group(backend, timeout)
         if self.single_process:
-            self.rank, self.size = 0, 1
+            self._init_ranks(0, 1, root, root_only, "process group")
         else:
-            self.rank = int(self.dist.get_rank(group=group))
-            self.size = int(self.dist.get_world_size(group=group))
-        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
-            raise ValueError(f"root={root!r} is not a rank of this process group (size {self.size})")
-        self.root = root
-        self.root_only = bool(root_only)
-        self.num_workers = self.size
-        self.blocks: list[list[int]] | None = None
-        """The chunk ids each rank holds when a source says so (``rank_local``); None: contiguous blocks."""
-        self._local: dict[int, Any] = {}
-        self._num_chunks = 0
+            self._init_ranks(int(self.dist.get_rank(group=group)), int(self.dist.get_world_size(group=group)), root,
+                             root_only, "process group")
         self.tree_steps: list[tuple[int, int]] = []
         """The (peer, step) pairs this rank received from in the last pass's reduction (for tests)."""
         self.wire = WireBytes()
         """This rank's pass bytes: the pickled payload, subtree entries and ordered results, as they crossed."""
-        self.schedule = CollectiveSchedule()
-        """Every collective step checked against the other ranks' before it runs (``spmd_schedule``)."""
 
     def _device(self) -> Any:
         """Where this group's tensors live: the current CUDA device under nccl, else the CPU."""
@@ -142,29 +129,6 @@ class TorchRunRunner:
         """The schedule check as a step of its own (``all_gather``, ``scatter``; nothing to check alone)."""
         if self.size > 1:
             self._exchange(self.schedule.next_tag(operation), 0)
-
-    @property
-    def transport_bytes(self) -> int:
-        """Pass bytes this rank sent and received so far (payload and results broadcasts, tree sends)."""
-        return self.wire.total
-
-    @property
-    def transport_messages(self) -> int:
-        """Messages handed to and taken from the transport so far (``WireBytes.messages``)."""
-        return self.wire.messages
-
-    @property
-    def is_root(self) -> bool:
-        """Whether this process is the root rank."""
-        return self.rank == self.root
-
-    def owned_chunk_ids(self, num_chunks: int) -> list[int]:
-        """The contiguous block of chunk ids this rank holds."""
-        return (self.blocks or block_assignment(num_chunks, self.size))[self.rank]
-
-    def chunk_owners(self) -> list[int]:
-        """The rank each chunk is computed on (contiguous blocks)."""
-        return block_owners(self.blocks or block_assignment(self._num_chunks, self.size), self._num_chunks)
 
     def all_gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order (a collective: every rank calls it)."""

@@ -1,7 +1,10 @@
-"""The EM wing's seams hold (issue 33, DESIGN §9): read from the source with ``ast``, nothing is imported.
+"""The EM wing's seams hold (issue 33, DESIGN §9): read from the source with ``ast`` (the family test imports the
+runner modules, which import no engine).
 
-The audit's state class stays under 300 lines (its placed rounds, peer replays, mixle's named draw and its
-findings live in modules of their own); no collaborator (runner, handle, audit, session, ledger) is probed by a
+No class of the EM wing is over 300 lines (split at seams: the handle's mixle sequence methods, mini-batch
+passes and verification binding, the mp runner's worker processes, the runner families' shared code live in
+modules of their own); every built-in runner is an instance of its family's base (``engines.runner_families``);
+no collaborator (runner, handle, audit, session, ledger) is probed by a
 name with ``hasattr``/``getattr`` (a runtime-checkable Protocol of ``em_pass.runner_protocols`` is checked
 instead); and no parameter or attribute named for a collaborator is typed ``Any``.
 """
@@ -9,12 +12,15 @@ instead); and no parameter or attribute named for a collaborator is typed ``Any`
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 ESTIMATION = ROOT / "executors" / "estimation"
 COLLABORATORS = {"runner", "handle", "audit", "session", "ledger"}
-MAX_AUDIT_CLASS_LINES = 300
+MAX_CLASS_LINES = 300
 
 
 def _trees() -> dict[str, ast.AST]:
@@ -29,11 +35,25 @@ def _names_collaborator(node: ast.expr) -> bool:
             and node.attr.lstrip("_") in COLLABORATORS)
 
 
-def test_the_audit_state_class_stays_under_300_lines() -> None:
-    tree = ast.parse((ESTIMATION / "audit" / "sdc_audit.py").read_text(encoding="utf-8"))
-    (audit,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EMAudit"]
-    assert audit.end_lineno is not None
-    assert audit.end_lineno - audit.lineno + 1 <= MAX_AUDIT_CLASS_LINES
+def _class_lengths(tree: ast.AST) -> dict[str, int]:
+    """Every class in ``tree`` (nested ones too) -> its lines, ``end_lineno - lineno + 1``."""
+    return {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None}
+
+
+def test_no_em_class_is_over_300_lines() -> None:
+    long = [f"{path}: {name} ({lines} lines)" for path, tree in _trees().items()
+            for name, lines in _class_lengths(tree).items() if lines > MAX_CLASS_LINES]
+    assert long == [], f"split these at their seams (no EM class over {MAX_CLASS_LINES} lines)"
+
+
+def test_the_class_scan_sees_a_long_class() -> None:
+    """The scan above sees every class of the wing (the handle among them) and would see a long one."""
+    scanned = {name for tree in _trees().values() for name in _class_lengths(tree)}
+    assert {"ChunkedEncodedData", "MPChunkRunner", "EMAudit", "RayRunner"} <= scanned
+    body = "".join(f"        x{i} = {i}\n" for i in range(MAX_CLASS_LINES))
+    nested = ast.parse(f"def f():\n    class Long:\n{body}")  # a class inside a function is scanned too
+    assert _class_lengths(nested) == {"Long": MAX_CLASS_LINES + 1}
 
 
 def test_no_collaborator_is_probed_by_name() -> None:
@@ -70,3 +90,49 @@ def test_the_probe_scan_sees_a_probe() -> None:
     typed = ast.parse("def f(runner: Any) -> None: ...")
     (arg,) = [n for n in ast.walk(typed) if isinstance(n, ast.arg)]
     assert arg.arg in COLLABORATORS and isinstance(arg.annotation, ast.Name) and arg.annotation.id == "Any"
+
+
+FAMILIES = {
+    # runner class (module of executors.estimation.engines): its family base in engines.runner_families
+    ("local", "LocalChunkRunner"): "ProcessPoolRunner",
+    ("mp", "MPChunkRunner"): "ProcessPoolRunner",
+    ("resilient_mp", "ResilientMPChunkRunner"): "ProcessPoolRunner",
+    ("dask", "DaskRunner"): "ActorClusterRunner",
+    ("ray", "RayRunner"): "ActorClusterRunner",
+    ("mpi", "MPIRunner"): "SPMDRunner",
+    ("torchrun", "TorchRunRunner"): "SPMDRunner",
+}
+"""Spark is a family of one (no family base): it shares the common bases, checked below."""
+
+
+def _engines(module: str) -> object:
+    return importlib.import_module(f"mixle_parallel.executors.estimation.engines.{module}")
+
+
+@pytest.mark.parametrize(("runner", "family"), sorted(FAMILIES.items()), ids=lambda v: str(v))
+def test_each_built_in_runner_is_of_its_family(runner: tuple[str, str], family: str) -> None:
+    families = _engines("runner_families")
+    cls = getattr(_engines(runner[0]), runner[1])
+    assert issubclass(cls, getattr(families, family)), f"{runner[1]} is not a {family}"
+    others = {"ProcessPoolRunner", "ActorClusterRunner", "SPMDRunner"} - {family}
+    assert not any(issubclass(cls, getattr(families, o)) for o in others)
+    placing = getattr(families, "PlacesWork" if cls.supports_worker_placement else "DeclinesPlacement")
+    assert issubclass(cls, placing)
+
+
+def test_runners_without_a_process_are_instances_of_their_family() -> None:
+    """The pools build without starting a worker: their instances are of the family (the others need a cluster)."""
+    families = _engines("runner_families")
+    local, mp = _engines("local").LocalChunkRunner(2), _engines("mp").MPChunkRunner(2)
+    try:
+        assert isinstance(local, families.ProcessPoolRunner) and isinstance(mp, families.ProcessPoolRunner)
+    finally:
+        local.close()
+        mp.close()
+
+
+def test_spark_shares_the_common_bases() -> None:
+    families = _engines("runner_families")
+    spark = _engines("spark").SparkRunner
+    assert issubclass(spark, families.CountedTransport) and issubclass(spark, families.DeclinesPlacement)
+    assert not issubclass(spark, (families.ProcessPoolRunner, families.ActorClusterRunner, families.SPMDRunner))
