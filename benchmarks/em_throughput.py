@@ -140,8 +140,8 @@ def time_side_by_side(x, est, start, iters, backend, rounds):
 
 def _ceiling_worker(x, est, start, part, parts, barrier, queue, passes):
     """One plain process: the E-step of its share of the chunks, ``passes`` times, in step with the others."""
+    from mixle_parallel.executors.estimation.backends.worker_process import prepare_worker
     from mixle_parallel.executors.estimation.em_pass.chunks import EncodedChunk, chunk_bounds, chunk_estep
-    from mixle_parallel.executors.estimation.engines.worker_process import prepare_worker
 
     prepare_worker()
     enc = est.encoder()

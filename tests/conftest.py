@@ -97,7 +97,7 @@ def ray_session() -> Iterator[Any]:
     repository root and examples/launchers on PYTHONPATH: the launcher tests' Ray Train workers
     import ``tests.launchers._jobs`` and the example module ``tiny_ddp`` by name (functions travel
     by reference); the EM engine tests pickle their probes by value and need neither. Tests that
-    kill actors (tests/estimation/engines/test_ray_backend.py) leave the cluster usable: Ray frees
+    kill actors (tests/estimation/backends/test_ray_backend.py) leave the cluster usable: Ray frees
     a dead actor's resources, and every runner kills its actors on close.
     """
     ray = pytest.importorskip("ray")

@@ -4,7 +4,7 @@ The public entry points sit at the top: ``api`` (``encoded_data``), ``options`` 
 objects), ``optimize`` (the EM loop, ``fit``) and ``handle`` (the handle every backend shares). Each
 part has a folder: ``em_pass/`` (chunks and runners, the fixed combine order, the finite guard, the
 compute kernel choice), ``audit/`` (the SDC audit of the pass), ``admission/`` (the gate, in-situ
-certification, the executor identity, the harness adapter), ``engines/`` (one module per backend,
+certification, the executor identity, the harness adapter), ``backends/`` (one module per backend,
 what a backend declares, the built-in table), ``sources/`` (rows read where they live),
 ``planning/`` (placement, the worker grid, decomposition, memory, calibration), ``fitting/`` (starts,
 stochastic EM), ``observability/``, ``models/`` (the built-in models) and ``compat/`` (mixle 0.8.2's
@@ -24,6 +24,9 @@ from . import (
 )
 from .admission import harness_adapter
 from .api import *  # noqa: F403 - re-exported through __all__
+from .backends import backend_declaration, builtin_backends
+from .backends.backend_declaration import BackendDeclaration
+from .backends.builtin_backends import *  # noqa: F403
 from .compat import reference_handles, shards
 from .compat.reference_handles import (
     DaskEncodedData,
@@ -36,9 +39,6 @@ from .em_pass import chunks, combine_order, finite_guard
 from .em_pass.chunks import *  # noqa: F403
 from .em_pass.combine_order import *  # noqa: F403
 from .em_pass.finite_guard import *  # noqa: F403
-from .engines import backend_declaration, builtin_backends
-from .engines.backend_declaration import BackendDeclaration
-from .engines.builtin_backends import *  # noqa: F403
 from .fitting import stochastic
 from .fitting.initialization import INIT_STRATEGIES
 from .fitting.stochastic import *  # noqa: F403
@@ -65,14 +65,14 @@ LAZY_NAMES: dict[str, str] = {
     "audit_receipts": ".compat.audited_mp", "inject_bit_flip": ".compat.audited_mp",
     "CHECKPOINT_KIND": ".compat.resilient_em", "ResilientMPEncodedData": ".compat.resilient_em",
     "checkpointed_fold": ".compat.resilient_em",
-    "DaskRunner": ".engines.dask",
-    "LightningEncodedData": ".engines.lightning",
-    "MPIChunkError": ".engines.mpi", "MPIEncodedData": ".engines.mpi", "MPIRunner": ".engines.mpi",
-    "mpi_out": ".engines.mpi",
-    "RayEncodedData": ".engines.ray", "RayRunner": ".engines.ray",
-    "SparkRunner": ".engines.spark",
-    "TorchRunChunkError": ".engines.torchrun", "TorchRunEncodedData": ".engines.torchrun",
-    "TorchRunRunner": ".engines.torchrun", "torchrun_out": ".engines.torchrun",
+    "DaskRunner": ".backends.dask",
+    "LightningEncodedData": ".backends.lightning",
+    "MPIChunkError": ".backends.mpi", "MPIEncodedData": ".backends.mpi", "MPIRunner": ".backends.mpi",
+    "mpi_out": ".backends.mpi",
+    "RayEncodedData": ".backends.ray", "RayRunner": ".backends.ray",
+    "SparkRunner": ".backends.spark",
+    "TorchRunChunkError": ".backends.torchrun", "TorchRunEncodedData": ".backends.torchrun",
+    "TorchRunRunner": ".backends.torchrun", "torchrun_out": ".backends.torchrun",
     "save_model": ".model_file",
 }
 """Public names whose module loads on first access (name -> module, relative to this package)."""

@@ -17,23 +17,23 @@ from ...contracts.estimation import EncodedDataHandle
 from ...verification.admission import AdmissionDecision
 from ..registry import available_encoded_data_backends, get_encoded_data_backend
 from .admission.em_admission import admit_encoded_data, refuse_unbound_code
-from .compat.mixle_interop import adapt_mixle_objects
-from .em_pass.data_checks import check_rows
-from .em_pass.engine_choice import engine_hint, resolve_engine
-from .em_pass.runner_protocols import BindsVerification, CountsWorkers
-from .engines.backend_declaration import (
+from .backends.backend_declaration import (
     BackendDeclaration,
     backend_declaration,
     builtin_declarations,
     capped_workers,
     check_backend_options,
 )
-from .engines.builtin_backends import (
+from .backends.builtin_backends import (
     BUILTIN_ENCODED_DATA_BACKENDS,
     builtin_backend_name,
     register_builtin_encoded_data_backends,
 )
-from .engines.process_watch import started_by
+from .backends.process_watch import started_by
+from .compat.mixle_interop import adapt_mixle_objects
+from .em_pass.data_checks import check_rows
+from .em_pass.engine_choice import engine_hint, resolve_engine
+from .em_pass.runner_protocols import BindsVerification, CountsWorkers
 from .options import EncodedDataOptions, VerificationOptions, split_keywords
 from .sources import check_source
 
@@ -155,7 +155,7 @@ def _check_call(data: Any, declaration: BackendDeclaration, options: EncodedData
     choice = resolve_engine(options.engine, options.precision)
     check_backend_options(declaration, options, choice is None, builtin_declarations(BUILTIN_ENCODED_DATA_BACKENDS))
     if choice is not None:
-        from .engines.torch_engine import check_engine  # torch: only when asked
+        from .em_pass.torch_engine import check_engine  # torch: only when asked
 
         check_engine(choice, estimator, model)
     stochastic = options.batch_size is not None or options.shuffle is not None or options.seed is not None

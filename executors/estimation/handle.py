@@ -198,7 +198,7 @@ class ChunkedEncodedData(MixleSequenceMethods, MinibatchPasses, VerifiedPasses):
         """``(estimator, model)`` bound to the handle's compute engine (unchanged for the numpy engine)."""
         if self.engine is None:
             return estimator, model
-        from .engines.torch_engine import bind
+        from .em_pass.torch_engine import bind
 
         return bind(estimator, model, self.engine)
 
@@ -308,7 +308,7 @@ class ChunkedEncodedData(MixleSequenceMethods, MinibatchPasses, VerifiedPasses):
                 if self._owns_runner:
                     self.runner.close()
                 if self.engine is not None:
-                    from .engines.torch_engine import clear_device_cache
+                    from .em_pass.torch_engine import clear_device_cache
 
                     clear_device_cache()
 
@@ -399,6 +399,6 @@ def _engine_of(engine: Any, precision: Any, estimator: Any, model: Any) -> Engin
     choice = resolve_engine(engine, precision) if not isinstance(engine, EngineChoice) else engine
     if choice is None:
         return None
-    from .engines.torch_engine import check_engine
+    from .em_pass.torch_engine import check_engine
 
     return check_engine(choice, estimator, model)

@@ -72,7 +72,7 @@ def test_cuda_statistics_are_the_same_bits_for_any_worker_thread_count(name):
 
 def test_plain_torch_picks_the_gpu_and_caches_chunk_tensors_there():
     rows, est, model = CASES["full_mixture"]
-    from mixle_parallel.executors.estimation.engines import torch_engine
+    from mixle_parallel.executors.estimation.backends import torch_engine
 
     with encoded_data(rows, estimator=est, engine="torch", admission="unverified") as h:
         assert h.engine is not None and h.engine.device == f"cuda:{torch.cuda.current_device()}"

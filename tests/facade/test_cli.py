@@ -137,7 +137,7 @@ def test_pass_through_help_reaches_the_command(capsys: pytest.CaptureFixture[str
 # ---- a third party's EM backend, registered by its own module, found by a fresh CLI process ---------
 _ACME = '''"""A third party's EM backend: the local thread runner under its own name, registered on import."""
 from mixle_parallel import handle_from_runner, register_encoded_data_backend
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
+from mixle_parallel.executors.estimation.backends.local import LocalChunkRunner
 
 
 class AcmeRunner(LocalChunkRunner):

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from mixle_parallel.contracts import CollectiveKind, ParallelPlan
+from mixle_parallel.executors.estimation.backends.local import LocalChunkRunner
+from mixle_parallel.executors.estimation.backends.wire_bytes import WireBytes
 from mixle_parallel.executors.estimation.em_pass.chunks import apply_chunk_fn
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
-from mixle_parallel.executors.estimation.engines.wire_bytes import WireBytes
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 from mixle_parallel.executors.registry import register_encoded_data_backend, unregister_encoded_data_backend
 from mixle_parallel.verification.harness.run import verify

@@ -2,7 +2,7 @@
 
 A stand-in group of two "ranks" hands rank 0 its own trials twice (what two honest ranks of a
 ``local`` EM job would send); the real multi-process runs are in tests/launchers, tests/megatron and
-tests/estimation/engines (``-m slow``). A rank that reports a failure, a failed probe of the module and
+tests/estimation/backends (``-m slow``). A rank that reports a failure, a failed probe of the module and
 a group of the wrong size are refused with the reason; nothing is signed.
 """
 

@@ -2,7 +2,7 @@
 
 The exchange here returns the other ranks' views as a launched run's collective would; the launched runs
 themselves are tested with real processes (tests/launchers/test_rank_agreement.py,
-tests/estimation/engines/test_em_rank_agreement.py).
+tests/estimation/backends/test_em_rank_agreement.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from tests.verification.vhelpers import StubExecutor
 _BACKEND = '''
 """A third party's EM backend: the local thread runner under its own name (it claims worker processes)."""
 from mixle_parallel.executors.estimation.em_pass.chunks import EncodedChunk
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
+from mixle_parallel.executors.estimation.backends.local import LocalChunkRunner
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 
 HALF = 0  # 1: the first half of every chunk is overwritten with zeros
@@ -197,7 +197,7 @@ def test_a_runner_outside_the_bound_code_is_refused(backend, tmp_path, monkeypat
 _SIBLING_FACTORY = '''
 """A third party's EM backend as a lone module whose chunk handling lives in a sibling module."""
 from mixle_parallel.executors.estimation.em_pass.chunks import EncodedChunk
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
+from mixle_parallel.executors.estimation.backends.local import LocalChunkRunner
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 
 from NAME_cut import cut

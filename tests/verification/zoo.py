@@ -258,8 +258,8 @@ def _runner_backend(runner_class: type) -> Any:
 
 
 def _runner_classes() -> dict[str, type]:
+    from mixle_parallel.executors.estimation.backends.local import LocalChunkRunner
     from mixle_parallel.executors.estimation.em_pass.chunks import EncodedChunk
-    from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
 
     class CorrectRunner(LocalChunkRunner):
         """A third party's correct runner (the local thread pool under its own name)."""

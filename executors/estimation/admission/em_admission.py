@@ -36,8 +36,8 @@ from ....verification.capability import active_harness_capability
 from ....verification.rank_agreement import agreed_decision
 from ....verification.source_binding import code_files, defining_module
 from ...registry import get_encoded_data_backend
+from ..backends.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
 from ..em_pass.runner_protocols import RunsOnRunner
-from ..engines.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
 from ..options import EncodedDataOptions
 from .em_agreement import rank_exchange
 from .em_in_situ import in_situ_certifier

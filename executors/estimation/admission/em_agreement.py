@@ -15,9 +15,9 @@ from typing import Any
 from ....verification.capability import active_harness_capability
 from ....verification.rank_agreement import AdmissionView, ViewExchange
 from ...training_in_situ import launcher_name
-from ..engines.deadline import DEFAULT_TIMEOUT_S
-from ..engines.optional_engine import require_engine
-from ..engines.torchrun_group import init_default_group, torchrun_variables
+from ..backends.deadline import DEFAULT_TIMEOUT_S
+from ..backends.optional_engine import require_engine
+from ..backends.torchrun_group import init_default_group, torchrun_variables
 from ..options import EncodedDataOptions
 from .executor_identity import em_identity_name
 

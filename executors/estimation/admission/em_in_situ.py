@@ -20,7 +20,7 @@ from ....verification.harness.worker import resolve_executor
 from ....verification.in_situ import CommGroup, InSituRequest, TorchGroup, certify_in_situ
 from ...registry import verification_target
 from ...training_in_situ import launched, launcher_name
-from ..engines.optional_engine import require_engine
+from ..backends.optional_engine import require_engine
 from .executor_identity import EM_PRECISION, em_identity_name
 
 __all__ = ["in_situ_certifier"]

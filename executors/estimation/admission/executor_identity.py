@@ -29,7 +29,7 @@ from ...registry import (
     is_encoded_data_backend,
     normalize_backend_name,
 )
-from ..engines.builtin_backends import builtin_backend_name, builtin_keys
+from ..backends.builtin_backends import builtin_backend_name, builtin_keys
 
 __all__ = ["EM_EXECUTOR_VERSION", "EM_PRECISION", "EMExecutorIdentity", "em_capabilities", "em_identity_name"]
 

@@ -24,9 +24,9 @@ from ....contracts import CollectiveKind, ObservedCollective, ParallelAxis, Para
 from ....contracts.estimation import EncodedDataHandle
 from ...registry import register_encoded_data_verification, register_verification_target
 from ..api import encoded_data
+from ..backends.backend_declaration import backend_declaration
+from ..backends.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
 from ..em_pass.runner_protocols import MeteredHandle
-from ..engines.backend_declaration import backend_declaration
-from ..engines.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
 from ..models import (
     GaussianDistribution,
     GaussianEstimator,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..backends.chunk_assignment import block_assignment
 from ..em_pass.chunks import (
     GroupFold,
     WorkerLostError,
@@ -22,7 +23,6 @@ from ..em_pass.chunks import (
     group_of,
 )
 from ..em_pass.runner_protocols import ChunkOwnership
-from ..engines.chunk_assignment import block_assignment
 from .audit_injection import chunk_estep_struck
 
 if TYPE_CHECKING:

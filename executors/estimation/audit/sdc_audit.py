@@ -43,10 +43,10 @@ from ....verification.harness.em_reference import EM_REFERENCE_TOLERANCE
 from ....verification.sdc.em import ChunkAudit, EMAuditor
 from ....verification.sdc.inject import FaultInjector
 from ....verification.sdc.schedule import EM_AUDIT_RATE, audit_uniform
+from ..backends.chunk_assignment import block_assignment
 from ..em_pass.chunks import ChunkRunner, GroupFold, GroupStats, chunk_estep, chunk_result
 from ..em_pass.estep import References, reference_pass
 from ..em_pass.runner_protocols import ChunkOwnership, WorkerPlacement, places_work
-from ..engines.chunk_assignment import block_assignment
 from .audit_draw import Draw, SystematicDraw, fresh_entropy
 from .audit_findings import AuditEvent, Findings
 from .audit_judge import Verdict, enforce

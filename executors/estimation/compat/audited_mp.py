@@ -39,6 +39,7 @@ from ....contracts.estimation import canonical_statistic_bytes
 from ....verification.sdc.inject import BitFlip, FaultInjector
 from ..audit.placed_rounds import owners_on
 from ..audit.sdc_audit import EMAudit
+from ..backends.mp import MPChunkRunner
 from ..em_pass.chunks import ChunkResult, GroupStats, WorkerTask, chunk_estep
 from ..em_pass.finite_guard import (
     NonFiniteStatisticError,
@@ -46,7 +47,6 @@ from ..em_pass.finite_guard import (
     guarded_fold_pass,
 )
 from ..em_pass.runner_wrapper import ForwardingRunner
-from ..engines.mp import MPChunkRunner
 from ..handle import ChunkedEncodedData
 from .named_draw import NamedDrawPass
 

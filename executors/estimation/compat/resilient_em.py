@@ -26,11 +26,11 @@ import numpy as np
 
 from ....contracts.bounded_json import CHECKPOINT_STATE_LIMITS, parse_object, read_limited
 from ....contracts.estimation import canonical_statistic_bytes, statistic_digest
+from ..backends.resilient_mp import ResilientMPChunkRunner
 from ..em_pass.chunks import GroupFold, chunk_estep
 from ..em_pass.combine_order import GroupStats, combine_groups, fold_group
 from ..em_pass.finite_guard import decode_payload, finish_accumulator
 from ..em_pass.statistic_codec import statistic_from_bytes
-from ..engines.resilient_mp import ResilientMPChunkRunner
 from ..handle import ChunkedEncodedData
 
 __all__ = ["CHECKPOINT_KIND", "ResilientMPEncodedData", "checkpointed_fold"]

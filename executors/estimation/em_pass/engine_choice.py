@@ -2,7 +2,8 @@
 
 Two words are kept apart, as in mixle 0.8.2's ``encoded_data``: the *engine* (``engine=``, here) is what computes
 the E-step (numpy or torch); the *backend* (``backend=``) is the transport that runs the chunks (local, mp, mpi,
-spark, dask, ray, torchrun, ...; the modules of ``engines/``, a folder that keeps its older name for now).
+spark, dask, ray, torchrun, ...; the modules of ``backends/``). The torch engine is ``torch_engine`` and
+``torch_kernels`` beside this module.
 
 The numpy engine (the default) computes in float64 only. The torch engine (``engine="torch"``,
 ``"torch:cpu"``, ``"torch:cuda"``, ``"torch:cuda:1"``, or a mixle ``TorchEngine`` object) runs

@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.backend_declaration import backend_declaration, builtin_declarations, check_backend_options
+from ..backends.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
+from ..backends.local import LocalChunkRunner
 from ..compat.mixle_interop import (
     MixleAccumulator,
     MixleEstimator,
@@ -25,9 +28,6 @@ from ..compat.mixle_interop import (
     wrap_mixle_model,
 )
 from ..em_pass.chunks import EStepResult
-from ..engines.backend_declaration import backend_declaration, builtin_declarations, check_backend_options
-from ..engines.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
-from ..engines.local import LocalChunkRunner
 from ..handle import ChunkedEncodedData, handle_options
 from ..models._base import as_weights
 from ..models.combinators import (

@@ -32,9 +32,9 @@ from ....contracts.calibration import (
 )
 from ....contracts.errors import UnknownMemoryFootprintError
 from ....contracts.resources import DeviceSpec, Resources
+from ..backends.worker_process import prepare_worker
 from ..compat.mixle_interop import adapt_mixle_objects, as_estimator
 from ..em_pass.chunks import resolve_encoder
-from ..engines.worker_process import prepare_worker
 from .memory import estimate_estimator_stat_nbytes, estimate_model_nbytes
 
 __all__ = ["CALIBRATION_BACKENDS", "CalibrationCatalog", "CalibrationRecord", "DeviceCalibration",

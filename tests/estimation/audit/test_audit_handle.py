@@ -7,7 +7,7 @@ import pytest
 
 from mixle_parallel.executors.estimation import ChunkedEncodedData, encoded_data, fit
 from mixle_parallel.executors.estimation.audit.audit_injection import flip_statistic
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
+from mixle_parallel.executors.estimation.backends.local import LocalChunkRunner
 from mixle_parallel.verification import BitFlip, FaultInjector, Ledger, SDCDetectedError, read_ledger, verify_ledger
 from tests.estimation.audit.audit_cases import clean_fit, flip_trial, same_bits, start_model
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
@@ -90,7 +90,7 @@ def test_runners_without_placement_audit_by_same_runner_replays(rows, start):
         ChunkedEncodedData(NoPlacementRunner(2), rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK
                            ).attach_verification(audit=True, fault_injector=FaultInjector())
     with pytest.raises(NotImplementedError, match="supports_worker_placement"):
-        from mixle_parallel.executors.estimation.engines.spark import SparkRunner
+        from mixle_parallel.executors.estimation.backends.spark import SparkRunner
 
         SparkRunner.compute_on(object.__new__(SparkRunner), 0, None, None, [0])
 

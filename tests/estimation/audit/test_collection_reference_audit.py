@@ -23,8 +23,8 @@ import pytest
 from mixle_parallel.executors.estimation import GaussianEstimator, MixtureEstimator, encoded_data, fit
 from mixle_parallel.executors.estimation.models.combinators import MixtureAccumulator
 from mixle_parallel.verification.sdc import BackendDefectError
-from tests.estimation.engines import em_case
-from tests.estimation.engines.engine_helpers import by_value
+from tests.estimation.backends import em_case
+from tests.estimation.backends.engine_helpers import by_value
 
 pytestmark = pytest.mark.slow
 

@@ -22,9 +22,9 @@ import pytest
 
 from mixle_parallel.executors.estimation import fit, handle_from_runner
 from mixle_parallel.executors.estimation.audit.fold_binding import opened_groups
+from mixle_parallel.executors.estimation.backends.chunk_assignment import block_assignment
 from mixle_parallel.executors.estimation.em_pass.chunks import WorkerTask, apply_chunk_fn
 from mixle_parallel.executors.estimation.em_pass.combine_order import GroupFold, GroupReveal, GroupStats, group_of
-from mixle_parallel.executors.estimation.engines.chunk_assignment import block_assignment
 from mixle_parallel.verification.sdc import BackendDefectError
 from tests.estimation.audit.audit_cases import clean_fit, same_bits, start_model, third_party_backend
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator

@@ -22,7 +22,7 @@ from mixle_parallel.verification import BitFlip, FaultInjector
 from mixle_parallel.verification.capability import active_harness_capability
 from mixle_parallel.verification.sdc import BackendDefectError
 from tests.estimation.audit.test_reference_audit import overwrite_half
-from tests.estimation.engines import em_case
+from tests.estimation.backends import em_case
 from tests.estimation.sources import source_case
 
 FIT = {**em_case.FIT_KWARGS, "max_its": 4}

@@ -74,7 +74,7 @@ def test_arm_kill_refuses_a_non_callable_and_none_disarms():
 
 def test_the_first_task_after_a_worker_start_waits_up_to_start_timeout(monkeypatch):
     """A fresh worker's first task imports the user's modules (mixle: seconds): it gets ``start_timeout``."""
-    from mixle_parallel.executors.estimation.engines.resilient_mp import ResilientMPChunkRunner
+    from mixle_parallel.executors.estimation.backends.resilient_mp import ResilientMPChunkRunner
 
     runner = ResilientMPChunkRunner(2, timeout=0.5, start_timeout=90.0)
     seen = []

@@ -13,7 +13,7 @@ import pytest
 import examples.em_backend_template as template
 from mixle_parallel.contracts import ParallelPlan
 from mixle_parallel.executors.estimation import GaussianEstimator, MixtureEstimator, encoded_data, fit
-from mixle_parallel.executors.estimation.engines.backend_declaration import backend_declaration
+from mixle_parallel.executors.estimation.backends.backend_declaration import backend_declaration
 from mixle_parallel.executors.registry import available_encoded_data_backends, verification_target
 
 ROOT = Path(__file__).resolve().parents[3]

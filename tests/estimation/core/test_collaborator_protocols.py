@@ -16,6 +16,8 @@ import pytest
 
 from mixle_parallel.contracts.estimation import EncodedDataHandle
 from mixle_parallel.executors.estimation import GaussianEstimator, MixtureEstimator, stochastic_em
+from mixle_parallel.executors.estimation.backends.local import LocalChunkRunner
+from mixle_parallel.executors.estimation.backends.mp import MPChunkRunner
 from mixle_parallel.executors.estimation.em_pass.runner_protocols import (
     AdmittedHandle,
     AuditedHandle,
@@ -38,8 +40,6 @@ from mixle_parallel.executors.estimation.em_pass.runner_protocols import (
     WorkerPlacement,
     places_work,
 )
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
-from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 from mixle_parallel.executors.estimation.observability.metering import MeteredRunner
 from mixle_parallel.executors.estimation.sources.dask_collections import DaskCollection

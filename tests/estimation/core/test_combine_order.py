@@ -22,6 +22,7 @@ from mixle_parallel.executors.estimation import (
     MixtureEstimator,
     encoded_data,
 )
+from mixle_parallel.executors.estimation.backends.chunk_assignment import block_assignment
 from mixle_parallel.executors.estimation.em_pass.chunks import (
     ChunkResult,
     GroupFold,
@@ -34,7 +35,6 @@ from mixle_parallel.executors.estimation.em_pass.chunks import (
     encode_chunks,
     fold_pass,
 )
-from mixle_parallel.executors.estimation.engines.chunk_assignment import block_assignment
 
 
 def _bits(total: GroupStats) -> bytes:

@@ -1,7 +1,7 @@
 """The direct pass channel of the dask and ray chunk holders, on a real loopback socket.
 
 (Engine-level behaviour -- passes on the channel, a holder killed mid-pass, a hung one -- is in
-tests/estimation/engines/test_dask_backend.py and test_ray_backend.py.)
+tests/estimation/backends/test_dask_backend.py and test_ray_backend.py.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from multiprocessing import AuthenticationError
 import cloudpickle
 import pytest
 
-from mixle_parallel.executors.estimation.engines.channel import (
+from mixle_parallel.executors.estimation.backends.channel import (
     ChannelClient,
     ChannelServer,
     new_channel_key,
@@ -135,8 +135,8 @@ def test_borrowed_chunks_are_used_for_the_call_and_not_kept(chunks):
 
 
 def test_channels_are_opened_only_where_the_engine_talks_plain_tcp(monkeypatch):
-    from mixle_parallel.executors.estimation.engines.dask import channel_host
-    from mixle_parallel.executors.estimation.engines.ray import ray_uses_tls
+    from mixle_parallel.executors.estimation.backends.dask import channel_host
+    from mixle_parallel.executors.estimation.backends.ray import ray_uses_tls
 
     assert channel_host("tcp://10.0.0.7:40123") == "10.0.0.7"
     assert channel_host("tcp://[::1]:40123") == "::1"
@@ -149,7 +149,7 @@ def test_channels_are_opened_only_where_the_engine_talks_plain_tcp(monkeypatch):
 
 
 def test_a_silent_client_neither_blocks_the_holder_nor_the_driver(chunks, monkeypatch):
-    from mixle_parallel.executors.estimation.engines import channel
+    from mixle_parallel.executors.estimation.backends import channel
 
     monkeypatch.setattr(channel, "HANDSHAKE_TIMEOUT_S", 0.5)
     address, key = _open(chunks)
@@ -175,7 +175,7 @@ def test_a_silent_client_neither_blocks_the_holder_nor_the_driver(chunks, monkey
 
 
 def test_the_channel_key_is_agreed_per_holder_and_never_sent():
-    from mixle_parallel.executors.estimation.engines.channel import ChannelOffer, holder_key
+    from mixle_parallel.executors.estimation.backends.channel import ChannelOffer, holder_key
 
     offer = ChannelOffer()
     key_a, public_a = holder_key(offer.public)
@@ -192,7 +192,7 @@ def test_the_channel_key_is_agreed_per_holder_and_never_sent():
 
 
 def test_ray_pass_channels_bind_loopback_only_on_a_one_node_cluster():
-    from mixle_parallel.executors.estimation.engines.ray import one_node_cluster
+    from mixle_parallel.executors.estimation.backends.ray import one_node_cluster
 
     class FakeRay:
         def __init__(self, nodes):

@@ -29,13 +29,13 @@ from mixle_parallel.executors.estimation import (
     plan,
     stochastic_em,
 )
-from mixle_parallel.executors.estimation.engines.backend_declaration import backend_declaration, builtin_declarations
-from mixle_parallel.executors.estimation.engines.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
-from mixle_parallel.executors.estimation.engines.lightning import LightningEncodedData
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
-from mixle_parallel.executors.estimation.engines.mpi import MPIEncodedData
-from mixle_parallel.executors.estimation.engines.ray import RayEncodedData
-from mixle_parallel.executors.estimation.engines.torchrun import TorchRunEncodedData
+from mixle_parallel.executors.estimation.backends.backend_declaration import backend_declaration, builtin_declarations
+from mixle_parallel.executors.estimation.backends.builtin_backends import BUILTIN_ENCODED_DATA_BACKENDS
+from mixle_parallel.executors.estimation.backends.lightning import LightningEncodedData
+from mixle_parallel.executors.estimation.backends.local import LocalChunkRunner
+from mixle_parallel.executors.estimation.backends.mpi import MPIEncodedData
+from mixle_parallel.executors.estimation.backends.ray import RayEncodedData
+from mixle_parallel.executors.estimation.backends.torchrun import TorchRunEncodedData
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 from mixle_parallel.executors.estimation.options import option_names, verification_names
 from mixle_parallel.executors.registry import register_encoded_data_backend, unregister_encoded_data_backend

@@ -3,7 +3,7 @@ runner modules, which import no engine).
 
 No class of the EM wing is over 300 lines (split at seams: the handle's mixle sequence methods, mini-batch
 passes and verification binding, the mp runner's worker processes, the runner families' shared code live in
-modules of their own); every built-in runner is an instance of its family's base (``engines.runner_families``);
+modules of their own); every built-in runner is an instance of its family's base (``backends.runner_families``);
 no collaborator (runner, handle, audit, session, ledger) is probed by a
 name with ``hasattr``/``getattr`` (a runtime-checkable Protocol of ``em_pass.runner_protocols`` is checked
 instead); and no parameter or attribute named for a collaborator is typed ``Any``.
@@ -93,7 +93,7 @@ def test_the_probe_scan_sees_a_probe() -> None:
 
 
 FAMILIES = {
-    # runner class (module of executors.estimation.engines): its family base in engines.runner_families
+    # runner class (module of executors.estimation.backends): its family base in backends.runner_families
     ("local", "LocalChunkRunner"): "ProcessPoolRunner",
     ("mp", "MPChunkRunner"): "ProcessPoolRunner",
     ("resilient_mp", "ResilientMPChunkRunner"): "ProcessPoolRunner",
@@ -105,14 +105,14 @@ FAMILIES = {
 """Spark is a family of one (no family base): it shares the common bases, checked below."""
 
 
-def _engines(module: str) -> object:
-    return importlib.import_module(f"mixle_parallel.executors.estimation.engines.{module}")
+def _backend_module(module: str) -> object:
+    return importlib.import_module(f"mixle_parallel.executors.estimation.backends.{module}")
 
 
 @pytest.mark.parametrize(("runner", "family"), sorted(FAMILIES.items()), ids=lambda v: str(v))
 def test_each_built_in_runner_is_of_its_family(runner: tuple[str, str], family: str) -> None:
-    families = _engines("runner_families")
-    cls = getattr(_engines(runner[0]), runner[1])
+    families = _backend_module("runner_families")
+    cls = getattr(_backend_module(runner[0]), runner[1])
     assert issubclass(cls, getattr(families, family)), f"{runner[1]} is not a {family}"
     others = {"ProcessPoolRunner", "ActorClusterRunner", "SPMDRunner"} - {family}
     assert not any(issubclass(cls, getattr(families, o)) for o in others)
@@ -122,8 +122,8 @@ def test_each_built_in_runner_is_of_its_family(runner: tuple[str, str], family: 
 
 def test_runners_without_a_process_are_instances_of_their_family() -> None:
     """The pools build without starting a worker: their instances are of the family (the others need a cluster)."""
-    families = _engines("runner_families")
-    local, mp = _engines("local").LocalChunkRunner(2), _engines("mp").MPChunkRunner(2)
+    families = _backend_module("runner_families")
+    local, mp = _backend_module("local").LocalChunkRunner(2), _backend_module("mp").MPChunkRunner(2)
     try:
         assert isinstance(local, families.ProcessPoolRunner) and isinstance(mp, families.ProcessPoolRunner)
     finally:
@@ -132,7 +132,7 @@ def test_runners_without_a_process_are_instances_of_their_family() -> None:
 
 
 def test_spark_shares_the_common_bases() -> None:
-    families = _engines("runner_families")
-    spark = _engines("spark").SparkRunner
+    families = _backend_module("runner_families")
+    spark = _backend_module("spark").SparkRunner
     assert issubclass(spark, families.CountedTransport) and issubclass(spark, families.DeclinesPlacement)
     assert not issubclass(spark, (families.ProcessPoolRunner, families.ActorClusterRunner, families.SPMDRunner))

@@ -30,7 +30,7 @@ def test_engine_modules_load_on_first_use():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     before, after, overlap = json.loads(out.stdout.strip().splitlines()[-1])
-    assert before == [] and after == [".engines.mpi"] and overlap == []
+    assert before == [] and after == [".backends.mpi"] and overlap == []
 
 
 def test_every_lazy_name_is_what_its_module_exports():

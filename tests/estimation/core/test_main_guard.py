@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mixle_parallel.executors.estimation.engines.main_guard import unguarded_main_line
+from mixle_parallel.executors.estimation.backends.main_guard import unguarded_main_line
 
 ROOT = Path(__file__).resolve().parents[3]
 START = ("import numpy as np\nfrom mixle_parallel import GaussianEstimator, encoded_data\n"

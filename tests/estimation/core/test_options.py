@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mixle_parallel.executors.estimation import GaussianEstimator, MixtureEstimator, encoded_data
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
+from mixle_parallel.executors.estimation.backends.local import LocalChunkRunner
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 from mixle_parallel.executors.estimation.optimize import fit
 from mixle_parallel.executors.estimation.options import EncodedDataOptions, declare_backend_options

@@ -35,7 +35,7 @@ from mixle_parallel.executors.estimation import (
     plan,
     stochastic_em,
 )
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
+from mixle_parallel.executors.estimation.backends.local import LocalChunkRunner
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 from mixle_parallel.executors.registry import (
     get_encoded_data_backend,

@@ -14,7 +14,7 @@ import pytest
 
 from mixle_parallel.contracts import NotAdmittedError
 from mixle_parallel.executors.estimation import GaussianEstimator, encoded_data
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner
+from mixle_parallel.executors.estimation.backends.local import LocalChunkRunner
 from mixle_parallel.executors.estimation.handle import handle_from_runner
 from mixle_parallel.executors.registry import (
     get_encoded_data_backend,

@@ -24,8 +24,8 @@ from mixle_parallel.executors.estimation import (  # noqa: E402
     PoissonEstimator,
     encoded_data,
 )
+from mixle_parallel.executors.estimation.backends.local import LocalChunkRunner  # noqa: E402
 from mixle_parallel.executors.estimation.em_pass.engine_choice import EngineChoice, resolve_engine  # noqa: E402
-from mixle_parallel.executors.estimation.engines.local import LocalChunkRunner  # noqa: E402
 from mixle_parallel.executors.estimation.handle import handle_from_runner  # noqa: E402
 from mixle_parallel.executors.estimation.optimize import fit  # noqa: E402
 from mixle_parallel.verification.ledger.chain import read_ledger  # noqa: E402

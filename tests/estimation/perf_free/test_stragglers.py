@@ -13,7 +13,7 @@ import pytest
 
 from mixle_parallel.contracts.estimation import canonical_statistic_bytes
 from mixle_parallel.executors.estimation import GaussianEstimator, MixtureEstimator, encoded_data, fit
-from mixle_parallel.executors.estimation.engines.deadline import STRAGGLER_MIN_S, straggler_deadline
+from mixle_parallel.executors.estimation.backends.deadline import STRAGGLER_MIN_S, straggler_deadline
 
 
 def _data() -> np.ndarray:
@@ -63,8 +63,8 @@ def test_a_sigstopped_worker_is_outrun_and_the_fit_ends_on_the_same_bits():
 
 
 def test_a_fresh_workers_slow_first_task_is_waited_for():
+    from mixle_parallel.executors.estimation.backends.mp import MPChunkRunner
     from mixle_parallel.executors.estimation.em_pass.chunks import EncodedChunk
-    from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
     from tests.estimation.perf_free.slow_first import slow_first_call
 
     runner = MPChunkRunner(2, timeout=60.0)
@@ -77,7 +77,7 @@ def test_a_fresh_workers_slow_first_task_is_waited_for():
 
 
 def test_the_straggler_clock_arms_on_the_first_answer_and_honours_a_fixed_deadline():
-    from mixle_parallel.executors.estimation.engines.deadline import Deadline, StragglerClock
+    from mixle_parallel.executors.estimation.backends.deadline import Deadline, StragglerClock
 
     clock = StragglerClock(600.0)
     assert not clock.due() and clock.wait_s(None) is None  # nobody answered: wait for the pass's own deadline
@@ -95,8 +95,8 @@ def test_the_straggler_clock_arms_on_the_first_answer_and_honours_a_fixed_deadli
 
 
 def test_straggler_timeout_is_checked_and_refused_where_it_is_not_honoured():
-    from mixle_parallel.executors.estimation.engines.deadline import check_straggler_timeout
-    from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
+    from mixle_parallel.executors.estimation.backends.deadline import check_straggler_timeout
+    from mixle_parallel.executors.estimation.backends.mp import MPChunkRunner
 
     assert check_straggler_timeout(None, 10.0) is None and check_straggler_timeout(2, None) == 2.0
     for bad in (0, -1.0, float("nan"), True, "5"):

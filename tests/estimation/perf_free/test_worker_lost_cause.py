@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from mixle_parallel.executors.estimation import WorkerLostError
+from mixle_parallel.executors.estimation.backends.mp import MPChunkRunner
 from mixle_parallel.executors.estimation.em_pass.chunks import EncodedChunk
-from mixle_parallel.executors.estimation.engines.mp import MPChunkRunner
 from tests.estimation.perf_free.unloadable import OnlyOnTheDriver
 
 

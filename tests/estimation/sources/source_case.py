@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from mixle_parallel import files, fit
-from tests.estimation.engines import em_case
+from tests.estimation.backends import em_case
 
 SPLITS = (1300, 2900)
 """Where the three-part sources are cut (parts of 1,300, 1,600 and 1,100 rows)."""

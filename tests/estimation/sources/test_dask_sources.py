@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.estimation.engines import em_case
+from tests.estimation.backends import em_case
 from tests.estimation.sources import source_case
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mixle_parallel import encoded_data, files
-from tests.estimation.engines import em_case
+from tests.estimation.backends import em_case
 from tests.estimation.sources import source_case
 
 

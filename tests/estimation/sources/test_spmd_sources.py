@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.estimation.engines import em_case
-from tests.estimation.engines.engine_helpers import run_mpi
+from tests.estimation.backends import em_case
+from tests.estimation.backends.engine_helpers import run_mpi
 from tests.estimation.sources import source_case
 
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]
@@ -55,7 +55,7 @@ def test_torchrun_ranks_read_their_own_rows_and_fit_the_bits_of_the_same_parts(t
     digest, history = _write_parts(tmp_path, 2)
     env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH")) if p)
-    script = _REPO / "tests" / "estimation" / "engines" / "torchrun_scripts" / "source_torchrun.py"
+    script = _REPO / "tests" / "estimation" / "backends" / "torchrun_scripts" / "source_torchrun.py"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(script), kind, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600,
                           cwd=str(_REPO))
