@@ -35,9 +35,9 @@ The contract (for backend authors: local, mp, mpi, spark, dask, ray, or yours)
   results of its chunk ids in the order given (a chunk may be listed for several workers); a
   requested worker that is gone or dies raises :class:`WorkerUnavailableError`.
   ``compute_on(worker, fn, payload, chunk_ids)`` is the one-worker form. ``local``, ``mp``,
-  ``dask`` and ``ray`` have it; ``mpi`` and ``spark`` declare ``supports_worker_placement =
-  False`` (an SPMD rank / a Spark task cannot be aimed at a chosen worker), so their audits
-  recompute a chunk on the same runner (``same_rank`` replays).
+  ``dask`` and ``ray`` have it (``backends.runner_families.PlacesWork``); ``mpi``, ``torchrun`` and
+  ``spark`` decline it (``DeclinesPlacement``: an SPMD rank / a Spark task cannot be aimed at a chosen
+  worker), so their audits recompute a chunk on the same runner (``same_rank`` replays).
 * A backend registers ``factory(data, **params) -> handle`` through
   ``executors.registry.register_encoded_data_backend`` and declares there (keywords, or attributes of
   the factory) the options it honours (``options=``), whether its workers are processes
