@@ -135,19 +135,6 @@ def _encoder_job(by_part: dict[int, list[PartitionChunk]]) -> Callable[[int, Ite
     return encode
 
 
-def _slice_job(lo: int, hi: int, rows: int, where: str,
-               read: Callable[[list[Any]], Any]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The function one partition runs for the audit's reference: its rows read, checked, rows ``[lo, hi)`` kept."""
-    def rows_of(records: Iterator[Any]) -> Iterator[Any]:
-        found = read(list(records))
-        if len(found) != rows:
-            raise ValueError(f"{where} held {rows} rows when counted and {len(found)} now: the data is not the same "
-                             "on every evaluation; cache it (rdd.cache() / df.cache()) first")
-        yield np.array(found[lo:hi]) if isinstance(found, np.ndarray) else found[lo:hi]
-
-    return rows_of
-
-
 def _raw_job(part_rows: Sequence[int],
              read: Callable[[list[Any]], Any]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
     """The function each partition runs once for the audit's reference: its rows read and checked, kept whole."""
@@ -240,14 +227,8 @@ class OpenedSparkRows(OpenedSource):
         return list(partition_recipes(places, encoder, "RDD partition"))
 
     def chunk_rows(self, place: ChunkPlace) -> Any:
-        """The chunk's rows: one Spark job (``SparkContext.runJob``) on its partition alone, which keeps the chunk's
-        row range on the executor and sends only that here."""
-        job = _slice_job(place.offset, place.stop_offset, self.part_rows[place.part], self.describe_part(place.part),
-                         self.read)
-        found = self.rdd.context.runJob(self.rdd, job, partitions=[place.part])
-        if len(found) != 1:
-            raise RuntimeError(f"Spark returned {len(found)} results for {self.describe_part(place.part)}, not one")
-        return found[0]
+        """The chunk's rows: the one-chunk form of ``chunks_rows`` (only its row range comes here)."""
+        return self.chunks_rows([place])[0]
 
     def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
         """The rows of every chunk at ``places``: one Spark job on just their partitions, sending only the chunks'

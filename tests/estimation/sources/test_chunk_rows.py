@@ -15,7 +15,7 @@ from mixle_parallel.executors.estimation import GaussianEstimator
 from mixle_parallel.executors.estimation.sources import ChunkPlace, files, materialize, open_source, source_places
 from mixle_parallel.executors.estimation.sources.dask_collections import _slice_rows
 from mixle_parallel.executors.estimation.sources.rank_local import OpenedRankLocal
-from mixle_parallel.executors.estimation.sources.spark_rows import _slice_job
+from mixle_parallel.executors.estimation.sources.spark_rows import _raw_job, _slices_job
 
 
 def test_a_file_chunk_read_here_is_the_chunk_a_worker_builds(tmp_path):
@@ -49,17 +49,16 @@ def test_a_partition_slice_keeps_rows_of_fields_and_refuses_a_changed_partition(
     assert np.array_equal(_slice_rows(np.arange(6.0), 2, 4, 6, "dask partition 0"), [2.0, 3.0])
     with pytest.raises(ValueError, match=r"dask partition 4 held 5 rows when counted and 6 now.*persist"):
         _slice_rows(np.arange(6.0), 0, 2, 5, "dask partition 4")
-    job = _slice_job(1, 3, 4, "RDD partition 2", lambda records: np.asarray(records))
-    assert np.array_equal(next(job(iter([1.0, 2.0, 3.0, 4.0]))), [2.0, 3.0])
+    read = _raw_job([0, 0, 4], lambda records: np.asarray(records))  # a partition's rows, read once and checked
+    held = list(read(2, iter([1.0, 2.0, 3.0, 4.0])))
+    assert [(k, list(v)) for k, v in _slices_job({2: [(7, 1, 3)]})(2, iter(held))] == [(7, [2.0, 3.0])]
     with pytest.raises(ValueError, match=r"RDD partition 2 held 4 rows when counted and 3 now.*cache"):
-        next(job(iter([1.0, 2.0, 3.0])))
+        next(read(2, iter([1.0, 2.0, 3.0])))
 
 
 def test_a_spark_reference_fetch_reads_each_partition_to_its_end():
     """A PySpark Python worker that leaves its input unread is not reused: the next pass then starts a cold worker
     (about 0.6 s on each audited pass, measured). The slicing job reads every record, even where it asks nothing."""
-    from mixle_parallel.executors.estimation.sources.spark_rows import _slices_job
-
     read_to_end = []
 
     def partition(rows):
