@@ -1,9 +1,12 @@
-"""Per-iteration cost of the EM E-step SDC audit at the default rate, side by side in one run.
+"""Cost of the EM E-step SDC audit at the default rate, side by side in one run: per pass, and per fit.
 
 Two mp handles over the same data and starting model, one audited (default: rate 0.05, each audited
-chunk recomputed by the driver's reference while the workers fold) and one with ``audit=False``;
-their E-steps are interleaved so machine load hits both alike. Prints the median seconds per
-iteration of each and the ratio audited / plain, and checks both produce the same bits.
+chunk recomputed by the driver's reference) and one with ``audit=False``. First their E-steps are called
+by hand, interleaved so machine load hits both alike (each pass judged before it returns, as in mixle's own
+loop): the median seconds per pass of each and the ratio. Then ``--fits`` whole fits of ``--iters`` passes each
+(``fit(handle, ...)``, interleaved), where the fit judges its passes in batches, their samples read in one
+request (``em_pass.deferred_judging``): the median seconds per fit and the ratio, the default audited fit
+against the unaudited one (issue 33's measure). Both check that the two produce the same bits.
 
     python benchmarks/em_audit_overhead.py                 # 1,000,000 x 1-D, K=8, mp, 2 workers
     python benchmarks/em_audit_overhead.py --rows 200000 --iters 10
@@ -27,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +41,7 @@ from mixle_parallel.executors.estimation import (
     MixtureDistribution,
     MixtureEstimator,
     encoded_data,
+    fit,
 )
 
 SOURCES = ("memory", "files", "spark-df", "spark-rdd", "dask", "ray", "rows", "collection")
@@ -96,6 +101,7 @@ def main() -> None:
     parser.add_argument("--components", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--fits", type=int, default=3, help="whole fits of --iters passes per handle (0: none)")
     parser.add_argument("--backend", default="mp")
     parser.add_argument("--source", choices=SOURCES, default="memory")
     args = parser.parse_args()
@@ -124,6 +130,7 @@ def main() -> None:
                 models[name] = handle.estep(est, models[name]).model
                 times[name].append(time.perf_counter() - t)
         records = audited.audit_records
+        fits, fitted = _time_fits({"audited": audited, "plain": plain}, est, start, args.iters, args.fits)
     finally:
         audited.close()
         plain.close()
@@ -143,6 +150,32 @@ def main() -> None:
           f"({len([r for r in records if not r.matched])} mismatches); same model bits: {same}")
     print(f"ratio audited / plain (median): {a / p:.3f}x   (mean: "
           f"{statistics.fmean(times['audited']) / statistics.fmean(times['plain']):.3f}x)")
+    if args.fits:
+        _print_fits(fits, fitted, args.iters, args.fits)
+
+
+def _time_fits(handles: dict[str, Any], est: Any, start: Any, iters: int,
+               count: int) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """``count`` whole fits of ``iters`` passes on each handle, interleaved: seconds per fit, and the last fits."""
+    fits: dict[str, list[float]] = {name: [] for name in handles}
+    fitted: dict[str, Any] = {}
+    for r in range(count):
+        for name in (sorted(handles) if r % 2 == 0 else sorted(handles, reverse=True)):
+            t = time.perf_counter()
+            fitted[name] = fit(handles[name], est, max_its=iters, delta=None, prev_estimate=start, progress=False)
+            fits[name].append(time.perf_counter() - t)
+    return fits, fitted
+
+
+def _print_fits(fits: dict[str, list[float]], fitted: dict[str, Any], iters: int, count: int) -> None:
+    fa, fp = statistics.median(fits["audited"]), statistics.median(fits["plain"])
+    same_fit = (canonical_statistic_bytes(fitted["audited"].model.params())
+                == canonical_statistic_bytes(fitted["plain"].model.params()))
+    print(f"whole fits of {iters} passes, {count} each, interleaved (judged in batches by the fit)")
+    print(f"{'':12}{'median s/fit':>13}{'s/pass':>9}")
+    for name in ("plain", "audited"):
+        print(f"{name:12}{statistics.median(fits[name]):13.3f}{statistics.median(fits[name]) / iters:9.4f}")
+    print(f"fit ratio audited / plain (median): {fa / fp:.3f}x; same model bits: {same_fit}")
 
 
 if __name__ == "__main__":

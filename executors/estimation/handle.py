@@ -29,6 +29,7 @@ from .em_pass.chunks import (
     fold_pass,
     resolve_encoder,
 )
+from .em_pass.deferred_judging import DeferredPasses
 from .em_pass.engine_choice import EngineChoice, resolve_engine
 from .em_pass.estep import (
     audited_entries,
@@ -60,7 +61,7 @@ STRAGGLER_MIN_EXCESS_S = 0.05
 others' median (besides the ratio and robust-z rule), so scheduling jitter on tiny passes is not news."""
 
 
-class ChunkedEncodedData(MixleSequenceMethods, MinibatchPasses, VerifiedPasses):
+class ChunkedEncodedData(MixleSequenceMethods, MinibatchPasses, VerifiedPasses, DeferredPasses):
     """An encoded-data handle over any :class:`ChunkRunner`; same bits on every backend.
 
     Its mixle 0.8.2 sequence methods (``compat.mixle_sequence``), mini-batch passes and stochastic EM
@@ -240,14 +241,20 @@ class ChunkedEncodedData(MixleSequenceMethods, MinibatchPasses, VerifiedPasses):
         moved_before, messages_before = (transport_count(self.runner, "transport_bytes"),
                                          transport_count(self.runner, "transport_messages"))
         self._metered.begin(iteration, "estep")
+        outcomes: tuple[Any, ...] = ()
+        held = None  # a pass that waits to be judged with the fit's batch (``deferred_judging``)
         try:
             if self._audit is not None:
                 self._ensure_scattered(estimator, model)
-                entries, outcomes = audited_entries(
-                    self._audit, self.ledger, estimator, model, iteration=iteration, num_chunks=self.num_chunks,
-                    encoder=self._encoder, first_of_fit=self._fit_first)
+                if self._deferred is not None and self._deferred.may_defer(estimator, iteration):
+                    held = self._commit_held(estimator, model, iteration)
+                    entries = held[0].entries
+                else:
+                    entries, outcomes = audited_entries(
+                        self._audit, self.ledger, estimator, model, iteration=iteration,
+                        num_chunks=self.num_chunks, encoder=self._encoder, first_of_fit=self._fit_first)
             else:
-                entries, outcomes = self.estep_entries(estimator, model), ()
+                entries = self.estep_entries(estimator, model)
         finally:
             records = self._metered.end()
             self.rank_records.extend(records)
@@ -256,16 +263,19 @@ class ChunkedEncodedData(MixleSequenceMethods, MinibatchPasses, VerifiedPasses):
         self._fit_first = False
         out = folded_result(estimator, entries, self._fold_entries)
         self.iteration = iteration + 1
+        fields = {"workers": self.num_workers, "observability": round_summary(records,
+                                                                             min_excess_seconds=STRAGGLER_MIN_EXCESS_S),
+                  "transport_bytes": None if moved_before is None else
+                  int(transport_count(self.runner, "transport_bytes") or 0) - moved_before,
+                  "draw": None if self._audit is None or self._audit.last_draw is None else
+                  self._audit.last_draw.receipt_fields()}
+        if held is not None and self._deferred is not None:  # its receipt is written once it is judged
+            self._deferred.hold(held[0], out, fields, held[1], held[2])
+            self.last_audits, self.last_receipt = (), None
+            return out
         self.last_audits = tuple(outcomes)
-        self.last_receipt = record_receipt(
-            self.ledger, iteration, out, workers=self.num_workers, admission=self.admission, outcomes=outcomes,
-            quarantined=sorted(self.quarantined),
-            transport_bytes=None if moved_before is None else
-            int(transport_count(self.runner, "transport_bytes") or 0) - moved_before,
-            observability=round_summary(records, min_excess_seconds=STRAGGLER_MIN_EXCESS_S),
-            draw=None if self._audit is None or self._audit.last_draw is None else
-            self._audit.last_draw.receipt_fields(),
-        )
+        self.last_receipt = record_receipt(self.ledger, iteration, out, admission=self.admission, outcomes=outcomes,
+                                           quarantined=sorted(self.quarantined), **fields)
         return out
 
     def _fold_entries(self, estimator: Any, entries: list[Any]) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -20,7 +19,8 @@ from .compat.mixle_interop import (
     wrap_mixle_model,
 )
 from .em_pass.chunks import seed_from
-from .em_pass.runner_protocols import AdmittedHandle, AuditedHandle, EStepHandle, FitLifecycle, SizedHandle
+from .em_pass.runner_protocols import AdmittedHandle, AuditedHandle, FitLifecycle, SizedHandle
+from .fitting.em_loop import EMRun, EMStep, em_loop
 from .fitting.initialization import initial_model, resolve_init
 
 __all__ = ["ConvergenceWarning", "EMStep", "FitOptions", "FitResult", "as_estimator", "fit", "optimize"]
@@ -46,18 +46,6 @@ class _DefaultDelta(float):
 
 DEFAULT_DELTA = _DefaultDelta(1e-9)
 """The default of ``delta=`` (mixle 0.8.2's): an absolute gain of the total log-likelihood."""
-
-
-class EMStep(NamedTuple):
-    """What ``on_step`` receives after each data pass."""
-
-    iteration: int
-    log_likelihood: float
-    improvement: float
-    model: Any
-    seconds: float
-    audit_records: tuple[Any, ...] = ()
-    """The ``SDCAuditRecord``s of this pass (empty when no chunk was audited)."""
 
 
 class FitResult(NamedTuple):
@@ -102,59 +90,6 @@ def _progress_bar(progress: Any, total: int) -> Any:
         return None
     delay = 0.0 if progress is True else PROGRESS_DELAY_S
     return tqdm(total=total, desc="EM", unit="it", leave=False, delay=delay, file=sys.stderr)
-
-
-def _one_pass(handle: EncodedDataHandle, estimator: Any, model: Any) -> tuple[float, Any]:
-    if isinstance(handle, EStepHandle):
-        result = handle.estep(estimator, model)
-        return result.log_likelihood, result.model
-    # A third-party handle without ``estep`` costs two passes: score, then update.
-    _, ll = handle.pysp_seq_log_density_sum(model)
-    return ll, handle.pysp_seq_estimate(estimator, model)
-
-
-class _Run(NamedTuple):
-    """One EM run from one start: the model kept, its trajectory and why it stopped."""
-
-    model: Any
-    history: tuple[float, ...]
-    reason: str
-    audits: tuple[Any, ...]
-
-
-def _decrease_floor(delta: float | None, ll: float) -> float:
-    """A fall larger than this ends the fit as 'decreased' (float noise below it does not)."""
-    return float(delta) if delta is not None else 1e-12 * max(1.0, abs(ll))
-
-
-def _em_loop(handle: EncodedDataHandle, estimator: Any, model: Any, max_its: int, delta: float | None,
-             on_step: Callable[[EMStep], Any] | None, bar: Any) -> _Run:
-    """EM passes from ``model`` until the gain is below ``delta``, a step falls, or ``max_its``."""
-    history: list[float] = []
-    audits: list[Any] = []
-    reason = "max_its"
-    previous = model
-    for it in range(max_its):
-        t0 = time.perf_counter()
-        ll, new_model = _one_pass(handle, estimator, model)
-        gain = math.inf if not history else ll - history[-1]
-        found = tuple(handle.last_audit_records) if isinstance(handle, AuditedHandle) else ()
-        audits.extend(found)
-        if on_step is not None:
-            on_step(EMStep(it, ll, gain, model, time.perf_counter() - t0, found))
-        if bar is not None:
-            bar.set_postfix(loglik=f"{ll:.6g}", refresh=False)  # drawn by update, once the delay has passed
-            bar.update(1)
-        if history and not math.isfinite(ll) and math.isfinite(history[-1]):
-            return _Run(previous, tuple(history), "not_finite", tuple(audits))
-        if history and gain < -_decrease_floor(delta, ll):
-            return _Run(previous, tuple(history), "decreased", tuple(audits))
-        history.append(ll)
-        if delta is not None and len(history) > 1 and abs(gain) < delta:
-            return _Run(model, tuple(history), "converged", tuple(audits))
-        previous, model = model, new_model
-    # max_its passes: the model of the last M-step, as mixle returns it (its log-likelihood is unscored)
-    return _Run(model, tuple(history), reason, tuple(audits))
 
 
 def _restart_seed(seed: Any, restart: int) -> Any:
@@ -292,7 +227,7 @@ def _fit_on(handle: EncodedDataHandle, estimator: Any, prev_estimate: Any, run: 
     threshold = run.threshold(rows)
     starts = 1 if prev_estimate is not None else run.n_init
     bar = _progress_bar(run.progress, run.max_its * starts)
-    best: _Run | None = None
+    best: EMRun | None = None
     audits: list[Any] = []
     try:
         for r in range(starts):
@@ -302,7 +237,7 @@ def _fit_on(handle: EncodedDataHandle, estimator: Any, prev_estimate: Any, run: 
                                               seed=_restart_seed(run.seed if run.rng is None else run.rng, r),
                                               p=run.init_p)
                 start = wrap_mixle_model(start)
-            found = _em_loop(handle, estimator, start, run.max_its, threshold, run.on_step, bar)
+            found = em_loop(handle, estimator, start, run.max_its, threshold, run.on_step, bar)
             audits.extend(found.audits)
             if best is None or (found.history and (not best.history or found.history[-1] > best.history[-1])):
                 best = found

@@ -106,6 +106,14 @@ class SystematicDraw:
         """The next draw starts a new cycle (a fit's first pass)."""
         self.slot = self.length
 
+    def state(self) -> tuple[int, int, frozenset[int]]:
+        """Where the cycle stands (cycle, slot, chunks left): what :meth:`restore` sets back."""
+        return self.cycle, self.slot, frozenset(self._left)
+
+    def restore(self, state: tuple[int, int, frozenset[int]]) -> None:
+        """Set the cycle back to ``state`` (a fit that drops passes it ran ahead: ``deferred_judging``)."""
+        self.cycle, self.slot, self._left = state[0], state[1], set(state[2])
+
     def draw(self, entropy: bytes, num_chunks: int, owners: Sequence[int], *, first_of_fit: bool) -> Draw:
         """The sample of the pass whose commitments are in, from its fresh ``entropy``; advances the cycle.
 

@@ -17,6 +17,10 @@ go to the ledger even when the pass raises (:func:`audited_entries`, :func:`writ
 folded in the fixed order and the M-step taken (:func:`folded_result`), and the pass's receipt is made and
 written (:func:`record_receipt`). Nothing here reaches back into the handle: it is given plain values, the
 audit's state (``EMAudit``) and the ledger.
+
+The pass is two halves: :func:`commit_pass` (steps 1-3) and :func:`judge_pass` (steps 5-7, given the references).
+``estep`` runs them back to back; a fit may hold several committed passes and judge them together, their samples
+read in one request (``deferred_judging``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
 
 from ....contracts import StepReceipt
 from ....verification.sdc.em import ChunkAudit, within_tolerance
@@ -41,8 +47,9 @@ if TYPE_CHECKING:
     from ..audit.sdc_audit import EMAudit
     from ..sources import ChunkPlace, OpenedSource
 
-__all__ = ["References", "audited_entries", "folded_result", "judge_against_reference", "open_folded_groups",
-           "record_receipt", "reference_pass", "rows_reference", "source_reference", "write_findings"]
+__all__ = ["CommittedPass", "DriverReference", "References", "audited_entries", "commit_pass", "folded_result",
+           "judge_against_reference", "judge_pass", "open_folded_groups", "record_receipt", "reference_pass",
+           "rows_reference", "shipped_own_results", "source_reference", "write_findings"]
 
 
 class References(Protocol):
@@ -52,10 +59,40 @@ class References(Protocol):
                  model: Any) -> dict[int, ChunkResult]: ...
 
 
+@attrs.frozen(eq=False)
+class CommittedPass:
+    """One audited pass up to its draw (steps 1-3): the entries as they came back, committed per chunk, and what
+    judging it needs later (the sample, the owners, the payload it ran under, its token and planned faults)."""
+
+    entries: list[Any]
+    struck: set[tuple[int, int]]
+    owners: list[int]
+    audited: tuple[int, ...]
+    payload: tuple[Any, Any]
+    iteration: int
+    token: str
+
+
 def reference_pass(audit: EMAudit, estimator: Any, model: Any, *, iteration: int, num_chunks: int,
                    encoder: Any, first_of_fit: bool) -> tuple[list[Any], tuple[ChunkAudit, ...]]:
     """The entries of one pass audited against the reference (chunk order, for ``fold_pass``) and the
     outcomes; the module doc lists the steps."""
+    # 1-3. the tasks, every group's commitments, the sample drawn only now
+    committed = commit_pass(audit, estimator, model, iteration=iteration, num_chunks=num_chunks,
+                            first_of_fit=first_of_fit)
+    if not committed.audited:
+        return committed.entries, ()
+    # 4. the references, computed here while the workers reveal the opened groups' chunks (both after the draw)
+    refs, revealed = _references_and_reveals(audit, committed.entries, committed.audited, committed.owners,
+                                             committed.payload, encoder, committed.token)
+    # 5-7. judged, mended, the opened groups judged
+    return committed.entries, judge_pass(audit, committed, refs, revealed)
+
+
+def commit_pass(audit: EMAudit, estimator: Any, model: Any, *, iteration: int, num_chunks: int,
+                first_of_fit: bool) -> CommittedPass:
+    """Steps 1-3: the pass's tasks handed to the runner, every group's sum and commitments checked, then the sample
+    drawn from fresh entropy."""
     payload = (estimator, model)
     token = audit.pass_token(iteration)
     # 1. the tasks: the same on every pass
@@ -65,16 +102,28 @@ def reference_pass(audit: EMAudit, estimator: Any, model: Any, *, iteration: int
     check_commitments(entries, num_chunks, backend=audit.runner.name, iteration=iteration, owners=owners)
     # 3. the sample, drawn only now
     audited = audit.draw_sample(num_chunks, owners, first_of_fit=first_of_fit)
-    if not audited:
-        return entries, ()
-    # 4. the references, computed here while the workers reveal the opened groups' chunks (both after the draw)
-    refs, revealed = _references_and_reveals(audit, entries, audited, owners, payload, encoder, token)
-    # 5-6. a replay on its worker of what differs, the judge's verdict applied, and mending
-    outcomes = judge_against_reference(audit, entries, refs, audited, owners, payload, iteration,
-                                       struck if audit.placement else None)
-    # 7. the folded groups holding an audited chunk, opened and judged
-    folds = open_folded_groups(audit, entries, payload, iteration, audited, owners, token, revealed)
-    return entries, outcomes + folds
+    return CommittedPass(entries, struck, owners, tuple(audited), payload, iteration, token)
+
+
+def judge_pass(audit: EMAudit, committed: CommittedPass, refs: dict[int, Any],
+               revealed: dict[int, Any]) -> tuple[ChunkAudit, ...]:
+    """Steps 5-7 on a committed pass given its references: a replay on its worker of what differs, the judge's
+    verdict applied and mending, then the folded groups holding an audited chunk opened and judged. Mending
+    rewrites ``committed.entries`` in place."""
+    entries, audited, owners = committed.entries, committed.audited, committed.owners
+    outcomes = judge_against_reference(audit, entries, refs, audited, owners, committed.payload,
+                                       committed.iteration, committed.struck if audit.placement else None)
+    folds = open_folded_groups(audit, entries, committed.payload, committed.iteration, audited, owners,
+                               committed.token, revealed)
+    return outcomes + folds
+
+
+def shipped_own_results(entries: list[Any], chunks: Sequence[int]) -> dict[int, Any] | None:
+    """The own results of the groups opened for ``chunks`` where the pass brought them (``reveal_mode``), else None
+    (a reveal round must ask the workers)."""
+    ids = [c for a, b in opened_groups(entries, chunks) for c in range(a, b)]
+    own = {c: committed_result(entries, c)[0] for c in ids}
+    return own if all(v is not None for v in own.values()) else None
 
 
 def _references_and_reveals(audit: EMAudit, entries: list[Any], audited: Sequence[int], owners: Sequence[int],
@@ -83,10 +132,10 @@ def _references_and_reveals(audit: EMAudit, entries: list[Any], audited: Sequenc
     """The audited chunks' references and the opened groups' revealed chunks. In one driver the references are
     computed on a thread while the workers reveal (the driver mostly waits on them); on SPMD ranks, whose
     gathers and reveals are collectives in a fixed order, one after the other."""
-    ids = [c for a, b in opened_groups(entries, audited) for c in range(a, b)]
-    own = {c: committed_result(entries, c)[0] for c in ids}
-    if all(v is not None for v in own.values()):  # the pass brought the own results (``reveal_mode``): no round
+    own = shipped_own_results(entries, audited)
+    if own is not None:  # the pass brought the own results (``reveal_mode``): no round
         return audit.references(audited, encoder, *payload), own
+    ids = [c for a, b in opened_groups(entries, audited) for c in range(a, b)]
     if audit.gather is not None:
         return audit.references(audited, encoder, *payload), {}
     found: dict[str, Any] = {}
@@ -211,22 +260,35 @@ def record_receipt(ledger: RunLedger | None, iteration: int, result: EStepResult
 
 
 # ---- the references -----------------------------------------------------------------------------------
-def rows_reference(rows: Any, bounds: Sequence[tuple[int, int]]) -> References:
-    """The chunks' E-steps recomputed in the driver from ``rows`` (kept by the handle) with the pass's encoder."""
+@attrs.frozen(eq=False)
+class DriverReference:
+    """The audited chunks rebuilt in this process, outside the backend's runner and transport (``read``: chunk ids
+    and the pass's encoder to their encoded chunks, in that order), and E-stepped here. ``encoded`` alone lets a
+    fit judge several passes' samples from one read (``deferred_judging``)."""
 
-    def reference(chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, ChunkResult]:
+    read: Callable[[Sequence[int], Any], list[EncodedChunk]]
+
+    def encoded(self, chunks: Sequence[int], encoder: Any) -> dict[int, EncodedChunk]:
+        """The chunks rebuilt here with ``encoder``, by chunk id (one read for all of them where the source batches)."""
         if encoder is None:
             raise RuntimeError("the audit's reference runs after the handle's chunks are encoded")
-        out = {}
-        for c in chunks:
-            a, b = bounds[c]
-            out[c] = chunk_estep(EncodedChunk(c, a, b, encoder.encode(rows[a:b])), (estimator, model))
-        return out
+        return dict(zip(chunks, self.read(list(chunks), encoder), strict=True)) if chunks else {}
 
-    return reference
+    def __call__(self, chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, ChunkResult]:
+        return {c: chunk_estep(chunk, (estimator, model)) for c, chunk in self.encoded(chunks, encoder).items()}
 
 
-def source_reference(source: OpenedSource | None, places: Sequence[ChunkPlace] | None) -> References | None:
+def rows_reference(rows: Any, bounds: Sequence[tuple[int, int]]) -> DriverReference:
+    """The chunks' E-steps recomputed in the driver from ``rows`` (kept by the handle) with the pass's encoder."""
+
+    def read(chunks: Sequence[int], encoder: Any) -> list[EncodedChunk]:
+        return [EncodedChunk(c, bounds[c][0], bounds[c][1], encoder.encode(rows[bounds[c][0]:bounds[c][1]]))
+                for c in chunks]
+
+    return DriverReference(read)
+
+
+def source_reference(source: OpenedSource | None, places: Sequence[ChunkPlace] | None) -> DriverReference | None:
     """For rows read where they live: the audited chunks fetched again into this process by their place in the
     source (file or partition, row offset), all of a pass's in one request where the source can batch
     (``OpenedSource.read_chunks``), encoded and E-stepped here, outside the backend; None for a source that
@@ -235,10 +297,7 @@ def source_reference(source: OpenedSource | None, places: Sequence[ChunkPlace] |
         return None
     opened, where = source, places
 
-    def reference(chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, ChunkResult]:
-        if encoder is None:
-            raise RuntimeError("the audit's reference runs after the handle's chunks are encoded")
-        fetched = opened.read_chunks([where[c] for c in chunks], encoder)
-        return {c: chunk_estep(chunk, (estimator, model)) for c, chunk in zip(chunks, fetched)}
+    def read(chunks: Sequence[int], encoder: Any) -> list[EncodedChunk]:
+        return list(opened.read_chunks([where[c] for c in chunks], encoder))
 
-    return reference
+    return DriverReference(read)

@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from .chunks import EStepResult
+    from .deferred_judging import JudgedBatch
 
-__all__ = ["AdmittedHandle", "AssignsChunks", "AuditedHandle", "BindsVerification", "ChunkOwnership",
-           "ChunkedHandle", "ClientCluster", "CountsTransport", "CountsWorkers", "EStepHandle", "FitLifecycle",
+__all__ = ["AdmittedHandle", "AssignsChunks", "AuditedHandle", "BindsVerification", "ChunkOwnership", "ChunkedHandle",
+           "ClientCluster", "CountsTransport", "CountsWorkers", "DefersJudging", "EStepHandle", "FitLifecycle",
            "InitializableHandle", "MeteredHandle", "MinibatchHandle", "PlacesPartitions", "PoolProcesses",
-           "RankCollective", "RankGather", "RunLedger", "RunsOnRunner", "SizedHandle", "WorkerPlacement", "places_work",
-           "transport_count"]
+           "RankCollective", "RankGather", "RunLedger", "RunsOnRunner", "SizedHandle", "WorkerPlacement",
+           "places_work", "transport_count"]
 
 
 @runtime_checkable
@@ -165,6 +166,21 @@ class FitLifecycle(Protocol):
     def begin_fit(self) -> None: ...
 
     def record_failure(self, error: BaseException) -> None: ...
+
+
+@runtime_checkable
+class DefersJudging(Protocol):
+    """A handle that judges a fit's audited passes in batches (``deferred_judging``): the fit loop turns it on and
+    off, asks when a batch is due and has it judged."""
+
+    def defer_judging(self, on: bool) -> bool: ...
+
+    @property
+    def passes_held(self) -> int: ...
+
+    def judging_due(self) -> bool: ...
+
+    def judge_deferred(self) -> JudgedBatch: ...
 
 
 @runtime_checkable
