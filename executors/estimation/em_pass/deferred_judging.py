@@ -136,7 +136,7 @@ class DeferredJudging:
                 revealed = shipped_own_results(committed.entries, committed.audited) or {}
                 outcomes = judge_pass(audit, committed, refs, revealed)
             result = held.result
-            if committed.audited:
+            if any(not r.matched for o in outcomes for r in o.records):  # mended entries may sum to another total
                 again = folded_result(committed.payload[0], committed.entries, fold)
                 result = held.result if _same(again, held.result) else again
             judged = JudgedPass(committed.iteration, result, tuple(r for o in outcomes for r in o.records),

@@ -61,6 +61,11 @@ def _slice_rows(part: Any, lo: int, hi: int, rows: int, where: str) -> Any:
     return np.array(found[lo:hi]) if isinstance(found, np.ndarray) else found[lo:hi]  # rows of fields stay rows
 
 
+def _slices_of(part: Any, ranges: Sequence[tuple[int, int]], rows: int, where: str) -> list[Any]:
+    """``_slice_rows`` for each range of one computed partition, in one task on the worker that holds it."""
+    return [_slice_rows(part, lo, hi, rows, where) for lo, hi in ranges]
+
+
 def _encode_slice(part: Any, recipe: PartitionChunk) -> Any:
     """One chunk of a computed partition, encoded on the worker that holds the partition."""
     rows = _rows_of(part)
@@ -183,18 +188,28 @@ class OpenedDaskCollection(OpenedSource):
                 for r, f in zip(slices, self.encoded)]
 
     def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
-        """The rows of every chunk at ``places``: each sliced on the worker that holds its computed partition (kept
-        from ``open``; dask recomputes a lost one from the collection's graph), gathered here together; only the
-        chunks' rows cross, and no partition is computed again."""
+        """The rows of every chunk at ``places``: sliced by one task per partition on the worker that holds it
+        (computed at ``open`` and kept; dask recomputes a lost one from the collection's graph), gathered here
+        together; only the chunks' rows cross, and no partition is computed again."""
         if not self.raw:
             raise RuntimeError("this dask source holds no partitions (closed); reopen it")
-        futures = [self.client.submit(_slice_rows, self.raw[p.part], p.offset, p.stop_offset, self.part_rows[p.part],
-                                      self.describe_part(p.part), pure=False) for p in places]
+        wanted: dict[int, list[int]] = {}
+        for k, place in enumerate(places):
+            wanted.setdefault(place.part, []).append(k)
+        futures = {part: self.client.submit(_slices_of, self.raw[part],
+                                            [(places[k].offset, places[k].stop_offset) for k in ks],
+                                            self.part_rows[part], self.describe_part(part), pure=False)
+                   for part, ks in wanted.items()}  # one task per partition, not per chunk
         try:
-            return list(self.client.gather(futures))
+            found = dict(zip(futures, self.client.gather(list(futures.values())), strict=True))
         finally:
-            for future in futures:
+            for future in futures.values():
                 future.release()
+        out: list[Any] = [None] * len(places)
+        for part, ks in wanted.items():
+            for k, rows in zip(ks, found[part], strict=True):
+                out[k] = rows
+        return out
 
     def chunk_rows(self, place: ChunkPlace) -> Any:
         """The chunk's rows, sliced on the worker that holds its partition: one chunk crosses, not the partition."""

@@ -61,17 +61,22 @@ class BlockChunk(ChunkRecipe):
         return block_rows(ray.get(self.block[0]), self.lo + self.offset, self.lo + self.stop_offset, self.where)
 
 
-def _block_slice(block: Any, lo: int, hi: int, where: str) -> np.ndarray:
-    """Rows ``[lo, hi)`` of a block, in a Ray task beside the store (``OpenedRayDataset.chunk_rows``)."""
-    return block_rows(block, lo, hi, where)
+def _block_slices(block: Any, ranges: Sequence[tuple[int, int]], where: str) -> list[np.ndarray]:
+    """Rows ``[lo, hi)`` of a block for each range, in a Ray task beside the store (``chunks_rows``)."""
+    return [block_rows(block, lo, hi, where) for lo, hi in ranges]
 
 
 @functools.lru_cache(maxsize=1)
 def _slicer() -> Any:
-    """``_block_slice`` as a Ray remote function needing no CPU (made once; Ray exports it again to a new session)."""
+    """``_block_slices`` as a Ray remote function needing no CPU (made once; Ray exports it again to a new session)."""
     import ray
 
-    return ray.remote(num_cpus=0, max_retries=0)(_block_slice)
+    return ray.remote(num_cpus=0, max_retries=0)(_block_slices)
+
+
+SLICE_TASKS_IN_FLIGHT = 2
+"""The most slicing tasks a reference fetch keeps running at once: a task that reserves no CPU is not held back by
+Ray's scheduler, and each one running needs a worker process of its own (a batch of a fit's passes asks for many)."""
 
 
 def _materialized(dataset: Any) -> Any:
@@ -134,26 +139,39 @@ class OpenedRayDataset(OpenedSource):
                            lo=self.blocks[p.part][1]) for p in places]
 
     def chunk_rows(self, place: ChunkPlace) -> Any:
-        """The chunk's rows: a Ray task (no CPU reserved, so the actors holding every CPU do not block it) slices
-        its block where the block is and returns only the chunk's rows here."""
-        import ray
-
-        if not self.blocks:
-            raise RuntimeError("this ray dataset source is closed; its blocks are gone")
-        ref, lo, _ = self.blocks[place.part]
-        return ray.get(_slicer().remote(ref, lo + place.offset, lo + place.stop_offset, self.describe_part(place.part)))
+        """The chunk's rows: the one-chunk form of ``chunks_rows``."""
+        return self.chunks_rows([place])[0]
 
     def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
-        """The rows of every chunk at ``places``: a slicing task per chunk where its block is, all submitted at
-        once and fetched in one ``ray.get``; only the chunks' rows cross."""
-        import ray
+        """The rows of every chunk at ``places``: one Ray task per block holding some of them (no CPU reserved, so
+        the actors holding every CPU do not block it) slices them where the block is, at most
+        :data:`SLICE_TASKS_IN_FLIGHT` at once; only the chunks' rows cross."""
 
         if not self.blocks:
             raise RuntimeError("this ray dataset source is closed; its blocks are gone")
-        slicer = _slicer()
-        refs = [slicer.remote(self.blocks[p.part][0], self.blocks[p.part][1] + p.offset,
-                              self.blocks[p.part][1] + p.stop_offset, self.describe_part(p.part)) for p in places]
-        return list(ray.get(refs))
+        wanted: dict[int, list[int]] = {}
+        for k, place in enumerate(places):
+            wanted.setdefault(place.part, []).append(k)
+        slicer, found = _slicer(), [None] * len(places)
+        running: dict[Any, list[int]] = {}
+        for part, ks in wanted.items():
+            if len(running) >= SLICE_TASKS_IN_FLIGHT:
+                self._take(running, found)
+            ref, lo, _ = self.blocks[part]
+            ranges = [(lo + places[k].offset, lo + places[k].stop_offset) for k in ks]
+            running[slicer.remote(ref, ranges, self.describe_part(part))] = ks
+        while running:
+            self._take(running, found)
+        return found
+
+    @staticmethod
+    def _take(running: dict[Any, list[int]], found: list[Any]) -> None:
+        """Wait for one slicing task of ``running`` and put its rows in ``found``."""
+        import ray
+
+        (done,), _ = ray.wait(list(running), num_returns=1)
+        for k, rows in zip(running.pop(done), ray.get(done), strict=True):
+            found[k] = rows
 
     def close(self) -> None:
         """Drop the dataset's blocks (the store frees them)."""

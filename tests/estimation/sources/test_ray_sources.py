@@ -38,3 +38,48 @@ def test_files_are_read_by_the_actors(ray_session, tmp_path, layout):
 def test_a_dataset_on_another_backend_is_refused_naming_ray(ray_session):
     with pytest.raises(ValueError, match="backends that take it: ray"):
         source_case.run(ray_session.data.from_numpy(np.zeros(4)), "local", 1)
+
+
+def test_a_reference_fetch_runs_one_slicing_task_per_block_a_few_at_once(ray_session, monkeypatch):
+    """A slicing task reserves no CPU, so Ray starts a worker process for every one running: a fit's batch of
+    passes (many chunks) must not start one per chunk (before: 48 at once, the machine's load at 35)."""
+    import pandas as pd
+
+    from mixle_parallel.executors.estimation.sources import ray_dataset, source_places
+    from mixle_parallel.executors.estimation.sources.ray_dataset import RayDataset
+
+    rows = np.arange(120.0)
+    dataset = ray_session.data.from_pandas([pd.DataFrame({"x": p}) for p in np.split(rows, 3)])
+    opened = RayDataset(dataset).open(_RayActorsStandIn())
+    places = source_places([(a, a + 10) for a in range(0, 120, 10)], opened.part_rows)
+    slicer, submitted, in_flight = ray_dataset._slicer(), [], []
+
+    class Counted:
+        @staticmethod
+        def remote(block, ranges, where):
+            submitted.append(len(ranges))
+            in_flight.append(len(submitted))
+            return slicer.remote(block, ranges, where)
+
+    monkeypatch.setattr(ray_dataset, "_slicer", lambda: Counted)
+    fetched = opened.chunks_rows(places)
+    assert [list(f) for f in fetched] == [list(rows[p.start:p.stop]) for p in places]
+    assert submitted == [4, 4, 4]  # one task per block, each slicing its four chunks
+    assert opened.chunk_rows(places[5]).tolist() == rows[50:60].tolist()
+    opened.close()
+
+
+class _RayActorsStandIn:
+    """What ``RayDataset.open`` asks of the runner: a placing runner named ray (the actors are not needed here)."""
+
+    name = "ray"
+    supports_worker_placement = True
+
+    def worker_ids(self):
+        return [0]
+
+    def run_on_workers(self, tasks):
+        raise AssertionError("not used")
+
+    def chunk_owners(self):
+        return []
