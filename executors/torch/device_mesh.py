@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 from datetime import timedelta
 from typing import Any
@@ -19,8 +20,13 @@ _EXIT_HOOK: list[bool] = []  # set once the at-exit release is registered
 
 
 def _release_at_exit() -> None:
-    """Destroy the default process group a session created if the script has not destroyed it itself."""
+    """Destroy the default process group a session created if the script has not destroyed it itself.
+
+    What the run left unreferenced (a refused in-situ certification's workload: its DDP reducer, gloo work) is
+    collected first, while the group still exists: freed during interpreter teardown, after the group, those
+    C++ objects aborted the process ("terminate called without an active exception") in about 4 runs of 10."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
