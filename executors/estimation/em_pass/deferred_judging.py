@@ -134,7 +134,11 @@ class DeferredJudging:
             if committed.audited:
                 refs = {c: chunk_estep(rebuilt[c], committed.payload) for c in committed.audited}
                 revealed = shipped_own_results(committed.entries, committed.audited) or {}
-                outcomes = judge_pass(audit, committed, refs, revealed)
+                try:
+                    outcomes = judge_pass(audit, committed, refs, revealed)
+                except BaseException:
+                    self.pending = pending[k + 1:]  # not judged: ``drop`` notes them in the ledger
+                    raise
             result = held.result
             if any(not r.matched for o in outcomes for r in o.records):  # mended entries may sum to another total
                 again = folded_result(committed.payload[0], committed.entries, fold)

@@ -179,6 +179,8 @@ def test_a_cheat_found_when_the_batch_is_judged_fails_the_fit(monkeypatch, tmp_p
     entries = read_ledger(ledger.path).entries
     assert [e.payload["status"] for e in entries if e.kind == "run_end"] == ["failed"]
     assert not [e for e in entries if e.kind == "receipt"]  # the first pass was not judged clean: no receipt
+    notes = [e.payload["message"] for e in entries if e.kind == "note"]
+    assert any("3 E-step(s) of the fit were not judged" in n for n in notes), notes  # the batch's other three
     assert verify_ledger(ledger.path).ok
 
 
