@@ -85,6 +85,12 @@ def _same(a: EStepResult, b: EStepResult) -> bool:
                                                                       statistic_digest(b.stats))
 
 
+def defers(audit: EMAudit | None) -> bool:
+    """Whether ``audit``'s passes can ever wait to be judged: one driver's own reference, no named draw."""
+    return (audit is not None and isinstance(audit.reference, DriverReference) and audit.gather is None
+            and audit.named_draw is None)
+
+
 class DeferredJudging:
     """The passes of one fit waiting to be judged, and when they must be (module doc)."""
 
@@ -98,8 +104,7 @@ class DeferredJudging:
         """Whether the pass at ``iteration`` may wait to be judged (module doc: a driver's reference, no planned
         fault, every worker in use, own results shipped with the pass)."""
         audit = self.audit
-        return (isinstance(audit.reference, DriverReference) and audit.gather is None and audit.named_draw is None
-                and not audit.injection_pending(iteration) and not audit.excluded
+        return (defers(audit) and not audit.injection_pending(iteration) and not audit.excluded
                 and ship_own_results(False, empty_statistic_bytes(estimator), len(self.bounds)))
 
     def due(self, iteration: int) -> bool:
@@ -200,8 +205,7 @@ class DeferredPasses:
         passes not judged (a fit that failed), with a ledger note."""
         if on:
             audit = self._audit
-            able = audit is not None and isinstance(audit.reference, DriverReference) and audit.gather is None
-            self._deferred = DeferredJudging(audit, self.bounds) if able and audit is not None else None
+            self._deferred = DeferredJudging(audit, self.bounds) if audit is not None and defers(audit) else None
             return self._deferred is not None
         dropped = self._deferred.drop() if self._deferred is not None else 0
         self._deferred = None

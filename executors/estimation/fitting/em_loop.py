@@ -101,16 +101,17 @@ def em_loop(handle: EncodedDataHandle, estimator: Any, model: Any, max_its: int,
             on_step: Callable[[EMStep], Any] | None, bar: Any) -> EMRun:
     """EM passes from ``model`` until the gain is below ``delta``, a step falls, or ``max_its`` (module doc)."""
     # with on_step each pass is judged before it is reported: a callback may keep or act on a model at once
-    deferring = on_step is None and isinstance(handle, DefersJudging) and handle.defer_judging(True)
+    judging = handle if on_step is None and isinstance(handle, DefersJudging) and handle.defer_judging(True) else None
     try:
-        return _passes(handle, estimator, model, max_its, _Loop(model, model, delta), on_step, bar, deferring)
+        return _passes(handle, estimator, model, max_its, _Loop(model, model, delta), on_step, bar, judging)
     finally:
-        if deferring and isinstance(handle, DefersJudging):
-            handle.defer_judging(False)
+        if judging is not None:
+            judging.defer_judging(False)
 
 
 def _passes(handle: EncodedDataHandle, estimator: Any, model: Any, max_its: int, loop: _Loop,
-            on_step: Callable[[EMStep], Any] | None, bar: Any, deferring: bool) -> EMRun:
+            on_step: Callable[[EMStep], Any] | None, bar: Any, judging: DefersJudging | None) -> EMRun:
+    """The passes; ``judging``: the handle when it holds passes to be judged in batches."""
     audits: list[Any] = []
     waiting: list[tuple[tuple[Any, ...], EMStep]] = []  # passes held to be judged: the loop before each, its step
 
@@ -120,7 +121,7 @@ def _passes(handle: EncodedDataHandle, estimator: Any, model: Any, max_its: int,
             on_step(step)
 
     while True:
-        due = deferring and isinstance(handle, DefersJudging) and bool(waiting) and handle.judging_due()
+        due = judging is not None and bool(waiting) and judging.judging_due()
         if loop.reason is None and loop.it < max_its and not due:
             mark, t0 = loop.mark(), time.perf_counter()
             ll, new_model = _one_pass(handle, estimator, loop.model)
@@ -129,14 +130,14 @@ def _passes(handle: EncodedDataHandle, estimator: Any, model: Any, max_its: int,
             if bar is not None:
                 bar.set_postfix(loglik=f"{ll:.6g}", refresh=False)  # drawn by update, once the delay has passed
                 bar.update(1)
-            if deferring and isinstance(handle, DefersJudging) and handle.passes_held > len(waiting):
+            if judging is not None and judging.passes_held > len(waiting):
                 waiting.append((mark, step))
             else:
                 found = tuple(handle.last_audit_records) if isinstance(handle, AuditedHandle) else ()
                 report(step._replace(audit_records=found))
             continue
-        if waiting and isinstance(handle, DefersJudging):
-            batch = handle.judge_deferred()
+        if waiting and judging is not None:
+            batch = judging.judge_deferred()
             for k, judged in enumerate(batch.passes):
                 mark, step = waiting[k]
                 if batch.resumed and k == len(batch.passes) - 1:  # judged to another sum: go on from it

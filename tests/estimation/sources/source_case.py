@@ -47,3 +47,22 @@ def run(source: Any, backend: str, num_workers: int | None, **kwargs: Any) -> tu
 def source_reference(source: Any) -> tuple[str, tuple[str, ...]]:
     """The bits of ``source`` fitted in-process by one worker (what every engine must give)."""
     return run(source, "local", 1)
+
+
+class PlacingRunnerStandIn:
+    """What a collection source's ``open`` asks of its runner: a placing runner (named ``name``; on ``client`` for
+    dask). A test of a source's own fetches needs no actors, so none are started."""
+
+    supports_worker_placement = True
+
+    def __init__(self, name: str, client: Any = None) -> None:
+        self.name, self.client = name, client
+
+    def worker_ids(self) -> list[int]:
+        return [0]
+
+    def run_on_workers(self, tasks: Any) -> Any:
+        raise AssertionError("a source's fetch never runs work on the runner")
+
+    def chunk_owners(self) -> list[int]:
+        return []

@@ -58,14 +58,15 @@ def test_a_dask_collection_on_another_backend_is_refused_naming_dask():
 def test_a_reference_fetch_slices_each_partition_in_one_task(dask_client):
     """A fit's batch of passes fetches many chunks at once: one dask task per partition slices them all (each
     task costs the scheduler a few ms; before, one per chunk)."""
-    da = pytest.importorskip("dask.array")
     from types import SimpleNamespace
+
+    import dask.array as da  # the dask_client fixture has skipped already where the [dask] extra is missing
 
     from mixle_parallel.executors.estimation.sources import source_places
     from mixle_parallel.executors.estimation.sources.dask_collections import DaskCollection
 
     rows = np.arange(120.0)
-    opened = DaskCollection(da.from_array(rows, chunks=40)).open(_DaskActorsStandIn(dask_client))
+    opened = DaskCollection(da.from_array(rows, chunks=40)).open(source_case.PlacingRunnerStandIn("dask", dask_client))
     places = source_places([(a, a + 10) for a in range(0, 120, 10)], opened.part_rows)
     submitted = []
     submit = dask_client.submit
@@ -81,20 +82,3 @@ def test_a_reference_fetch_slices_each_partition_in_one_task(dask_client):
     opened.client = dask_client
     opened.close()
 
-
-class _DaskActorsStandIn:
-    """What ``DaskCollection.open`` asks of the runner: a placing runner on ``client`` (no actors needed here)."""
-
-    supports_worker_placement = True
-
-    def __init__(self, client):
-        self.client = client
-
-    def worker_ids(self):
-        return [0]
-
-    def run_on_workers(self, tasks):
-        raise AssertionError("not used")
-
-    def chunk_owners(self):
-        return []

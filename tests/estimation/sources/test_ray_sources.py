@@ -50,15 +50,14 @@ def test_a_reference_fetch_runs_one_slicing_task_per_block_a_few_at_once(ray_ses
 
     rows = np.arange(120.0)
     dataset = ray_session.data.from_pandas([pd.DataFrame({"x": p}) for p in np.split(rows, 3)])
-    opened = RayDataset(dataset).open(_RayActorsStandIn())
+    opened = RayDataset(dataset).open(source_case.PlacingRunnerStandIn("ray"))
     places = source_places([(a, a + 10) for a in range(0, 120, 10)], opened.part_rows)
-    slicer, submitted, in_flight = ray_dataset._slicer(), [], []
+    slicer, submitted = ray_dataset._slicer(), []
 
     class Counted:
         @staticmethod
         def remote(block, ranges, where):
             submitted.append(len(ranges))
-            in_flight.append(len(submitted))
             return slicer.remote(block, ranges, where)
 
     monkeypatch.setattr(ray_dataset, "_slicer", lambda: Counted)
@@ -68,18 +67,3 @@ def test_a_reference_fetch_runs_one_slicing_task_per_block_a_few_at_once(ray_ses
     assert opened.chunk_rows(places[5]).tolist() == rows[50:60].tolist()
     opened.close()
 
-
-class _RayActorsStandIn:
-    """What ``RayDataset.open`` asks of the runner: a placing runner named ray (the actors are not needed here)."""
-
-    name = "ray"
-    supports_worker_placement = True
-
-    def worker_ids(self):
-        return [0]
-
-    def run_on_workers(self, tasks):
-        raise AssertionError("not used")
-
-    def chunk_owners(self):
-        return []
