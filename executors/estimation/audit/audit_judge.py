@@ -75,7 +75,8 @@ def judge_chunks(chunks: Sequence[ChunkEvidence], replays: Mapping[int, Any], *,
     """Each audited chunk against its reference, a mismatch classified by its ``replays[chunk]`` (module doc).
 
     ``healthy`` are the workers not yet quarantined; a device fault quarantines its worker only while another
-    healthy one remains (and only where ``may_quarantine``: a runner that places work)."""
+    healthy one remains (and only where ``may_quarantine``: a runner that places work). Further device faults of
+    a worker quarantined earlier in the same pass are that quarantine's (its chunks are all recomputed)."""
     left, outcomes, quarantined = list(healthy), [], []
     for e in chunks:
         expected, observed = digest(e.reference), e.committed
@@ -90,14 +91,16 @@ def judge_chunks(chunks: Sequence[ChunkEvidence], replays: Mapping[int, Any], *,
                                                                    tolerance.rtol)[2]))
             matched = matched and reproduced
             cause = "" if matched else "backend_defect" if reproduced else "device"
-        quarantine = (cause == "device" and may_quarantine and len(left) >= 2 and policy is AuditPolicy.QUARANTINE)
+        # a second device fault of a worker already quarantined in this pass is covered by that quarantine
+        quarantine = cause == "device" and (e.worker in quarantined or (
+            may_quarantine and len(left) >= 2 and policy is AuditPolicy.QUARANTINE))
         record = SDCAuditRecord(
             family="em", step=iteration, rank=e.worker, unit=f"chunk:{e.chunk}", replay="reference",
             expected_digest=expected, observed_digest=observed, matched=matched,
             action=_action(matched, cause, policy, quarantine), auditor_rank=None,
             attributed_rank=None if matched else e.worker, maximum_absolute_difference=diff, bound=bound,
             injected=e.injected, cause=cause)
-        if quarantine:
+        if quarantine and e.worker not in quarantined:
             quarantined.append(e.worker)
             left = [w for w in left if w != e.worker]
         outcomes.append(ChunkAudit(iteration, e.chunk, (record,), e.own, e.worker if quarantine else None))

@@ -262,7 +262,11 @@ class EMAudit:
                          payload: tuple[Any, Any], iteration: int) -> None:
         """After a device fault quarantined a worker (a placed runner), recompute its chunks on the others."""
         found = [o for o in outcomes if o.quarantined is not None] if self.placement else []
+        noted: set[int | None] = set()
         for o in found:
+            if o.quarantined in noted:  # one note per worker, naming its first mismatch
+                continue
+            noted.add(o.quarantined)
             self.findings.note(
                 f"worker {o.quarantined} quarantined after a mismatch with the reference it did not reproduce on "
                 f"{o.records[0].unit.replace(':', ' ')} at iteration {iteration}; its chunks are recomputed on the "

@@ -102,3 +102,24 @@ def test_flip_statistic_flips_exactly_one_bit_of_the_indexed_element():
     assert flip_statistic(stats, 1, 63)[0][1] == -2.0 and stats[0][1] == 2.0  # a copy; the input is kept
     with pytest.raises(ValueError, match="no float"):
         flip_statistic(("x", 3), 0, 0)
+
+
+def test_two_flips_on_one_worker_in_one_pass_quarantine_it_once(rows, start, tmp_path):
+    """A device that corrupts two audited chunks of one pass: one quarantine covers both (the worker's chunks are
+    recomputed on the other), not a failed fit because no third worker is left to quarantine onto."""
+    clean = clean_fit(rows, start, 3)
+    ledger = Ledger(tmp_path / "twice.jsonl")
+    with encoded_data(rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK, backend="local", num_workers=2,
+                      audit_rate=1.0, fault_injector=FaultInjector(), ledger=ledger) as handle:
+        first, second = [c for c, w in enumerate(handle.runner.chunk_owners()) if w == 1][2:4]
+        for chunk in (first, second):
+            handle.audit.injector.add(BitFlip("statistic", f"chunk:{chunk}", rank=1, step=0, index=1, bit=40))
+        result = fit(handle, estimator(), max_its=3, delta=None, prev_estimate=start)
+    bad = [r for r in result.audit_records if not r.matched]
+    assert [(r.step, r.unit, r.cause, r.action, r.attributed_rank) for r in bad] == [
+        (0, f"chunk:{first}", "device", "quarantine", 1), (0, f"chunk:{second}", "device", "quarantine", 1)]
+    assert result.quarantined == (1,)
+    assert same_bits(result, clean)
+    notes = [e.payload for e in read_ledger(ledger.path).entries if e.kind == "note"]
+    assert sum("worker 1 quarantined" in str(n) for n in notes) == 1, notes
+    assert verify_ledger(ledger.path).ok
