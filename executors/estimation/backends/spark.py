@@ -157,6 +157,11 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         self._run_job(lambda: self._rdd.count(), "encoding the source's partitions")
 
     # -- data passes --------------------------------------------------------------------------
+    def run_job(self, job: Callable[[], Any], what: str) -> Any:
+        """Run a source's Spark action (``what``, in words) under this runner's ``timeout``: cancelled and
+        ``WorkerTimeoutError`` past it."""
+        return self._run_job(job, what)
+
     def _run_job(self, job: Callable[[], Any], what: str, watch: bool = False) -> Any:
         """Run a Spark action under a job group; cancel it and raise after ``timeout`` seconds. With ``watch``
         (a data pass over several partitions, once a pass has finished), a task outrun by the others by the

@@ -8,8 +8,9 @@ capabilities the pass, the handle and the sources read where a runner has them: 
 resident on (:class:`ChunkOwnership`), chunk blocks assigned to workers by a placement (:class:`AssignsChunks`),
 the counters of its transport (:class:`CountsTransport`), its worker processes (:class:`PoolProcesses`), the
 ranks of an SPMD program (:class:`RankGather`; with the root and each chunk's rank, :class:`RankCollective`), a
-dask client its actors live on (:class:`ClientCluster`) and Spark partitions placed as chunks
-(:class:`PlacesPartitions`).
+dask client its actors live on (:class:`ClientCluster`), Spark partitions placed as chunks
+(:class:`PlacesPartitions`) and the seconds it waits for its workers (:class:`TimedRunner`, which a source's reads
+for the audit keep too).
 
 A handle meets the fit loop (``optimize``), the gate and the harness through mixle 0.8.2's shape
 (``contracts.estimation.EncodedDataHandle``) and what ours adds where a third-party handle may lack it: one
@@ -34,8 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["AdmittedHandle", "AssignsChunks", "AuditedHandle", "BindsVerification", "ChunkOwnership", "ChunkedHandle",
            "ClientCluster", "CountsTransport", "CountsWorkers", "DefersJudging", "EStepHandle", "FitLifecycle",
            "InitializableHandle", "MeteredHandle", "MinibatchHandle", "PlacesPartitions", "PoolProcesses",
-           "RankCollective", "RankGather", "RunLedger", "RunsOnRunner", "SizedHandle", "WorkerPlacement",
-           "places_work", "transport_count"]
+           "RankCollective", "RankGather", "RunLedger", "RunsOnRunner", "SizedHandle", "TimedRunner",
+           "WorkerPlacement", "places_work", "transport_count"]
 
 
 @runtime_checkable
@@ -113,9 +114,20 @@ class ClientCluster(WorkerPlacement, Protocol):
 
 @runtime_checkable
 class PlacesPartitions(Protocol):
-    """A runner whose chunks are an RDD's partitions encoded and cached on Spark's executors (``spark``)."""
+    """A runner whose chunks are an RDD's partitions encoded and cached on Spark's executors (``spark``); it runs
+    a source's Spark jobs under its deadline (``run_job``: cancelled and ``WorkerTimeoutError`` past it)."""
 
     def place_partitions(self, encoded: Any, parts: Sequence[int]) -> None: ...
+
+    def run_job(self, job: Callable[[], Any], what: str) -> Any: ...
+
+
+@runtime_checkable
+class TimedRunner(Protocol):
+    """A runner that gives up on its workers after ``timeout`` seconds (None: never); a source reading rows for
+    the audit on the runner's cluster waits no longer (``WorkerTimeoutError``)."""
+
+    timeout: float | None
 
 
 # ---- handles --------------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..em_pass.chunks import ChunkRunner
-from ..em_pass.runner_protocols import ClientCluster
+from ..em_pass.chunks import ChunkRunner, WorkerTimeoutError
+from ..em_pass.runner_protocols import ClientCluster, TimedRunner
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
 from .recipes import ChunkRecipe, encode_rows, numeric_rows
@@ -150,7 +150,8 @@ class DaskCollection:
         parts = _delayed_parts(self.data)
         raw = client.compute(parts)
         counts = client.gather(client.map(_count_rows, raw, pure=False))
-        return OpenedDaskCollection(client, raw, tuple(int(n) for n in counts))
+        timeout = runner.timeout if isinstance(runner, TimedRunner) else None
+        return OpenedDaskCollection(client, raw, tuple(int(n) for n in counts), timeout)
 
 
 class OpenedDaskCollection(OpenedSource):
@@ -159,8 +160,10 @@ class OpenedDaskCollection(OpenedSource):
     kind = "dask"
     reads_chunks = True
 
-    def __init__(self, client: Any, raw: list[Any], part_rows: tuple[int, ...]) -> None:
+    def __init__(self, client: Any, raw: list[Any], part_rows: tuple[int, ...], timeout: float | None = None) -> None:
         self.client = client
+        self.timeout = timeout
+        """Seconds the audit's read waits for the workers (the runner's ``timeout``; None: no limit)."""
         self.raw = raw
         """The computed partitions, held for the handle's life: the chunks are encoded from them and the audit's
         references slice them (dask recomputes a lost one from the collection's graph)."""
@@ -201,6 +204,7 @@ class OpenedDaskCollection(OpenedSource):
                                             self.part_rows[part], self.describe_part(part), pure=False)
                    for part, ks in wanted.items()}  # one task per partition, not per chunk
         try:
+            self._wait(futures)
             found = dict(zip(futures, self.client.gather(list(futures.values())), strict=True))
         finally:
             for future in futures.values():
@@ -210,6 +214,21 @@ class OpenedDaskCollection(OpenedSource):
             for k, rows in zip(ks, found[part], strict=True):
                 out[k] = rows
         return out
+
+    def _wait(self, futures: dict[int, Any]) -> None:
+        """Wait for the slicing tasks up to ``timeout``; past it they are cancelled and ``WorkerTimeoutError``
+        names the partitions."""
+        import distributed
+
+        try:
+            distributed.wait(list(futures.values()), timeout=self.timeout)
+        except TimeoutError as exc:  # distributed raises the builtin one (asyncio's, on Python 3.11)
+            late = [f for f in futures.values() if not f.done()]
+            self.client.cancel(late)
+            parts = ", ".join(self.describe_part(p) for p, f in futures.items() if f in late)
+            raise WorkerTimeoutError(f"the audit's rows of {parts} did not come back within {self.timeout} s: the "
+                                     "dask worker holding them is hung or overloaded. Raise timeout= (seconds) or "
+                                     "check the workers") from exc
 
     def chunk_rows(self, place: ChunkPlace) -> Any:
         """The chunk's rows, sliced on the worker that holds its partition: one chunk crosses, not the partition."""

@@ -16,8 +16,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..em_pass.chunks import ChunkRunner
-from ..em_pass.runner_protocols import WorkerPlacement
+from ..backends.deadline import Deadline
+from ..em_pass.chunks import ChunkRunner, WorkerTimeoutError
+from ..em_pass.runner_protocols import TimedRunner, WorkerPlacement
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
 from .recipes import ChunkRecipe
@@ -114,7 +115,7 @@ class RayDataset:
                              else (entry[0], entry[1].num_rows))
                 lo, hi = (0, int(rows)) if cut is None else (int(cut.start_offset), int(cut.end_offset))
                 blocks.append((ref, lo, hi))
-        return OpenedRayDataset(held, blocks)
+        return OpenedRayDataset(held, blocks, runner.timeout if isinstance(runner, TimedRunner) else None)
 
 
 class OpenedRayDataset(OpenedSource):
@@ -123,10 +124,12 @@ class OpenedRayDataset(OpenedSource):
     kind = "ray"
     reads_chunks = True
 
-    def __init__(self, held: Any, blocks: list[tuple[Any, int, int]]) -> None:
+    def __init__(self, held: Any, blocks: list[tuple[Any, int, int]], timeout: float | None = None) -> None:
         self.held = held
         self.blocks = blocks
         self.part_rows = tuple(hi - lo for _, lo, hi in blocks)
+        self.timeout = timeout
+        """Seconds the audit's read waits for its slicing tasks (the runner's ``timeout``; None: no limit)."""
 
     def describe_part(self, part: int) -> str:
         """The block, in words."""
@@ -153,24 +156,32 @@ class OpenedRayDataset(OpenedSource):
         for k, place in enumerate(places):
             wanted.setdefault(place.part, []).append(k)
         slicer, found = _slicer(), [None] * len(places)
-        running: dict[Any, list[int]] = {}
+        running: dict[Any, tuple[int, list[int]]] = {}
+        deadline = Deadline(self.timeout)
         for part, ks in wanted.items():
             if len(running) >= SLICE_TASKS_IN_FLIGHT:
-                self._take(running, found)
+                self._take(running, found, deadline)
             ref, lo, _ = self.blocks[part]
             ranges = [(lo + places[k].offset, lo + places[k].stop_offset) for k in ks]
-            running[slicer.remote(ref, ranges, self.describe_part(part))] = ks
+            running[slicer.remote(ref, ranges, self.describe_part(part))] = (part, ks)
         while running:
-            self._take(running, found)
+            self._take(running, found, deadline)
         return found
 
-    @staticmethod
-    def _take(running: dict[Any, list[int]], found: list[Any]) -> None:
-        """Wait for one slicing task of ``running`` and put its rows in ``found``."""
+    def _take(self, running: dict[Any, tuple[int, list[int]]], found: list[Any], deadline: Deadline) -> None:
+        """Wait for one slicing task of ``running`` and put its rows in ``found``; past ``deadline`` every running
+        task is cancelled and ``WorkerTimeoutError`` names their blocks."""
         import ray
 
-        (done,), _ = ray.wait(list(running), num_returns=1)
-        for k, rows in zip(running.pop(done), ray.get(done), strict=True):
+        done, _ = ray.wait(list(running), num_returns=1, timeout=deadline.remaining())
+        if not done:
+            for ref in running:
+                ray.cancel(ref, force=True)
+            parts = ", ".join(self.describe_part(part) for part, _ in running.values())
+            raise WorkerTimeoutError(f"the audit's rows of {parts} did not come back within {self.timeout} s: the "
+                                     "Ray worker slicing them is hung or overloaded. Raise timeout= (seconds) or "
+                                     "check the cluster")
+        for k, rows in zip(running.pop(done[0])[1], ray.get(done[0]), strict=True):
             found[k] = rows
 
     def close(self) -> None:

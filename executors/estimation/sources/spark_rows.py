@@ -198,11 +198,12 @@ class SparkRows:
         if self.is_frame:
             from pyspark.sql import functions as F
 
-            found = self.data.groupBy(F.spark_partition_id().alias("p")).count().collect()
+            counted = self.data.groupBy(F.spark_partition_id().alias("p")).count()
         else:
-            found = rdd.mapPartitionsWithIndex(_count_partition).collect()
+            counted = rdd.mapPartitionsWithIndex(_count_partition)
+        found = runner.run_job(counted.collect, "counting the source's rows")
         per = dict((int(p), int(n)) for p, n in found)
-        return OpenedSparkRows(rdd, tuple(per.get(p, 0) for p in range(count)), read)
+        return OpenedSparkRows(rdd, tuple(per.get(p, 0) for p in range(count)), read, runner.run_job)
 
 
 class OpenedSparkRows(OpenedSource):
@@ -211,10 +212,13 @@ class OpenedSparkRows(OpenedSource):
     kind = "spark"
     reads_chunks = True
 
-    def __init__(self, rdd: Any, part_rows: tuple[int, ...], read: Callable[[list[Any]], Any]) -> None:
+    def __init__(self, rdd: Any, part_rows: tuple[int, ...], read: Callable[[list[Any]], Any],
+                 run_job: Callable[[Callable[[], Any], str], Any]) -> None:
         self.rdd = rdd
         self.part_rows = part_rows
         self.read = read
+        self.run_job = run_job
+        """The runner's ``run_job``: this source's Spark jobs run under the runner's deadline."""
         self._raw: Any = None
         """The partitions' rows cached for the audit's reference (``chunks_rows``), once an audited pass asks."""
 
@@ -232,16 +236,17 @@ class OpenedSparkRows(OpenedSource):
 
     def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
         """The rows of every chunk at ``places``: one Spark job on just their partitions, sending only the chunks'
-        row ranges here. It slices the partitions' cached rows (``_rows``: read once, when the chunks were placed),
-        not the runner's encoded chunks, and reads every record it is sent (a PySpark worker that leaves input
-        unread is not reused)."""
+        row ranges here, under the runner's deadline. It slices the partitions' cached rows (``_rows``: read once,
+        when the chunks were placed), not the runner's encoded chunks, and reads every record it is sent (a PySpark
+        worker that leaves input unread is not reused)."""
         if not places:
             return []
         wanted: dict[int, list[tuple[int, int, int]]] = {}
         for k, place in enumerate(places):
             wanted.setdefault(place.part, []).append((k, place.offset, place.stop_offset))
         sliced = self._rows().mapPartitionsWithIndex(_slices_job(wanted))
-        found = dict(self.rdd.context.runJob(sliced, _as_is, partitions=sorted(wanted)))
+        found = dict(self.run_job(lambda: self.rdd.context.runJob(sliced, _as_is, partitions=sorted(wanted)),
+                                  "reading the audited chunks' rows"))
         missing = [self.describe_part(p.part) for k, p in enumerate(places) if k not in found]
         if missing:
             raise RuntimeError(f"Spark returned no rows for {', '.join(missing)}")

@@ -122,6 +122,9 @@ class _SparkLike:
     def place_partitions(self, encoded: Any, parts: Any) -> None:
         raise AssertionError("not called")
 
+    def run_job(self, job: Any, what: str) -> Any:
+        raise AssertionError("not called")
+
 
 def test_a_wrapper_shows_exactly_its_runners_capabilities_to_the_static_lookup_of_python_3_12() -> None:
     """From Python 3.12 a runtime-checkable Protocol looks members up with ``inspect.getattr_static``, which never

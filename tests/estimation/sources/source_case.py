@@ -55,8 +55,8 @@ class PlacingRunnerStandIn:
 
     supports_worker_placement = True
 
-    def __init__(self, name: str, client: Any = None) -> None:
-        self.name, self.client = name, client
+    def __init__(self, name: str, client: Any = None, timeout: float | None = None) -> None:
+        self.name, self.client, self.timeout = name, client, timeout
 
     def worker_ids(self) -> list[int]:
         return [0]

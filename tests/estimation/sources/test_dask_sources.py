@@ -82,3 +82,31 @@ def test_a_reference_fetch_slices_each_partition_in_one_task(dask_client):
     opened.client = dask_client
     opened.close()
 
+
+
+def test_a_reference_fetch_from_a_hung_worker_ends_at_the_runners_timeout(dask_client, monkeypatch):
+    """The audit's read waits for the workers no longer than the runner does: a slicing task that never ends is
+    cancelled at the runner's ``timeout`` and the fit gets a ``WorkerTimeoutError`` naming the partition."""
+    import time
+
+    import dask.array as da
+
+    from mixle_parallel.executors.estimation.em_pass.chunks import WorkerTimeoutError
+    from mixle_parallel.executors.estimation.sources import dask_collections, source_places
+    from mixle_parallel.executors.estimation.sources.dask_collections import DaskCollection
+
+    rows = np.arange(120.0)
+    stand_in = source_case.PlacingRunnerStandIn("dask", dask_client, timeout=1.0)
+    opened = DaskCollection(da.from_array(rows, chunks=40)).open(stand_in)
+    assert opened.timeout == 1.0
+    places = source_places([(a, a + 10) for a in range(0, 120, 10)], opened.part_rows)
+
+    def hung(part, ranges, count, where):
+        if where.endswith(" 1"):
+            time.sleep(8.0)  # a worker that stops answering (without the deadline the read ends after it, unraised)
+        return [part[lo:hi] for lo, hi in ranges]
+
+    monkeypatch.setattr(dask_collections, "_slices_of", hung)
+    with pytest.raises(WorkerTimeoutError, match=r"dask partition 1 did not come back within 1.0 s.*timeout="):
+        opened.chunks_rows(places)
+    opened.close()

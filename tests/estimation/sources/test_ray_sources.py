@@ -67,3 +67,30 @@ def test_a_reference_fetch_runs_one_slicing_task_per_block_a_few_at_once(ray_ses
     assert opened.chunk_rows(places[5]).tolist() == rows[50:60].tolist()
     opened.close()
 
+
+
+def test_a_reference_fetch_from_a_hung_task_ends_at_the_runners_timeout(ray_session, monkeypatch):
+    """The audit's read waits no longer than the runner does: a slicing task that never ends is cancelled at the
+    runner's ``timeout`` and the fit gets a ``WorkerTimeoutError`` naming the block."""
+    import pandas as pd
+
+    from mixle_parallel.executors.estimation.em_pass.chunks import WorkerTimeoutError
+    from mixle_parallel.executors.estimation.sources import ray_dataset, source_places
+    from mixle_parallel.executors.estimation.sources.ray_dataset import RayDataset
+
+    rows = np.arange(120.0)
+    dataset = ray_session.data.from_pandas([pd.DataFrame({"x": p}) for p in np.split(rows, 3)])
+    opened = RayDataset(dataset).open(source_case.PlacingRunnerStandIn("ray", timeout=1.0))
+    places = source_places([(a, a + 10) for a in range(0, 120, 10)], opened.part_rows)
+
+    @ray_session.remote(num_cpus=0)
+    def hung(block, ranges, where):
+        import time
+
+        time.sleep(60.0)  # a worker that stops answering (without the deadline the read ends after it, unraised)
+
+    monkeypatch.setattr(ray_dataset, "_slicer", lambda: hung)
+    with pytest.raises(WorkerTimeoutError, match=r"ray dataset block 0, ray dataset block 1 did not come back "
+                                                 r"within 1.0 s.*timeout="):
+        opened.chunks_rows(places)
+    opened.close()

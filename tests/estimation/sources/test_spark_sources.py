@@ -135,3 +135,32 @@ def test_mixles_spark_handle_takes_the_rdd_itself(spark_context):
     rdd = spark_context.parallelize([float(v) for v in em_case.data()], 1)
     with SparkEncodedData(rdd, em_case.estimator(), admission="unverified") as handle:
         assert handle.source is not None and handle.num_rows == 4000
+
+
+def test_a_reference_read_from_a_hung_executor_ends_at_the_runners_timeout(spark_context, monkeypatch):
+    """The audit's read of a source's rows is a Spark job run under the runner's deadline: a task that never ends
+    has its job cancelled at ``timeout`` and the fit gets a ``WorkerTimeoutError`` naming the read."""
+    from mixle_parallel.executors.estimation.backends.spark import SparkRunner
+    from mixle_parallel.executors.estimation.em_pass.chunks import WorkerTimeoutError
+    from mixle_parallel.executors.estimation.sources import source_places, spark_rows
+    from mixle_parallel.executors.estimation.sources.spark_rows import SparkRows
+
+    runner = SparkRunner(spark_context, timeout=3.0)
+    opened = SparkRows(spark_context.parallelize([float(v) for v in range(120)], 2)).open(runner)
+    places = source_places([(a, a + 10) for a in range(0, 120, 10)], opened.part_rows)
+    assert [list(r) for r in opened.chunks_rows(places[:2])] == [list(map(float, range(10))),
+                                                                  list(map(float, range(10, 20)))]
+
+    def hung(wanted):
+        def slices(index, held):
+            import time
+
+            time.sleep(120.0)  # an executor that stops answering (without the deadline the read ends after it)
+            yield from ()
+
+        return slices
+
+    monkeypatch.setattr(spark_rows, "_slices_job", hung)
+    with pytest.raises(WorkerTimeoutError, match="reading the audited chunks' rows.*within 3.0 s.*timeout="):
+        opened.chunks_rows(places)
+    opened.close()
