@@ -108,6 +108,7 @@ class EMAudit:
         self.agree: Callable[[bytes], bytes] | None = None
         """SPMD: the root's entropy on every rank (a collective), so every rank draws the same sample."""
         self._owner = secrets.token_hex(8)  # names this audit's passes in the workers' retained results
+        self._sized: tuple[Any, int | None] | None = None  # an estimator and its empty statistic's pickled bytes
         self.findings = Findings(self.auditor.records)
         """What the audit found and the ledger's owner has not taken yet (``take_events``)."""
 
@@ -222,8 +223,15 @@ class EMAudit:
         struck: set[tuple[int, int]] = set()
         if self.placement and (self.excluded or self.injection_pending(iteration)):
             return committed_round(self, *payload, iteration, n, struck, token), struck
-        own = range(n) if ship_own_results(self.gather is not None, empty_statistic_bytes(payload[0]), n) else ()
+        own = range(n) if self.ships_own_results(payload[0], n) else ()
         return self.fold_entries(payload, n, own, commit=True, token="" if own else token), struck
+
+    def ships_own_results(self, estimator: Any, num_chunks: int) -> bool:
+        """Whether every chunk of a pass brings its own result back with the pass (``reveal_mode``: no reveal
+        round), which also lets the pass wait to be judged; the estimator's statistic size is measured once."""
+        if self._sized is None or self._sized[0] is not estimator:
+            self._sized = (estimator, empty_statistic_bytes(estimator))
+        return ship_own_results(self.gather is not None, self._sized[1], num_chunks)
 
     def references(self, chunks: Sequence[int], encoder: Any, estimator: Any, model: Any) -> dict[int, Any]:
         """The references of ``chunks`` by chunk: those this process computes, or (SPMD) every rank's gathered, so

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 from ....contracts.estimation import statistic_digest
-from ..audit.reveal_mode import empty_statistic_bytes, ship_own_results
 from .chunks import EStepResult, chunk_estep
 from .estep import (
     CommittedPass,
@@ -105,7 +104,7 @@ class DeferredJudging:
         fault, every worker in use, own results shipped with the pass)."""
         audit = self.audit
         return (defers(audit) and not audit.injection_pending(iteration) and not audit.excluded
-                and ship_own_results(False, empty_statistic_bytes(estimator), len(self.bounds)))
+                and audit.ships_own_results(estimator, len(self.bounds)))
 
     def due(self, iteration: int) -> bool:
         """Whether the batch must be judged before the pass at ``iteration`` runs."""

@@ -18,7 +18,7 @@ import pytest
 
 from mixle_parallel.executors.estimation import encoded_data, fit, handle_from_runner
 from mixle_parallel.executors.estimation.em_pass.chunks import apply_chunk_fn
-from mixle_parallel.verification.sdc import BackendDefectError, EMAuditor
+from mixle_parallel.verification.sdc import BackendDefectError, EMAuditor, SDCDetectedError
 from mixle_parallel.verification.sdc.schedule import audit_uniform
 from tests.estimation.audit.audit_cases import start_model, third_party_backend
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
@@ -93,8 +93,24 @@ def test_a_backend_that_spares_only_the_chunks_it_believes_audited_is_caught(pee
         honest = fit(rows, estimator(), backend="local", **{k: v for k, v in kwargs.items() if k != "backend"})
         assert cheated.log_likelihood == honest.log_likelihood
         return
-    with pytest.raises(BackendDefectError) as caught:
+    # The fit judges its passes in a batch (deferred_judging): a replay of a chunk cheated at pass 0 may run when
+    # the backend's count of passes makes it believe that chunk audited, so it answers honestly and the replay does
+    # not reproduce the cheat (a `device` cause); by the reference the cheat is caught all the same.
+    with pytest.raises(SDCDetectedError) as caught:
         fit(rows, estimator(), audit_policy="raise", **kwargs)
+    bad = [r for r in caught.value.records if not r.matched]
+    assert [r.replay for r in bad] == ["reference"] and bad[0].cause in ("backend_defect", "device")
+    assert isinstance(caught.value, BackendDefectError) == (bad[0].cause == "backend_defect")
+
+
+def test_a_backend_judged_pass_by_pass_that_spares_what_the_published_rule_audits_is_a_backend_defect(rows):
+    """Judged as each pass ends (``on_step``), the replay meets the cheat in the same belief: reproduced, so the
+    cheat is a backend defect."""
+    with third_party_backend(NAME, lambda n: PeekingRunner(n, "published_rule")), \
+            pytest.raises(BackendDefectError) as caught:
+        fit(rows, estimator(), audit_policy="raise", on_step=lambda step: None, max_its=4, delta=None,
+            prev_estimate=start_model(rows), chunk_size=ROWS_PER_CHUNK, backend=NAME, num_workers=2,
+            audit_rate=RATE)
     bad = [r for r in caught.value.records if not r.matched]
     assert [(r.replay, r.cause) for r in bad] == [("reference", "backend_defect")]
 
