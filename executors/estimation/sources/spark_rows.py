@@ -1,10 +1,10 @@
 """A pyspark RDD of rows (as mixle 0.8.2 takes) or a DataFrame, read by the ``spark`` backend where it lives.
 
-Parts are the RDD's partitions, in order. One Spark job counts each partition's rows (on the JVM for a
-DataFrame); a second reads every partition's rows once into a cached RDD and maps them to their encoded chunks,
-which stay cached on the executors (``SparkRunner.place_partitions``); the audit's references slice the cached
-rows. The driver only ever holds the counts and the audited chunks' rows. An RDD element is one row, as
-in mixle (numbers, a vector, a tuple of fields); numeric rows become one array, as an in-memory fit gets.
+Parts are the RDD's partitions, in order. One Spark job reads every partition's rows once into a cached RDD and
+counts them; a second maps them to their encoded chunks, which stay cached on the executors
+(``SparkRunner.place_partitions``); the audit's references slice the cached rows. The driver only ever holds the
+counts and the audited chunks' rows. An RDD element is one row, as in mixle (numbers, a vector, a tuple of
+fields); numeric rows become one array, as an in-memory fit gets.
 A DataFrame gives numeric columns (one row per record) or one vector / array column; plain integer and floating
 columns are read through Arrow (``mapInArrow``: each batch one numpy block, no ``Row`` object per record, the same
 array the ``Row`` path builds), which a Spark user's Parquet table reads several times faster. Spark recomputes a
@@ -125,35 +125,43 @@ def _arrow_rows(frame: Any) -> Any:
     return blocks.rdd.map(_block_of, preservesPartitioning=True)
 
 
-def _encoder_job(by_part: dict[int, list[PartitionChunk]]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """The function each partition of the cached rows (``_raw_job``) runs once: its rows cut and encoded."""
+def _encoder_job(by_part: dict[int, list[PartitionChunk]],
+                 part_rows: Sequence[int]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The function each partition of the cached rows (``_raw_job``) runs once: its rows checked, cut and encoded."""
     def encode(index: int, held: Iterator[Any]) -> Iterator[Any]:
-        for rows in held:  # the partition's rows, read and checked once
+        for rows in held:  # the partition's rows, read once
+            _same_count(part_rows, index, rows)
             for recipe in by_part.get(index, []):
                 yield recipe.chunk_id, encode_rows(recipe, rows[recipe.offset:recipe.stop_offset])
 
     return encode
 
 
-def _raw_job(part_rows: Sequence[int],
-             read: Callable[[list[Any]], Any]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """The function each partition runs once for the audit's reference: its rows read and checked, kept whole."""
+def _raw_job(read: Callable[[list[Any]], Any]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The function each partition runs once, when the source is opened: its rows read and kept whole (cached: they
+    are counted, the chunks encoded from them and the audit's references sliced from them)."""
     def raw(index: int, records: Iterator[Any]) -> Iterator[Any]:
-        found = read(list(records))
-        if len(found) != part_rows[index]:
-            raise ValueError(f"RDD partition {index} held {part_rows[index]} rows when counted and {len(found)} now: "
-                             "the data is not the same on every evaluation; cache it (rdd.cache() / df.cache()) first")
-        yield found
+        yield read(list(records))
 
     return raw
 
 
-def _slices_job(wanted: dict[int, list[tuple[int, int, int]]]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+def _same_count(part_rows: Sequence[int], index: int, rows: Any) -> None:
+    """Refuse a partition whose rows Spark computed again (a lost cache) and found a different number of."""
+    if len(rows) != part_rows[index]:
+        raise ValueError(f"RDD partition {index} held {part_rows[index]} rows when counted and {len(rows)} now: "
+                         "the data is not the same on every evaluation; cache it (rdd.cache() / df.cache()) first")
+
+
+def _slices_job(wanted: dict[int, list[tuple[int, int, int]]],
+                part_rows: Sequence[int]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
     """The function each cached partition runs for one pass's references: ``(k, rows[lo:hi])`` for each audited
     chunk ``k`` it holds; the others nothing."""
     def slices(index: int, held: Iterator[Any]) -> Iterator[Any]:
         asks = wanted.get(index, [])
         for found in held:  # read to its end: a Python worker that left input unread is not reused (a cold start)
+            if asks:
+                _same_count(part_rows, index, found)
             for k, lo, hi in asks:
                 yield k, (np.array(found[lo:hi]) if isinstance(found, np.ndarray) else found[lo:hi])
 
@@ -162,10 +170,6 @@ def _slices_job(wanted: dict[int, list[tuple[int, int, int]]]) -> Callable[[int,
 
 def _as_is(records: Iterator[Any]) -> Iterator[Any]:
     return records
-
-
-def _count_partition(index: int, records: Iterator[Any]) -> Iterator[tuple[int, int]]:
-    yield index, sum(1 for _ in records)
 
 
 class SparkRows:
@@ -183,7 +187,8 @@ class SparkRows:
         return self.data.sparkSession.sparkContext if self.is_frame else self.data.context
 
     def open(self, runner: ChunkRunner) -> OpenedSparkRows:
-        """Count the rows of every partition (a Spark job; a DataFrame's on the JVM)."""
+        """Read every partition's rows once into cached rows and count them, in one Spark job (the runner's
+        deadline on it)."""
         if not isinstance(runner, PlacesPartitions):
             raise ValueError(f"a pyspark RDD / DataFrame is read by the spark backend's SparkRunner; "
                              f"{type(runner).__name__} cannot read it")
@@ -194,16 +199,13 @@ class SparkRows:
         else:
             rdd = self.data.rdd if self.is_frame else self.data
             read = _row_reader(self.data.schema) if self.is_frame else numeric_rows
-        count = rdd.getNumPartitions()
-        if self.is_frame:
-            from pyspark.sql import functions as F
-
-            counted = self.data.groupBy(F.spark_partition_id().alias("p")).count()
-        else:
-            counted = rdd.mapPartitionsWithIndex(_count_partition)
-        found = runner.run_job(counted.collect, "counting the source's rows")
-        per = dict((int(p), int(n)) for p, n in found)
-        return OpenedSparkRows(rdd, tuple(per.get(p, 0) for p in range(count)), read, runner.run_job)
+        raw = rdd.mapPartitionsWithIndex(_raw_job(read)).cache()
+        try:
+            counts = runner.run_job(raw.map(len).collect, "reading and counting the source's rows")
+        except BaseException:
+            raw.unpersist()
+            raise
+        return OpenedSparkRows(rdd, raw, tuple(int(n) for n in counts), runner.run_job)
 
 
 class OpenedSparkRows(OpenedSource):
@@ -212,15 +214,15 @@ class OpenedSparkRows(OpenedSource):
     kind = "spark"
     reads_chunks = True
 
-    def __init__(self, rdd: Any, part_rows: tuple[int, ...], read: Callable[[list[Any]], Any],
+    def __init__(self, rdd: Any, raw: Any, part_rows: tuple[int, ...],
                  run_job: Callable[[Callable[[], Any], str], Any]) -> None:
         self.rdd = rdd
         self.part_rows = part_rows
-        self.read = read
         self.run_job = run_job
         """The runner's ``run_job``: this source's Spark jobs run under the runner's deadline."""
-        self._raw: Any = None
-        """The partitions' rows cached for the audit's reference (``chunks_rows``), once an audited pass asks."""
+        self._raw: Any = raw
+        """The partitions' rows, read once at ``open`` and cached on the executors: the chunks are encoded from
+        them and the audit's references slice them (``chunks_rows``)."""
 
     def describe_part(self, part: int) -> str:
         """The partition, in words."""
@@ -237,14 +239,14 @@ class OpenedSparkRows(OpenedSource):
     def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
         """The rows of every chunk at ``places``: one Spark job on just their partitions, sending only the chunks'
         row ranges here, under the runner's deadline. It slices the partitions' cached rows (``_rows``: read once,
-        when the chunks were placed), not the runner's encoded chunks, and reads every record it is sent (a PySpark
+        when the source was opened), not the runner's encoded chunks, and reads every record it is sent (a PySpark
         worker that leaves input unread is not reused)."""
         if not places:
             return []
         wanted: dict[int, list[tuple[int, int, int]]] = {}
         for k, place in enumerate(places):
             wanted.setdefault(place.part, []).append((k, place.offset, place.stop_offset))
-        sliced = self._rows().mapPartitionsWithIndex(_slices_job(wanted))
+        sliced = self._rows().mapPartitionsWithIndex(_slices_job(wanted, self.part_rows))
         found = dict(self.run_job(lambda: self.rdd.context.runJob(sliced, _as_is, partitions=sorted(wanted)),
                                   "reading the audited chunks' rows"))
         missing = [self.describe_part(p.part) for k, p in enumerate(places) if k not in found]
@@ -259,17 +261,18 @@ class OpenedSparkRows(OpenedSource):
             self._raw = None
 
     def place(self, runner: ChunkRunner, places: Sequence[ChunkPlace], encoder: Any) -> None:
-        """Map every partition to its encoded chunks, cached on the executors. The partitions are read once (and
-        checked against their counts) into cached rows (``_raw``), which the chunks are encoded from and the
-        audit's references slice (``chunks_rows``): no second read of the source when a pass is audited."""
+        """Map every partition to its encoded chunks, cached on the executors. They are encoded from the rows read
+        and counted at ``open`` (``_raw``; a partition Spark had to read again must have its count), which the
+        audit's references slice too (``chunks_rows``): no second read of the source when a pass is audited."""
         assert isinstance(runner, PlacesPartitions)  # opened on it (``open`` refuses any other runner)
         by_part: dict[int, list[PartitionChunk]] = {}
         for recipe in partition_recipes(places, encoder, "RDD partition"):
             by_part.setdefault(recipe.part, []).append(recipe)
-        runner.place_partitions(self._rows().mapPartitionsWithIndex(_encoder_job(by_part)), [p.part for p in places])
+        runner.place_partitions(self._rows().mapPartitionsWithIndex(_encoder_job(by_part, self.part_rows)),
+                                [p.part for p in places])
 
     def _rows(self) -> Any:
-        """The partitions' rows, read and checked once, cached on the executors."""
+        """The partitions' rows cached at ``open``."""
         if self._raw is None:
-            self._raw = self.rdd.mapPartitionsWithIndex(_raw_job(self.part_rows, self.read)).cache()
+            raise RuntimeError("this Spark source is closed: its cached rows are dropped; open it again")
         return self._raw

@@ -15,7 +15,7 @@ from mixle_parallel.executors.estimation import GaussianEstimator
 from mixle_parallel.executors.estimation.sources import ChunkPlace, files, materialize, open_source, source_places
 from mixle_parallel.executors.estimation.sources.dask_collections import _slice_rows
 from mixle_parallel.executors.estimation.sources.rank_local import OpenedRankLocal
-from mixle_parallel.executors.estimation.sources.spark_rows import _raw_job, _slices_job
+from mixle_parallel.executors.estimation.sources.spark_rows import PartitionChunk, _encoder_job, _raw_job, _slices_job
 
 
 def test_a_file_chunk_read_here_is_the_chunk_a_worker_builds(tmp_path):
@@ -49,11 +49,15 @@ def test_a_partition_slice_keeps_rows_of_fields_and_refuses_a_changed_partition(
     assert np.array_equal(_slice_rows(np.arange(6.0), 2, 4, 6, "dask partition 0"), [2.0, 3.0])
     with pytest.raises(ValueError, match=r"dask partition 4 held 5 rows when counted and 6 now.*persist"):
         _slice_rows(np.arange(6.0), 0, 2, 5, "dask partition 4")
-    read = _raw_job([0, 0, 4], lambda records: np.asarray(records))  # a partition's rows, read once and checked
+    read = _raw_job(lambda records: np.asarray(records))  # a partition's rows, read once (and counted)
     held = list(read(2, iter([1.0, 2.0, 3.0, 4.0])))
-    assert [(k, list(v)) for k, v in _slices_job({2: [(7, 1, 3)]})(2, iter(held))] == [(7, [2.0, 3.0])]
+    assert [(k, list(v)) for k, v in _slices_job({2: [(7, 1, 3)]}, [0, 0, 4])(2, iter(held))] == [(7, [2.0, 3.0])]
+    again = list(read(2, iter([1.0, 2.0, 3.0])))  # Spark read the partition again (its cache lost): a row fewer
     with pytest.raises(ValueError, match=r"RDD partition 2 held 4 rows when counted and 3 now.*cache"):
-        next(read(2, iter([1.0, 2.0, 3.0])))
+        list(_slices_job({2: [(7, 1, 3)]}, [0, 0, 4])(2, iter(again)))
+    recipe = PartitionChunk(chunk_id=0, start=0, stop=2, part=2, offset=0, stop_offset=2, encoder=None)
+    with pytest.raises(ValueError, match=r"RDD partition 2 held 4 rows when counted and 3 now.*cache"):
+        list(_encoder_job({2: [recipe]}, [0, 0, 4])(2, iter(again)))
 
 
 def test_a_spark_reference_fetch_reads_each_partition_to_its_end():
@@ -65,7 +69,7 @@ def test_a_spark_reference_fetch_reads_each_partition_to_its_end():
         yield rows
         read_to_end.append(True)
 
-    slices = _slices_job({0: [(5, 2, 4)]})
+    slices = _slices_job({0: [(5, 2, 4)]}, [6, 3])
     assert [(k, list(v)) for k, v in slices(0, partition(np.arange(6.0)))] == [(5, [2.0, 3.0])]
     assert list(slices(1, partition(np.arange(3.0)))) == []
     assert read_to_end == [True, True]

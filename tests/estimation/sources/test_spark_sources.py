@@ -151,7 +151,7 @@ def test_a_reference_read_from_a_hung_executor_ends_at_the_runners_timeout(spark
     assert [list(r) for r in opened.chunks_rows(places[:2])] == [list(map(float, range(10))),
                                                                   list(map(float, range(10, 20)))]
 
-    def hung(wanted):
+    def hung(wanted, part_rows):
         def slices(index, held):
             import time
 
