@@ -21,7 +21,8 @@ Target (issue 25): ours <= 0.2x MLlib's time, log-likelihood within 1e-3 per row
 (one double column per dimension) and every fit reads that table as a DataFrame, on the clock: MLlib through a
 ``VectorAssembler``, ours as ``fit(df, est, backend="spark", client=sc)`` with its defaults (the production
 audit on) and again with ``audit=False``. Each is run once to warm up and then measured; MLlib's pass time is
-not split out there (``ms/pass`` is its wall time over its iterations).
+not split out there (``ms/pass`` is its wall time over its iterations). The measured fits are ``--repeats`` rounds
+of the three cases, interleaved; each row is the case's median fit (every wall is printed with the ratio).
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--source", choices=("memory", "parquet"), default="memory")
+    parser.add_argument("--repeats", type=int, default=3, help="measured fits per case (parquet), interleaved; "
+                        "the median is shown")
     args = parser.parse_args()
     x = full_covariance_rows(np.random.default_rng(args.seed), args.rows, args.k, args.dim)
     spark = spark_session(args.master)
@@ -204,12 +207,22 @@ def parquet_rows(spark: Any, x: np.ndarray, args: argparse.Namespace) -> None:
             case()
         load = os.getloadavg()
         print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-        rows = {name: case() for name, case in cases.items()}
+        runs: dict[str, list[tuple[float, Fitted]]] = {name: [] for name in cases}
+        for _ in range(args.repeats):  # interleaved, so the machine's load hits every case alike
+            for name, case in cases.items():
+                runs[name].append(case())
+        rows = {name: median_run(found) for name, found in runs.items()}
         print_rows(f"{args.rows:,} x {args.dim}-D full K={args.k} parquet {args.master}", x, rows)
         ours, plain = rows["ours spark (default)"][0], rows["ours spark audit=False"][0]
-        print(f"audited / unaudited: {ours / plain:.3f}x")
+        print(f"audited / unaudited: {ours / plain:.3f}x (median fits of {args.repeats}, interleaved; walls: "
+              + "; ".join(f"{name} " + " ".join(f"{w:.2f}" for w, _ in found) for name, found in runs.items()) + ")")
         load = os.getloadavg()
         print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+def median_run(found: list[tuple[float, Fitted]]) -> tuple[float, Fitted]:
+    """The run of median wall time among ``found`` (the upper one of an even count)."""
+    return sorted(found, key=lambda run: run[0])[len(found) // 2]
 
 
 def print_rows(label: str, x: np.ndarray, rows: dict[str, tuple[float, Fitted]]) -> None:
