@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "DEFAULT_CHUNK_MULTIPLE", "GroupFold", "GroupReveal", "GroupStats", "apply_chunk_fn", "chunk_result",
-    "combine_groups", "commit_digest", "committed_result", "fold_group", "fold_pass", "group_of",
+    "combine_groups", "commit_digest", "committed_result", "fold_group", "fold_pass", "group_of", "own_result",
 ]
 
 DEFAULT_CHUNK_MULTIPLE = 12
@@ -219,19 +219,29 @@ def commit_digest(result: Any) -> str:
     return "sha256:" + hashlib.sha256(buffer.getbuffer()).hexdigest()
 
 
+def own_result(entries: Sequence[Any], chunk: int) -> Any:
+    """Chunk ``chunk``'s own result among a pass's entries, or None where it did not come back (only its digest,
+    in a group folded with ``GroupFold(commit=True)``)."""
+    entry = entries[chunk]
+    if entry is not None and not isinstance(entry, GroupStats):
+        return entry
+    _, b = group_of(len(entries), chunk)
+    group = entries[b - 1]
+    return group.last if chunk == b - 1 and isinstance(group, GroupStats) else None
+
+
 def committed_result(entries: Sequence[Any], chunk: int) -> tuple[Any, str]:
     """Chunk ``chunk``'s own result among a pass's entries, or None where only its digest came back (a group
     folded with ``GroupFold(commit=True)``), and the :func:`commit_digest` the pass committed to for it (an own
     result that came back, a ``raw`` chunk's, is preferred: the peer replays compare it)."""
-    entry = entries[chunk]
-    if entry is not None and not isinstance(entry, GroupStats):
-        return entry, commit_digest(entry)
+    own = own_result(entries, chunk)
+    if own is not None:
+        return own, commit_digest(own)
     a, b = group_of(len(entries), chunk)
     group = entries[b - 1]
-    own_came_back = chunk == b - 1 and isinstance(group, GroupStats) and group.last is not None
-    if isinstance(group, GroupStats) and len(group.digests) == b - a and not own_came_back:
+    if isinstance(group, GroupStats) and len(group.digests) == b - a:
         return None, group.digests[chunk - a]
-    own = chunk_result(entries, chunk)
+    own = chunk_result(entries, chunk)  # raises, naming the chunk whose result did not come back
     return own, commit_digest(own)
 
 

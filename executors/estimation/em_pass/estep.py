@@ -40,7 +40,7 @@ from ..audit.audit_receipt import em_receipt
 from ..audit.commitments import check_commitments
 from ..audit.fold_binding import fold_digest, opened_groups, refold_on, reveal_chunks
 from .chunks import ChunkResult, EncodedChunk, EStepResult, chunk_estep
-from .combine_order import commit_digest, committed_result, fold_group
+from .combine_order import commit_digest, committed_result, fold_group, own_result
 from .runner_protocols import RunLedger
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def shipped_own_results(entries: list[Any], chunks: Sequence[int]) -> dict[int, 
     """The own results of the groups opened for ``chunks`` where the pass brought them (``reveal_mode``), else None
     (a reveal round must ask the workers)."""
     ids = [c for a, b in opened_groups(entries, chunks) for c in range(a, b)]
-    own = {c: committed_result(entries, c)[0] for c in ids}
+    own = {c: own_result(entries, c) for c in ids}
     return own if all(v is not None for v in own.values()) else None
 
 

@@ -19,10 +19,12 @@ from typing import Any
 import attrs
 import numpy as np
 
+from ..em_pass.chunks import EncodedChunk
 from .arrow_rows import check_schema, table_rows
-from .recipes import ChunkRecipe
+from .recipes import ChunkRecipe, encode_rows
 
-__all__ = ["FILE_FORMATS", "FileChunk", "FilePart", "FileSource", "file_recipes", "files", "forget_reads"]
+__all__ = ["FILE_FORMATS", "FileChunk", "FilePart", "FileSource", "build_chunks", "file_recipes", "files",
+           "forget_reads"]
 
 FILE_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".npy": "npy"}
 """File name endings ``files`` reads, and their format."""
@@ -197,9 +199,28 @@ _GROUP: dict[str, Any] = {}
 
 
 def _npy_rows(path: str, columns: tuple[Any, ...] | None, lo: int, hi: int) -> np.ndarray:
-    mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+    return _mapped_rows(np.load(path, mmap_mode="r", allow_pickle=False), columns, lo, hi)
+
+
+def _mapped_rows(mapped: np.ndarray, columns: tuple[Any, ...] | None, lo: int, hi: int) -> np.ndarray:
     rows = mapped[lo:hi] if columns is None else mapped[lo:hi, list(columns)]
     return np.array(rows)  # memory of its own: the chunk outlives the map
+
+
+def build_chunks(recipes: Sequence[FileChunk]) -> list[EncodedChunk]:
+    """Every recipe's chunk built here, as :meth:`FileChunk.build` builds it, each ``.npy`` file mapped once for
+    all of its chunks (a batch of the audit's references reads dozens of one file's ranges)."""
+    maps: dict[str, np.ndarray] = {}
+    out = []
+    for recipe in recipes:
+        if recipe.format != "npy":
+            out.append(recipe.build())
+            continue
+        mapped = maps.get(recipe.path)
+        if mapped is None:
+            mapped = maps[recipe.path] = np.load(recipe.path, mmap_mode="r", allow_pickle=False)
+        out.append(encode_rows(recipe, _mapped_rows(mapped, recipe.columns, recipe.offset, recipe.stop_offset)))
+    return out
 
 
 def _parquet_file(path: str) -> Any:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..em_pass.chunks import ChunkRunner, EncodedChunk
-from .files import FileSource, file_recipes
+from .files import FileSource, build_chunks, file_recipes
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
 
@@ -122,8 +122,8 @@ class OpenedFiles(OpenedSource):
         return file_recipes(self.source, [place], encoder)[0].build()
 
     def read_chunks(self, places: Sequence[ChunkPlace], encoder: Any) -> list[EncodedChunk]:
-        """The chunks at ``places`` built here from their files, as workers build them (a file read each)."""
-        return [recipe.build() for recipe in file_recipes(self.source, list(places), encoder)]
+        """The chunks at ``places`` built here from their files, as workers build them (each file opened once)."""
+        return build_chunks(file_recipes(self.source, list(places), encoder))
 
 
 def open_source(source: Any, runner: ChunkRunner) -> OpenedSource:

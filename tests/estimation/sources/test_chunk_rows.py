@@ -32,6 +32,27 @@ def test_a_file_chunk_read_here_is_the_chunk_a_worker_builds(tmp_path):
         assert np.array_equal(opened.chunk_rows(place), rows[place.start:place.stop])
 
 
+def test_a_batch_of_file_chunks_maps_each_npy_file_once_and_builds_what_workers_build(tmp_path, monkeypatch):
+    """The audit's batch reads dozens of ranges of one file: each ``.npy`` file is mapped once for them all."""
+    rows = np.random.default_rng(2).normal(size=(90, 2))
+    np.save(tmp_path / "a.npy", rows[:40])
+    np.save(tmp_path / "b.npy", rows[40:])
+    opened = open_source(files(str(tmp_path / "*.npy"), columns=[1]), runner=None)
+    places = source_places([(a, a + 10) for a in range(0, 90, 10)], opened.part_rows)
+    encoder = GaussianEstimator().encoder()
+    loads = []
+    load = np.load
+    monkeypatch.setattr(np, "load", lambda path, **kw: loads.append(path) or load(path, **kw))
+    built = opened.read_chunks(places, encoder)
+    assert sorted(loads) == [str(tmp_path / "a.npy"), str(tmp_path / "b.npy")]
+    monkeypatch.setattr(np, "load", load)
+    for chunk, recipe in zip(built, opened.recipes(places, encoder), strict=True):
+        alone = materialize(recipe)  # as a worker builds it
+        assert (chunk.chunk_id, chunk.start, chunk.stop) == (alone.chunk_id, alone.start, alone.stop)
+        assert np.array_equal(chunk.data, alone.data)
+        assert np.array_equal(chunk.data, rows[chunk.start:chunk.stop, 1])
+
+
 def test_a_rank_reads_its_own_chunks_from_the_rows_it_passed_and_no_other():
     rows = np.arange(10.0)
     opened = OpenedRankLocal(rows, rank=1, counts=(5, 10))
