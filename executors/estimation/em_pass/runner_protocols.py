@@ -36,7 +36,7 @@ __all__ = ["AdmittedHandle", "AssignsChunks", "AuditedHandle", "BindsVerificatio
            "ClientCluster", "CountsTransport", "CountsWorkers", "DefersJudging", "EStepHandle", "FitLifecycle",
            "InitializableHandle", "MeteredHandle", "MinibatchHandle", "PlacesPartitions", "PoolProcesses",
            "RankCollective", "RankGather", "RunLedger", "RunsOnRunner", "SizedHandle", "TimedRunner",
-           "WorkerPlacement", "places_work", "transport_count"]
+           "WorkerPlacement", "places_work", "runner_timeout", "transport_count"]
 
 
 @runtime_checkable
@@ -277,6 +277,11 @@ class RunLedger(Protocol):
 def places_work(runner: object) -> bool:
     """Whether ``runner`` computes chosen chunks on chosen workers: it has the members and declares it."""
     return isinstance(runner, WorkerPlacement) and bool(runner.supports_worker_placement)
+
+
+def runner_timeout(runner: object) -> float | None:
+    """The seconds ``runner`` waits for its workers (:class:`TimedRunner`), or None where it sets no limit."""
+    return runner.timeout if isinstance(runner, TimedRunner) else None
 
 
 def transport_count(runner: object, name: str) -> int | None:

@@ -19,7 +19,7 @@ import attrs
 import numpy as np
 
 from ..em_pass.chunks import ChunkRunner, WorkerTimeoutError
-from ..em_pass.runner_protocols import ClientCluster, TimedRunner
+from ..em_pass.runner_protocols import ClientCluster, runner_timeout
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
 from .recipes import ChunkRecipe, encode_rows, numeric_rows
@@ -150,8 +150,7 @@ class DaskCollection:
         parts = _delayed_parts(self.data)
         raw = client.compute(parts)
         counts = client.gather(client.map(_count_rows, raw, pure=False))
-        timeout = runner.timeout if isinstance(runner, TimedRunner) else None
-        return OpenedDaskCollection(client, raw, tuple(int(n) for n in counts), timeout)
+        return OpenedDaskCollection(client, raw, tuple(int(n) for n in counts), runner_timeout(runner))
 
 
 class OpenedDaskCollection(OpenedSource):
@@ -223,9 +222,9 @@ class OpenedDaskCollection(OpenedSource):
         try:
             distributed.wait(list(futures.values()), timeout=self.timeout)
         except TimeoutError as exc:  # distributed raises the builtin one (asyncio's, on Python 3.11)
-            late = [f for f in futures.values() if not f.done()]
-            self.client.cancel(late)
-            parts = ", ".join(self.describe_part(p) for p, f in futures.items() if f in late)
+            late = {part: future for part, future in futures.items() if not future.done()}
+            self.client.cancel(list(late.values()))
+            parts = ", ".join(self.describe_part(part) for part in late)
             raise WorkerTimeoutError(f"the audit's rows of {parts} did not come back within {self.timeout} s: the "
                                      "dask worker holding them is hung or overloaded. Raise timeout= (seconds) or "
                                      "check the workers") from exc

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..backends.deadline import Deadline
 from ..em_pass.chunks import ChunkRunner, WorkerTimeoutError
-from ..em_pass.runner_protocols import TimedRunner, WorkerPlacement
+from ..em_pass.runner_protocols import WorkerPlacement, runner_timeout
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
 from .recipes import ChunkRecipe
@@ -115,7 +115,7 @@ class RayDataset:
                              else (entry[0], entry[1].num_rows))
                 lo, hi = (0, int(rows)) if cut is None else (int(cut.start_offset), int(cut.end_offset))
                 blocks.append((ref, lo, hi))
-        return OpenedRayDataset(held, blocks, runner.timeout if isinstance(runner, TimedRunner) else None)
+        return OpenedRayDataset(held, blocks, runner_timeout(runner))
 
 
 class OpenedRayDataset(OpenedSource):

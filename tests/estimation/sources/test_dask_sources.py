@@ -83,7 +83,6 @@ def test_a_reference_fetch_slices_each_partition_in_one_task(dask_client):
     opened.close()
 
 
-
 def test_a_reference_fetch_from_a_hung_worker_ends_at_the_runners_timeout(dask_client, monkeypatch):
     """The audit's read waits for the workers no longer than the runner does: a slicing task that never ends is
     cancelled at the runner's ``timeout`` and the fit gets a ``WorkerTimeoutError`` naming the partition."""

@@ -68,7 +68,6 @@ def test_a_reference_fetch_runs_one_slicing_task_per_block_a_few_at_once(ray_ses
     opened.close()
 
 
-
 def test_a_reference_fetch_from_a_hung_task_ends_at_the_runners_timeout(ray_session, monkeypatch):
     """The audit's read waits no longer than the runner does: a slicing task that never ends is cancelled at the
     runner's ``timeout`` and the fit gets a ``WorkerTimeoutError`` naming the block."""
