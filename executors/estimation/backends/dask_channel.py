@@ -8,7 +8,8 @@ while others answered is a straggler: the scheduler drops its worker, and its ch
 and recomputed the same way (same bits). It is a mixin: it uses the runner's actors, placement and recovery
 (``_channels``, ``_channel_offer``, ``direct_channel``, ``_actors``, ``_where``, ``_invoke``,
 ``_await``, ``_alive``, ``_forget``, ``_replace``, ``_check_losses``, ``_pass_timeout``). It also moves a
-dask collection's chunk to a holder (``_packed``), bounding dask's copy by the straggler deadline.
+dask collection's chunk to a holder (``_packed``), bounding dask's copy by the straggler deadline, and waits for
+a source's tasks the same way (``wait_for_tasks``: the audit's reads of a dask collection).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..sources.dask_collections import lend_to
 from .channel import ChannelClient, ChannelOffer, wait_channels
 from .chunk_assignment import ordered_results
 from .dask_holder import pack_for_holder
-from .dask_straggler import kill_worker_process, silent_in_copy
+from .dask_straggler import kill_worker_process, settle_tasks, silent_in_copy
 from .deadline import Deadline, straggler_deadline
 from .runner_families import ActorClusterRunner
 from .wire_bytes import WireBytes
@@ -143,11 +144,23 @@ class DirectPasses(ActorClusterRunner[str]):
             silent_ones = silent_in_copy(self.client, source, address, patience)
             _log.warning("dask: moving chunk future %r to %s waits; silent past %.1f s: %s", source.key, address,
                          patience, silent_ones)
-            for silent in silent_ones:
-                if silent in self._actors and silent in self._answered:
-                    self._outrun(silent, [i for i, w in enumerate(self._where) if w == silent])
-                    self._forget(silent)
+            self._give_up_silent(silent_ones)
         return False
+
+    def _give_up_silent(self, addresses: Sequence[str]) -> None:
+        """Give up the workers of ``addresses`` that are this runner's and answered passes before (``_outrun``:
+        dropped from the cluster; their chunks re-placed by the next pass). Others are not this runner's to drop."""
+        for silent in addresses:
+            if silent in self._actors and silent in self._answered:
+                self._outrun(silent, [i for i, w in enumerate(self._where) if w == silent])
+                self._forget(silent)
+
+    def wait_for_tasks(self, futures: Mapping[str, Any], what: str) -> None:
+        """Wait for a source's dask tasks (the audit's reads of a collection, each future named by its part) as a
+        pass waits for its workers: a worker of this runner they wait on that stays silent past the straggler
+        deadline is given up (dask then runs them elsewhere); past ``timeout`` ``WorkerTimeoutError``."""
+        patience = straggler_deadline(0.0, self.timeout, self.straggler_timeout)
+        settle_tasks(self.client, futures, what, self.timeout, patience, self._give_up_silent)
 
     def _channel_for(self, address: str) -> ChannelClient | None:
         """The pass socket of the holder on ``address``, opened on first use; None when the cluster's

@@ -4,8 +4,10 @@ A SIGSTOPped worker (or a hung node) is still listed by the scheduler, and its T
 open: a survivor fetching a key from it (a dask collection's chunk it computed) waits forever, since
 dask's worker-to-worker reads have no timeout. So a straggler is killed through its nanny (SIGKILL
 reaches a stopped process too), which closes those connections: the survivor's fetch fails and dask
-recomputes the key from the collection's graph. :func:`settle_copy` bounds the wait for a chunk that
-dask moves between workers (``sources.dask_collections.lend_to``), naming the silent workers it waits on.
+recomputes the key from the collection's graph. :func:`silent_in_copy` names the silent workers a chunk that
+dask moves between workers (``sources.dask_collections.lend_to``) waits on; :func:`settle_tasks` waits for a
+source's tasks (the audit's reads of a dask collection) as a pass waits for its workers: up to the timeout,
+handing the silent workers they wait on to the runner at the straggler deadline.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["answering", "kill_worker_process", "silent_in_copy"]
+from ..em_pass.chunks import WorkerTimeoutError
+from .deadline import Deadline
+
+__all__ = ["answering", "kill_worker_process", "settle_tasks", "silent_in_copy", "silent_in_tasks"]
 
 _log = logging.getLogger("mixle_parallel.executors.estimation.backends.dask")
 
@@ -69,3 +74,60 @@ def silent_in_copy(client: Any, source: Any, address: str, within: float) -> lis
     involved = list(dict.fromkeys([address, *holders]))
     alive = answering(client, involved, within)
     return [a for a in involved if a not in alive]
+
+
+def _waited_on(dask_scheduler: Any, keys: list[Any]) -> list[str]:
+    """Inside the scheduler: the workers the tasks ``keys`` wait on (the one running each, the holders of its
+    inputs)."""
+    found: list[str] = []
+    for key in keys:
+        task = dask_scheduler.tasks.get(key)
+        if task is None:
+            continue
+        if task.processing_on is not None:
+            found.append(task.processing_on.address)
+        for dependency in task.dependencies:
+            found.extend(worker.address for worker in dependency.who_has)
+    return list(dict.fromkeys(found))
+
+
+def silent_in_tasks(client: Any, futures: Sequence[Any], within: float) -> list[str]:
+    """The workers the tasks of ``futures`` wait on (running them, holding their inputs) that do not answer
+    within ``within`` seconds."""
+    involved = list(client.run_on_scheduler(_waited_on, keys=[future.key for future in futures]))
+    alive = answering(client, involved, within)
+    return [a for a in involved if a not in alive]
+
+
+def settle_tasks(client: Any, futures: Mapping[str, Any], what: str, timeout: float | None,
+                 patience: float | None = None, give_up: Callable[[Sequence[str]], None] | None = None) -> None:
+    """Wait for ``futures`` (``what`` they compute, each future named by its part) up to ``timeout`` seconds.
+    Every ``patience`` seconds without them, the workers they wait on that stay silent are handed to ``give_up``
+    (the runner drops its own stragglers from the cluster; dask then runs the tasks elsewhere). Past ``timeout``
+    the late tasks are cancelled and ``WorkerTimeoutError`` names them. Without ``patience`` it only waits."""
+    import distributed
+
+    deadline = Deadline(timeout)
+    while True:
+        late = {part: future for part, future in futures.items() if not future.done()}
+        if not late:
+            return
+        remaining = deadline.remaining()
+        wait = [t for t in (remaining, None if give_up is None else patience) if t is not None]
+        try:
+            distributed.wait(list(late.values()), timeout=min(wait) if wait else None)
+            return
+        except TimeoutError:  # distributed raises the builtin one (asyncio's, on Python 3.11)
+            pass
+        if deadline.expired():
+            late = {part: future for part, future in late.items() if not future.done()}
+            client.cancel(list(late.values()))
+            raise WorkerTimeoutError(f"{what} of {', '.join(late)} did not come back within {timeout} s: the dask "
+                                     "worker holding them is hung or overloaded. Raise timeout= (seconds) or check the "
+                                     "workers")
+        if give_up is not None and patience is not None:
+            silent = silent_in_tasks(client, list(late.values()), patience)
+            if silent:
+                _log.warning("dask: %s of %s wait on workers silent past %.1f s: %s", what, ", ".join(late), patience,
+                             silent)
+                give_up(silent)

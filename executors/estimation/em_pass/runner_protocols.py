@@ -8,9 +8,9 @@ capabilities the pass, the handle and the sources read where a runner has them: 
 resident on (:class:`ChunkOwnership`), chunk blocks assigned to workers by a placement (:class:`AssignsChunks`),
 the counters of its transport (:class:`CountsTransport`), its worker processes (:class:`PoolProcesses`), the
 ranks of an SPMD program (:class:`RankGather`; with the root and each chunk's rank, :class:`RankCollective`), a
-dask client its actors live on (:class:`ClientCluster`), Spark partitions placed as chunks
-(:class:`PlacesPartitions`) and the seconds it waits for its workers (:class:`TimedRunner`, which a source's reads
-for the audit keep too).
+dask client its actors live on, which waits for a source's tasks too (:class:`ClientCluster`), Spark partitions
+placed as chunks (:class:`PlacesPartitions`) and the seconds it waits for its workers (:class:`TimedRunner`,
+which a source's reads for the audit keep too).
 
 A handle meets the fit loop (``optimize``), the gate and the harness through mixle 0.8.2's shape
 (``contracts.estimation.EncodedDataHandle``) and what ours adds where a third-party handle may lack it: one
@@ -106,10 +106,14 @@ class RankCollective(RankGather, ChunkOwnership, Protocol):
 @runtime_checkable
 class ClientCluster(WorkerPlacement, Protocol):
     """A runner whose workers are actors on a dask cluster reached through ``client`` (a ``distributed.Client``):
-    a dask collection is computed there and its chunks held by the actors."""
+    a dask collection is computed there and its chunks held by the actors. It waits for a source's tasks as for
+    its own passes (``wait_for_tasks``: silent workers given up at the straggler deadline, ``WorkerTimeoutError``
+    past the timeout)."""
 
     @property
     def client(self) -> Any: ...
+
+    def wait_for_tasks(self, futures: Mapping[str, Any], what: str) -> None: ...
 
 
 @runtime_checkable

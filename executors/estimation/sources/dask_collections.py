@@ -12,14 +12,14 @@ arrays); a Bag one row per element, as an RDD.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
-from ..em_pass.chunks import ChunkRunner, WorkerTimeoutError
-from ..em_pass.runner_protocols import ClientCluster, runner_timeout
+from ..em_pass.chunks import ChunkRunner
+from ..em_pass.runner_protocols import ClientCluster
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
 from .recipes import ChunkRecipe, encode_rows, numeric_rows
@@ -143,14 +143,14 @@ class DaskCollection:
 
     def open(self, runner: ChunkRunner) -> OpenedDaskCollection:
         """Compute the partitions on the runner's cluster and count their rows."""
-        client = runner.client if isinstance(runner, ClientCluster) else None  # the actors, not DaskTaskRunner
-        if client is None:
+        if not isinstance(runner, ClientCluster):  # the actors, not DaskTaskRunner
             raise ValueError("a dask collection is read by the dask backend over a distributed.Client; a client "
                              "that only submits and gathers cannot hold its chunks: pass a distributed.Client")
+        client = runner.client
         parts = _delayed_parts(self.data)
         raw = client.compute(parts)
         counts = client.gather(client.map(_count_rows, raw, pure=False))
-        return OpenedDaskCollection(client, raw, tuple(int(n) for n in counts), runner_timeout(runner))
+        return OpenedDaskCollection(client, raw, tuple(int(n) for n in counts), runner.wait_for_tasks)
 
 
 class OpenedDaskCollection(OpenedSource):
@@ -159,10 +159,13 @@ class OpenedDaskCollection(OpenedSource):
     kind = "dask"
     reads_chunks = True
 
-    def __init__(self, client: Any, raw: list[Any], part_rows: tuple[int, ...], timeout: float | None = None) -> None:
+    def __init__(self, client: Any, raw: list[Any], part_rows: tuple[int, ...],
+                 wait_for_tasks: Callable[[Mapping[str, Any], str], None]) -> None:
         self.client = client
-        self.timeout = timeout
-        """Seconds the audit's read waits for the workers (the runner's ``timeout``; None: no limit)."""
+        self.wait_for_tasks = wait_for_tasks
+        """The runner's wait for the audit's slicing tasks (``ClientCluster.wait_for_tasks``): its timeout and its
+        straggler deadline, so a worker that falls silent between a pass and its read is given up, not waited
+        for."""
         self.raw = raw
         """The computed partitions, held for the handle's life: the chunks are encoded from them and the audit's
         references slice them (dask recomputes a lost one from the collection's graph)."""
@@ -203,7 +206,8 @@ class OpenedDaskCollection(OpenedSource):
                                             self.part_rows[part], self.describe_part(part), pure=False)
                    for part, ks in wanted.items()}  # one task per partition, not per chunk
         try:
-            self._wait(futures)
+            self.wait_for_tasks({self.describe_part(part): future for part, future in futures.items()},
+                                "the audit's rows")
             found = dict(zip(futures, self.client.gather(list(futures.values())), strict=True))
         finally:
             for future in futures.values():
@@ -213,21 +217,6 @@ class OpenedDaskCollection(OpenedSource):
             for k, rows in zip(ks, found[part], strict=True):
                 out[k] = rows
         return out
-
-    def _wait(self, futures: dict[int, Any]) -> None:
-        """Wait for the slicing tasks up to ``timeout``; past it they are cancelled and ``WorkerTimeoutError``
-        names the partitions."""
-        import distributed
-
-        try:
-            distributed.wait(list(futures.values()), timeout=self.timeout)
-        except TimeoutError as exc:  # distributed raises the builtin one (asyncio's, on Python 3.11)
-            late = {part: future for part, future in futures.items() if not future.done()}
-            self.client.cancel(list(late.values()))
-            parts = ", ".join(self.describe_part(part) for part in late)
-            raise WorkerTimeoutError(f"the audit's rows of {parts} did not come back within {self.timeout} s: the "
-                                     "dask worker holding them is hung or overloaded. Raise timeout= (seconds) or "
-                                     "check the workers") from exc
 
     def chunk_rows(self, place: ChunkPlace) -> Any:
         """The chunk's rows, sliced on the worker that holds its partition: one chunk crosses, not the partition."""

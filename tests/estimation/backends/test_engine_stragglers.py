@@ -249,6 +249,79 @@ def test_a_straggler_on_a_cluster_the_caller_passed_is_not_killed_by_the_fit(tmp
     assert kills == [], "the fit killed a straggler of the caller's cluster"
 
 
+def _stops_itself_once(armed: Any, stopped: Any) -> Callable[..., Any]:
+    """The audit's slicing task (``dask_collections._slices_of``), except that once ``armed`` exists, the first
+    worker to run it writes its pid to ``stopped`` and SIGSTOPs itself: silent between a pass and its read."""
+    from mixle_parallel.executors.estimation.sources import dask_collections
+
+    real = dask_collections._slices_of
+
+    def slices_of(part: Any, ranges: Any, rows: int, where: str) -> Any:
+        if armed.exists():
+            try:
+                fd = os.open(stopped, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                os.kill(os.getpid(), signal.SIGSTOP)
+        return real(part, ranges, rows, where)
+
+    return slices_of
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("cluster", ["own", "callers"])
+def test_a_worker_silent_in_the_audits_read_is_given_up_at_the_straggler_deadline(cluster, tmp_path, monkeypatch):
+    """A dask worker that falls silent between a pass and the audit's read of that pass's rows (here it stops
+    itself while slicing them, after pass 2) is given up at the straggler deadline, as in a pass: the other
+    worker reads the rows, the next pass recomputes the silent one's chunks, and the fit ends on the clean bits.
+    Before, the read waited for the fit's timeout and the fit failed with ``WorkerTimeoutError`` (CI, 2026-12-06,
+    when a SIGSTOP landed after the pass's answers)."""
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is the optional [dask] extra")
+    from mixle_parallel.executors.estimation.sources import dask_collections
+
+    armed, stopped = tmp_path / "armed", tmp_path / "stopped"
+    monkeypatch.setattr(dask_collections, "_slices_of", _stops_itself_once(armed, stopped))
+    reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
+    est = em_case.estimator()
+    kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
+
+    def arm(step: Any) -> None:
+        if step.iteration == 2:
+            armed.touch()
+
+    def run(client: Any = None) -> dict[str, Any]:
+        with encoded_data(_dask_collection("array"), estimator=est, backend="dask", client=client, num_workers=2,
+                          timeout=TIMEOUT_S, straggler_timeout=3.0, chunk_size=em_case.FIT_KWARGS["chunk_size"],
+                          admission="unverified") as h:
+            began = time.monotonic()
+            try:
+                got = fit(h, est, on_step=arm, **kwargs)
+            finally:
+                if stopped.exists():
+                    try:
+                        os.kill(int(stopped.read_text()), signal.SIGCONT)
+                    except ProcessLookupError:  # on its own cluster the runner killed it
+                        pass
+            return {"signature": em_case.signature(got), "took": time.monotonic() - began,
+                    "stragglers": list(h.runner.stragglers), "recovered": list(h.runner.recovered_chunks),
+                    "live": list(h.runner.worker_ids())}
+
+    if cluster == "own":
+        got = run()
+    else:
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                      host="127.0.0.1") as local, distributed.Client(local) as client:
+            got = run(client)
+    assert stopped.exists(), "no worker stopped in the audit's read"
+    assert len(got["stragglers"]) == 1 and got["recovered"], got
+    assert got["live"] == [w for w in (0, 1) if w not in got["stragglers"]]
+    assert got["took"] < TIMEOUT_S  # given up at the straggler deadline, not waited for until the timeout
+    assert got["signature"] == reference
+
+
 @pytest.mark.timeout(600)
 def test_a_ray_dataset_survives_a_stopped_actor(ray_session, tmp_path):
     """The rows are a ``ray.data`` dataset of three blocks in the object store, read by the actors: the

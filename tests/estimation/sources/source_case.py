@@ -66,3 +66,9 @@ class PlacingRunnerStandIn:
 
     def chunk_owners(self) -> list[int]:
         return []
+
+    def wait_for_tasks(self, futures: Any, what: str) -> None:
+        """A dask runner's wait for a source's tasks, up to ``timeout`` (no actors, so no straggler to give up)."""
+        from mixle_parallel.executors.estimation.backends.dask_straggler import settle_tasks
+
+        settle_tasks(self.client, futures, what, self.timeout)

@@ -97,7 +97,6 @@ def test_a_reference_fetch_from_a_hung_worker_ends_at_the_runners_timeout(dask_c
     rows = np.arange(120.0)
     stand_in = source_case.PlacingRunnerStandIn("dask", dask_client, timeout=1.0)
     opened = DaskCollection(da.from_array(rows, chunks=40)).open(stand_in)
-    assert opened.timeout == 1.0
     places = source_places([(a, a + 10) for a in range(0, 120, 10)], opened.part_rows)
 
     def hung(part, ranges, count, where):
