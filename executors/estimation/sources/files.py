@@ -4,7 +4,10 @@ The driver reads only the files' metadata (Parquet footers, ``.npy`` headers: ro
 columns); every chunk is a row range of one file, read and encoded by the worker that holds it
 (:class:`FileChunk`). Parquet is read one row group at a time (the last one kept, so consecutive chunks
 of a group read it once), ``.npy`` through a memory map. The workers must see the same paths as the
-driver (a shared or replicated filesystem).
+driver (a shared or replicated filesystem). Every open, the driver's and the workers', is of a regular file
+(:func:`_regular`; links are followed): a FIFO or device planted under a data file's name, even after
+``files()`` returned, is refused with ``contracts.safe_read.UnsafeFileError``, never read (a FIFO would block
+the reader forever).
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ import glob
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
 import numpy as np
 
+from ....contracts.safe_read import open_regular
 from ..em_pass.chunks import EncodedChunk
 from .arrow_rows import check_schema, table_rows
 from .recipes import ChunkRecipe, encode_rows
@@ -73,9 +78,25 @@ def _format(path: str) -> str:
     fmt = FILE_FORMATS.get(os.path.splitext(path)[1].lower())
     if fmt is None:
         raise ValueError(f"files(): cannot read {path!r}: name Parquet files *.parquet or *.pq and numpy files *.npy")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"files(): {path!r} does not exist (or is not a file)")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"files(): {path!r} does not exist")
     return fmt
+
+
+@contextmanager
+def _regular(path: str) -> Iterator[str]:
+    """A name to open ``path`` by, once it is shown to be a regular file (``contracts.safe_read``; links followed,
+    a dataset may link its files): on Linux ``/proc/self/fd/N`` of the checked descriptor, so what is read is what
+    was checked; elsewhere the path itself, checked just before."""
+    with open_regular(path, what="data file", follow_symlinks=True) as opened:
+        by_descriptor = f"/proc/self/fd/{opened.fileno()}"
+        yield by_descriptor if os.path.exists(by_descriptor) else path
+
+
+def _map_npy(path: str) -> np.ndarray:
+    """The ``.npy`` file at ``path`` as a read-only memory map (the map outlives the checked descriptor)."""
+    with _regular(path) as name:
+        return np.load(name, mmap_mode="r", allow_pickle=False)
 
 
 def _columns(columns: Any) -> tuple[Any, ...] | None:
@@ -91,7 +112,11 @@ def _columns(columns: Any) -> tuple[Any, ...] | None:
 
 
 def _npy_part(path: str, columns: tuple[Any, ...] | None) -> tuple[FilePart, tuple[int, ...]]:
-    arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    try:
+        arr = _map_npy(path)
+    except ValueError as exc:  # not a .npy file, or one holding pickled objects
+        raise ValueError(f"files(): {path} is not a .npy array numpy can read without pickle ({exc}); save the rows "
+                         "with numpy.save") from exc
     if arr.ndim not in (1, 2) or arr.dtype.kind not in "biuf":
         raise ValueError(f"files(): {path} holds a {arr.ndim}-D {arr.dtype} array; .npy rows must be a 1-D or 2-D "
                          "numeric array")
@@ -107,7 +132,11 @@ def _parquet_part(path: str, columns: tuple[Any, ...] | None) -> tuple[FilePart,
 
     if columns is not None and not all(isinstance(c, str) for c in columns):
         raise ValueError(f"files(): columns={list(columns)} must be column names for Parquet file {path}")
-    meta = pq.ParquetFile(path).metadata
+    with _regular(path) as name:
+        try:
+            meta = pq.ParquetFile(name).metadata
+        except ValueError as exc:  # pyarrow's ArrowInvalid: not a Parquet file, or a torn one
+            raise ValueError(f"files(): {path} is not a Parquet file pyarrow can read ({exc})") from exc
     names = check_schema(meta.schema.to_arrow_schema(), columns, f"file {path}")
     groups = tuple(int(meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
     return FilePart(path, "parquet", int(meta.num_rows), groups), names
@@ -199,7 +228,7 @@ _GROUP: dict[str, Any] = {}
 
 
 def _npy_rows(path: str, columns: tuple[Any, ...] | None, lo: int, hi: int) -> np.ndarray:
-    return _mapped_rows(np.load(path, mmap_mode="r", allow_pickle=False), columns, lo, hi)
+    return _mapped_rows(_map_npy(path), columns, lo, hi)
 
 
 def _mapped_rows(mapped: np.ndarray, columns: tuple[Any, ...] | None, lo: int, hi: int) -> np.ndarray:
@@ -218,7 +247,7 @@ def build_chunks(recipes: Sequence[FileChunk]) -> list[EncodedChunk]:
             continue
         mapped = maps.get(recipe.path)
         if mapped is None:
-            mapped = maps[recipe.path] = np.load(recipe.path, mmap_mode="r", allow_pickle=False)
+            mapped = maps[recipe.path] = _map_npy(recipe.path)
         out.append(encode_rows(recipe, _mapped_rows(mapped, recipe.columns, recipe.offset, recipe.stop_offset)))
     return out
 
@@ -226,7 +255,10 @@ def build_chunks(recipes: Sequence[FileChunk]) -> list[EncodedChunk]:
 def _parquet_file(path: str) -> Any:
     import pyarrow.parquet as pq
 
-    handle = _OPEN.pop(path, None) or pq.ParquetFile(path, memory_map=True)
+    handle = _OPEN.pop(path, None)
+    if handle is None:
+        with _regular(path) as name:
+            handle = pq.ParquetFile(name, memory_map=True)
     _OPEN[path] = handle
     while len(_OPEN) > _OPEN_FILES:
         _OPEN.popitem(last=False)

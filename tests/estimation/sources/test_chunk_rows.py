@@ -8,14 +8,20 @@ was counted is refused naming the fix; a rank asked for another rank's chunk ref
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
+from mixle_parallel.contracts.safe_read import UnsafeFileError
 from mixle_parallel.executors.estimation import GaussianEstimator
 from mixle_parallel.executors.estimation.sources import ChunkPlace, files, materialize, open_source, source_places
 from mixle_parallel.executors.estimation.sources.dask_collections import _slice_rows
 from mixle_parallel.executors.estimation.sources.rank_local import OpenedRankLocal
 from mixle_parallel.executors.estimation.sources.spark_rows import PartitionChunk, _encoder_job, _raw_job, _slices_job
+
+# the module, not the package's files() function of the same name
+file_source = importlib.import_module("mixle_parallel.executors.estimation.sources.files")
 
 
 def test_a_file_chunk_read_here_is_the_chunk_a_worker_builds(tmp_path):
@@ -41,16 +47,56 @@ def test_a_batch_of_file_chunks_maps_each_npy_file_once_and_builds_what_workers_
     places = source_places([(a, a + 10) for a in range(0, 90, 10)], opened.part_rows)
     encoder = GaussianEstimator().encoder()
     loads = []
-    load = np.load
-    monkeypatch.setattr(np, "load", lambda path, **kw: loads.append(path) or load(path, **kw))
+    load = file_source._map_npy
+    monkeypatch.setattr(file_source, "_map_npy", lambda path: loads.append(path) or load(path))
     built = opened.read_chunks(places, encoder)
     assert sorted(loads) == [str(tmp_path / "a.npy"), str(tmp_path / "b.npy")]
-    monkeypatch.setattr(np, "load", load)
+    monkeypatch.setattr(file_source, "_map_npy", load)
     for chunk, recipe in zip(built, opened.recipes(places, encoder), strict=True):
         alone = materialize(recipe)  # as a worker builds it
         assert (chunk.chunk_id, chunk.start, chunk.stop) == (alone.chunk_id, alone.start, alone.stop)
         assert np.array_equal(chunk.data, alone.data)
         assert np.array_equal(chunk.data, rows[chunk.start:chunk.stop, 1])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["npy", "parquet"])
+def test_a_fifo_planted_as_a_data_file_is_refused_unread(tmp_path, fmt):
+    """A FIFO under a data file's name would block its reader forever: ``files()`` refuses one, and a worker or the
+    audit's reference refuses one swapped in after ``files()`` returned (before, ``np.load`` / pyarrow blocked)."""
+    import os
+
+    rows = np.arange(40.0)
+    path = str(tmp_path / f"rows.{fmt}")
+    if fmt == "npy":
+        np.save(path, rows)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"x": rows}), path)
+    planted = str(tmp_path / f"planted.{fmt}")
+    os.mkfifo(planted)
+    with pytest.raises(UnsafeFileError, match=r"planted\.(npy|parquet) is a FIFO"):
+        files(planted)
+    source = files(path) if fmt == "npy" else files(path, columns=["x"])
+    opened = open_source(source, runner=None)
+    places = source_places([(0, 20), (20, 40)], opened.part_rows)
+    encoder = GaussianEstimator().encoder()
+    recipes = opened.recipes(places, encoder)
+    file_source.forget_reads()  # no Parquet footer or row group kept from open: the next read opens the file
+    os.replace(planted, path)  # the data file is a FIFO now
+    with pytest.raises(UnsafeFileError, match=r"rows\.(npy|parquet) is a FIFO"):
+        materialize(recipes[0])  # what a worker builds
+    with pytest.raises(UnsafeFileError, match="is a FIFO"):
+        opened.read_chunks(places, encoder)  # the audit's references
+
+
+def test_a_file_that_is_not_npy_or_parquet_is_named_in_the_refusal(tmp_path):
+    for name in ("bad.npy", "bad.parquet"):
+        (tmp_path / name).write_bytes(b"not rows at all " * 8)
+        with pytest.raises(ValueError, match=rf"files\(\): .*{name} is not a"):
+            files(str(tmp_path / name))
 
 
 def test_a_rank_reads_its_own_chunks_from_the_rows_it_passed_and_no_other():
