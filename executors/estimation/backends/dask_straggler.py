@@ -87,7 +87,7 @@ def _waited_on(dask_scheduler: Any, keys: list[Any]) -> list[str]:
         if task.processing_on is not None:
             found.append(task.processing_on.address)
         for dependency in task.dependencies:
-            found.extend(worker.address for worker in dependency.who_has)
+            found.extend(worker.address for worker in dependency.who_has or ())  # None when held nowhere
     return list(dict.fromkeys(found))
 
 

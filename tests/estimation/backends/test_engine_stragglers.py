@@ -271,6 +271,23 @@ def _stops_itself_once(armed: Any, stopped: Any) -> Callable[..., Any]:
     return slices_of
 
 
+def test_the_workers_a_read_waits_on_are_its_tasks_runners_and_their_inputs_holders():
+    """What the scheduler is asked when the audit's read waits (``dask_straggler._waited_on``, run inside the
+    scheduler; here on stand-ins of its task states): the worker running each task and the holders of its
+    inputs, once each. An input held nowhere (lost, being recomputed) has ``who_has`` None in distributed."""
+    from types import SimpleNamespace
+
+    from mixle_parallel.executors.estimation.backends.dask_straggler import _waited_on
+
+    a, b = SimpleNamespace(address="tcp://a"), SimpleNamespace(address="tcp://b")
+    held, lost = SimpleNamespace(who_has=[b, a]), SimpleNamespace(who_has=None)
+    scheduler = SimpleNamespace(tasks={
+        "slice-1": SimpleNamespace(processing_on=a, dependencies=[held, lost]),
+        "slice-2": SimpleNamespace(processing_on=None, dependencies=[lost]),  # waiting for its input
+    })
+    assert sorted(_waited_on(scheduler, ["slice-1", "slice-2", "released"])) == ["tcp://a", "tcp://b"]
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("cluster", ["own", "callers"])
 def test_a_worker_silent_in_the_audits_read_is_given_up_at_the_straggler_deadline(cluster, tmp_path, monkeypatch):
