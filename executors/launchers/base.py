@@ -13,7 +13,6 @@ launched rank is bound or released.
 
 from __future__ import annotations
 
-import gc
 import sys
 from typing import Any
 
@@ -123,20 +122,14 @@ def bind_launched_rank(
 
 
 def release_process_group() -> bool:
-    """Free what the rank's work left in reference cycles, then destroy the torch.distributed default group if one
-    exists; True when one was destroyed.
-
-    Why the collection: torch objects a rank's function leaves in cycles (a DDP module and its hooks) are
-    otherwise freed in the interpreter's exit, where their C++ teardown can abort the process (SIGABRT, "terminate
-    called without an active exception": 2 of 7 runs of examples/launchers/fabric_ddp.py on 2026-12-06, none of
-    18 with the collection)."""
-    gc.collect()
+    """Destroy the torch.distributed default group if one exists, once what the rank's work left in reference
+    cycles is collected (``executors.torch.device_mesh.destroy_default_group``: left to the interpreter's exit,
+    their C++ teardown aborted 2 of 7 Fabric ddp ranks); True when one was destroyed."""
     if _live_process_group() is None:
         return False
-    import torch.distributed as dist
+    from ..torch.device_mesh import destroy_default_group
 
-    dist.destroy_process_group()
-    return True
+    return destroy_default_group()
 
 
 def describe_attestations(plan: ParallelPlan) -> tuple[WorkerTopologyAttestation, ...]:

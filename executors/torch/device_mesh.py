@@ -19,15 +19,24 @@ _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _EXIT_HOOK: list[bool] = []  # set once the at-exit release is registered
 
 
-def _release_at_exit() -> None:
-    """Destroy the default process group a session created if the script has not destroyed it itself.
+def destroy_default_group() -> bool:
+    """Destroy the default process group, if one exists, once what the run left in reference cycles is collected;
+    True when one was destroyed.
 
-    What the run left unreferenced (a refused in-situ certification's workload: its DDP reducer, gloo work) is
-    collected first, while the group still exists: freed during interpreter teardown, after the group, those
-    C++ objects aborted the process ("terminate called without an active exception") in about 4 runs of 10."""
-    if dist.is_available() and dist.is_initialized():
-        gc.collect()
-        dist.destroy_process_group()
+    Why the collection: the C++ objects such garbage holds (a DDP module's reducer, gloo work) keep the group's
+    threads alive; freed in interpreter teardown, after the group, they abort the process ("terminate called
+    without an active exception": a refused in-situ certification's workload in about 4 runs of 10, a Fabric
+    rank in 2 of 7, a torchrun rank of docs/training.md's token handle once in CI)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    gc.collect()
+    dist.destroy_process_group()
+    return True
+
+
+def _release_at_exit() -> None:
+    """Destroy the default process group a session created if the script has not destroyed it itself."""
+    destroy_default_group()
 
 
 def torch_version_tuple(version: str | None = None) -> tuple[int, int]:

@@ -26,6 +26,7 @@ from ...contracts import ParallelPlan, StepReceipt, comm_backend_for
 from ..estimation.em_pass.chunks import seed_from
 from ..training_options import TORCH_NATIVE, TrainOptions
 from .backend import TorchDistributedBackend
+from .device_mesh import destroy_default_group
 from .layouts import unwrap
 from .losses import IGNORE_INDEX
 from .token_windows import (
@@ -328,9 +329,10 @@ class StreamingTokenEncodedData:
         return float(total[0]), float(total[1])
 
     def close(self) -> None:
-        """Destroy the process group, if this handle created it."""
-        if self._owns_pg and dist.is_initialized():
-            dist.destroy_process_group()
+        """Destroy the process group, if this handle created it (``destroy_default_group``: what the training left
+        in reference cycles is freed first, while the group and the interpreter are whole)."""
+        if self._owns_pg:
+            destroy_default_group()
         self._owns_pg = False
 
     def __enter__(self) -> StreamingTokenEncodedData:
