@@ -44,7 +44,9 @@ def _torch_group(world_size: int) -> Any:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK") or 0))
         dist.init_process_group(backend=backend)
-        atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
+        from ...torch.device_mesh import destroy_default_group
+
+        atexit.register(destroy_default_group)
     group = TorchGroup()
     return group if group.size == world_size else None
 

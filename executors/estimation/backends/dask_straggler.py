@@ -71,7 +71,11 @@ def silent_in_copy(client: Any, source: Any, address: str, within: float) -> lis
     """The workers a copy of the future ``source`` onto ``address`` waits on (``address`` and the holders of
     ``source``) that do not answer within ``within`` seconds."""
     holders = list(client.who_has([source]).get(source.key, ()))
-    involved = list(dict.fromkeys([address, *holders]))
+    return _silent_among(client, list(dict.fromkeys([address, *holders])), within)
+
+
+def _silent_among(client: Any, involved: list[str], within: float) -> list[str]:
+    """The workers of ``involved`` that do not answer the scheduler within ``within`` seconds, in order."""
     alive = answering(client, involved, within)
     return [a for a in involved if a not in alive]
 
@@ -94,9 +98,8 @@ def _waited_on(dask_scheduler: Any, keys: list[Any]) -> list[str]:
 def silent_in_tasks(client: Any, futures: Sequence[Any], within: float) -> list[str]:
     """The workers the tasks of ``futures`` wait on (running them, holding their inputs) that do not answer
     within ``within`` seconds."""
-    involved = list(client.run_on_scheduler(_waited_on, keys=[future.key for future in futures]))
-    alive = answering(client, involved, within)
-    return [a for a in involved if a not in alive]
+    return _silent_among(client, list(client.run_on_scheduler(_waited_on, keys=[future.key for future in futures])),
+                         within)
 
 
 def settle_tasks(client: Any, futures: Mapping[str, Any], what: str, timeout: float | None,

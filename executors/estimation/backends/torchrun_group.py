@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import os
 from datetime import timedelta
-from typing import Any
 
 from .optional_engine import require_engine
 
@@ -34,10 +33,6 @@ def init_default_group(backend: str | None, timeout: float | None) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK") or 0))
     kwargs = {} if timeout is None else {"timeout": timedelta(seconds=float(timeout))}
     dist.init_process_group(backend=backend, **kwargs)
-    atexit.register(_destroy_default_group, dist)
+    from ...torch.device_mesh import destroy_default_group  # torch is loaded by now
 
-
-def _destroy_default_group(dist: Any) -> None:
-    """At exit: destroy the default process group this module initialized, if still there."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    atexit.register(destroy_default_group)
