@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,14 +139,8 @@ def test_from_dask_local_cluster() -> None:
 
 
 @pytest.mark.slow
-def test_from_spark_local_context() -> None:
-    pyspark = pytest.importorskip("pyspark", reason="pyspark is the optional [spark] extra")
-    if shutil.which("java") is None:
-        pytest.skip("Spark needs a Java runtime (installed by .ci/run)")
-    conf = pyspark.SparkConf().setMaster("local[2]").setAppName("mixle-resources").set("spark.ui.enabled", "false")
-    sc = pyspark.SparkContext(conf=conf)
-    try:
-        res = Resources.from_spark(sc)
-    finally:
-        sc.stop()
+def test_from_spark_local_context(spark_context: Any) -> None:
+    """The session's ``local[2,4]`` context (a process holds one SparkContext; its own would clash with the
+    fixture's in any order where a Spark test ran first): two threads, two slots."""
+    res = Resources.from_spark(spark_context)
     assert [d.name for d in res] == ["spark:0", "spark:1"]

@@ -190,10 +190,11 @@ def test_example_runs_as_written(example: Example, tmp_path: Path) -> None:
         f"--- block ---\n{example.code}--- stdout ---\n{done.stdout[-4000:]}\n--- stderr ---\n{done.stderr[-6000:]}")
 
 
-@pytest.mark.parametrize("example", [pytest.param(e, id=e.id) for e in ALL if not e.language])
-def test_every_block_names_its_language(example: Example) -> None:
-    pytest.fail(f"{example.id}: a fence without a language; fence a program as ```python or ```bash (it is then "
-                f"executed), anything else as ```text (or json, yaml, ...)")
+def test_every_block_names_its_language() -> None:
+    unnamed = [e.id for e in ALL if not e.language]
+    assert ALL and not unnamed, (
+        f"{', '.join(unnamed)}: a fence without a language; fence a program as ```python or ```bash (it is then "
+        "executed), anything else as ```text (or json, yaml, ...)")
 
 
 def test_only_the_quick_start_is_exempt() -> None:
