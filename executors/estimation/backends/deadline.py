@@ -103,6 +103,12 @@ class StragglerClock:
             now = time.monotonic()
             self._due = self._started + straggler_deadline(now - self._started, self.timeout, self.fixed)
 
+    def expect(self, seconds: float) -> None:
+        """Arm the clock as though the race's first answer came after ``seconds`` (a job whose tasks are not
+        compared with each other, given the time of the runner's last pass instead)."""
+        if not self._disarmed:
+            self._due = self._started + straggler_deadline(seconds, self.timeout, self.fixed)
+
     def due(self) -> bool:
         """Whether the silent workers are stragglers now."""
         return self._due is not None and time.monotonic() >= self._due

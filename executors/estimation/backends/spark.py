@@ -18,6 +18,7 @@ import os
 import pickle
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -127,10 +128,12 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         self.wire = WireBytes()
         """Pass bytes: the pickled ``(fn, payload)`` in each partition's task, the pickled results collected."""
         self.stragglers: list[int] = []
-        """Partitions whose task the others outran by the straggler deadline: cancelled, the pass run again."""
+        """Partitions whose task the others outran by the straggler deadline: cancelled, the pass (or the audit's read
+        of a source's rows, ``run_job``) run again."""
         self.recovered_chunks: list[int] = []
         """Chunk ids of those partitions, recomputed (for tests and logs)."""
         self._answered = False  # a pass finished: the Python workers are warm, a slow task is a straggler
+        self._pass_s: float | None = None  # seconds of the last whole data pass that no straggler held up
 
     # -- placement ----------------------------------------------------------------------------
     def scatter(self, chunks: Sequence[Any]) -> None:
@@ -157,16 +160,25 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         self._run_job(lambda: self._rdd.count(), "encoding the source's partitions")
 
     # -- data passes --------------------------------------------------------------------------
-    def run_job(self, job: Callable[[], Any], what: str) -> Any:
+    def run_job(self, job: Callable[[], Any], what: str, partitions: Sequence[int] | None = None) -> Any:
         """Run a source's Spark action (``what``, in words) under this runner's ``timeout``: cancelled and
-        ``WorkerTimeoutError`` past it."""
-        return self._run_job(job, what)
+        ``WorkerTimeoutError`` past it. ``partitions``: the source partitions its tasks read, in task order (the
+        audit's read of the sampled rows, far less work than a pass); a task still running at the straggler
+        deadline of the runner's last pass (``deadline.straggler_deadline`` of its seconds) then has the job
+        cancelled (Spark kills a stopped Python worker) and run again, as a pass's: a read gives the same rows
+        whenever it runs."""
+        if partitions is None or self._pass_s is None:
+            return self._run_job(job, what)
+        return self._run_job(job, what, watch=True, tasks=tuple(int(p) for p in partitions), expect_s=self._pass_s)
 
-    def _run_job(self, job: Callable[[], Any], what: str, watch: bool = False) -> Any:
+    def _run_job(self, job: Callable[[], Any], what: str, watch: bool = False,
+                 tasks: tuple[int, ...] | None = None, expect_s: float | None = None) -> Any:
         """Run a Spark action under a job group; cancel it and raise after ``timeout`` seconds. With ``watch``
         (a data pass over several partitions, once a pass has finished), a task outrun by the others by the
-        straggler deadline has the job cancelled and the action run again, unwatched."""
-        watch = watch and self._answered and self._partitions > 1
+        straggler deadline has the job cancelled and the action run again, unwatched. ``tasks``: the partition
+        each task of a job over some partitions reads (a data pass's tasks are the partitions themselves);
+        ``expect_s``: the straggler deadline is that of an answer after so many seconds, from the job's start."""
+        watch = watch and self._answered and (expect_s is not None or self._partitions > 1)
         if self.timeout is None and not watch:
             return job()
         group = f"mixle-em-{uuid.uuid4().hex}"
@@ -181,20 +193,26 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
 
         thread = threading.Thread(target=target, name=group, daemon=True)
         thread.start()
-        stuck = self._await_job(thread, group, what, watch)
+        stuck = self._await_job(thread, group, what, watch, expect_s)
         if stuck is not None:
             self.sc.cancelJobGroup(group)  # Spark kills the stuck task's Python worker (even a stopped one)
             thread.join(30.0)
-            self._note_stragglers(stuck)
+            if tasks is None:
+                self._note_stragglers(stuck)
+            else:
+                self._note_stalled_read([tasks[i] for i in stuck if 0 <= i < len(tasks)], what)
             return self._run_job(job, what)
         if "error" in box:
             raise box["error"]
         return box["value"]
 
-    def _await_job(self, thread: threading.Thread, group: str, what: str, watch: bool) -> list[int] | None:
-        """Wait for the job's thread; the partitions still running when the straggler deadline passed (``watch``),
+    def _await_job(self, thread: threading.Thread, group: str, what: str, watch: bool,
+                   expect_s: float | None = None) -> list[int] | None:
+        """Wait for the job's thread; the tasks still running when the straggler deadline passed (``watch``),
         or None once it ended. Past ``timeout`` the job is cancelled and ``WorkerTimeoutError`` raised."""
         deadline, clock = Deadline(self.timeout), StragglerClock(self.timeout, self.straggler_timeout)
+        if expect_s is not None:
+            clock.expect(expect_s)
         while True:
             wait = deadline.remaining()
             if watch:  # read the job's progress every POLL_S, and when the straggler deadline passes
@@ -255,6 +273,11 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         self.stragglers.extend(partitions)
         self.recovered_chunks.extend(chunks)
 
+    def _note_stalled_read(self, partitions: list[int], what: str) -> None:
+        _log.warning("spark: partition(s) %s still running at the straggler deadline in %s; the job was cancelled "
+                     "and runs again", partitions or "(unnamed)", what)
+        self.stragglers.extend(partitions)
+
     def chunk_owners(self) -> list[int]:
         """The partition each chunk is in (``parallelize`` slices contiguously, like ``block_assignment``)."""
         if self._owners is not None:  # a source's partitions, numbered within the worker count
@@ -274,7 +297,10 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
 
         task = cloudpickle.dumps((fn, payload), protocol=pickle.HIGHEST_PROTOCOL)
         rdd = self._rdd.mapPartitions(_partition_runner(task, wanted))
+        began, held_up = time.monotonic(), len(self.stragglers)
         blobs = self._run_job(rdd.collect, "map_chunks", watch=True)
+        if wanted is None and len(self.stragglers) == held_up:
+            self._pass_s = time.monotonic() - began
         self._answered = True
         self.wire.count_sent(task, copies=self._partitions)
         self.wire.count_received(*blobs)

@@ -119,11 +119,12 @@ class ClientCluster(WorkerPlacement, Protocol):
 @runtime_checkable
 class PlacesPartitions(Protocol):
     """A runner whose chunks are an RDD's partitions encoded and cached on Spark's executors (``spark``); it runs
-    a source's Spark jobs under its deadline (``run_job``: cancelled and ``WorkerTimeoutError`` past it)."""
+    a source's Spark jobs under its deadline (``run_job``: cancelled and ``WorkerTimeoutError`` past it; a job over
+    several ``partitions`` with a pass's straggler rule)."""
 
     def place_partitions(self, encoded: Any, parts: Sequence[int]) -> None: ...
 
-    def run_job(self, job: Callable[[], Any], what: str) -> Any: ...
+    def run_job(self, job: Callable[[], Any], what: str, partitions: Sequence[int] | None = None) -> Any: ...
 
 
 @runtime_checkable

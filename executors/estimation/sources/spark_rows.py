@@ -215,7 +215,7 @@ class OpenedSparkRows(OpenedSource):
     reads_chunks = True
 
     def __init__(self, rdd: Any, raw: Any, part_rows: tuple[int, ...],
-                 run_job: Callable[[Callable[[], Any], str], Any]) -> None:
+                 run_job: Callable[[Callable[[], Any], str, Sequence[int] | None], Any]) -> None:
         self.rdd = rdd
         self.part_rows = part_rows
         self.run_job = run_job
@@ -248,7 +248,7 @@ class OpenedSparkRows(OpenedSource):
             wanted.setdefault(place.part, []).append((k, place.offset, place.stop_offset))
         sliced = self._rows().mapPartitionsWithIndex(_slices_job(wanted, self.part_rows))
         found = dict(self.run_job(lambda: self.rdd.context.runJob(sliced, _as_is, partitions=sorted(wanted)),
-                                  "reading the audited chunks' rows"))
+                                  "reading the audited chunks' rows", sorted(wanted)))
         missing = [self.describe_part(p.part) for k, p in enumerate(places) if k not in found]
         if missing:
             raise RuntimeError(f"Spark returned no rows for {', '.join(missing)}")

@@ -350,3 +350,71 @@ def test_a_ray_dataset_survives_a_stopped_actor(ray_session, tmp_path):
     dataset = ray_session.data.from_pandas([pd.DataFrame({"x": p}) for p in parts])
     reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
     _check_outrun(_fit_with_a_stopped_worker("ray", lambda r: r.worker_pids()[1], data=dataset), reference)
+
+
+def _stalling_slices(marks: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``spark_rows._slices_job`` whose tasks run as before, except that once ``marks``/armed exists the first
+    task to start (on the executor) SIGSTOPs its own Python worker, once, writing its pid to ``marks``/fired."""
+
+    def slices_job(wanted: Any, part_rows: Any) -> Callable[[int, Any], Any]:
+        job = original(wanted, part_rows)
+
+        def run(index: int, rows: Any) -> Any:
+            if os.path.exists(os.path.join(marks, "armed")):
+                try:
+                    fd = os.open(os.path.join(marks, "fired"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    pass
+                else:
+                    os.write(fd, str(os.getpid()).encode())
+                    os.close(fd)
+                    os.kill(os.getpid(), signal.SIGSTOP)  # alive and silent, holding its task slot
+            return job(index, rows)
+
+        return run
+
+    return slices_job
+
+
+@pytest.mark.timeout(600)
+def test_a_python_worker_stopped_in_the_audits_read_is_given_up_at_the_straggler_deadline(spark_context, tmp_path,
+                                                                                          monkeypatch):
+    """The audit's read of a Spark source's rows (one job over the audited chunks' partitions, when the fit's batch
+    is judged) stalls: the Python worker running one of its tasks SIGSTOPs itself, once. Its task is given up at
+    the straggler deadline as in a pass (the job cancelled, Spark killing the worker, the read run again), and the
+    fit ends well before its timeout on the bits of the same parts fitted locally. Before, the read waited for
+    the timeout and the fit raised ``WorkerTimeoutError``."""
+    from mixle_parallel.executors.estimation.sources import spark_rows
+
+    parts = np.split(em_case.data(), source_case.SPLITS)
+    rdd = spark_context.parallelize(list(range(3)), 3).flatMap(lambda i: [float(v) for v in parts[i]])
+    reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setattr(spark_rows, "_slices_job", _stalling_slices(str(marks), spark_rows._slices_job))
+    est = em_case.estimator()
+    kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
+
+    def arm(step: Any) -> None:
+        if step.iteration == 2:
+            (marks / "armed").touch()
+
+    with encoded_data(rdd, estimator=est, backend="spark", client=spark_context, timeout=TIMEOUT_S,
+                      chunk_size=em_case.FIT_KWARGS["chunk_size"], admission="unverified") as h:
+        began = time.monotonic()
+        try:
+            got = fit(h, est, on_step=arm, **kwargs)
+        finally:
+            fired = marks / "fired"
+            pid = fired.read_text() if fired.exists() else ""
+            if pid:
+                try:
+                    os.kill(int(pid), signal.SIGCONT)
+                except ProcessLookupError:  # Spark killed it when it cancelled the read: the expected end
+                    pass
+        took = time.monotonic() - began
+        assert pid, "no task of the audit's read stopped its Python worker"
+        assert h.runner.stragglers, "the stopped read task was not given up on"
+        assert not h.runner.recovered_chunks  # a read ran again; no pass was recomputed
+    assert took < TIMEOUT_S  # ended by the straggler deadline, not the timeout (which would have raised)
+    assert em_case.signature(got) == reference

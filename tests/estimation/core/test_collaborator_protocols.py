@@ -122,7 +122,7 @@ class _SparkLike:
     def place_partitions(self, encoded: Any, parts: Any) -> None:
         raise AssertionError("not called")
 
-    def run_job(self, job: Any, what: str) -> Any:
+    def run_job(self, job: Any, what: str, partitions: Any = None) -> Any:
         raise AssertionError("not called")
 
 

@@ -94,6 +94,28 @@ def test_the_straggler_clock_arms_on_the_first_answer_and_honours_a_fixed_deadli
     assert straggler_deadline(0.01, 300.0, fixed=2.5) == 2.5
 
 
+def test_a_clock_given_an_expected_answer_time_is_armed_from_its_start():
+    """A job whose tasks are not compared (the audit's read on spark) is armed by the runner's last pass time."""
+    from mixle_parallel.executors.estimation.backends.deadline import StragglerClock
+
+    clock = StragglerClock(600.0)
+    clock.expect(0.2)  # 10 x 0.2 s is below the floor: due STRAGGLER_MIN_S after the start
+    assert not clock.due() and STRAGGLER_MIN_S - 1.0 < clock.wait_s(None) <= STRAGGLER_MIN_S
+    clock.answered()  # an answer does not move a deadline already set
+    assert STRAGGLER_MIN_S - 1.0 < clock.wait_s(None) <= STRAGGLER_MIN_S
+    slow = StragglerClock(600.0)
+    slow.expect(2.0)
+    assert 19.0 < slow.wait_s(None) <= 20.0  # 10 x the expected answer
+    fixed = StragglerClock(600.0, fixed=0.01)
+    fixed.expect(30.0)
+    time.sleep(0.05)
+    assert fixed.due()  # straggler_timeout= replaces the rule here too
+    off = StragglerClock(600.0)
+    off.disarm()
+    off.expect(0.2)
+    assert not off.due() and off.wait_s(None) is None
+
+
 def test_straggler_timeout_is_checked_and_refused_where_it_is_not_honoured():
     from mixle_parallel.executors.estimation.backends.deadline import check_straggler_timeout
     from mixle_parallel.executors.estimation.backends.mp import MPChunkRunner
