@@ -12,6 +12,7 @@ against the unaudited one (issue 33's measure). Both check that the two produce 
     python benchmarks/em_audit_overhead.py --rows 200000 --iters 10
     python benchmarks/em_audit_overhead.py --source dask   # a dask Array on a local cluster
     python benchmarks/em_audit_overhead.py --source spark-df --rows 200000
+    python benchmarks/em_audit_overhead.py --source ray --pause 2   # fits two seconds apart, as a user runs them
 
 ``--source`` picks where the rows live: ``memory`` (rows in this process, ``--backend``), ``files`` (``.npy``
 files, one per worker, read by ``--backend``'s workers), ``spark-df`` (a Parquet table read as a DataFrame),
@@ -102,6 +103,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--fits", type=int, default=3, help="whole fits of --iters passes per handle (0: none)")
+    parser.add_argument("--pause", type=float, default=0.0,
+                        help="seconds between fits (a user's fits are seldom back to back: an engine may reap idle "
+                             "processes in between)")
     parser.add_argument("--backend", default="mp")
     parser.add_argument("--source", choices=SOURCES, default="memory")
     args = parser.parse_args()
@@ -130,7 +134,7 @@ def main() -> None:
                 models[name] = handle.estep(est, models[name]).model
                 times[name].append(time.perf_counter() - t)
         records = audited.audit_records
-        fits, fitted = _time_fits({"audited": audited, "plain": plain}, est, start, args.iters, args.fits)
+        fits, fitted = _time_fits({"audited": audited, "plain": plain}, est, start, args.iters, args.fits, args.pause)
     finally:
         audited.close()
         plain.close()
@@ -154,13 +158,15 @@ def main() -> None:
         _print_fits(fits, fitted, args.iters, args.fits)
 
 
-def _time_fits(handles: dict[str, Any], est: Any, start: Any, iters: int,
-               count: int) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """``count`` whole fits of ``iters`` passes on each handle, interleaved: seconds per fit, and the last fits."""
+def _time_fits(handles: dict[str, Any], est: Any, start: Any, iters: int, count: int,
+               pause: float = 0.0) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """``count`` whole fits of ``iters`` passes on each handle, interleaved, ``pause`` seconds apart: seconds per
+    fit, and the last fits."""
     fits: dict[str, list[float]] = {name: [] for name in handles}
     fitted: dict[str, Any] = {}
     for r in range(count):
         for name in (sorted(handles) if r % 2 == 0 else sorted(handles, reverse=True)):
+            time.sleep(pause)
             t = time.perf_counter()
             fitted[name] = fit(handles[name], est, max_its=iters, delta=None, prev_estimate=start, progress=False)
             fits[name].append(time.perf_counter() - t)
