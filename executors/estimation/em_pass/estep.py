@@ -296,6 +296,7 @@ def source_reference(source: OpenedSource | None, places: Sequence[ChunkPlace] |
     if source is None or places is None or not source.reads_chunks:
         return None
     opened, where = source, places
+    opened.prepare_reads()
 
     def read(chunks: Sequence[int], encoder: Any) -> list[EncodedChunk]:
         return list(opened.read_chunks([where[c] for c in chunks], encoder))

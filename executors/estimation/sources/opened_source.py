@@ -55,6 +55,10 @@ class OpenedSource:
         """The chunk ids each worker must hold, or None (any worker may build any chunk)."""
         return None
 
+    def prepare_reads(self) -> None:
+        """Get ready for the audit's reads (``chunks_rows``) while the fit runs; called once the handle's audit
+        reads from this source (default: nothing to prepare)."""
+
     def chunk_rows(self, place: ChunkPlace) -> Any:
         """The rows of the one chunk at ``place``, fetched into this process by the engine's plain data API (not
         through the backend's runner, E-step or transport)."""

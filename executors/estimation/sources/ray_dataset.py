@@ -5,41 +5,25 @@ and row counts, never rows -- become the parts. Each actor fetches the blocks of
 object store and encodes its slices there (:class:`BlockChunk`); the driver holds the materialized
 dataset (the blocks' references, so they stay in the store) for the handle's life. A block column of
 tensors gives vector rows, one scalar column scalar rows, several scalar columns one row per record.
+The SDC audit's reads of sampled rows go to warm reader actors beside the blocks (``ray_blocks``).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 
 from ..backends.deadline import Deadline
 from ..em_pass.chunks import ChunkRunner, WorkerTimeoutError
 from ..em_pass.runner_protocols import WorkerPlacement, runner_timeout
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
+from .ray_blocks import BlockReaders, block_rows
 from .recipes import ChunkRecipe
 
 __all__ = ["BlockChunk", "RayDataset"]
-
-
-def block_rows(block: Any, lo: int, hi: int, where: str) -> np.ndarray:
-    """Rows ``[lo, hi)`` of a Ray Data block (an Arrow table or a pandas frame) as one numpy array."""
-    from ray.data.block import BlockAccessor
-
-    accessor = BlockAccessor.for_block(BlockAccessor.for_block(block).slice(lo, hi, copy=False))
-    names = list(accessor.column_names())  # type: ignore[attr-defined]  # every table block accessor has it
-    values = accessor.to_numpy(names if len(names) > 1 else names[0])
-    arrays = [values[n] for n in names] if isinstance(values, dict) else [values]
-    bad = [n for n, a in zip(names, arrays) if np.asarray(a).dtype.kind not in "biuf"]
-    if bad:
-        raise ValueError(f"{where}: column(s) {bad} are not numeric; select the numeric columns first "
-                         "(dataset.select_columns([...]))")
-    rows = arrays[0] if len(arrays) == 1 else np.column_stack(arrays)
-    return np.array(rows)  # memory of its own, not a view into the object store
 
 
 @attrs.frozen(kw_only=True)
@@ -62,24 +46,6 @@ class BlockChunk(ChunkRecipe):
         return block_rows(ray.get(self.block[0]), self.lo + self.offset, self.lo + self.stop_offset, self.where)
 
 
-def _block_slices(block: Any, ranges: Sequence[tuple[int, int]], where: str) -> list[np.ndarray]:
-    """Rows ``[lo, hi)`` of a block for each range, in a Ray task beside the store (``chunks_rows``)."""
-    return [block_rows(block, lo, hi, where) for lo, hi in ranges]
-
-
-@functools.lru_cache(maxsize=1)
-def _slicer() -> Any:
-    """``_block_slices`` as a Ray remote function needing no CPU (made once; Ray exports it again to a new session)."""
-    import ray
-
-    return ray.remote(num_cpus=0, max_retries=0)(_block_slices)
-
-
-SLICE_TASKS_IN_FLIGHT = 2
-"""The most slicing tasks a reference fetch keeps running at once: a task that reserves no CPU is not held back by
-Ray's scheduler, and each one running needs a worker process of its own (a batch of a fit's passes asks for many)."""
-
-
 def _materialized(dataset: Any) -> Any:
     """``dataset.materialize()`` in the dataset's own row order."""
     import ray
@@ -91,6 +57,18 @@ def _materialized(dataset: Any) -> Any:
         return dataset.materialize()
     finally:
         options.preserve_order = before
+
+
+@attrs.frozen
+class _BlockRead:
+    """One block's part of a read: the block, the places (``ks`` of ``places``) it holds, the reader slicing it,
+    and whether it is the second try (its first reader died)."""
+
+    part: int
+    ks: list[int]
+    places: Sequence[ChunkPlace]
+    reader: Any = None
+    again: bool = False
 
 
 class RayDataset:
@@ -129,7 +107,9 @@ class OpenedRayDataset(OpenedSource):
         self.blocks = blocks
         self.part_rows = tuple(hi - lo for _, lo, hi in blocks)
         self.timeout = timeout
-        """Seconds the audit's read waits for its slicing tasks (the runner's ``timeout``; None: no limit)."""
+        """Seconds the audit's read waits for its readers (the runner's ``timeout``; None: no limit)."""
+        self.readers = BlockReaders()
+        """The reader actors of the audit's reads, beside the blocks (``ray_blocks``)."""
 
     def describe_part(self, part: int) -> str:
         """The block, in words."""
@@ -145,45 +125,61 @@ class OpenedRayDataset(OpenedSource):
         """The chunk's rows: the one-chunk form of ``chunks_rows``."""
         return self.chunks_rows([place])[0]
 
-    def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
-        """The rows of every chunk at ``places``: one Ray task per block holding some of them (no CPU reserved, so
-        the actors holding every CPU do not block it) slices them where the block is, at most
-        :data:`SLICE_TASKS_IN_FLIGHT` at once; only the chunks' rows cross."""
+    def prepare_reads(self) -> None:
+        """Start the reader actors beside the blocks (``ray_blocks``) while the fit runs: the audit reads here."""
+        self.readers.prepare([ref for ref, _, _ in self.blocks])
 
+    def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
+        """The rows of every chunk at ``places``: one call per block holding some of them to the reader actor on
+        that block's node (``ray_blocks``: warm for the source's life, no CPU reserved), which slices them where the
+        block is; only the chunks' rows cross. A reader that died is replaced, once per block."""
         if not self.blocks:
             raise RuntimeError("this ray dataset source is closed; its blocks are gone")
         wanted: dict[int, list[int]] = {}
         for k, place in enumerate(places):
             wanted.setdefault(place.part, []).append(k)
-        slicer, found = _slicer(), [None] * len(places)
-        running: dict[Any, tuple[int, list[int]]] = {}
+        found: list[Any] = [None] * len(places)
         deadline = Deadline(self.timeout)
-        for part, ks in wanted.items():
-            if len(running) >= SLICE_TASKS_IN_FLIGHT:
-                self._take(running, found, deadline)
-            ref, lo, _ = self.blocks[part]
-            ranges = [(lo + places[k].offset, lo + places[k].stop_offset) for k in ks]
-            running[slicer.remote(ref, ranges, self.describe_part(part))] = (part, ks)
+        running = dict(self._slice(_BlockRead(part, ks, places)) for part, ks in wanted.items())
         while running:
             self._take(running, found, deadline)
         return found
 
-    def _take(self, running: dict[Any, tuple[int, list[int]]], found: list[Any], deadline: Deadline) -> None:
-        """Wait for one slicing task of ``running`` and put its rows in ``found``; past ``deadline`` every running
-        task is cancelled and ``WorkerTimeoutError`` names their blocks."""
+    def _slice(self, read: _BlockRead) -> tuple[Any, _BlockRead]:
+        """``read`` sent to the reader beside its block: the call's object reference, and the read with its reader."""
+        ref, lo, _ = self.blocks[read.part]
+        reader = self.readers.reader_for(ref)
+        ranges = [(lo + read.places[k].offset, lo + read.places[k].stop_offset) for k in read.ks]
+        return reader.slices.remote(ref, ranges, self.describe_part(read.part)), attrs.evolve(read, reader=reader)
+
+    def _take(self, running: dict[Any, _BlockRead], found: list[Any], deadline: Deadline) -> None:
+        """Wait for one call of ``running`` and put its rows in ``found``; past ``deadline`` the readers still
+        slicing are killed (Ray cannot cancel an actor's call) and ``WorkerTimeoutError`` names their blocks."""
         import ray
+        from ray.exceptions import RayActorError
 
         done, _ = ray.wait(list(running), num_returns=1, timeout=deadline.remaining())
         if not done:
-            for ref in running:
-                ray.cancel(ref, force=True)
-            parts = ", ".join(self.describe_part(part) for part, _ in running.values())
+            for read in running.values():
+                self.readers.drop(read.reader)
+            parts = ", ".join(self.describe_part(read.part) for read in running.values())
             raise WorkerTimeoutError(f"the audit's rows of {parts} did not come back within {self.timeout} s: the "
-                                     "Ray worker slicing them is hung or overloaded. Raise timeout= (seconds) or "
+                                     "Ray reader slicing them is hung or overloaded. Raise timeout= (seconds) or "
                                      "check the cluster")
-        for k, rows in zip(running.pop(done[0])[1], ray.get(done[0]), strict=True):
-            found[k] = rows
+        read = running.pop(done[0])
+        try:
+            rows = ray.get(done[0])
+        except RayActorError:
+            self.readers.drop(read.reader)
+            if read.again:
+                raise
+            call, retried = self._slice(attrs.evolve(read, again=True))
+            running[call] = retried
+            return
+        for k, value in zip(read.ks, rows, strict=True):
+            found[k] = value
 
     def close(self) -> None:
-        """Drop the dataset's blocks (the store frees them)."""
+        """Drop the dataset's blocks (the store frees them) and the readers."""
+        self.readers.close()
         self.held, self.blocks = None, []
