@@ -60,15 +60,17 @@ def reader_class() -> Any:
     return ray.remote(num_cpus=0, max_restarts=0)(BlockReader)
 
 
-def node_of(ref: Any) -> str | None:
-    """The id of a node whose object store holds ``ref`` (None where Ray does not say)."""
+def nodes_of(refs: Sequence[Any]) -> list[str | None]:
+    """For each of ``refs``, the id of a node whose object store holds it (None where Ray does not say); one
+    request for all of them."""
     from ray.experimental import get_object_locations
 
     try:
-        nodes = get_object_locations([ref]).get(ref, {}).get("node_ids") or []
-    except Exception:  # noqa: BLE001 - an experimental API: the reader goes where Ray puts it
-        return None
-    return str(nodes[0]) if nodes else None
+        found = get_object_locations(list(refs))
+    except Exception:  # noqa: BLE001 - an experimental API: the readers go where Ray puts them
+        return [None] * len(refs)
+    nodes = [(found.get(ref) or {}).get("node_ids") or [] for ref in refs]
+    return [str(n[0]) if n else None for n in nodes]
 
 
 class BlockReaders:
@@ -81,12 +83,11 @@ class BlockReaders:
 
     def prepare(self, refs: Sequence[Any]) -> None:
         """Start a reader on every node that holds one of ``refs`` (their processes start while the fit runs)."""
-        for node in {node_of(ref) for ref in refs}:
-            self._reader_on(node)
+        self.readers_for(refs)
 
-    def reader_for(self, ref: Any) -> Any:
-        """The reader beside ``ref``'s block."""
-        return self._reader_on(node_of(ref))
+    def readers_for(self, refs: Sequence[Any]) -> list[Any]:
+        """The reader beside each of ``refs``' blocks (started where there is none yet)."""
+        return [self._reader_on(node) for node in nodes_of(refs)]
 
     def drop(self, reader: Any) -> None:
         """Kill ``reader`` (it hung past the deadline, or died); the next read beside its blocks starts another."""

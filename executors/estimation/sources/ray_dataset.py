@@ -140,17 +140,19 @@ class OpenedRayDataset(OpenedSource):
             wanted.setdefault(place.part, []).append(k)
         found: list[Any] = [None] * len(places)
         deadline = Deadline(self.timeout)
-        running = dict(self._slice(_BlockRead(part, ks, places)) for part, ks in wanted.items())
+        parts = list(wanted)
+        readers = self.readers.readers_for([self.blocks[part][0] for part in parts])
+        running = dict(self._slice(_BlockRead(part, wanted[part], places, reader))
+                       for part, reader in zip(parts, readers, strict=True))
         while running:
             self._take(running, found, deadline)
         return found
 
     def _slice(self, read: _BlockRead) -> tuple[Any, _BlockRead]:
-        """``read`` sent to the reader beside its block: the call's object reference, and the read with its reader."""
+        """``read`` sent to its reader: the call's object reference, and the read."""
         ref, lo, _ = self.blocks[read.part]
-        reader = self.readers.reader_for(ref)
         ranges = [(lo + read.places[k].offset, lo + read.places[k].stop_offset) for k in read.ks]
-        return reader.slices.remote(ref, ranges, self.describe_part(read.part)), attrs.evolve(read, reader=reader)
+        return read.reader.slices.remote(ref, ranges, self.describe_part(read.part)), read
 
     def _take(self, running: dict[Any, _BlockRead], found: list[Any], deadline: Deadline) -> None:
         """Wait for one call of ``running`` and put its rows in ``found``; past ``deadline`` the readers still
@@ -173,7 +175,8 @@ class OpenedRayDataset(OpenedSource):
             self.readers.drop(read.reader)
             if read.again:
                 raise
-            call, retried = self._slice(attrs.evolve(read, again=True))
+            (reader,) = self.readers.readers_for([self.blocks[read.part][0]])
+            call, retried = self._slice(attrs.evolve(read, reader=reader, again=True))
             running[call] = retried
             return
         for k, value in zip(read.ks, rows, strict=True):
