@@ -103,9 +103,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--fits", type=int, default=3, help="whole fits of --iters passes per handle (0: none)")
-    parser.add_argument("--pause", type=float, default=0.0,
-                        help="seconds between fits (a user's fits are seldom back to back: an engine may reap idle "
-                             "processes in between)")
+    parser.add_argument("--pause", type=float, default=0.0, help="seconds between fits (as a user runs them)")
     parser.add_argument("--backend", default="mp")
     parser.add_argument("--source", choices=SOURCES, default="memory")
     args = parser.parse_args()

@@ -66,6 +66,35 @@ def _partition_runner(task: bytes, wanted: frozenset[int] | None) -> Callable:
     return run
 
 
+def _started_context(pyspark: Any, num_workers: int | None, master: str | None, conf: dict[str, str] | None) -> Any:
+    """A SparkContext the runner starts (and owns): ``local[n, F]`` by default, this interpreter on the workers."""
+    from ....contracts.resources import local_cpu_count
+
+    n = local_cpu_count() if num_workers is None else int(num_workers)
+    settings = {
+        # local[n, F]: n threads, and a failed task (say a killed Python worker) is
+        # retried up to F times from the cached partition's lineage; plain local[n] never retries.
+        "spark.master": master or f"local[{n},{LOCAL_TASK_ATTEMPTS}]",
+        "spark.app.name": "mixle-parallel-em",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.executorEnv.OMP_NUM_THREADS": "1",
+        "spark.executorEnv.OPENBLAS_NUM_THREADS": "1",
+        "spark.executorEnv.MKL_NUM_THREADS": "1",
+    }
+    # Python workers run PYSPARK_PYTHON (default: "python3" on PATH, which may lack this
+    # package); the driver's interpreter is the one that has it, unless the user named one.
+    python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    settings["spark.pyspark.python"] = python
+    settings.update(conf or {})
+    spark_context = pyspark.SparkContext(conf=pyspark.SparkConf().setAll(list(settings.items())))
+    spark_context.setLogLevel("ERROR")
+    return spark_context
+
+
 class SparkRunner(DeclinesPlacement, CountedTransport):
     """Chunk runner over a SparkContext (given, or a ``local[n]`` one it starts and owns)."""
 
@@ -90,31 +119,7 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
             spark_context = pyspark.SparkContext._active_spark_context  # reuse a running one
         self._owns_context = spark_context is None
         if spark_context is None:
-            from ....contracts.resources import local_cpu_count
-
-            n = local_cpu_count() if num_workers is None else int(num_workers)
-            settings = {
-                # local[n, F]: n threads, and a failed task (say a killed Python worker) is
-                # retried up to F times from the cached partition's lineage; plain local[n] never retries.
-                "spark.master": master or f"local[{n},{LOCAL_TASK_ATTEMPTS}]",
-                "spark.app.name": "mixle-parallel-em",
-                "spark.ui.enabled": "false",
-                "spark.ui.showConsoleProgress": "false",
-                "spark.driver.host": "127.0.0.1",
-                "spark.driver.bindAddress": "127.0.0.1",
-                "spark.pyspark.driver.python": sys.executable,
-                "spark.executorEnv.OMP_NUM_THREADS": "1",
-                "spark.executorEnv.OPENBLAS_NUM_THREADS": "1",
-                "spark.executorEnv.MKL_NUM_THREADS": "1",
-            }
-            # Python workers run PYSPARK_PYTHON (default: "python3" on PATH, which may lack this
-            # package); the driver's interpreter is the one that has it, unless the user named one.
-            python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-            settings["spark.pyspark.python"] = python
-            settings.update(conf or {})
-            spark_conf = pyspark.SparkConf().setAll(list(settings.items()))
-            spark_context = pyspark.SparkContext(conf=spark_conf)
-            spark_context.setLogLevel("ERROR")
+            spark_context = _started_context(pyspark, num_workers, master, conf)
         self.sc = spark_context
         n = int(self.sc.defaultParallelism) if num_workers is None else int(num_workers)
         if n < 1:
