@@ -125,7 +125,7 @@ def release_process_group() -> bool:
     """Destroy the torch.distributed default group if one exists, once what the rank's work left in reference
     cycles is collected (``executors.torch.device_mesh.destroy_default_group``: left to the interpreter's exit,
     their C++ teardown aborted 2 of 7 Fabric ddp ranks); True when one was destroyed."""
-    if _live_process_group() is None:
+    if _live_process_group() is None:  # no group: the torch executor's module is not imported for nothing
         return False
     from ..torch.device_mesh import destroy_default_group
 

@@ -34,11 +34,6 @@ def destroy_default_group() -> bool:
     return True
 
 
-def _release_at_exit() -> None:
-    """Destroy the default process group a session created if the script has not destroyed it itself."""
-    destroy_default_group()
-
-
 def torch_version_tuple(version: str | None = None) -> tuple[int, int]:
     """(major, minor) of a torch version string such as '2.13.0+cpu'."""
     text = (version or torch.__version__).split("+", 1)[0]
@@ -95,7 +90,7 @@ def ensure_process_group(plan: ParallelPlan, device: torch.device) -> bool:
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
     if not _EXIT_HOOK:
-        atexit.register(_release_at_exit)
+        atexit.register(destroy_default_group)  # a group the script did not destroy itself
         _EXIT_HOOK.append(True)
     return True
 
