@@ -270,7 +270,8 @@ class DaskRunner(PlacedRuns):
                 hung.setdefault(address, []).extend(wids)
             return self._pass_timeout(hung)
 
-        for _, (_, _, wids), values in self._settle(pending, deadline, timed_out, self._straggler_clock()):
+        clock = self._straggler_clock()
+        for _, (_, _, wids), values in self._settle(pending, deadline, timed_out, clock):
             if values is not None:
                 results.update(zip(wids, values))
                 continue
@@ -278,6 +279,7 @@ class DaskRunner(PlacedRuns):
             self._check_losses(losses, wids)
             self._replace(sorted(wids), deadline)
             pending.update(self._dispatch(task, sorted(wids)))
+            clock.restart()  # the survivors' recomputation is a race of its own
         return ordered_results(results, ids, self.name)
 
     def _dispatch(self, task: bytes, ids: list[int]) -> dict[int, tuple[str, Any, list[int]]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..em_pass.chunks import WorkerLostError, WorkerTimeoutError
 from .dask_channel import POLL_S, DirectPasses, call_outcomes
-from .deadline import Deadline, StragglerClock
+from .deadline import Deadline, StragglerClock, stragglers_to_give_up
 
 __all__ = ["ActorCalls"]
 
@@ -78,13 +78,16 @@ class ActorCalls(DirectPasses):
             outcomes = self.client.sync(call_outcomes, calls, wait) if calls else {}
             progressed = False
             outrun = clock is not None and not outcomes and clock.due()
+            give_up = stragglers_to_give_up(
+                sorted({entry[0] for entry in pending.values() if entry[0] in self._answered}), self._actors
+            ) if outrun else []
             for key, entry in list(pending.items()):
                 address, call = entry[0], entry[1]
                 if key in outcomes:
                     values = self._decode(address, *outcomes[key])
                 elif call is None or not self._alive(address):
                     values = None
-                elif outrun and address in self._answered:
+                elif address in give_up:
                     self._outrun(address, list(entry[2]) if len(entry) > 2 else [])  # (address, call, chunk ids)
                     values = None
                 else:

@@ -25,7 +25,7 @@ from .channel import ChannelClient, ChannelOffer, wait_channels
 from .chunk_assignment import ordered_results
 from .dask_holder import pack_for_holder
 from .dask_straggler import kill_worker_process, settle_tasks, silent_in_copy
-from .deadline import Deadline, straggler_deadline
+from .deadline import Deadline, straggler_deadline, stragglers_to_give_up
 from .runner_families import ActorClusterRunner
 from .wire_bytes import WireBytes
 
@@ -220,6 +220,7 @@ class DirectPasses(ActorClusterRunner[str]):
             self._check_losses(losses, owed)
             self._replace(owed, deadline)
             submit(owed)
+            clock.restart()  # the survivors' recomputation is a race of its own
 
         def submit(chunk_list: Sequence[int]) -> None:
             by_worker: dict[str, list[int]] = {}
@@ -230,8 +231,8 @@ class DirectPasses(ActorClusterRunner[str]):
                 if channel is None or not channel.send(task, wids):
                     lost(address, wids)
 
-        submit(ids)
         clock = self._straggler_clock()
+        submit(ids)
         while any(channel.waiting for channel in self._channels.values()):
             wait = clock.wait_s(deadline.remaining())
             ready = wait_channels(self._channels, POLL_S if wait is None else min(POLL_S, wait))
@@ -249,7 +250,8 @@ class DirectPasses(ActorClusterRunner[str]):
                 for address in [a for a, ch in self._channels.items() if ch.waiting and not self._alive(a)]:
                     lost(address)
                 if clock.due():
-                    stuck = [a for a, ch in self._channels.items() if ch.waiting and a in self._answered]
+                    stuck = stragglers_to_give_up(
+                        [a for a, ch in self._channels.items() if ch.waiting and a in self._answered], self._actors)
                     for address in stuck:
                         self._outrun(address, self._channels[address].owed)
                         lost(address)

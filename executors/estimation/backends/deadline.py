@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection, Iterable
+from typing import TypeVar
+
+WorkerKey = TypeVar("WorkerKey")
 
 __all__ = ['check_straggler_timeout', 'check_timeout', 'Deadline', 'DEFAULT_TIMEOUT_S', 'StragglerClock',
-           'straggler_deadline']
+           'straggler_deadline', 'stragglers_to_give_up']
 
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -62,9 +66,10 @@ STRAGGLER_TIMEOUT_SHARE = 0.25
 
 
 def straggler_deadline(first_answer_s: float, timeout: float | None, fixed: float | None = None) -> float:
-    """Seconds after a pass's requests went out at which a worker still silent, while another has answered,
-    is a straggler: ``STRAGGLER_FACTOR`` times the first answer's time, at least ``STRAGGLER_MIN_S``, at most
-    ``STRAGGLER_TIMEOUT_SHARE`` of ``timeout`` (well below it: a fit's timeout is for when no worker answers).
+    """Seconds after a pass's requests (or its last restart) went out at which a worker still silent, while
+    another has answered, is a straggler: ``STRAGGLER_FACTOR`` times the first answer's time, at least
+    ``STRAGGLER_MIN_S``, at most ``STRAGGLER_TIMEOUT_SHARE`` of ``timeout`` (well below it: a fit's timeout is for
+    when no worker answers).
 
     A straggler (SIGSTOPped, a hung node) is terminated and its chunks recomputed by the others; a chunk's
     result depends only on the chunk, so the fit ends on the same bits, with one worker fewer. ``fixed`` (the
@@ -80,8 +85,10 @@ class StragglerClock:
 
     Armed by the pass's first answer at :func:`straggler_deadline` after the pass (or its last restart)
     began; a worker still silent then, while others have answered, is given up and its chunks recomputed
-    by the others. ``restart`` after giving up (the recomputation is a new race), ``disarm`` when no one
-    silent may be given up (a fresh worker's first task waits for the pass's timeout)."""
+    by the others. ``restart`` whenever chunks are sent again in the pass (after giving up a straggler, or
+    re-placing a dead worker's chunks: the recomputation is a new race, not measured against answers that
+    came before it), ``disarm`` when no one silent may be given up (a fresh worker's first task waits for
+    the pass's timeout)."""
 
     def __init__(self, timeout: float | None, fixed: float | None = None) -> None:
         self.timeout, self.fixed = timeout, fixed
@@ -118,3 +125,11 @@ class StragglerClock:
         ends = [t for t in (remaining, None if self._due is None else self._due - time.monotonic())
                 if t is not None]
         return max(0.0, min(ends)) if ends else None
+
+
+def stragglers_to_give_up(silent: Iterable[WorkerKey], live: Collection[WorkerKey]) -> list[WorkerKey]:
+    """The ``silent`` workers (past the straggler deadline, having answered before) to give up, given the runner's
+    ``live`` ones: all of them, or none when no live worker would be left to recompute their chunks (the last
+    workers standing are waited for until the pass's ``timeout``, which then names them)."""
+    stuck = list(silent)
+    return [] if all(w in stuck for w in live) else stuck

@@ -46,7 +46,7 @@ from .chunk_assignment import (
     ordered_results,
     requested_ids,
 )
-from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_straggler_timeout, check_timeout
+from .deadline import DEFAULT_TIMEOUT_S, Deadline, check_straggler_timeout, check_timeout, stragglers_to_give_up
 from .optional_engine import require_engine
 from .ray_loopback import loopback_ray_start, one_node_cluster
 from .ray_payload import INLINE_PAYLOAD_BYTES, pack_payload, pack_payload_sized, pickled_results, ray_uses_tls
@@ -294,7 +294,9 @@ class RayRunner(RayPlacedRuns):
             ready, _ = ray.wait(list(inflight), num_returns=1, timeout=clock.wait_s(deadline.remaining()))
             if not ready and clock.due():
                 owed: dict[int, list[int]] = {}
-                for ref in [r for r, (w, _) in inflight.items() if w in self._answered]:
+                give_up = stragglers_to_give_up({w for w, _ in inflight.values() if w in self._answered},
+                                                self.worker_ids())
+                for ref in [r for r, (w, _) in inflight.items() if w in give_up]:
                     w, wids = inflight.pop(ref)
                     owed.setdefault(w, []).extend(wids)
                 stuck = sorted(owed)
@@ -316,6 +318,7 @@ class RayRunner(RayPlacedRuns):
                 except ray.exceptions.RayActorError:
                     self._reassign(w)
                     submit(wids)  # this pass's share of the dead actor, now on survivors
+                    clock.restart()  # their recomputation is a race of its own
                     continue
                 self.wire.count_received(reply)
                 results.update(pickle.loads(reply))
@@ -349,7 +352,9 @@ class RayRunner(RayPlacedRuns):
         while any(channel.waiting for channel in self._channels.values()):
             ready = wait_channels(self._channels, clock.wait_s(deadline.remaining()))
             if not ready and clock.due():
-                stuck = sorted(w for w, ch in self._channels.items() if ch.waiting and w in self._answered)
+                stuck = stragglers_to_give_up(
+                    sorted(w for w, ch in self._channels.items() if ch.waiting and w in self._answered),
+                    self.worker_ids())
                 for w in stuck:
                     submit(self._outrun(w, self._channels[w].owed))
                 clock.restart() if stuck else clock.disarm()
@@ -368,6 +373,7 @@ class RayRunner(RayPlacedRuns):
                 got = channel.receive()
                 if got is None:  # the actor's socket closed: it died
                     submit(fail(w))
+                    clock.restart()  # the survivors' recomputation is a race of its own
                     continue
                 wids, values = got
                 results.update(zip(wids, values))

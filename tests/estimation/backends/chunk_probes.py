@@ -159,3 +159,14 @@ def wide(chunk: tuple[int, np.ndarray], payload: dict[str, Any]) -> np.ndarray:
     """A 4 KiB result per chunk (the chunk's sum, scaled, repeated), so statistics dominate a reply's bytes."""
     cid, arr = chunk
     return np.full(512, float(np.sum(arr)) * payload["scale"])
+
+
+def dies_then_slow(chunk: tuple[int, np.ndarray], payload: dict[str, Any]) -> float:
+    """The chunk's sum; the worker process ``payload["victim"]`` dies at its first chunk, and the chunks it held
+    (``payload["slow"]``) take ``payload["sleep"]`` seconds each wherever they are recomputed."""
+    cid, arr = chunk
+    if os.getpid() == payload["victim"]:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if cid in payload["slow"]:
+        time.sleep(payload["sleep"])
+    return float(np.sum(arr))

@@ -418,3 +418,46 @@ def test_a_python_worker_stopped_in_the_audits_read_is_given_up_at_the_straggler
         assert not h.runner.recovered_chunks  # a read ran again; no pass was recomputed
     assert took < TIMEOUT_S  # ended by the straggler deadline, not the timeout (which would have raised)
     assert em_case.signature(got) == reference
+
+
+def _recompute_a_dead_workers_chunks_slowly(runner: Any, victim_pid: int, victim_chunks: list[int]) -> None:
+    """One pass in which the worker ``victim_pid`` dies and the survivor recomputes its chunks, each taking
+    longer than the runner's straggler deadline; the pass must end on every chunk's value."""
+    chunks = [(i, np.full(8, float(i))) for i in range(6)]
+    runner.scatter(chunks)
+    payload = {"victim": victim_pid, "slow": victim_chunks, "sleep": 1.5}
+    got = runner.map_chunks(probes.dies_then_slow, payload)
+    assert got == [8.0 * i for i in range(6)]
+    assert runner.stragglers == [], "the survivor recomputing the lost chunks was given up as a straggler"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("direct", [True, False], ids=["channel", "rpc"])
+def test_dask_a_survivor_recomputing_a_dead_workers_chunks_is_not_a_straggler(direct):
+    # The survivor answered its own chunks first, which armed the straggler clock; the dead worker's chunks it
+    # then takes must not be raced against that clock (CI once saw the last worker given up so, the fit ending
+    # in "every dask worker is gone").
+    pytest.importorskip("distributed", reason="dask.distributed is the optional [dask] extra")
+    from mixle_parallel.executors.estimation.backends.dask import DaskRunner
+
+    by_value(probes)
+    runner = DaskRunner(num_workers=2, timeout=TIMEOUT_S, straggler_timeout=1.0, direct_channel=direct)
+    try:
+        runner.scatter([(i, np.zeros(1)) for i in range(6)])
+        _recompute_a_dead_workers_chunks_slowly(runner, _dask_pid(runner, 1), [3, 4, 5])
+    finally:
+        runner.close()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("direct", [True, False], ids=["channel", "rpc"])
+def test_ray_a_survivor_recomputing_a_dead_actors_chunks_is_not_a_straggler(ray_session, direct):
+    from mixle_parallel.executors.estimation.backends.ray import RayRunner
+
+    by_value(probes)
+    runner = RayRunner(num_workers=2, timeout=TIMEOUT_S, straggler_timeout=1.0, direct_channel=direct)
+    try:
+        runner.scatter([(i, np.zeros(1)) for i in range(6)])
+        _recompute_a_dead_workers_chunks_slowly(runner, runner.worker_pids()[1], [3, 4, 5])
+    finally:
+        runner.close()

@@ -136,3 +136,13 @@ def test_straggler_timeout_is_checked_and_refused_where_it_is_not_honoured():
         assert runner.straggler_timeout == 1.5
     finally:
         runner.close()
+
+
+def test_the_last_live_workers_are_never_given_up_as_stragglers():
+    from mixle_parallel.executors.estimation.backends.deadline import stragglers_to_give_up
+
+    assert stragglers_to_give_up(["b"], ["a", "b"]) == ["b"]  # "a" recomputes b's chunks
+    assert stragglers_to_give_up(["b", "c"], ["a", "b", "c"]) == ["b", "c"]
+    assert stragglers_to_give_up(["b"], ["b"]) == []  # no one would be left: wait for the timeout
+    assert stragglers_to_give_up(["a", "b"], ["a", "b"]) == []
+    assert stragglers_to_give_up([], ["a"]) == []
