@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -14,7 +16,6 @@ from mixle_parallel.verification.conformance.suite import main_conformance, pars
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """On the child pytest's PYTHONPATH, so ``tests.verification.toy_executors`` imports there."""
 TOYS = "tests.verification.toy_executors"
-pytest_plugins = ["pytester"]
 
 
 def test_cli_passes_the_correct_toy(capsys):
@@ -58,17 +59,30 @@ def _plugin_args() -> list[str]:
     return [] if registered else ["-p", "mixle_parallel.verification.conformance.plugin"]
 
 
-def test_pytest_plugin_runs_the_suite(pytester):
-    env_path = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
-    pytester._monkeypatch.setenv("PYTHONPATH", env_path)
-    good = pytester.runpytest_subprocess(*_plugin_args(), "--mixle-backend", f"{TOYS}:ToyEMExecutor",
-                                         "--mixle-plan", "dp_replicate=2", "--mixle-precision", "fp64", "-q")
-    good.assert_outcomes(passed=9)
-    bad = pytester.runpytest_subprocess(*_plugin_args(), "--mixle-backend", f"{TOYS}:PerWorkerEMExecutor",
-                                        "--mixle-plan", "dp_replicate=3", "--mixle-precision", "fp64", "-q")
-    bad.assert_outcomes(passed=8, failed=1)
-    bad.stdout.fnmatch_lines(["*test_harness_admits*", "*check 'determinism' failed*differs in bits from 1 worker*"])
-    assert sys.executable
+def _run_plugin(folder: Path, *args: str) -> tuple[dict[str, int], str]:
+    """A child pytest in ``folder`` running the conformance plugin with ``args``: its outcome counts and output.
+
+    A plain subprocess, not pytest's own test-running fixture: that fixture restores ``sys.modules`` by
+    clearing it and filling it again, and an engine thread of this session (Ray's, Spark's) importing in
+    between builds a second ``_io`` module, whose exceptions later tests no longer catch as ``io``'s."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *_plugin_args(), *args],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    assert summary, f"the child pytest printed no outcome:\n{output}"
+    return {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?)", summary[-1])}, output
+
+
+def test_pytest_plugin_runs_the_suite(tmp_path):
+    good, output = _run_plugin(tmp_path, "--mixle-backend", f"{TOYS}:ToyEMExecutor", "--mixle-plan", "dp_replicate=2",
+                               "--mixle-precision", "fp64", "-q")
+    assert good == {"passed": 9}, output
+    bad, output = _run_plugin(tmp_path, "--mixle-backend", f"{TOYS}:PerWorkerEMExecutor",
+                              "--mixle-plan", "dp_replicate=3", "--mixle-precision", "fp64", "-q")
+    assert bad == {"passed": 8, "failed": 1}, output
+    assert re.search(r"test_harness_admits.*\n(.*\n)*.*check 'determinism' failed.*differs in bits from 1 worker",
+                     output), output
 
 
 def test_verify_and_certify_commands(tmp_path, capsys):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from types import SimpleNamespace
 from typing import Any
-from unittest import mock
 
 from mixle_parallel.executors.estimation.backends.ray import RayEncodedData
 from mixle_parallel.executors.estimation.backends.ray_tasks import RayTaskRunner
@@ -37,27 +36,27 @@ def _stand_in(initialized: bool) -> tuple[SimpleNamespace, dict[str, Any]]:
     return module, state
 
 
-def test_an_owned_runtime_starts_once_and_is_released_once():
+def test_an_owned_runtime_starts_once_and_is_released_once(monkeypatch):
     ray, state = _stand_in(initialized=False)
-    with mock.patch.dict(sys.modules, {"ray": ray}):
-        handle = RayEncodedData(em_case.data()[:90], estimator=em_case.estimator(), num_partitions=3)
-        assert isinstance(handle.runner, RayTaskRunner) and (state["init"], state["puts"]) == (1, 3)
-        assert handle.num_chunks == 3 and len(handle) == 90
-        handle.close()
-        handle.close()
+    monkeypatch.setitem(sys.modules, "ray", ray)  # one key: patch.dict clears sys.modules on exit
+    handle = RayEncodedData(em_case.data()[:90], estimator=em_case.estimator(), num_partitions=3)
+    assert isinstance(handle.runner, RayTaskRunner) and (state["init"], state["puts"]) == (1, 3)
+    assert handle.num_chunks == 3 and len(handle) == 90
+    handle.close()
+    handle.close()
     assert state["shutdown"] == 1 and handle.num_chunks == 0
 
 
-def test_a_shared_runtime_is_never_shut_down():
+def test_a_shared_runtime_is_never_shut_down(monkeypatch):
     ray, state = _stand_in(initialized=True)
-    with mock.patch.dict(sys.modules, {"ray": ray}):
-        RayEncodedData(em_case.data()[:20], estimator=em_case.estimator(), num_partitions=1).close()
+    monkeypatch.setitem(sys.modules, "ray", ray)  # one key: patch.dict clears sys.modules on exit
+    RayEncodedData(em_case.data()[:20], estimator=em_case.estimator(), num_partitions=1).close()
     assert state["init"] == 0 and state["shutdown"] == 0
 
 
-def test_a_fit_on_the_task_runner_has_the_local_bits():
+def test_a_fit_on_the_task_runner_has_the_local_bits(monkeypatch):
     reference = em_case.reference()
     ray, state = _stand_in(initialized=True)
-    with mock.patch.dict(sys.modules, {"ray": ray}):
-        assert em_case.run("ray", None) == reference
+    monkeypatch.setitem(sys.modules, "ray", ray)  # one key: patch.dict clears sys.modules on exit
+    assert em_case.run("ray", None) == reference
     assert state["tasks"] >= 16 * 12  # every chunk of every pass ran as a task

@@ -11,7 +11,6 @@ import sys
 import warnings
 from types import SimpleNamespace
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -294,16 +293,16 @@ def _inline_ray() -> tuple[SimpleNamespace, dict[str, Any]]:
     return module, state
 
 
-def test_ray_takes_mixles_client_as_the_address_and_its_task_runner_refuses_actor_options():
+def test_ray_takes_mixles_client_as_the_address_and_its_task_runner_refuses_actor_options(monkeypatch):
     ray, state = _inline_ray()
-    with mock.patch.dict(sys.modules, {"ray": ray}):
-        with encoded_data(X, estimator=EST, backend="ray", client="ray://head:10001") as h:
-            assert state["init"]["address"] == "ray://head:10001" and h.num_rows == len(X)
-        with pytest.raises(ValueError, match="option\\(s\\) timeout= are not honoured by backend 'ray' over a Ray "
-                                             "module without cluster_resources"):
-            encoded_data(X, estimator=EST, backend="ray", timeout=5.0)
-        with pytest.raises(ValueError, match="client='a' and address='b' both name the Ray cluster"):
-            encoded_data(X, estimator=EST, backend="ray", client="a", address="b")
+    monkeypatch.setitem(sys.modules, "ray", ray)  # one key: patch.dict clears sys.modules on exit
+    with encoded_data(X, estimator=EST, backend="ray", client="ray://head:10001") as h:
+        assert state["init"]["address"] == "ray://head:10001" and h.num_rows == len(X)
+    with pytest.raises(ValueError, match="option\\(s\\) timeout= are not honoured by backend 'ray' over a Ray "
+                                         "module without cluster_resources"):
+        encoded_data(X, estimator=EST, backend="ray", timeout=5.0)
+    with pytest.raises(ValueError, match="client='a' and address='b' both name the Ray cluster"):
+        encoded_data(X, estimator=EST, backend="ray", client="a", address="b")
 
 
 def test_a_task_only_dask_client_refuses_the_resident_runners_options():
