@@ -8,6 +8,7 @@ from collections.abc import Collection, Iterable
 from typing import TypeVar
 
 WorkerKey = TypeVar("WorkerKey")
+"""How a runner names a worker: dask by its address, ray by its actor's position."""
 
 __all__ = ['check_straggler_timeout', 'check_timeout', 'Deadline', 'DEFAULT_TIMEOUT_S', 'StragglerClock',
            'straggler_deadline', 'stragglers_to_give_up']

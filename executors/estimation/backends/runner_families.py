@@ -17,21 +17,17 @@ runner compute a chunk on a chosen worker?" (``em_pass.runner_protocols.WorkerPl
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
 
 from ....contracts.resources import local_cpu_count
 from ..em_pass.chunks import WorkerTask
 from .chunk_assignment import block_assignment, block_owners, place_blocks
-from .deadline import StragglerClock
+from .deadline import StragglerClock, WorkerKey
 from .spmd_schedule import CollectiveSchedule
 from .wire_bytes import WireBytes
 
 __all__ = ["ActorClusterRunner", "CountedTransport", "DeclinesPlacement", "PlacesWork", "ProcessPoolRunner",
            "SPMDRunner"]
-
-WorkerKey = TypeVar("WorkerKey")
-"""How an actor cluster names a worker: dask by its address, ray by its actor's position."""
-
 
 class CountedTransport:
     """A runner whose pass traffic is counted in a ``WireBytes`` (``wire_bytes``): its totals are read from it."""

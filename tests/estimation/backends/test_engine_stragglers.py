@@ -420,12 +420,12 @@ def test_a_python_worker_stopped_in_the_audits_read_is_given_up_at_the_straggler
     assert em_case.signature(got) == reference
 
 
-def _recompute_a_dead_workers_chunks_slowly(runner: Any, victim_pid: int, victim_chunks: list[int]) -> None:
-    """One pass in which the worker ``victim_pid`` dies and the survivor recomputes its chunks, each taking
-    longer than the runner's straggler deadline; the pass must end on every chunk's value."""
-    chunks = [(i, np.full(8, float(i))) for i in range(6)]
-    runner.scatter(chunks)
-    payload = {"victim": victim_pid, "slow": victim_chunks, "sleep": 1.5}
+def _recompute_a_dead_workers_chunks_slowly(runner: Any, pid_of_second: Callable[[Any], int]) -> None:
+    """One pass in which the second worker (``pid_of_second(runner)``, holding chunks 3-5) dies and the survivor
+    recomputes its chunks, each taking longer than the runner's straggler deadline; the pass must end on every
+    chunk's value."""
+    runner.scatter([(i, np.full(8, float(i))) for i in range(6)])
+    payload = {"victim": pid_of_second(runner), "slow": [3, 4, 5], "sleep": 1.5}
     got = runner.map_chunks(probes.dies_then_slow, payload)
     assert got == [8.0 * i for i in range(6)]
     assert runner.stragglers == [], "the survivor recomputing the lost chunks was given up as a straggler"
@@ -443,8 +443,7 @@ def test_dask_a_survivor_recomputing_a_dead_workers_chunks_is_not_a_straggler(di
     by_value(probes)
     runner = DaskRunner(num_workers=2, timeout=TIMEOUT_S, straggler_timeout=1.0, direct_channel=direct)
     try:
-        runner.scatter([(i, np.zeros(1)) for i in range(6)])
-        _recompute_a_dead_workers_chunks_slowly(runner, _dask_pid(runner, 1), [3, 4, 5])
+        _recompute_a_dead_workers_chunks_slowly(runner, lambda r: _dask_pid(r, 1))
     finally:
         runner.close()
 
@@ -457,7 +456,6 @@ def test_ray_a_survivor_recomputing_a_dead_actors_chunks_is_not_a_straggler(ray_
     by_value(probes)
     runner = RayRunner(num_workers=2, timeout=TIMEOUT_S, straggler_timeout=1.0, direct_channel=direct)
     try:
-        runner.scatter([(i, np.zeros(1)) for i in range(6)])
-        _recompute_a_dead_workers_chunks_slowly(runner, runner.worker_pids()[1], [3, 4, 5])
+        _recompute_a_dead_workers_chunks_slowly(runner, lambda r: r.worker_pids()[1])
     finally:
         runner.close()
