@@ -47,8 +47,9 @@ from .wire_bytes import WireBytes
 from .worker_process import yield_on_wakeup
 
 __all__ = [
-    "HANDSHAKE_TIMEOUT_S", "ChannelAuthenticationError", "ChannelClient", "ChannelOffer", "ChannelServer", "answer",
-    "collect_replies", "derive_channel_key", "holder_key", "new_channel_key", "wait_channels",
+    "CLOSE_REQUEST", "HANDSHAKE_TIMEOUT_S", "ChannelAuthenticationError", "ChannelClient", "ChannelOffer",
+    "ChannelServer", "accept_authenticated", "answer", "collect_replies", "derive_channel_key", "dial", "holder_key",
+    "new_channel_key", "serve_requests", "wait_channels",
 ]
 
 _ACCEPT_TIMEOUT_S = 60.0
@@ -165,47 +166,60 @@ class ChannelServer:
                          daemon=True).start()
         return listener.address
 
-    def _accept(self, listener: Any, authkey: bytes) -> Any:
-        """The first connection that passes the handshake before the accept deadline, else None."""
-        deadline = time.monotonic() + _ACCEPT_TIMEOUT_S
-        raw = listener._listener._socket
-        while (left := deadline - time.monotonic()) > 0:
-            raw.settimeout(left)  # never wait forever for a driver that failed
-            try:
-                conn = listener.accept()
-            except OSError:
-                return None
-            try:
-                _handshake(conn, authkey, server=True, timeout=min(HANDSHAKE_TIMEOUT_S, max(left, 0.1)))
-                return conn
-            except (OSError, EOFError, AuthenticationError):
-                conn.close()  # silent, slow or unauthenticated: drop it, keep waiting for the driver
-        return None
-
     def _serve(self, listener: Any, authkey: bytes) -> None:
         try:
-            conn = self._accept(listener, authkey)
+            conn = accept_authenticated(listener, authkey, time.monotonic() + _ACCEPT_TIMEOUT_S)
         finally:
             listener.close()
         if conn is None:
             return
-        _no_delay(conn)
         if self._batch:
             yield_on_wakeup()  # this thread computes: do not preempt the driver when woken (backends.worker_process)
-        with conn:
-            while True:
-                try:
-                    request = conn.recv_bytes()
-                except (EOFError, OSError):
-                    return  # the driver closed the runner, or is gone
-                conn.send_bytes(self._answer(request))
+        serve_requests(conn, self._chunk_of, f"{self._where} (pass channel)")
 
-    def _answer(self, request: bytes) -> bytes:
+
+def accept_authenticated(listener: Any, authkey: bytes, deadline: float, *, server: bool = True) -> Any:
+    """The first connection to ``listener`` that passes the HMAC handshake for ``authkey`` before ``deadline``
+    (``time.monotonic()``), else None; a silent, slow or unauthenticated client is dropped and the wait goes on."""
+    raw = listener._listener._socket
+    while (left := deadline - time.monotonic()) > 0:
+        raw.settimeout(left)  # never wait forever for a peer that failed
         try:
-            task, ids, borrowed = pickle.loads(request)
-        except Exception as exc:  # noqa: BLE001 - a request this holder cannot read
-            return _dump_reply(("raised", exc))
-        return answer(task, ids, borrowed, self._chunk_of, f"{self._where} (pass channel)")
+            conn = listener.accept()
+        except OSError:
+            return None
+        try:
+            _handshake(conn, authkey, server=server, timeout=min(HANDSHAKE_TIMEOUT_S, max(left, 0.1)))
+            return conn
+        except (OSError, EOFError, AuthenticationError):
+            conn.close()
+    return None
+
+
+CLOSE_REQUEST = b"close"
+"""The request that ends a holder's serving loop (:func:`serve_requests`) cleanly."""
+
+
+def serve_requests(conn: Any, chunk_of: Callable[[int], Any], where: str) -> None:
+    """Answer pass requests on the authenticated ``conn`` until the driver sends :data:`CLOSE_REQUEST` or goes."""
+    _no_delay(conn)
+    with conn:
+        while True:
+            try:
+                request = conn.recv_bytes()
+            except (EOFError, OSError):
+                return  # the driver closed the runner, or is gone
+            if request == CLOSE_REQUEST:
+                return
+            conn.send_bytes(_answer_request(request, chunk_of, where))
+
+
+def _answer_request(request: bytes, chunk_of: Callable[[int], Any], where: str) -> bytes:
+    try:
+        task, ids, borrowed = pickle.loads(request)
+    except Exception as exc:  # noqa: BLE001 - a request this holder cannot read
+        return _dump_reply(("raised", exc))
+    return answer(task, ids, borrowed, chunk_of, where)
 
 
 def answer(task: bytes, ids: Sequence[int], borrowed: dict[int, bytes], chunk_of: Callable[[int], Any],
@@ -242,26 +256,45 @@ def _dump_reply(reply: tuple[str, Any]) -> bytes:
             return pickle.dumps(("raised", RuntimeError(text)))
 
 
+def dial(address: Any, authkey: bytes, handshake_timeout: float = HANDSHAKE_TIMEOUT_S) -> Any:
+    """A connection to ``address`` that passed the HMAC handshake for ``authkey`` (the dialling side's half);
+    ``OSError`` (``ChannelAuthenticationError`` for a wrong key) when it did not."""
+    conn = connection.Client(tuple(address) if isinstance(address, list) else address)
+    try:
+        _handshake(conn, authkey, server=False, timeout=handshake_timeout)
+    except AuthenticationError as exc:
+        conn.close()
+        raise ChannelAuthenticationError(f"pass channel handshake with {address} failed: {exc}") from exc
+    except EOFError as exc:
+        conn.close()
+        raise OSError(f"pass channel to {address} closed during the handshake") from exc
+    except OSError as exc:
+        conn.close()
+        raise OSError(f"pass channel handshake with {address} got no answer within {handshake_timeout} s "
+                      f"({exc!r})") from exc
+    return conn
+
+
 class ChannelClient:
     """Driver side: one holder's socket; replies come back in request order."""
 
     def __init__(self, address: Any, authkey: bytes, handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
                  wire: WireBytes | None = None) -> None:
+        """Connect to the holder serving at ``address`` and authenticate with ``authkey``."""
+        self._adopt(dial(address, authkey, handshake_timeout), wire)
+
+    @classmethod
+    def over(cls, conn: Any, wire: WireBytes | None = None) -> ChannelClient:
+        """A client over ``conn``, already authenticated: the holder connected to the driver (Spark's serving
+        tasks, ``backends.spark_channel``) rather than the driver to the holder."""
+        client = cls.__new__(cls)
+        client._adopt(conn, wire)
+        return client
+
+    def _adopt(self, conn: Any, wire: WireBytes | None) -> None:
         self.wire = wire if wire is not None else WireBytes()
         """Bytes of the request and reply frames through this socket (the runner may share one across holders)."""
-        self.conn = connection.Client(tuple(address) if isinstance(address, list) else address)
-        try:
-            _handshake(self.conn, authkey, server=False, timeout=handshake_timeout)
-        except AuthenticationError as exc:
-            self.conn.close()
-            raise ChannelAuthenticationError(f"pass channel handshake with {address} failed: {exc}") from exc
-        except EOFError as exc:
-            self.conn.close()
-            raise OSError(f"pass channel to {address} closed during the handshake") from exc
-        except OSError as exc:
-            self.conn.close()
-            raise OSError(f"pass channel handshake with {address} got no answer within {handshake_timeout} s "
-                          f"({exc!r})") from exc
+        self.conn = conn
         _no_delay(self.conn)
         self.waiting: collections.deque[list[int]] = collections.deque()
         """Chunk ids of the requests sent and not yet answered, oldest first."""
