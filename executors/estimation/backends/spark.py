@@ -1,9 +1,12 @@
 """The ``spark`` chunk runner: encoded chunks as the records of one cached RDD.
 
 The chunks are parallelized once as ``(chunk id, chunk)`` records into contiguous partitions
-(one per worker) and cached; every data pass maps ``fn`` over the cached partitions and collects
-``(chunk id, result)`` pairs, which the runner orders by chunk id. Spark retries a failed task
-(a Python worker that died) from the partition's lineage. A task still running at the straggler
+(one per worker) and cached. With ``direct_channel=True`` (the default) and no more partitions than task slots,
+the passes are served by one barrier stage whose tasks keep the partitions' chunks and answer each pass over a
+socket (``backends.spark_channel``: a pass without a job's ~0.1 s start), released when idle and before any other
+job of the runner; a stage that fails hands the passes back to jobs. As a job, a data pass maps ``fn`` over the
+cached partitions and collects ``(chunk id, result)`` pairs, which the runner orders by chunk id. Spark retries a
+failed task (a Python worker that died) from the partition's lineage. A task still running at the straggler
 deadline (``deadline.straggler_deadline``, well below ``timeout``) while the pass's other tasks finished
 (a SIGSTOPped or hung Python worker) has its job cancelled (Spark kills the worker) and the pass runs
 again from the cached partitions: same bits, since a chunk's result depends only on the chunk. Spark's
@@ -20,7 +23,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ....contracts.resources import local_cpu_count
@@ -36,6 +39,7 @@ from .chunk_assignment import (
 from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_straggler_timeout, check_timeout
 from .optional_engine import require_engine
 from .runner_families import CountedTransport, DeclinesPlacement
+from .spark_channel import SparkPassStage
 from .wire_bytes import WireBytes, dumps
 
 __all__ = ["LOCAL_TASK_ATTEMPTS", "SparkRunner", "spark_encoded_data"]
@@ -59,7 +63,8 @@ def _partition_runner(task: bytes, wanted: frozenset[int] | None) -> Callable:
     the partition's ``(chunk id, result)`` pairs come back as one pickled record."""
     def run(records: Any) -> Any:
         fn, payload = pickle.loads(task)
-        chunks = {chunk_id: chunk for chunk_id, chunk in records if wanted is None or chunk_id in wanted}
+        chunks = {chunk_id: chunk for chunk_id, chunk in records  # a source's rows record (key < 0) is not a chunk
+                  if chunk_id >= 0 and (wanted is None or chunk_id in wanted)}
         ids = sorted(chunks)
         return [dumps(list(zip(ids, apply_chunk_fn(fn, payload, ids, chunks.__getitem__))))]
 
@@ -110,6 +115,7 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         timeout: float | None = DEFAULT_TIMEOUT_S,
         conf: dict[str, str] | None = None,
         straggler_timeout: float | None = None,
+        direct_channel: bool = True,
     ) -> None:
         pyspark = require_engine("pyspark", "spark")
         self.timeout = check_timeout(timeout)
@@ -138,6 +144,14 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         self.recovered_chunks: list[int] = []
         """Chunk ids of those partitions, recomputed (for tests and logs)."""
         self._answered = False  # a pass finished: the Python workers are warm, a slow task is a straggler
+        self.direct_channel = bool(direct_channel)
+        """``direct_channel=``: serve the passes from tasks kept alive (``backends.spark_channel``); False: a job
+        per pass."""
+        self._stage: SparkPassStage | None = None
+        self.serving_stopped: str | None = None
+        """Why this runner stopped serving passes and runs them as jobs (None while it may serve)."""
+        self.served_passes = 0
+        """Passes answered by a serving stage rather than a job."""
         self._pass_s: float | None = None  # seconds of the last whole data pass that no straggler held up
 
     # -- placement ----------------------------------------------------------------------------
@@ -183,6 +197,7 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         straggler deadline has the job cancelled and the action run again, unwatched. ``tasks``: the partition
         each task of a job over some partitions reads (a data pass's tasks are the partitions themselves);
         ``expect_s``: the straggler deadline is that of an answer after so many seconds, from the job's start."""
+        self._release_stage()  # a serving stage holds the task slots this job needs
         watch = watch and self._answered and (expect_s is not None or self._partitions > 1)
         if self.timeout is None and not watch:
             return job()
@@ -301,6 +316,9 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         from pyspark import cloudpickle
 
         task = cloudpickle.dumps((fn, payload), protocol=pickle.HIGHEST_PROTOCOL)
+        served = self._served_pass(task, ids, whole=wanted is None)
+        if served is not None:
+            return ordered_results(served, ids, self.name)
         rdd = self._rdd.mapPartitions(_partition_runner(task, wanted))
         began, held_up = time.monotonic(), len(self.stragglers)
         blobs = self._run_job(rdd.collect, "map_chunks", watch=True)
@@ -311,8 +329,82 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         self.wire.count_received(*blobs)
         return ordered_results({i: r for blob in blobs for i, r in pickle.loads(blob)}, ids, self.name)
 
+    def _served_pass(self, task: bytes, ids: list[int], whole: bool) -> dict[int, Any] | None:
+        """The pass answered by the serving stage (started, or started again once released while idle); None when
+        this runner does not serve (``direct_channel=False``, more partitions than task slots, a stage that failed
+        before): the pass then runs as a job. A task lost or outrun ends the stage; the pass runs as a job."""
+        if not (self.direct_channel and self.serving_stopped is None
+                and self._partitions <= int(self.sc.defaultParallelism)):
+            return None
+        for _ in range(2):
+            if self._stage is None:
+                started = SparkPassStage.start(self.sc, self._rdd, self._partitions, self.wire, self.timeout)
+                if isinstance(started, str):
+                    self._stop_serving(f"its serving stage did not start: {started}")
+                    return None
+                self._stage = started
+            began = time.monotonic()
+            outcome = self._stage.run_pass(task, ids, Deadline(self.timeout),
+                                           StragglerClock(self.timeout, self.straggler_timeout))
+            if outcome.released:  # released while idle: start another
+                self._stage = None
+                continue
+            if outcome.hung:
+                self.serving_stopped, self._stage = "a pass hung", None
+                raise WorkerTimeoutError(
+                    f"spark job 'map_chunks' did not finish within {self.timeout} s and was cancelled (serving tasks "
+                    f"of partitions {outcome.hung}); an executor is hung or overloaded. Raise timeout= (seconds) or "
+                    "check the executors.")
+            if outcome.outrun:
+                self._note_stragglers(outcome.outrun)
+                self._stop_serving(f"partition(s) {outcome.outrun} were outrun at the straggler deadline")
+                return None
+            if outcome.lost:
+                self._stop_serving(f"the task(s) serving partition(s) {outcome.lost} were lost")
+                return None
+            if whole:
+                self._pass_s = time.monotonic() - began
+            self._answered = True
+            self.served_passes += 1
+            return outcome.results
+        return None
+
+    def read_held(self, fn: Callable[[Any, Any], Any], asks: Mapping[int, Any]) -> dict[int, Any] | None:
+        """``fn(rows, asks[p])`` on the rows each partition ``p`` holds (``runner_protocols.PARTITION_ROWS``), by
+        the live serving stage's tasks; None when no stage serves now or it holds no rows (the caller reads them
+        with a job). A task lost, outrun (the straggler deadline of the last pass) or hung ends the stage and
+        serving, as in a pass: None."""
+        if self._stage is None or self._stage.ended.is_set() or not self._stage.holds_rows:
+            return None
+        from pyspark import cloudpickle
+
+        clock = StragglerClock(self.timeout, self.straggler_timeout)
+        clock.expect(self._pass_s or 0.0)  # a read is far less work than a pass: its deadline is a pass's
+        tasks = {int(p): cloudpickle.dumps((fn, ask), protocol=pickle.HIGHEST_PROTOCOL) for p, ask in asks.items()}
+        outcome = self._stage.read(tasks, Deadline(self.timeout), clock)
+        if outcome.released:
+            self._stage = None
+            return None
+        if outcome.failed:
+            self._stop_serving(f"the read of partition(s) {outcome.lost + outcome.outrun + outcome.hung} failed")
+            return None
+        return outcome.results
+
+    def _stop_serving(self, why: str) -> None:
+        """Run this pass and every later one as a Spark job (whose retries and lineage recompute what was lost)."""
+        _log.warning("spark: %s; this runner's passes and reads run as Spark jobs from now on", why)
+        self.serving_stopped = why
+        self._stage = None
+
+    def _release_stage(self) -> None:
+        """Give the serving stage's task slots back (before a job of this runner's own, or at close)."""
+        if self._stage is not None:
+            self._stage.release()
+            self._stage = None
+
     # -- lifetime -----------------------------------------------------------------------------
     def _unpersist(self) -> None:
+        self._release_stage()
         if self._rdd is not None:
             try:
                 self._rdd.unpersist()
@@ -337,18 +429,20 @@ def spark_encoded_data(
     master: str | None = None,
     timeout: float | None = DEFAULT_TIMEOUT_S,
     straggler_timeout: float | None = None,
+    direct_channel: bool = True,
     **params: Any,
 ) -> Any:
     """``encoded_data(..., backend="spark")``: a handle over a :class:`SparkRunner`.
 
     ``client`` (the generic engine handle of ``encoded_data``) may be a SparkContext or a
-    SparkSession; ``spark_context`` names it explicitly.
+    SparkSession; ``spark_context`` names it explicitly. ``direct_channel=False``: every pass is a Spark job
+    (no serving stage holds the task slots between passes; see ``backends.spark_channel``).
     """
     sc = spark_context if spark_context is not None else client
     if sc is not None and hasattr(sc, "sparkContext"):
         sc = sc.sparkContext  # a SparkSession
     runner = SparkRunner(sc, num_workers=num_workers, master=master, timeout=timeout,
-                         straggler_timeout=straggler_timeout)
+                         straggler_timeout=straggler_timeout, direct_channel=direct_channel)
     try:
         return handle_from_runner(runner, data, **params)
     except BaseException:
@@ -357,7 +451,7 @@ def spark_encoded_data(
 
 
 ENCODED_DATA_OPTIONS = frozenset({"client", "spark_context", "num_workers", "master", "timeout",
-                                  "straggler_timeout", "batch_size", "shuffle", "seed"})
+                                  "straggler_timeout", "direct_channel", "batch_size", "shuffle", "seed"})
 """The ``encoded_data`` options the spark backend honours besides the handle's own."""
 
 WORKER_PROCESSES = True

@@ -32,10 +32,10 @@ if TYPE_CHECKING:
     from .chunks import EStepResult
     from .deferred_judging import JudgedBatch
 
-__all__ = ["AdmittedHandle", "AssignsChunks", "AuditedHandle", "BindsVerification", "ChunkOwnership", "ChunkedHandle",
-           "ClientCluster", "CountsTransport", "CountsWorkers", "DefersJudging", "EStepHandle", "FitLifecycle",
-           "InitializableHandle", "MeteredHandle", "MinibatchHandle", "PlacesPartitions", "PoolProcesses",
-           "RankCollective", "RankGather", "RunLedger", "RunsOnRunner", "SizedHandle", "TimedRunner",
+__all__ = ["PARTITION_ROWS", "AdmittedHandle", "AssignsChunks", "AuditedHandle", "BindsVerification", "ChunkOwnership",
+           "ChunkedHandle", "ClientCluster", "CountsTransport", "CountsWorkers", "DefersJudging", "EStepHandle",
+           "FitLifecycle", "InitializableHandle", "MeteredHandle", "MinibatchHandle", "PlacesPartitions",
+           "PoolProcesses", "RankCollective", "RankGather", "RunLedger", "RunsOnRunner", "SizedHandle", "TimedRunner",
            "WorkerPlacement", "places_work", "runner_timeout", "transport_count"]
 
 
@@ -116,15 +116,24 @@ class ClientCluster(WorkerPlacement, Protocol):
     def wait_for_tasks(self, futures: Mapping[str, Any], what: str) -> None: ...
 
 
+PARTITION_ROWS = -1
+"""The record key of a partition's rows among its encoded ``(chunk id, chunk)`` records (``PlacesPartitions``):
+the rows travel and stay cached with the chunks encoded from them, for the audit's reads."""
+
+
 @runtime_checkable
 class PlacesPartitions(Protocol):
     """A runner whose chunks are an RDD's partitions encoded and cached on Spark's executors (``spark``); it runs
     a source's Spark jobs under its deadline (``run_job``: cancelled and ``WorkerTimeoutError`` past it; a job over
-    several ``partitions`` with a pass's straggler rule)."""
+    several ``partitions`` with a pass's straggler rule). ``read_held``: ``fn(rows, ask)`` on the rows each asked
+    partition holds (its :data:`PARTITION_ROWS` record), by the tasks serving the passes, or None when none
+    serves them now (the source then reads them with a job)."""
 
     def place_partitions(self, encoded: Any, parts: Sequence[int]) -> None: ...
 
     def run_job(self, job: Callable[[], Any], what: str, partitions: Sequence[int] | None = None) -> Any: ...
+
+    def read_held(self, fn: Callable[[Any, Any], Any], asks: Mapping[int, Any]) -> dict[int, Any] | None: ...
 
 
 @runtime_checkable

@@ -1,8 +1,9 @@
 """A pyspark RDD of rows (as mixle 0.8.2 takes) or a DataFrame, read by the ``spark`` backend where it lives.
 
 Parts are the RDD's partitions, in order. One Spark job reads every partition's rows once into a cached RDD and
-counts them; a second maps them to their encoded chunks, which stay cached on the executors
-(``SparkRunner.place_partitions``); the audit's references slice the cached rows. The driver only ever holds the
+counts them; a second maps them to their encoded chunks, which stay cached on the executors with the rows
+(``SparkRunner.place_partitions``); the audit's references slice those rows (by the tasks serving the passes, else
+by a job). The driver only ever holds the
 counts and the audited chunks' rows. An RDD element is one row, as in mixle (numbers, a vector, a tuple of
 fields); numeric rows become one array, as an in-memory fit gets.
 A DataFrame gives numeric columns (one row per record) or one vector / array column; plain integer and floating
@@ -22,7 +23,7 @@ import attrs
 import numpy as np
 
 from ..em_pass.chunks import ChunkRunner
-from ..em_pass.runner_protocols import PlacesPartitions
+from ..em_pass.runner_protocols import PARTITION_ROWS, PlacesPartitions
 from .layout import ChunkPlace
 from .opened_source import OpenedSource
 from .recipes import ChunkRecipe, encode_rows, numeric_rows
@@ -127,10 +128,12 @@ def _arrow_rows(frame: Any) -> Any:
 
 def _encoder_job(by_part: dict[int, list[PartitionChunk]],
                  part_rows: Sequence[int]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """The function each partition of the cached rows (``_raw_job``) runs once: its rows checked, cut and encoded."""
+    """The function each partition of the cached rows (``_raw_job``) runs once: its rows checked, cut and encoded;
+    the rows themselves first, as the :data:`PARTITION_ROWS` record, cached with the chunks (the audit's reads)."""
     def encode(index: int, held: Iterator[Any]) -> Iterator[Any]:
         for rows in held:  # the partition's rows, read once
             _same_count(part_rows, index, rows)
+            yield PARTITION_ROWS, rows
             for recipe in by_part.get(index, []):
                 yield recipe.chunk_id, encode_rows(recipe, rows[recipe.offset:recipe.stop_offset])
 
@@ -172,6 +175,16 @@ def _as_is(records: Iterator[Any]) -> Iterator[Any]:
     return records
 
 
+def _held_rows(records: Iterator[Any]) -> Iterator[Any]:
+    """A placed partition's rows: its :data:`PARTITION_ROWS` record (the chunks' records read past, to the end)."""
+    return (record for key, record in records if key == PARTITION_ROWS)
+
+
+def _held_slices(rows: Any, asks: list[tuple[int, int, int]]) -> list[tuple[int, Any]]:
+    """``(k, rows[lo:hi])`` for each ask of one partition, run by the task that holds its rows (served reads)."""
+    return [(k, np.array(rows[lo:hi]) if isinstance(rows, np.ndarray) else rows[lo:hi]) for k, lo, hi in asks]
+
+
 class SparkRows:
     """An RDD of rows or a DataFrame, to be read by the ``spark`` backend (``as_source`` wraps it)."""
 
@@ -205,7 +218,7 @@ class SparkRows:
         except BaseException:
             raw.unpersist()
             raise
-        return OpenedSparkRows(rdd, raw, tuple(int(n) for n in counts), runner.run_job)
+        return OpenedSparkRows(rdd, raw, tuple(int(n) for n in counts), runner)
 
 
 class OpenedSparkRows(OpenedSource):
@@ -214,15 +227,17 @@ class OpenedSparkRows(OpenedSource):
     kind = "spark"
     reads_chunks = True
 
-    def __init__(self, rdd: Any, raw: Any, part_rows: tuple[int, ...],
-                 run_job: Callable[[Callable[[], Any], str, Sequence[int] | None], Any]) -> None:
+    def __init__(self, rdd: Any, raw: Any, part_rows: tuple[int, ...], runner: PlacesPartitions) -> None:
         self.rdd = rdd
         self.part_rows = part_rows
-        self.run_job = run_job
+        self.run_job = runner.run_job
         """The runner's ``run_job``: this source's Spark jobs run under the runner's deadline."""
+        self._runner = runner
         self._raw: Any = raw
-        """The partitions' rows, read once at ``open`` and cached on the executors: the chunks are encoded from
-        them and the audit's references slice them (``chunks_rows``)."""
+        """The partitions' rows, read once at ``open`` and cached on the executors until the chunks are encoded from
+        them (``place``), which keeps them cached with the chunks instead."""
+        self._placed: Any = None
+        """The encoded partitions (``place``): each holds its rows as its :data:`PARTITION_ROWS` record."""
 
     def describe_part(self, part: int) -> str:
         """The partition, in words."""
@@ -237,42 +252,54 @@ class OpenedSparkRows(OpenedSource):
         return self.chunks_rows([place])[0]
 
     def chunks_rows(self, places: Sequence[ChunkPlace]) -> list[Any]:
-        """The rows of every chunk at ``places``: one Spark job on just their partitions, sending only the chunks'
-        row ranges here, under the runner's deadline. It slices the partitions' cached rows (``_rows``: read once,
-        when the source was opened), not the runner's encoded chunks, and reads every record it is sent (a PySpark
-        worker that leaves input unread is not reused)."""
+        """The rows of every chunk at ``places``, only the chunks' row ranges sent here: sliced by the tasks serving
+        the passes where they hold the rows (``read_held``), else by one Spark job on just their partitions, under
+        the runner's deadline. Either slices the partitions' cached rows (read once, when the source was opened),
+        not the runner's encoded chunks; a job reads every record it is sent (a PySpark worker that leaves input
+        unread is not reused)."""
         if not places:
             return []
         wanted: dict[int, list[tuple[int, int, int]]] = {}
         for k, place in enumerate(places):
             wanted.setdefault(place.part, []).append((k, place.offset, place.stop_offset))
-        sliced = self._rows().mapPartitionsWithIndex(_slices_job(wanted, self.part_rows))
-        found = dict(self.run_job(lambda: self.rdd.context.runJob(sliced, _as_is, partitions=sorted(wanted)),
-                                  "reading the audited chunks' rows", sorted(wanted)))
+        rows = self._rows()
+        served = self._runner.read_held(_held_slices, wanted) if self._placed is not None else None
+        if served is not None:
+            found = {k: sliced for pairs in served.values() for k, sliced in pairs}
+        else:
+            sliced_rdd = rows.mapPartitionsWithIndex(_slices_job(wanted, self.part_rows))
+            found = dict(self.run_job(lambda: self.rdd.context.runJob(sliced_rdd, _as_is, partitions=sorted(wanted)),
+                                      "reading the audited chunks' rows", sorted(wanted)))
         missing = [self.describe_part(p.part) for k, p in enumerate(places) if k not in found]
         if missing:
             raise RuntimeError(f"Spark returned no rows for {', '.join(missing)}")
         return [found[k] for k in range(len(places))]
 
     def close(self) -> None:
-        """Drop the cached rows of the audit's reference."""
+        """Drop the cached rows of the audit's reference (those cached with the chunks go with the runner's)."""
         if self._raw is not None:
             self._raw.unpersist()
             self._raw = None
+        self._placed = None
 
     def place(self, runner: ChunkRunner, places: Sequence[ChunkPlace], encoder: Any) -> None:
-        """Map every partition to its encoded chunks, cached on the executors. They are encoded from the rows read
-        and counted at ``open`` (``_raw``; a partition Spark had to read again must have its count), which the
-        audit's references slice too (``chunks_rows``): no second read of the source when a pass is audited."""
+        """Map every partition to its rows and its encoded chunks, cached on the executors. They are encoded from the
+        rows read and counted at ``open`` (``_raw``; a partition Spark had to read again must have its count), which
+        then stay cached with the chunks only: the audit's references slice them there (``chunks_rows``), with no
+        second read of the source and no second copy of the rows."""
         assert isinstance(runner, PlacesPartitions)  # opened on it (``open`` refuses any other runner)
         by_part: dict[int, list[PartitionChunk]] = {}
         for recipe in partition_recipes(places, encoder, "RDD partition"):
             by_part.setdefault(recipe.part, []).append(recipe)
-        runner.place_partitions(self._rows().mapPartitionsWithIndex(_encoder_job(by_part, self.part_rows)),
-                                [p.part for p in places])
+        encoded = self._rows().mapPartitionsWithIndex(_encoder_job(by_part, self.part_rows))
+        runner.place_partitions(encoded, [p.part for p in places])
+        self._placed = encoded
+        self._raw.unpersist()  # the rows are cached with the chunks now; a lost partition is read again
 
     def _rows(self) -> Any:
-        """The partitions' rows cached at ``open``."""
+        """The partitions' rows: those cached with the chunks once placed, else those cached at ``open``."""
         if self._raw is None:
             raise RuntimeError("this Spark source is closed: its cached rows are dropped; open it again")
+        if self._placed is not None:
+            return self._placed.mapPartitions(_held_rows, preservesPartitioning=True)
         return self._raw

@@ -170,3 +170,13 @@ def dies_then_slow(chunk: tuple[int, np.ndarray], payload: dict[str, Any]) -> fl
     if cid in payload["slow"]:
         time.sleep(payload["sleep"])
     return float(np.sum(arr))
+
+
+def dying_once(marker: str, fn: Any) -> Any:
+    """``fn``, except that the first call (one per ``marker``, across processes) SIGKILLs its own process."""
+    def call(*args: Any) -> Any:
+        if claim(marker):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fn(*args)
+
+    return call

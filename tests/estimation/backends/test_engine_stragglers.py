@@ -85,15 +85,18 @@ def test_dask_a_sigstopped_worker_is_outrun_and_the_fit_ends_on_the_same_bits(di
     _check_outrun(_fit_with_a_stopped_worker("dask", lambda r: _dask_pid(r, 1), direct_channel=direct))
 
 
-def _spark_fit_with_a_stopped_python_worker(spark_context: Any, workdir: str, data: Any) -> Any:
+def _spark_fit_with_a_stopped_python_worker(spark_context: Any, workdir: str, data: Any,
+                                            direct_channel: bool = True) -> tuple[Any, tuple[int, str | None]]:
     """Fit em_case on spark; the Python worker that takes the first chunk of pass 3 SIGSTOPs itself (which
     pooled worker takes a task is Spark's choice, so the test cannot stop one from outside beforehand). Checks
-    that one task was given up at the straggler deadline and its chunks recomputed; returns the fit."""
+    that one task was given up at the straggler deadline and its chunks recomputed; returns the fit and the
+    runner's served passes and why it stopped serving."""
     by_value(probes)
     est = probes.SabotageEstimator(em_case.estimator(), workdir, action="stop")
     kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
     with encoded_data(data, estimator=est, backend="spark", client=spark_context, timeout=TIMEOUT_S,
-                      chunk_size=em_case.FIT_KWARGS["chunk_size"], admission="unverified") as h:
+                      chunk_size=em_case.FIT_KWARGS["chunk_size"], admission="unverified",
+                      direct_channel=direct_channel) as h:
         began = time.monotonic()
         try:
             got = fit(h, est, on_step=est.arm_at(2), **kwargs)
@@ -108,14 +111,24 @@ def _spark_fit_with_a_stopped_python_worker(spark_context: Any, workdir: str, da
         took = time.monotonic() - began
         assert pid, "no Python worker stopped itself"
         assert len(h.runner.stragglers) == 1 and h.runner.recovered_chunks, "the stopped task was not given up on"
+        served = h.runner.served_passes, h.runner.serving_stopped
     assert took < TIMEOUT_S
-    return got
+    return got, served
 
 
 @pytest.mark.timeout(600)
-def test_spark_a_sigstopped_python_worker_is_outrun_and_the_fit_ends_on_the_same_bits(spark_context, tmp_path):
-    got = _spark_fit_with_a_stopped_python_worker(spark_context, str(tmp_path), em_case.data())
+@pytest.mark.parametrize("direct", [True, False], ids=["served", "job-per-pass"])
+def test_spark_a_sigstopped_python_worker_is_outrun_and_the_fit_ends_on_the_same_bits(spark_context, tmp_path,
+                                                                                      direct):
+    """Served: the stopped task of the serving stage is outrun, the stage cancelled and the pass run as a job;
+    a job per pass: the job is cancelled and run again."""
+    got, (served, stopped) = _spark_fit_with_a_stopped_python_worker(spark_context, str(tmp_path), em_case.data(),
+                                                                     direct)
     assert em_case.signature(got) == em_case.reference()
+    if direct:  # passes 1-2 served; the stopped serving task was outrun, the later passes run as jobs
+        assert served >= 2 and "outrun" in (stopped or ""), (served, stopped)
+    else:
+        assert served == 0
 
 
 @pytest.mark.timeout(600)
@@ -133,7 +146,7 @@ def test_a_spark_source_survives_a_stopped_python_worker(spark_context, tmp_path
     reference = source_case.source_reference(source_case.write_files(str(tmp_path), "npy"))
     work = tmp_path / "sabotage"
     work.mkdir()
-    got = _spark_fit_with_a_stopped_python_worker(spark_context, str(work), rdd)
+    got, _ = _spark_fit_with_a_stopped_python_worker(spark_context, str(work), rdd)  # 3 partitions > 2 slots: jobs
     assert em_case.signature(got) == reference
 
 

@@ -45,13 +45,16 @@ def test_ray_passes_count_channel_frames_and_rpc_blobs(ray_session):
     _check_both_channels(lambda direct: RayRunner(2, direct_channel=direct))
 
 
-def test_spark_passes_count_task_closures_and_collected_records(spark_context):
+@pytest.mark.parametrize("direct", [True, False], ids=["served", "job-per-pass"])
+def test_spark_passes_count_task_closures_and_collected_records(spark_context, direct):
     from mixle_parallel.executors.estimation.backends.spark import SparkRunner
 
     by_value(probes)
-    wire_case.assert_em_receipts(wire_case.em_receipt_bytes("spark", spark_context=spark_context, num_workers=2))
-    runner = SparkRunner(spark_context, num_workers=2)
-    try:
-        wire_case.assert_driver_pass(runner, workers=2)  # one task closure per partition, one record back each
+    wire_case.assert_em_receipts(wire_case.em_receipt_bytes("spark", spark_context=spark_context, num_workers=2,
+                                                            direct_channel=direct))
+    runner = SparkRunner(spark_context, num_workers=2, direct_channel=direct)
+    try:  # served: a request and a reply per serving task; jobs: a task closure and a record per partition
+        wire_case.assert_driver_pass(runner, workers=2)
+        assert (runner.served_passes > 0) == direct
     finally:
         runner.close()

@@ -44,7 +44,7 @@ def test_partitions_hold_contiguous_chunks_results_in_order(spark_context):
 
 def test_hung_executor_is_cancelled_by_timeout(spark_context, tmp_path):
     chunks = probes.make_chunks(4)
-    runner = SparkRunner(spark_context, timeout=4.0)
+    runner = SparkRunner(spark_context, timeout=4.0, direct_channel=False)  # a job per pass; served: test_spark_channel
     release = tmp_path / "release"
     try:
         runner.scatter(chunks)
@@ -63,7 +63,7 @@ def test_hung_executor_is_cancelled_by_timeout(spark_context, tmp_path):
 
 def test_python_worker_killed_mid_pass_is_retried(spark_context, tmp_path):
     chunks = probes.make_chunks(6)
-    runner = SparkRunner(spark_context, timeout=300)
+    runner = SparkRunner(spark_context, timeout=300, direct_channel=False)  # Spark's retry of a job's task
     try:
         runner.scatter(chunks)
         payload = {"kill_chunk": 4, "marker": str(tmp_path / "killed")}

@@ -125,6 +125,9 @@ class _SparkLike:
     def run_job(self, job: Any, what: str, partitions: Any = None) -> Any:
         raise AssertionError("not called")
 
+    def read_held(self, fn: Any, asks: Any) -> Any:
+        raise AssertionError("not called")
+
 
 def test_a_wrapper_shows_exactly_its_runners_capabilities_to_the_static_lookup_of_python_3_12() -> None:
     """From Python 3.12 a runtime-checkable Protocol looks members up with ``inspect.getattr_static``, which never
