@@ -333,8 +333,7 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         """The pass answered by the serving stage (started, or started again once released while idle); None when
         this runner does not serve (``direct_channel=False``, more partitions than task slots, a stage that failed
         before): the pass then runs as a job. A task lost or outrun ends the stage; the pass runs as a job."""
-        if not (self.direct_channel and self.serving_stopped is None
-                and self._partitions <= int(self.sc.defaultParallelism)):
+        if not (self.direct_channel and self.serving_stopped is None and self._partitions <= self._task_slots()):
             return None
         for _ in range(2):
             if self._stage is None:
@@ -389,6 +388,11 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
             self._stop_serving(f"the read of partition(s) {outcome.lost + outcome.outrun + outcome.hung} failed")
             return None
         return outcome.results
+
+    def _task_slots(self) -> int:
+        """Tasks the context runs at once: its default parallelism over the cores each task takes."""
+        cpus = int(self.sc.getConf().get("spark.task.cpus", "1") or 1)
+        return int(self.sc.defaultParallelism) // max(cpus, 1)
 
     def _stop_serving(self, why: str) -> None:
         """Run this pass and every later one as a Spark job (whose retries and lineage recompute what was lost)."""

@@ -156,6 +156,7 @@ class SparkPassStage:
         if why is not None:
             stage.abort()
             return why
+        stage._last_used = time.monotonic()  # idle from now: a slow start is not idle time
         threading.Thread(target=stage._reap, name=f"{group}-idle", daemon=True).start()
         _LIVE.add(stage)
         return stage

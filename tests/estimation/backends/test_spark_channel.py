@@ -217,3 +217,21 @@ def test_a_runner_starting_a_stage_releases_another_runners_stage_on_the_context
     finally:
         first.close()
         second.close()
+
+
+
+def test_the_task_slots_count_the_cores_each_task_takes():
+    """A stage needs a slot per partition at once: with spark.task.cpus=2 on 8 cores, 4 partitions fit, 5 do not."""
+    class Conf:
+        def get(self, key, default=None):
+            return {"spark.task.cpus": "2"}.get(key, default)
+
+    class Context:
+        defaultParallelism = 8
+
+        def getConf(self):
+            return Conf()
+
+    runner = SparkRunner.__new__(SparkRunner)
+    runner.sc = Context()
+    assert runner._task_slots() == 4
