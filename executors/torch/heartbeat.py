@@ -4,7 +4,8 @@ Every rank's thread writes ``{beat, step, phase, phase_age}`` under its rank eve
 and reads the others'. A rank whose beat stops changing for ``dead_after_s`` is dead (its process
 is gone or frozen); when some rank has been inside one phase of a step for ``hung_after_s``, the
 rank outside a collective (in its forward or outside the session) that has been there longest is hung
-(the others wait for it in a collective). Ages
+(the others wait for it in a collective), or dead when its beat has also been still for half of
+``dead_after_s`` (both deadlines run together when a rank freezes: which one passes first is chance). Ages
 are each rank's own monotonic clock, so node clocks need not agree. What happens then is the
 ``on_failure(anomaly)`` callback's business (the session's: record it, then exit or raise).
 """
@@ -115,9 +116,19 @@ class Heartbeat:
         free = [r for r, b in beats.items() if b["phase"] not in WAITING_PHASES]
         culprit = max(free or list(beats), key=ages.__getitem__)
         b = beats[culprit]
+        silent = self._silent_s(culprit, now)
+        if silent >= self.dead_after_s / 2:  # not beating either: frozen or gone, whichever deadline came first
+            return Anomaly(self.step, "dead_rank", silent, self.dead_after_s, None, self.step, rank=culprit,
+                           detail=f"rank {culprit} wrote no heartbeat for {silent:.1f} s while the others waited "
+                                  f"for it (last at step {b['step']})")
         return Anomaly(b["step"], "hung_rank", ages[culprit], self.hung_after_s, None, self.step, rank=culprit,
                        detail=f"rank {culprit} has been in '{b['phase']}' after step {b['step']} for "
                               f"{ages[culprit]:.1f} s; the others wait for it")
+
+    def _silent_s(self, rank: int, now: float) -> float:
+        """Seconds since ``rank``'s beat last changed (as this rank saw it; 0 for itself)."""
+        seen = self._seen.get(rank)
+        return 0.0 if rank == self.rank or seen is None else now - seen[1]
 
     def _age(self, rank: int, beat: dict[str, Any], now: float) -> float:
         """How long ``rank`` has been in its phase now: its reported age plus the time since that report."""

@@ -104,3 +104,43 @@ def test_flops_and_baseline() -> None:
     med, mad = b.baseline()
     assert med == 2.0 and math.isclose(mad, 1.4826)
     assert RollingBaseline.from_state(b.state()).baseline() == b.baseline()
+
+
+class _Store:
+    """The process group store's three calls, in memory."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.values for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.values[key].encode()
+
+
+@pytest.mark.parametrize("still", [True, False], ids=["frozen", "sleeping"])
+def test_the_rank_the_others_wait_for_is_dead_when_its_beat_is_still_too(still: bool) -> None:
+    """Rank 0 has waited in its backward past hung_after_s; rank 1, outside a collective, is the one it waits for:
+    hung while its heartbeat goes on, dead when its beat has been still for half of dead_after_s (a frozen rank
+    meets both deadlines together; the hung one used to win the race on a loaded machine)."""
+    from mixle_parallel.executors.torch.heartbeat import Heartbeat
+
+    store = _Store()
+    beat = Heartbeat(store, rank=0, world_size=2, on_failure=lambda a: None, interval_s=0.2, dead_after_s=3.0,
+                     hung_after_s=3.0)
+    t0 = time.monotonic()
+    beat.set_phase("backward", step=0)
+    beat._phase_since = t0 - 1.05
+    beat._publish()  # rank 0's own beat: in its backward
+    store.set("1", json.dumps({"beat": 5, "step": 0, "phase": "idle", "phase_age": 0.1}))
+    assert beat.check(t0) is None  # rank 1's beat first seen now
+    if not still:
+        store.set("1", json.dumps({"beat": 6, "step": 0, "phase": "idle", "phase_age": 1.9}))
+        assert beat.check(t0 + 1.9) is None
+    found = beat.check(t0 + 2.0)  # rank 0 in its backward for 3.05 s; rank 1 still for 2.0 s (or 0.1 s)
+    assert found is not None and found.rank == 1
+    assert found.kind == ("dead_rank" if still else "hung_rank")
