@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ....contracts.resources import local_cpu_count
@@ -40,6 +40,7 @@ from .deadline import DEFAULT_TIMEOUT_S, Deadline, StragglerClock, check_straggl
 from .optional_engine import require_engine
 from .runner_families import CountedTransport, DeclinesPlacement
 from .spark_channel import SparkPassStage
+from .spark_served import ServedWork
 from .wire_bytes import WireBytes, dumps
 
 __all__ = ["LOCAL_TASK_ATTEMPTS", "SparkRunner", "spark_encoded_data"]
@@ -100,7 +101,7 @@ def _started_context(pyspark: Any, num_workers: int | None, master: str | None, 
     return spark_context
 
 
-class SparkRunner(DeclinesPlacement, CountedTransport):
+class SparkRunner(ServedWork, DeclinesPlacement, CountedTransport):
     """Chunk runner over a SparkContext (given, or a ``local[n]`` one it starts and owns)."""
 
     name = "spark"
@@ -132,6 +133,8 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
             raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
         self.num_workers = n
         self._rdd: Any = None
+        self._build: Callable[[], Any] | None = None
+        """Builds the chunks' RDD where a serving stage holds them and none is cached yet (``ServedWork``)."""
         self._num_chunks = 0
         self._partitions = 0
         self._owners: list[int] | None = None
@@ -173,10 +176,14 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         partition ``parts[i]``) as the chunks, and materialize it: the rows never reach the driver."""
         self._unpersist()
         self._num_chunks = len(parts)
-        self._partitions = int(encoded.getNumPartitions())
         self._owners = [int(p) for p in parts]
+        self._cache(encoded, "encoding the source's partitions")
+
+    def _cache(self, encoded: Any, what: str) -> None:
+        """Cache ``encoded`` as the chunks' RDD and materialize it."""
+        self._partitions = int(encoded.getNumPartitions())
         self._rdd = encoded.cache()
-        self._run_job(lambda: self._rdd.count(), "encoding the source's partitions")
+        self._run_job(lambda: self._rdd.count(), what)
 
     # -- data passes --------------------------------------------------------------------------
     def run_job(self, job: Callable[[], Any], what: str, partitions: Sequence[int] | None = None) -> Any:
@@ -309,7 +316,7 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         self, fn: Callable[[Any, Any], Any], payload: Any, chunk_ids: Sequence[int] | None = None
     ) -> list[Any]:
         """``fn(chunk, payload)`` over the cached partitions; results in chunk-id order."""
-        if self._rdd is None:
+        if self._rdd is None and self._build is None:
             raise RuntimeError("spark runner has no chunks; call scatter(chunks) first")
         ids = requested_ids(chunk_ids, self._num_chunks)
         wanted = None if chunk_ids is None else frozenset(ids)
@@ -319,6 +326,7 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         served = self._served_pass(task, ids, whole=wanted is None)
         if served is not None:
             return ordered_results(served, ids, self.name)
+        self._ensure_rdd()
         rdd = self._rdd.mapPartitions(_partition_runner(task, wanted))
         began, held_up = time.monotonic(), len(self.stragglers)
         blobs = self._run_job(rdd.collect, "map_chunks", watch=True)
@@ -329,86 +337,10 @@ class SparkRunner(DeclinesPlacement, CountedTransport):
         self.wire.count_received(*blobs)
         return ordered_results({i: r for blob in blobs for i, r in pickle.loads(blob)}, ids, self.name)
 
-    def _served_pass(self, task: bytes, ids: list[int], whole: bool) -> dict[int, Any] | None:
-        """The pass answered by the serving stage (started, or started again once released while idle); None when
-        this runner does not serve (``direct_channel=False``, more partitions than task slots, a stage that failed
-        before): the pass then runs as a job. A task lost or outrun ends the stage; the pass runs as a job."""
-        if not (self.direct_channel and self.serving_stopped is None and self._partitions <= self._task_slots()):
-            return None
-        for _ in range(2):
-            if self._stage is None:
-                started = SparkPassStage.start(self.sc, self._rdd, self._partitions, self.wire, self.timeout)
-                if isinstance(started, str):
-                    self._stop_serving(f"its serving stage did not start: {started}")
-                    return None
-                self._stage = started
-            began = time.monotonic()
-            outcome = self._stage.run_pass(task, ids, Deadline(self.timeout),
-                                           StragglerClock(self.timeout, self.straggler_timeout))
-            if outcome.released:  # released while idle: start another
-                self._stage = None
-                continue
-            if outcome.hung:
-                self.serving_stopped, self._stage = "a pass hung", None
-                raise WorkerTimeoutError(
-                    f"spark job 'map_chunks' did not finish within {self.timeout} s and was cancelled (serving tasks "
-                    f"of partitions {outcome.hung}); an executor is hung or overloaded. Raise timeout= (seconds) or "
-                    "check the executors.")
-            if outcome.outrun:
-                self._note_stragglers(outcome.outrun)
-                self._stop_serving(f"partition(s) {outcome.outrun} were outrun at the straggler deadline")
-                return None
-            if outcome.lost:
-                self._stop_serving(f"the task(s) serving partition(s) {outcome.lost} were lost")
-                return None
-            if whole:
-                self._pass_s = time.monotonic() - began
-            self._answered = True
-            self.served_passes += 1
-            return outcome.results
-        return None
-
-    def read_held(self, fn: Callable[[Any, Any], Any], asks: Mapping[int, Any]) -> dict[int, Any] | None:
-        """``fn(rows, asks[p])`` on the rows each partition ``p`` holds (``runner_protocols.PARTITION_ROWS``), by
-        the live serving stage's tasks; None when no stage serves now or it holds no rows (the caller reads them
-        with a job). A task lost, outrun (the straggler deadline of the last pass) or hung ends the stage and
-        serving, as in a pass: None."""
-        if self._stage is None or self._stage.ended.is_set() or not self._stage.holds_rows:
-            return None
-        from pyspark import cloudpickle
-
-        clock = StragglerClock(self.timeout, self.straggler_timeout)
-        clock.expect(self._pass_s or 0.0)  # a read is far less work than a pass: its deadline is a pass's
-        tasks = {int(p): cloudpickle.dumps((fn, ask), protocol=pickle.HIGHEST_PROTOCOL) for p, ask in asks.items()}
-        outcome = self._stage.read(tasks, Deadline(self.timeout), clock)
-        if outcome.released:
-            self._stage = None
-            return None
-        if outcome.failed:
-            self._stop_serving(f"the read of partition(s) {outcome.lost + outcome.outrun + outcome.hung} failed")
-            return None
-        return outcome.results
-
-    def _task_slots(self) -> int:
-        """Tasks the context runs at once: its default parallelism over the cores each task takes."""
-        cpus = int(self.sc.getConf().get("spark.task.cpus", "1") or 1)
-        return int(self.sc.defaultParallelism) // max(cpus, 1)
-
-    def _stop_serving(self, why: str) -> None:
-        """Run this pass and every later one as a Spark job (whose retries and lineage recompute what was lost)."""
-        _log.warning("spark: %s; this runner's passes and reads run as Spark jobs from now on", why)
-        self.serving_stopped = why
-        self._stage = None
-
-    def _release_stage(self) -> None:
-        """Give the serving stage's task slots back (before a job of this runner's own, or at close)."""
-        if self._stage is not None:
-            self._stage.release()
-            self._stage = None
-
     # -- lifetime -----------------------------------------------------------------------------
     def _unpersist(self) -> None:
         self._release_stage()
+        self._build = None
         if self._rdd is not None:
             try:
                 self._rdd.unpersist()

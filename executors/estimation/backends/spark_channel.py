@@ -49,7 +49,8 @@ from .channel import (
 from .deadline import Deadline, StragglerClock
 from .wire_bytes import WireBytes
 
-__all__ = ["IDLE_RELEASE_S", "START_TIMEOUT_S", "ServedPass", "SparkPassStage"]
+__all__ = ["HELD", "IDLE_RELEASE_S", "START_TIMEOUT_S", "ServedPass", "SparkPassStage", "held_chunks", "held_rows",
+           "serving_task"]
 
 _log = logging.getLogger("mixle_parallel.executors.estimation.backends.spark")
 
@@ -67,22 +68,43 @@ _LIVE: weakref.WeakSet[SparkPassStage] = weakref.WeakSet()
 handles fitted in turn would otherwise each wait out the other's idle hold)."""
 
 
-def serving_task(address: Any, authkey: bytes) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """What each task of the stage runs: keep the partition's chunks, dial the driver at ``address``, send the chunk
-    ids held, answer requests until released; nothing is returned through Spark. A task that cannot dial (a
-    retried attempt of a stage the driver gave up) ends at once."""
+HELD = -2
+"""The key under which a serving task's holdings are the holdings themselves: a request on it adds chunks (the
+encoding of rows the task read, ``SparkRunner.place_held``)."""
+
+
+def held_chunks(records: Iterable[Any]) -> dict[int, Any]:
+    """A partition of ``(chunk id, chunk)`` records as a task's holdings (a source's rows too, as PARTITION_ROWS)."""
+    return {int(i): chunk for i, chunk in records}
+
+
+def held_rows(records: Iterable[Any]) -> dict[int, Any]:
+    """A partition of one record, its rows (``spark_rows``' read), as a task's holdings: the rows only."""
+    (rows,) = list(records)
+    return {PARTITION_ROWS: rows}
+
+
+Holds = Callable[[Iterable[Any]], dict[int, Any]]
+"""What a serving task makes of its partition's records: its holdings, by key (``held_chunks``, ``held_rows``)."""
+
+
+def serving_task(address: Any, authkey: bytes, hold: Holds = held_chunks) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """What each task of the stage runs: keep what ``hold`` makes of the partition's records, dial the driver at
+    ``address``, send the keys held (and the rows' count), answer requests until released; nothing is returned
+    through Spark. A task that cannot dial (a retried attempt of a stage the driver gave up) ends at once."""
     def serve(records: Iterable[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
-        chunks = {int(i): chunk for i, chunk in records}  # a source's rows too, as PARTITION_ROWS (< 0)
+        store = hold(records)
         context = TaskContext.get()
         partition = int(context.partitionId()) if context is not None else -1
         try:
             conn = dial(address, authkey)
         except OSError:
             return iter(())
-        conn.send_bytes(pickle.dumps((partition, sorted(chunks)), protocol=pickle.HIGHEST_PROTOCOL))
-        serve_requests(conn, chunks.__getitem__, "a Spark task serving passes")
+        rows = len(store[PARTITION_ROWS]) if PARTITION_ROWS in store else None
+        conn.send_bytes(pickle.dumps((partition, sorted(store), rows), protocol=pickle.HIGHEST_PROTOCOL))
+        serve_requests(conn, lambda i: store if i == HELD else store[i], "a Spark task serving passes")
         return iter(())
 
     return serve
@@ -115,6 +137,8 @@ class SparkPassStage:
         """The partition (channel) holding each chunk id."""
         self.holds_rows = False
         """Whether every task holds its partition's rows (a source's ``PARTITION_ROWS`` record): reads are served."""
+        self.row_counts: dict[int, int] = {}
+        """Each partition's rows, where the tasks hold rows."""
         self._lock = threading.Lock()
         self._last_used = time.monotonic()
         self.ended = threading.Event()
@@ -122,10 +146,11 @@ class SparkPassStage:
         """Passes this stage served."""
 
     @classmethod
-    def start(cls, sc: Any, rdd: Any, partitions: int, wire: WireBytes,
-              timeout: float | None) -> SparkPassStage | str:
-        """Start serving ``rdd``'s ``partitions`` partitions of ``(chunk id, chunk)`` records; the stage once every
-        task dialled in, or why it could not start (it is cancelled then). The driver listens where Spark's own
+    def start(cls, sc: Any, rdd: Any, partitions: int, wire: WireBytes, timeout: float | None,
+              hold: Holds = held_chunks) -> SparkPassStage | str:
+        """Start serving ``rdd``'s ``partitions`` partitions, each task holding what ``hold`` makes of its records
+        (``(chunk id, chunk)`` records by default); the stage once every task dialled in, or why it could not start
+        (it is cancelled then). The driver listens where Spark's own
         driver endpoint does (``spark.driver.bindAddress``), and the tasks dial it as they dial Spark's
         (``spark.driver.host``)."""
         for other in list(_LIVE):  # another runner's stage on this context holds the slots between its passes
@@ -136,7 +161,7 @@ class SparkPassStage:
         listener = connection.Listener((conf.get("spark.driver.bindAddress", host), 0))
         key = new_channel_key()
         group = f"mixle-em-serve-{uuid.uuid4().hex}"
-        served = rdd.barrier().mapPartitions(serving_task((host, listener.address[1]), key))
+        served = rdd.barrier().mapPartitions(serving_task((host, listener.address[1]), key, hold))
         box: dict[str, Any] = {}
 
         def run() -> None:
@@ -180,10 +205,12 @@ class SparkPassStage:
             if not conn.poll(HANDSHAKE_TIMEOUT_S):
                 conn.close()
                 continue
-            partition, held = pickle.loads(conn.recv_bytes())
+            partition, held, count = pickle.loads(conn.recv_bytes())
             self._channels[int(partition)] = ChannelClient.over(conn, wire)
             self._holder.update({int(i): int(partition) for i in held if i >= 0})
             rows.append(PARTITION_ROWS in held)
+            if count is not None:
+                self.row_counts[int(partition)] = int(count)
         self.holds_rows = all(rows)
         return None
 
@@ -202,14 +229,20 @@ class SparkPassStage:
         return outcome._replace(results={i: r for share, entries in outcome.results.values()
                                          for i, r in zip(share, entries)})
 
-    def read(self, tasks: Mapping[int, bytes], deadline: Deadline, clock: StragglerClock) -> ServedPass:
-        """``fn(rows, ask)`` on the rows each partition of ``tasks`` holds (``tasks[p]``: the pickled ``(fn, ask)``);
-        the results by partition, as :meth:`run_pass` ends. ``clock`` is armed by the caller (a read's tasks are
-        not compared with each other)."""
-        outcome = self._exchange({p: (task, [PARTITION_ROWS]) for p, task in tasks.items()}, deadline, clock)
+    def read(self, tasks: Mapping[int, bytes], deadline: Deadline, clock: StragglerClock,
+             key: int = PARTITION_ROWS) -> ServedPass:
+        """``fn(held[key], ask)`` in each partition's task of ``tasks`` (``tasks[p]``: the pickled ``(fn, ask)``;
+        ``key``: the rows, or :data:`HELD`, the holdings themselves); the results by partition, as :meth:`run_pass`
+        ends. ``clock`` is armed by the caller (these tasks are not compared with each other)."""
+        outcome = self._exchange({p: (task, [key]) for p, task in tasks.items()}, deadline, clock)
         if outcome.failed or outcome.released:
             return outcome
         return outcome._replace(results={p: entries[0] for p, (_, entries) in outcome.results.items()})
+
+    def adopt(self, held: Mapping[int, Sequence[int]]) -> None:
+        """Record the chunk ids each partition's task now holds (built there from its rows)."""
+        for partition, ids in held.items():
+            self._holder.update({int(i): int(partition) for i in ids})
 
     def _exchange(self, requests: Mapping[int, tuple[bytes, list[int]]], deadline: Deadline,
                   clock: StragglerClock | None) -> ServedPass:

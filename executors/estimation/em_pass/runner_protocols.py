@@ -125,13 +125,19 @@ the rows travel and stay cached with the chunks encoded from them, for the audit
 class PlacesPartitions(Protocol):
     """A runner whose chunks are an RDD's partitions encoded and cached on Spark's executors (``spark``); it runs
     a source's Spark jobs under its deadline (``run_job``: cancelled and ``WorkerTimeoutError`` past it; a job over
-    several ``partitions`` with a pass's straggler rule). ``read_held``: ``fn(rows, ask)`` on the rows each asked
-    partition holds (its :data:`PARTITION_ROWS` record), by the tasks serving the passes, or None when none
-    serves them now (the source then reads them with a job)."""
+    several ``partitions`` with a pass's straggler rule). Where tasks kept alive serve it: ``open_rows`` has them
+    read a source's partitions (their row counts, or None: read them with a job), ``place_held`` has them encode
+    their chunks (False: place them with a job), ``read_held`` runs ``fn(rows, ask)`` on the rows each asked
+    partition holds (its :data:`PARTITION_ROWS` record; None: read them with a job)."""
 
     def place_partitions(self, encoded: Any, parts: Sequence[int]) -> None: ...
 
     def run_job(self, job: Callable[[], Any], what: str, partitions: Sequence[int] | None = None) -> Any: ...
+
+    def open_rows(self, rows: Any) -> list[int] | None: ...
+
+    def place_held(self, encode: Callable[[Any, Any], list[int]], asks: Mapping[int, Any], parts: Sequence[int],
+                   build: Callable[[], Any]) -> bool: ...
 
     def read_held(self, fn: Callable[[Any, Any], Any], asks: Mapping[int, Any]) -> dict[int, Any] | None: ...
 

@@ -19,7 +19,7 @@ CAPABILITY_MEMBERS = (
     "name", "num_workers", "supports_worker_placement", "scatter", "map_chunks", "close", "compute_on",
     "worker_ids", "chunk_owners", "run_on_workers", "assign_chunks", "transport_bytes", "transport_messages",
     "live_workers", "worker_pids", "rank", "all_gather", "root", "is_root", "client", "place_partitions", "run_job",
-    "read_held", "timeout", "wait_for_tasks",
+    "read_held", "open_rows", "place_held", "timeout", "wait_for_tasks",
 )
 """Every member a runner Protocol of ``runner_protocols`` (or ``chunks.ChunkRunner``) names."""
 

@@ -1,9 +1,11 @@
 """A pyspark RDD of rows (as mixle 0.8.2 takes) or a DataFrame, read by the ``spark`` backend where it lives.
 
-Parts are the RDD's partitions, in order. One Spark job reads every partition's rows once into a cached RDD and
-counts them; a second maps them to their encoded chunks, which stay cached on the executors with the rows
-(``SparkRunner.place_partitions``); the audit's references slice those rows (by the tasks serving the passes, else
-by a job). The driver only ever holds the
+Parts are the RDD's partitions, in order. Where the ``spark`` runner serves its passes from tasks kept alive
+(``backends.spark_served``), those tasks read every partition's rows once, count them, encode the chunks and keep
+both, and no job or cache is needed until the stage ends. Otherwise one Spark job reads every partition's rows once
+into a cached RDD and counts them; a second maps them to their encoded chunks, which stay cached on the executors
+with the rows (``SparkRunner.place_partitions``). The audit's references slice those rows (by the serving tasks,
+else by a job). The driver only ever holds the
 counts and the audited chunks' rows. An RDD element is one row, as in mixle (numbers, a vector, a tuple of
 fields); numeric rows become one array, as an in-memory fit gets.
 A DataFrame gives numeric columns (one row per record) or one vector / array column; plain integer and floating
@@ -180,6 +182,16 @@ def _held_rows(records: Iterator[Any]) -> Iterator[Any]:
     return (record for key, record in records if key == PARTITION_ROWS)
 
 
+def _encode_held(held: dict[int, Any], ask: tuple[int, list[PartitionChunk], Sequence[int]]) -> list[int]:
+    """In the task holding partition ``ask[0]``'s rows (``SparkRunner.place_held``): its chunks encoded and kept with
+    the rows, as ``_encoder_job`` encodes them for the cache; the chunk ids added."""
+    index, recipes, part_rows = ask
+    built = dict(_encoder_job({index: recipes}, part_rows)(index, iter([held[PARTITION_ROWS]])))
+    built.pop(PARTITION_ROWS, None)
+    held.update(built)
+    return sorted(built)
+
+
 def _held_slices(rows: Any, asks: list[tuple[int, int, int]]) -> list[tuple[int, Any]]:
     """``(k, rows[lo:hi])`` for each ask of one partition, run by the task that holds its rows (served reads)."""
     return [(k, np.array(rows[lo:hi]) if isinstance(rows, np.ndarray) else rows[lo:hi]) for k, lo, hi in asks]
@@ -200,8 +212,8 @@ class SparkRows:
         return self.data.sparkSession.sparkContext if self.is_frame else self.data.context
 
     def open(self, runner: ChunkRunner) -> OpenedSparkRows:
-        """Read every partition's rows once into cached rows and count them, in one Spark job (the runner's
-        deadline on it)."""
+        """Read every partition's rows once and count them: in the runner's serving tasks, which keep them
+        (``open_rows``), else in one Spark job into cached rows (the runner's deadline on it)."""
         if not isinstance(runner, PlacesPartitions):
             raise ValueError(f"a pyspark RDD / DataFrame is read by the spark backend's SparkRunner; "
                              f"{type(runner).__name__} cannot read it")
@@ -212,7 +224,11 @@ class SparkRows:
         else:
             rdd = self.data.rdd if self.is_frame else self.data
             read = _row_reader(self.data.schema) if self.is_frame else numeric_rows
-        raw = rdd.mapPartitionsWithIndex(_raw_job(read)).cache()
+        raw = rdd.mapPartitionsWithIndex(_raw_job(read))
+        served = runner.open_rows(raw)  # tasks kept alive read and keep the rows, or None
+        if served is not None:
+            return OpenedSparkRows(rdd, raw, tuple(int(n) for n in served), runner, served=True)
+        raw = raw.cache()
         try:
             counts = runner.run_job(raw.map(len).collect, "reading and counting the source's rows")
         except BaseException:
@@ -227,8 +243,12 @@ class OpenedSparkRows(OpenedSource):
     kind = "spark"
     reads_chunks = True
 
-    def __init__(self, rdd: Any, raw: Any, part_rows: tuple[int, ...], runner: PlacesPartitions) -> None:
+    def __init__(self, rdd: Any, raw: Any, part_rows: tuple[int, ...], runner: PlacesPartitions,
+                 served: bool = False) -> None:
         self.rdd = rdd
+        self.served = served
+        """Whether the runner's serving tasks read the rows (``open_rows``: then nothing is cached until a job needs
+        it) rather than a job into a cache."""
         self.part_rows = part_rows
         self.run_job = runner.run_job
         """The runner's ``run_job``: this source's Spark jobs run under the runner's deadline."""
@@ -263,7 +283,7 @@ class OpenedSparkRows(OpenedSource):
         for k, place in enumerate(places):
             wanted.setdefault(place.part, []).append((k, place.offset, place.stop_offset))
         rows = self._rows()
-        served = self._runner.read_held(_held_slices, wanted) if self._placed is not None else None
+        served = self._runner.read_held(_held_slices, wanted)
         if served is not None:
             found = {k: sliced for pairs in served.values() for k, sliced in pairs}
         else:
@@ -283,16 +303,20 @@ class OpenedSparkRows(OpenedSource):
         self._placed = None
 
     def place(self, runner: ChunkRunner, places: Sequence[ChunkPlace], encoder: Any) -> None:
-        """Map every partition to its rows and its encoded chunks, cached on the executors. They are encoded from the
-        rows read and counted at ``open`` (``_raw``; a partition Spark had to read again must have its count), which
-        then stay cached with the chunks only: the audit's references slice them there (``chunks_rows``), with no
-        second read of the source and no second copy of the rows."""
+        """Map every partition to its rows and its encoded chunks: by the serving tasks that read the rows at ``open``
+        (``place_held``: they keep both), else by a job, cached on the executors. They are encoded from the rows read
+        and counted at ``open`` (``_raw``; a partition Spark had to read again must have its count), which then stay
+        with the chunks only: the audit's references slice them there (``chunks_rows``), with no second read of the
+        source and no second copy of the rows."""
         assert isinstance(runner, PlacesPartitions)  # opened on it (``open`` refuses any other runner)
         by_part: dict[int, list[PartitionChunk]] = {}
         for recipe in partition_recipes(places, encoder, "RDD partition"):
             by_part.setdefault(recipe.part, []).append(recipe)
         encoded = self._rows().mapPartitionsWithIndex(_encoder_job(by_part, self.part_rows))
-        runner.place_partitions(encoded, [p.part for p in places])
+        parts = [p.part for p in places]
+        asks = {part: (part, recipes, self.part_rows) for part, recipes in by_part.items()}
+        if not (self.served and runner.place_held(_encode_held, asks, parts, lambda: encoded)):
+            runner.place_partitions(encoded, parts)  # not served (any more): encoded by a job, cached
         self._placed = encoded
         self._raw.unpersist()  # the rows are cached with the chunks now; a lost partition is read again
 

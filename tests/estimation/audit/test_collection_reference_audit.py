@@ -134,3 +134,17 @@ def test_a_flipped_bit_on_a_worker_holding_a_collection_is_a_device_fault_quaran
     assert [(r.replay, r.unit, r.cause, r.action, r.attributed_rank) for r in bad] == [
         ("reference", f"chunk:{chunk}", "device", "quarantine", worker)]
     assert result.quarantined == (worker,) and em_case.signature(result) == em_case.signature(clean)
+
+
+def test_a_spark_source_the_serving_tasks_read_is_audited_and_a_corrupted_estep_caught(spark_context):
+    """Two partitions on two task slots: the tasks serving the passes read the rows, hold them beside the chunks
+    and slice the audited ones (backends.spark_served); the honest fit matches the driver's reference and an
+    E-step corrupted on the executors is still a backend defect."""
+    data = spark_context.parallelize([float(v) for v in em_case.data()], 2)
+    by_value(sys.modules[__name__])
+    records = _audited(data, "spark", em_case.estimator(), client=spark_context).audit_records
+    assert records and all(r.matched and r.replay == "reference" for r in records), records
+    with pytest.raises(BackendDefectError) as caught:
+        _audited(data, "spark", CheatingMixture(), client=spark_context)
+    bad = [r for r in caught.value.records if not r.matched]
+    assert bad and {(r.replay, r.cause) for r in bad} == {("reference", "backend_defect")}, bad

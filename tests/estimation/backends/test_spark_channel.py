@@ -6,6 +6,7 @@ jobs, and hand the passes back to jobs when a serving task dies, hangs or cannot
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -125,7 +126,8 @@ def test_more_partitions_than_task_slots_run_as_jobs(spark_context):
 
 def test_a_stage_that_cannot_start_hands_the_passes_to_jobs(spark_context, monkeypatch):
     monkeypatch.setattr(spark_channel, "START_TIMEOUT_S", 3.0)
-    monkeypatch.setattr(spark_channel, "serving_task", lambda address, key: lambda records: iter(()))  # never dials
+    monkeypatch.setattr(spark_channel, "serving_task",  # never dials
+                        lambda address, key, hold=None: lambda records: iter(()))
     chunks = probes.make_chunks(4)
     runner = SparkRunner(spark_context, timeout=300)
     try:
@@ -137,26 +139,26 @@ def test_a_stage_that_cannot_start_hands_the_passes_to_jobs(spark_context, monke
         runner.close()
 
 
-_RUNNER_READS = (SparkRunner.run_job, SparkRunner.read_held)
+_RUNNER_READS = (SparkRunner._run_job, SparkRunner.read_held)
 
 
 def _fit_a_source(spark_context, direct_channel: bool, monkeypatch) -> tuple[object, list[str], int]:
-    """An audited fit of an RDD source of two partitions: its signature, the runner's own jobs (by what they do)
-    and the audit's reads the serving tasks answered."""
+    """An audited fit of an RDD source of two partitions: its signature, the runner's Spark jobs (by what they do:
+    the source's and its own) and the audit's reads the serving tasks answered."""
     jobs: list[str] = []
     served_reads: list[int] = []
     run_job, read_held = _RUNNER_READS  # the runner's own, not a wrapper an earlier call left
 
-    def counted_job(self, job, what, partitions=None):
+    def counted_job(self, job, what, *args, **kwargs):
         jobs.append(what)
-        return run_job(self, job, what, partitions)
+        return run_job(self, job, what, *args, **kwargs)
 
     def counted_read(self, fn, asks):
         found = read_held(self, fn, asks)
         served_reads.extend([] if found is None else list(found))
         return found
 
-    monkeypatch.setattr(SparkRunner, "run_job", counted_job)
+    monkeypatch.setattr(SparkRunner, "_run_job", counted_job)
     monkeypatch.setattr(SparkRunner, "read_held", counted_read)
     rdd = spark_context.parallelize([float(v) for v in em_case.data()], 2)
     kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
@@ -185,8 +187,8 @@ def test_a_serving_task_lost_in_the_audits_read_hands_the_read_to_a_job(spark_co
     monkeypatch.setattr(spark_rows, "_held_slices", probes.dying_once(str(marker), spark_rows._held_slices))
     jobs: list[str] = []
     run_job = _RUNNER_READS[0]
-    monkeypatch.setattr(SparkRunner, "run_job", lambda self, job, what, partitions=None: (
-        jobs.append(what), run_job(self, job, what, partitions))[1])
+    monkeypatch.setattr(SparkRunner, "_run_job", lambda self, job, what, *args, **kwargs: (
+        jobs.append(what), run_job(self, job, what, *args, **kwargs))[1])
     rdd = spark_context.parallelize([float(v) for v in em_case.data()], 2)
     kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
     with encoded_data(rdd, estimator=em_case.estimator(), backend="spark", client=spark_context, timeout=300,
@@ -235,3 +237,66 @@ def test_the_task_slots_count_the_cores_each_task_takes():
     runner = SparkRunner.__new__(SparkRunner)
     runner.sc = Context()
     assert runner._task_slots() == 4
+
+
+def test_a_spark_source_is_read_and_encoded_by_the_serving_tasks_with_no_job(spark_context, monkeypatch):
+    """Served, an RDD source of two partitions is read, counted, encoded, fitted and audited without one Spark job
+    of the runner's own; a job per pass reads and counts, encodes and reads the audited rows with jobs."""
+    served, served_jobs, _ = _fit_a_source(spark_context, True, monkeypatch)
+    jobs, job_jobs, _ = _fit_a_source(spark_context, False, monkeypatch)
+    assert served == jobs
+    assert served_jobs == []
+    assert {"reading and counting the source's rows", "encoding the source's partitions"} <= set(job_jobs)
+
+
+def test_a_source_served_from_its_reading_is_cached_once_the_stage_is_released(spark_context, monkeypatch):
+    """The second fit on a handle whose stage was released (idle, or a job of the runner's own) builds the cached
+    chunks from the source with one job, serves again from them, and ends on the first fit's bits."""
+    jobs: list[str] = []
+    run_job = _RUNNER_READS[0]
+    monkeypatch.setattr(SparkRunner, "_run_job", lambda self, job, what, *args, **kwargs: (
+        jobs.append(what), run_job(self, job, what, *args, **kwargs))[1])
+    rdd = spark_context.parallelize([float(v) for v in em_case.data()], 2)
+    kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
+    with encoded_data(rdd, estimator=em_case.estimator(), backend="spark", client=spark_context, timeout=300,
+                      chunk_size=em_case.FIT_KWARGS["chunk_size"], admission="unverified") as handle:
+        first = em_case.signature(fit(handle, em_case.estimator(), **kwargs))
+        assert jobs == [] and handle.runner._rdd is None  # read and encoded by the serving tasks: nothing cached
+        handle.runner._release_stage()  # what the idle release does
+        second = em_case.signature(fit(handle, em_case.estimator(), **kwargs))
+        assert handle.runner._rdd is not None and handle.runner.serving_stopped is None
+        served = handle.runner.served_passes
+    assert jobs == ["encoding the source's partitions"]  # built once, from the source, for the next stage
+    assert served >= 2 * em_case.FIT_KWARGS["max_its"]
+    assert second == first
+
+
+def test_a_serving_task_killed_after_reading_the_source_hands_the_fit_to_jobs(spark_context, tmp_path):
+    """The tasks that read and encoded the source serve passes 1-2; in pass 3 one dies: the runner builds the cached
+    chunks from the source and the fit goes on with a job per pass, on the bits of the fit nothing struck."""
+    est = probes.SabotageEstimator(em_case.estimator(), str(tmp_path), action="kill")
+    rdd = spark_context.parallelize([float(v) for v in em_case.data()], 2)
+    kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
+    options = dict(backend="spark", client=spark_context, timeout=300, chunk_size=em_case.FIT_KWARGS["chunk_size"],
+                   admission="unverified")
+    with encoded_data(rdd, estimator=est, **options) as handle:
+        got = em_case.signature(fit(handle, est, on_step=est.arm_at(2), **kwargs))
+        stopped, rdd_built = handle.runner.serving_stopped, handle.runner._rdd is not None
+    assert os.path.exists(est.marker)  # a serving task's Python worker really died
+    assert stopped is not None and "lost" in stopped and rdd_built
+    with encoded_data(rdd, estimator=em_case.estimator(), direct_channel=False, **options) as handle:
+        assert got == em_case.signature(fit(handle, em_case.estimator(), **kwargs))
+
+
+def test_a_stage_that_cannot_read_the_source_leaves_it_to_jobs_and_still_serves_the_passes(spark_context,
+                                                                                          monkeypatch):
+    from mixle_parallel.executors.estimation.backends import spark_served
+
+    def unreadable(records):
+        raise RuntimeError("this task cannot hold the source's rows")
+
+    monkeypatch.setattr(spark_served, "held_rows", unreadable)
+    served, jobs, served_reads = _fit_a_source(spark_context, True, monkeypatch)  # serving_stopped stays None
+    assert {"reading and counting the source's rows", "encoding the source's partitions"} <= set(jobs)
+    assert served_reads >= 1  # the passes and reads served from the cached rows and chunks
+    assert served == _fit_a_source(spark_context, False, monkeypatch)[0]

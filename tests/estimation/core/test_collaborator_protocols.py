@@ -128,6 +128,12 @@ class _SparkLike:
     def read_held(self, fn: Any, asks: Any) -> Any:
         raise AssertionError("not called")
 
+    def open_rows(self, rows: Any) -> Any:
+        raise AssertionError("not called")
+
+    def place_held(self, encode: Any, asks: Any, parts: Any, build: Any) -> Any:
+        raise AssertionError("not called")
+
 
 def test_a_wrapper_shows_exactly_its_runners_capabilities_to_the_static_lookup_of_python_3_12() -> None:
     """From Python 3.12 a runtime-checkable Protocol looks members up with ``inspect.getattr_static``, which never

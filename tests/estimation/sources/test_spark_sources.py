@@ -145,7 +145,7 @@ def test_a_reference_read_from_a_hung_executor_ends_at_the_runners_timeout(spark
     from mixle_parallel.executors.estimation.sources import source_places, spark_rows
     from mixle_parallel.executors.estimation.sources.spark_rows import SparkRows
 
-    runner = SparkRunner(spark_context, timeout=3.0)
+    runner = SparkRunner(spark_context, timeout=3.0, direct_channel=False)  # a job reads (served: test_spark_channel)
     opened = SparkRows(spark_context.parallelize([float(v) for v in range(120)], 2)).open(runner)
     places = source_places([(a, a + 10) for a in range(0, 120, 10)], opened.part_rows)
     assert [list(r) for r in opened.chunks_rows(places[:2])] == [list(map(float, range(10))),
