@@ -155,6 +155,9 @@ class SparkRunner(ServedWork, DeclinesPlacement, CountedTransport):
         """Why this runner stopped serving passes and runs them as jobs (None while it may serve)."""
         self.served_passes = 0
         """Passes answered by a serving stage rather than a job."""
+        self.task_slots = self._task_slots()
+        """Tasks the context runs at once, read once here (not on every pass): a stage serves only where its
+        partitions fit them."""
         self._pass_s: float | None = None  # seconds of the last whole data pass that no straggler held up
 
     # -- placement ----------------------------------------------------------------------------

@@ -116,9 +116,9 @@ class ServedPass(NamedTuple):
     silent at the pass's deadline), or ``released`` (the stage had ended before the pass began: start another)."""
 
     results: dict[int, Any]
-    lost: list[int] = []
-    outrun: list[int] = []
-    hung: list[int] = []
+    lost: tuple[int, ...] = ()
+    outrun: tuple[int, ...] = ()
+    hung: tuple[int, ...] = ()
     released: bool = False
 
     @property
@@ -254,11 +254,12 @@ class SparkPassStage:
             try:
                 lost = sorted(p for p, (task, ids) in requests.items() if not self._channels[p].send(task, ids))
                 if lost:
-                    outcome = ServedPass({}, lost=lost)
+                    outcome = ServedPass({}, lost=tuple(lost))
                 else:
                     asked = {p: self._channels[p] for p in requests}
                     got, closed, hung, outrun = collect_replies(asked, deadline.remaining, clock, set(asked))
-                    outcome = ServedPass(dict(got), lost=sorted(closed), outrun=sorted(outrun), hung=sorted(hung))
+                    outcome = ServedPass(dict(got), lost=tuple(sorted(closed)), outrun=tuple(sorted(outrun)),
+                                         hung=tuple(sorted(hung)))
             except BaseException:
                 self._end(cleanly=False)
                 raise

@@ -37,6 +37,7 @@ class ServedWork:
     direct_channel: bool
     serving_stopped: str | None
     served_passes: int
+    task_slots: int
     _stage: SparkPassStage | None
     _rdd: Any
     _build: Callable[[], Any] | None
@@ -49,7 +50,7 @@ class ServedWork:
     _cache: Callable[[Any, str], None]
 
     def _may_serve(self, partitions: int) -> bool:
-        return self.direct_channel and self.serving_stopped is None and 0 < partitions <= self._task_slots()
+        return self.direct_channel and self.serving_stopped is None and 0 < partitions <= self.task_slots
 
     def _served_pass(self, task: bytes, ids: list[int], whole: bool) -> dict[int, Any] | None:
         """The pass answered by the serving stage (started, or started again once released while idle); None when
@@ -75,14 +76,14 @@ class ServedWork:
                 self.serving_stopped, self._stage = "a pass hung", None
                 raise WorkerTimeoutError(
                     f"spark job 'map_chunks' did not finish within {self.timeout} s and was cancelled (serving tasks "
-                    f"of partitions {outcome.hung}); an executor is hung or overloaded. Raise timeout= (seconds) or "
-                    "check the executors.")
+                    f"of partitions {list(outcome.hung)}); an executor is hung or overloaded. Raise timeout= "
+                    "(seconds) or check the executors.")
             if outcome.outrun:
-                self._note_stragglers(outcome.outrun)
-                self._stop_serving(f"partition(s) {outcome.outrun} were outrun at the straggler deadline")
+                self._note_stragglers(list(outcome.outrun))
+                self._stop_serving(f"partition(s) {list(outcome.outrun)} were outrun at the straggler deadline")
                 return None
             if outcome.lost:
-                self._stop_serving(f"the task(s) serving partition(s) {outcome.lost} were lost")
+                self._stop_serving(f"the task(s) serving partition(s) {list(outcome.lost)} were lost")
                 return None
             if whole:
                 self._pass_s = time.monotonic() - began
@@ -115,7 +116,7 @@ class ServedWork:
             self._stage = None
             return None
         if outcome.failed:
-            self._stop_serving(f"{what} partition(s) {outcome.lost + outcome.outrun + outcome.hung} failed")
+            self._stop_serving(f"{what} partition(s) {list(outcome.lost + outcome.outrun + outcome.hung)} failed")
             return None
         return outcome.results
 

@@ -177,7 +177,7 @@ def _as_is(records: Iterator[Any]) -> Iterator[Any]:
     return records
 
 
-def _held_rows(records: Iterator[Any]) -> Iterator[Any]:
+def _placed_rows(records: Iterator[Any]) -> Iterator[Any]:
     """A placed partition's rows: its :data:`PARTITION_ROWS` record (the chunks' records read past, to the end)."""
     return (record for key, record in records if key == PARTITION_ROWS)
 
@@ -325,5 +325,5 @@ class OpenedSparkRows(OpenedSource):
         if self._raw is None:
             raise RuntimeError("this Spark source is closed: its cached rows are dropped; open it again")
         if self._placed is not None:
-            return self._placed.mapPartitions(_held_rows, preservesPartitioning=True)
+            return self._placed.mapPartitions(_placed_rows, preservesPartitioning=True)
         return self._raw

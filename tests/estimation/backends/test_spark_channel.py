@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-pytest.importorskip("pyspark")
+pytest.importorskip("pyspark", reason="pyspark is the optional [spark] extra")
 
 from mixle_parallel.executors.estimation import encoded_data, fit  # noqa: E402
 from mixle_parallel.executors.estimation.backends import spark_channel  # noqa: E402
@@ -142,23 +142,31 @@ def test_a_stage_that_cannot_start_hands_the_passes_to_jobs(spark_context, monke
 _RUNNER_READS = (SparkRunner._run_job, SparkRunner.read_held)
 
 
+def _recorded_jobs(monkeypatch) -> list[str]:
+    """What every Spark job the runner starts from now on does, in words (its own and its source's), in order."""
+    jobs: list[str] = []
+    run_job = _RUNNER_READS[0]  # the runner's own, not a wrapper an earlier call left
+
+    def recorded(self, job, what, *args, **kwargs):
+        jobs.append(what)
+        return run_job(self, job, what, *args, **kwargs)
+
+    monkeypatch.setattr(SparkRunner, "_run_job", recorded)
+    return jobs
+
+
 def _fit_a_source(spark_context, direct_channel: bool, monkeypatch) -> tuple[object, list[str], int]:
     """An audited fit of an RDD source of two partitions: its signature, the runner's Spark jobs (by what they do:
     the source's and its own) and the audit's reads the serving tasks answered."""
-    jobs: list[str] = []
+    jobs = _recorded_jobs(monkeypatch)
     served_reads: list[int] = []
-    run_job, read_held = _RUNNER_READS  # the runner's own, not a wrapper an earlier call left
-
-    def counted_job(self, job, what, *args, **kwargs):
-        jobs.append(what)
-        return run_job(self, job, what, *args, **kwargs)
+    read_held = _RUNNER_READS[1]  # the runner's own, not a wrapper an earlier call left
 
     def counted_read(self, fn, asks):
         found = read_held(self, fn, asks)
         served_reads.extend([] if found is None else list(found))
         return found
 
-    monkeypatch.setattr(SparkRunner, "_run_job", counted_job)
     monkeypatch.setattr(SparkRunner, "read_held", counted_read)
     rdd = spark_context.parallelize([float(v) for v in em_case.data()], 2)
     kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
@@ -185,10 +193,7 @@ def test_a_serving_task_lost_in_the_audits_read_hands_the_read_to_a_job(spark_co
     reference, _, _ = _fit_a_source(spark_context, False, monkeypatch)
     marker = tmp_path / "killed"
     monkeypatch.setattr(spark_rows, "_held_slices", probes.dying_once(str(marker), spark_rows._held_slices))
-    jobs: list[str] = []
-    run_job = _RUNNER_READS[0]
-    monkeypatch.setattr(SparkRunner, "_run_job", lambda self, job, what, *args, **kwargs: (
-        jobs.append(what), run_job(self, job, what, *args, **kwargs))[1])
+    jobs = _recorded_jobs(monkeypatch)
     rdd = spark_context.parallelize([float(v) for v in em_case.data()], 2)
     kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
     with encoded_data(rdd, estimator=em_case.estimator(), backend="spark", client=spark_context, timeout=300,
@@ -252,10 +257,7 @@ def test_a_spark_source_is_read_and_encoded_by_the_serving_tasks_with_no_job(spa
 def test_a_source_served_from_its_reading_is_cached_once_the_stage_is_released(spark_context, monkeypatch):
     """The second fit on a handle whose stage was released (idle, or a job of the runner's own) builds the cached
     chunks from the source with one job, serves again from them, and ends on the first fit's bits."""
-    jobs: list[str] = []
-    run_job = _RUNNER_READS[0]
-    monkeypatch.setattr(SparkRunner, "_run_job", lambda self, job, what, *args, **kwargs: (
-        jobs.append(what), run_job(self, job, what, *args, **kwargs))[1])
+    jobs = _recorded_jobs(monkeypatch)
     rdd = spark_context.parallelize([float(v) for v in em_case.data()], 2)
     kwargs = {k: v for k, v in em_case.FIT_KWARGS.items() if k != "chunk_size"}
     with encoded_data(rdd, estimator=em_case.estimator(), backend="spark", client=spark_context, timeout=300,
