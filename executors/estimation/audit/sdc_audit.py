@@ -109,6 +109,7 @@ class EMAudit:
         """SPMD: the root's entropy on every rank (a collective), so every rank draws the same sample."""
         self._owner = secrets.token_hex(8)  # names this audit's passes in the workers' retained results
         self._sized: tuple[Any, int | None] | None = None  # an estimator and its empty statistic's pickled bytes
+        self._placer: tuple[ChunkRunner, WorkerPlacement] | None = None  # the runner, once checked to place work
         self.findings = Findings(self.auditor.records)
         """What the audit found and the ledger's owner has not taken yet (``take_events``)."""
 
@@ -116,8 +117,12 @@ class EMAudit:
     def placer(self) -> WorkerPlacement:
         """The runner, as one that places work on chosen workers (only placed passes ask)."""
         runner = self.runner
+        checked = self._placer
+        if checked is not None and checked[0] is runner:  # a Protocol's isinstance walks its members: once per runner
+            return checked[1]
         if not isinstance(runner, WorkerPlacement):
             raise RuntimeError(f"the {runner.name!r} runner cannot compute chosen chunks on a chosen worker")
+        self._placer = (runner, runner)
         return runner
 
     def take_events(self) -> tuple[AuditEvent, ...]:
@@ -218,13 +223,15 @@ class EMAudit:
 
     def committed_pass(self, payload: tuple[Any, Any], iteration: int, n: int,
                        token: str) -> tuple[list[Any], set[tuple[int, int]]]:
-        """The pass's entries, every folded group committed to its chunks' digests and kept under ``token``, and
-        the (worker, chunk) pairs a planned fault struck (a pass with one pending runs placed, to strike)."""
+        """The pass's entries, every folded group committed to its chunks: by their own results, brought back with
+        it where they are small (``reveal_mode``), else by their digests, the results kept under ``token``; and the
+        (worker, chunk) pairs a planned fault struck (a pass with one pending runs placed, to strike)."""
         struck: set[tuple[int, int]] = set()
         if self.placement and (self.excluded or self.injection_pending(iteration)):
             return committed_round(self, *payload, iteration, n, struck, token), struck
-        own = range(n) if self.ships_own_results(payload[0], n) else ()
-        return self.fold_entries(payload, n, own, commit=True, token="" if own else token), struck
+        if self.ships_own_results(payload[0], n):  # every chunk's own result comes back: that is its commitment
+            return self.fold_entries(payload, n, range(n)), struck
+        return self.fold_entries(payload, n, commit=True, token=token), struck
 
     def ships_own_results(self, estimator: Any, num_chunks: int) -> bool:
         """Whether every chunk of a pass brings its own result back with the pass (``reveal_mode``: no reveal

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from mixle_parallel.executors.estimation import fit, handle_from_runner
+from mixle_parallel.executors.estimation.audit import reveal_mode
 from mixle_parallel.executors.estimation.audit.audit_draw import Draw, SystematicDraw, fresh_entropy, recheck_draws
 from mixle_parallel.executors.estimation.audit.commitments import MalformedCommitmentError
 from mixle_parallel.executors.estimation.em_pass.chunks import apply_chunk_fn
@@ -203,13 +204,30 @@ def _strip_digests(keep: Callable[[tuple[str, ...]], Any]) -> Callable[[list[Any
     return reshape
 
 
-@pytest.mark.parametrize("reshape,problem", [
-    (_strip_digests(lambda d: ()), r"folded with 0 commitment\(s\)"),
-    (_strip_digests(lambda d: d[:-1]), r"with 5 commitment\(s\) for its 6 chunks"),
-    (_strip_digests(lambda d: ("sha256:nope",) + d[1:]), "malformed commitments for chunk"),
-    (lambda out: [None if isinstance(e, GroupStats) else e for e in out], "a chunk missing"),
-], ids=["missing", "short", "malformed", "hole"])
-def test_malformed_commitments_are_a_backend_defect_naming_the_group(registered, rows, reshape, problem):
+def _drop_own_result(out: list[Any]) -> list[Any]:
+    """The first chunk's own result left out of what the pass brought back (no digest stands for it)."""
+    return [None, *out[1:]]
+
+
+def _drop_all_own_results(out: list[Any]) -> list[Any]:
+    """Every own result left out, only the folded sums: a group committed to nothing."""
+    return [e._replace(last=None) if isinstance(e, GroupStats) else None for e in out]
+
+
+@pytest.mark.parametrize("reshape,problem,committed_by", [
+    (_strip_digests(lambda d: ()), r"folded with 0 commitment\(s\)", "digests"),
+    (_strip_digests(lambda d: d[:-1]), r"with 5 commitment\(s\) for its 6 chunks", "digests"),
+    (_strip_digests(lambda d: ("sha256:nope",) + d[1:]), "malformed commitments for chunk", "digests"),
+    (lambda out: [None if isinstance(e, GroupStats) else e for e in out], "a chunk missing", "digests"),
+    (_drop_own_result, r"no commitment for chunk\(s\) \[0\]: neither a digest nor its own result", "own results"),
+    (_drop_all_own_results, r"folded with 0 commitment\(s\) for its 6 chunks", "own results"),
+], ids=["missing", "short", "malformed", "hole", "own-result-missing", "own-results-missing"])
+def test_malformed_commitments_are_a_backend_defect_naming_the_group(registered, rows, monkeypatch, reshape, problem,
+                                                                     committed_by):
+    """A group whose commitment is missing, short or malformed is refused before the draw: by digests (own results
+    too large to ship: the size bound set to 0 here) or by the own results the pass brings back."""
+    if committed_by == "digests":
+        monkeypatch.setattr(reveal_mode, "OWN_RESULTS_MAX_BYTES", 0)
     name = registered("draw_bad_commit", lambda n: ScriptedRunner("draw_bad_commit", reshape=reshape))
     with pytest.raises(MalformedCommitmentError, match=problem) as caught:
         fit(rows, estimator(), max_its=2, delta=None, prev_estimate=start_model(rows), chunk_size=ROWS_PER_CHUNK,

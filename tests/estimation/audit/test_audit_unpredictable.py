@@ -37,8 +37,9 @@ class PeekingRunner:
         self.num_workers, self.belief = num_workers, belief
         self.passes = 0
         self.named: set[int] = set()
-        self.seen: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
-        """(the task's function, the chunk ids, the chunks it named as audited) of every call."""
+        self.seen: list[tuple[str, tuple[int, ...], tuple[int, ...], bool]] = []
+        """(the task's function, the chunk ids, the chunks whose own results it asked for, whether it asked for a
+        digest per chunk) of every call."""
         self._chunks: list[Any] = []
 
     def scatter(self, chunks: Sequence[Any]) -> None:
@@ -66,7 +67,8 @@ class PeekingRunner:
         if type(inner).__name__ == "GroupFold":  # an E-step pass; replays come as the plain chunk function
             self.passes += 1
         spared = self._believed_audited(inner)
-        self.seen.append((type(inner).__name__, tuple(ids), tuple(sorted(getattr(inner, "raw", ())))))
+        self.seen.append((type(inner).__name__, tuple(ids), tuple(sorted(getattr(inner, "raw", ()))),
+                          bool(getattr(inner, "commit", False))))
 
         def chunk(i: int) -> Any:
             return self._chunks[i] if i in spared else overwrite_half(self._chunks[i])
@@ -129,7 +131,15 @@ def test_a_backend_that_spares_the_chunks_a_task_names_is_caught_where_a_pass_na
     assert [(r.replay, r.cause) for r in bad] == [("reference", "backend_defect")]
 
 
-def test_the_pass_tasks_are_the_same_whichever_chunks_are_audited(rows):
+@pytest.mark.parametrize("shipped", [True, False], ids=["own-results-shipped", "digests"])
+def test_the_pass_tasks_are_the_same_whichever_chunks_are_audited(rows, monkeypatch, shipped):
+    """Every pass hands the same task, naming no chunk: it asks for every chunk's own result where they are small
+    (they are the commitment: no digest is computed on the workers), else for a digest per chunk (the bound set to
+    0 here)."""
+    from mixle_parallel.executors.estimation.audit import reveal_mode
+
+    if not shipped:
+        monkeypatch.setattr(reveal_mode, "OWN_RESULTS_MAX_BYTES", 0)
     runner = PeekingRunner(2, "honest")
     model = start_model(rows)
     with handle_from_runner(runner, rows, estimator=estimator(), chunk_size=ROWS_PER_CHUNK) as handle:
@@ -141,7 +151,7 @@ def test_the_pass_tasks_are_the_same_whichever_chunks_are_audited(rows):
             # every chunk, none named: a runner that cannot aim a reveal at the worker that folded brings every
             # chunk's own result on every pass (audit.reveal_mode), so no reveal round follows the draw
             every = tuple(range(handle.num_chunks))
-            assert passes == [("GroupFold", every, every)]
+            assert passes == ([("GroupFold", every, every, False)] if shipped else [("GroupFold", every, (), True)])
         sampled = [d.chunks for d in handle.audit.draws]  # drawn after each pass's commitments (audit_draw)
         assert len(set(sampled)) > 1 and all(sampled) and all(r.matched for r in handle.audit_records)
         # the sample is not the published rule's: fresh entropy draws it
