@@ -1,8 +1,7 @@
 """The shape of a pass's commitments, checked before anything is drawn or folded.
 
 Every combine group of an audited pass comes back either per chunk (each chunk's own result) or folded: one
-``GroupStats`` at the group's last chunk carrying a ``commit_digest`` per chunk (``GroupFold(commit=True)``), or
-every chunk's own result beside the folded sum (``reveal_mode``: the own results are the commitment).
+``GroupStats`` at the group's last chunk carrying a ``commit_digest`` per chunk (``GroupFold(commit=True)``).
 A group that comes back otherwise (digests missing, short, not digests; a hole where a result belongs) gives
 the audit nothing to bind its sum to, so the pass is refused as a backend defect naming the group and its
 worker, before the sample is drawn.
@@ -44,12 +43,6 @@ def _problem(entries: Sequence[Any], a: int, b: int) -> str | None:
     if any(isinstance(e, GroupStats) for e in group[:-1]):
         return "folded more than once"
     digests = last.digests
-    if digests == ():  # committed by the own results shipped beside the sum (``reveal_mode``), or not at all
-        missing = [a + i for i, e in enumerate(group[:-1]) if e is None] + ([b - 1] if last.last is None else [])
-        if not missing:
-            return None
-        if len(missing) < b - a:
-            return f"with no commitment for chunk(s) {missing}: neither a digest nor its own result came back"
     if not isinstance(digests, tuple) or len(digests) != b - a:
         count = len(digests) if isinstance(digests, (tuple, list)) else 0
         return f"folded with {count} commitment(s) for its {b - a} chunks"

@@ -19,29 +19,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..em_pass.chunks import ChunkRunner, WorkerTask, chunk_estep
-from ..em_pass.combine_order import (
-    GroupFold,
-    GroupReveal,
-    GroupStats,
-    commit_digest,
-    fold_group,
-    group_of,
-    shipped_whole,
-)
+from ..em_pass.combine_order import GroupFold, GroupReveal, GroupStats, commit_digest, fold_group, group_of
 from ..em_pass.runner_protocols import WorkerPlacement
 
 __all__ = ["fold_digest", "opened_groups", "refold_on", "reveal_chunks"]
 
 
 def opened_groups(entries: Sequence[Any], audited: Sequence[int]) -> list[tuple[int, int]]:
-    """The folded, committed groups ``[a, b)`` holding an audited chunk (never more than the audited chunks): by
-    digests, or by their own results shipped with the pass."""
+    """The folded, committed groups ``[a, b)`` holding an audited chunk (never more than the audited chunks)."""
     n = len(entries)
     out = []
     for a, b in sorted({group_of(n, c) for c in audited}):
         group = entries[b - 1]
-        if b - a > 1 and isinstance(group, GroupStats) and (len(group.digests) == b - a
-                                                            or shipped_whole(entries, a, b)):
+        if b - a > 1 and isinstance(group, GroupStats) and len(group.digests) == b - a:
             out.append((a, b))
     return out
 
@@ -69,10 +59,9 @@ def reveal_chunks(runner: ChunkRunner, placement: bool, ids: Sequence[int], owne
 
 
 def refold_on(runner: ChunkRunner, placement: bool, group: tuple[int, int], num_chunks: int, worker: int, payload: Any,
-              token: str, *, sum_only: bool = False) -> str:
+              token: str) -> str:
     """The group folded (committed, kept) and revealed again on ``worker`` through the backend: its observed
-    :func:`fold_digest`, to compare with the pass's (a group that comes back unfolded is folded here). With
-    ``sum_only`` (a group the pass committed to by shipping its own results) the digest of the sum alone, no reveal."""
+    :func:`fold_digest`, to compare with the pass's (a group that comes back unfolded is folded here)."""
     a, b = group
     fold = GroupFold(chunk_estep, num_chunks, frozenset(), True, token)
     ids = list(range(a, b))
@@ -83,8 +72,6 @@ def refold_on(runner: ChunkRunner, placement: bool, group: tuple[int, int], num_
         entries = runner.map_chunks(fold, payload, chunk_ids=ids)  # type: ignore[arg-type]  # NamedTuple __call__
     total = entries[-1]
     if not (isinstance(total, GroupStats) and len(total.digests) == b - a):
-        return fold_digest(() if sum_only else [commit_digest(v) for v in entries], fold_group(payload[0], entries))
-    if sum_only:
-        return fold_digest((), total)
+        return fold_digest([commit_digest(v) for v in entries], fold_group(payload[0], entries))
     revealed = reveal_chunks(runner, placement, ids, [worker] * num_chunks, payload, token)
     return fold_digest([commit_digest(revealed[c]) for c in ids], total)

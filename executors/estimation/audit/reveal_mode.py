@@ -5,9 +5,8 @@ their workers reveal the chunks' own results (``fold_binding.reveal_chunks``). A
 the pass: an engine job where the worker keeps nothing between jobs (Spark, the task runners), a round trip to the
 worker that folded elsewhere (mp, dask and Ray actors), so an audited pass costs that round more. When the own
 results are small, every pass (audited or not: the tasks stay the same) brings back every chunk's own result
-beside its group's sum instead, and no digests: the own results are then the commitment itself (the workers
-digest nothing; the driver digests only the opened groups' chunks). The draw still comes after them, the opened
-groups are checked against them and their sums exactly as revealed ones, and no reveal round runs.
+beside its group's sum and digests instead, which is then the commitment itself: the draw still comes after it,
+the opened groups are checked against their digests and sums exactly as revealed ones, and no reveal round runs.
 SPMD ranks (mpi, torchrun) keep their reveal step: it is one of the pass's numbered collectives, the same on
 every rank, and own results would widen every all-gather.
 """

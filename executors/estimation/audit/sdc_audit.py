@@ -223,15 +223,13 @@ class EMAudit:
 
     def committed_pass(self, payload: tuple[Any, Any], iteration: int, n: int,
                        token: str) -> tuple[list[Any], set[tuple[int, int]]]:
-        """The pass's entries, every folded group committed to its chunks: by their own results, brought back with
-        it where they are small (``reveal_mode``), else by their digests, the results kept under ``token``; and the
-        (worker, chunk) pairs a planned fault struck (a pass with one pending runs placed, to strike)."""
+        """The pass's entries, every folded group committed to its chunks' digests and kept under ``token``, and
+        the (worker, chunk) pairs a planned fault struck (a pass with one pending runs placed, to strike)."""
         struck: set[tuple[int, int]] = set()
         if self.placement and (self.excluded or self.injection_pending(iteration)):
             return committed_round(self, *payload, iteration, n, struck, token), struck
-        if self.ships_own_results(payload[0], n):  # every chunk's own result comes back: that is its commitment
-            return self.fold_entries(payload, n, range(n)), struck
-        return self.fold_entries(payload, n, commit=True, token=token), struck
+        own = range(n) if self.ships_own_results(payload[0], n) else ()
+        return self.fold_entries(payload, n, own, commit=True, token="" if own else token), struck
 
     def ships_own_results(self, estimator: Any, num_chunks: int) -> bool:
         """Whether every chunk of a pass brings its own result back with the pass (``reveal_mode``: no reveal

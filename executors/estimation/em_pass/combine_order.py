@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 __all__ = [
     "DEFAULT_CHUNK_MULTIPLE", "GroupFold", "GroupReveal", "GroupStats", "apply_chunk_fn", "chunk_result",
     "combine_groups", "commit_digest", "committed_result", "fold_group", "fold_pass", "group_of", "own_result",
-    "shipped_whole",
 ]
 
 DEFAULT_CHUNK_MULTIPLE = 12
@@ -218,14 +217,6 @@ def commit_digest(result: Any) -> str:
     pickler.fast = True  # no memo: the bytes do not depend on object identity
     pickler.dump(result)
     return "sha256:" + hashlib.sha256(buffer.getbuffer()).hexdigest()
-
-
-def shipped_whole(entries: Sequence[Any], a: int, b: int) -> bool:
-    """Whether folded group ``[a, b)`` came back with every chunk's own result beside its sum (``GroupFold`` with
-    every chunk ``raw``): the own results are then the group's commitment, no digests needed."""
-    last = entries[b - 1]
-    return (b - a > 1 and isinstance(last, GroupStats) and last.last is not None
-            and all(e is not None and not isinstance(e, GroupStats) for e in entries[a:b - 1]))
 
 
 def own_result(entries: Sequence[Any], chunk: int) -> Any:

@@ -180,9 +180,8 @@ def open_folded_groups(audit: EMAudit, entries: list[Any], payload: tuple[Any, A
                        audited: Sequence[int], owners: Sequence[int], token: str,
                        revealed: dict[int, Any] | None = None) -> tuple[ChunkAudit, ...]:
     """Open the folded groups holding ``audited`` chunks: their workers reveal the chunks' own results, which
-    must match the commitments, and the driver's fold of them must be the sum that came back (``fold_binding``;
-    a group whose own results came with the pass is committed by them: only its sum is judged). Opened groups
-    whose results match their commitments enter ``entries`` per chunk. ``revealed``: chunks the
+    must match the commitments, and the driver's fold of them must be the sum that came back (``fold_binding``).
+    Opened groups whose results match their commitments enter ``entries`` per chunk. ``revealed``: chunks the
     workers already revealed in this pass."""
     groups = [(a, b) for a, b in opened_groups(entries, audited) if owners[b - 1] not in audit.quarantined]
     if not groups:
@@ -190,25 +189,16 @@ def open_folded_groups(audit: EMAudit, entries: list[Any], payload: tuple[Any, A
     wanted = [c for a, b in groups for c in range(a, b)]
     if revealed is None or any(c not in revealed for c in wanted):  # not revealed with the references
         revealed = reveal_chunks(audit.runner, audit.placement, wanted, owners, payload, token)
-    evidence: list[FoldEvidence] = []
-    by_sum: set[int] = set()  # groups committed by their shipped own results: judged by their sums (and replayed so)
+    evidence = []
     for a, b in groups:
         group, values = entries[b - 1], [revealed[c] for c in range(a, b)]
-        if not group.digests and all(own_result(entries, c) is v for c, v in zip(range(a, b), values)):
-            # committed by the own results shipped with the pass, which are the values: the sum is what is judged
-            evidence.append(FoldEvidence(a, b - 1, owners[b - 1], fold_digest((), fold_group(payload[0], values)),
-                                         fold_digest((), group)))
-            entries[a:b] = values
-            by_sum.add(a)
-            continue
-        committed = tuple(group.digests) or tuple(commit_digest(own_result(entries, c)) for c in range(a, b))
         digests = tuple(commit_digest(v) for v in values)
-        expected = fold_digest(committed, fold_group(payload[0], values))
+        expected = fold_digest(group.digests, fold_group(payload[0], values))
         evidence.append(FoldEvidence(a, b - 1, owners[b - 1], expected, fold_digest(digests, group)))
-        if digests == committed:
+        if digests == tuple(group.digests):
             entries[a:b] = values  # the chunks the pass committed to, folded by the driver, stand for the group
     replays = {g.first: refold_on(audit.runner, audit.placement, (g.first, g.last + 1), len(entries), g.worker,
-                                  payload, f"{token}:replay", sum_only=g.first in by_sum)
+                                  payload, f"{token}:replay")
                for g in evidence if g.expected != g.observed}
     verdict = judge_folds(evidence, replays, iteration=iteration, policy=audit.auditor.policy,
                           healthy=audit.healthy() if audit.placement else (), may_quarantine=audit.placement)

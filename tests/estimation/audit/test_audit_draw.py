@@ -204,29 +204,18 @@ def _strip_digests(keep: Callable[[tuple[str, ...]], Any]) -> Callable[[list[Any
     return reshape
 
 
-def _drop_own_result(out: list[Any]) -> list[Any]:
-    """The first chunk's own result left out of what the pass brought back (no digest stands for it)."""
-    return [None, *out[1:]]
-
-
-def _drop_all_own_results(out: list[Any]) -> list[Any]:
-    """Every own result left out, only the folded sums: a group committed to nothing."""
-    return [e._replace(last=None) if isinstance(e, GroupStats) else None for e in out]
-
-
-@pytest.mark.parametrize("reshape,problem,committed_by", [
-    (_strip_digests(lambda d: ()), r"folded with 0 commitment\(s\)", "digests"),
-    (_strip_digests(lambda d: d[:-1]), r"with 5 commitment\(s\) for its 6 chunks", "digests"),
-    (_strip_digests(lambda d: ("sha256:nope",) + d[1:]), "malformed commitments for chunk", "digests"),
-    (lambda out: [None if isinstance(e, GroupStats) else e for e in out], "a chunk missing", "digests"),
-    (_drop_own_result, r"no commitment for chunk\(s\) \[0\]: neither a digest nor its own result", "own results"),
-    (_drop_all_own_results, r"folded with 0 commitment\(s\) for its 6 chunks", "own results"),
-], ids=["missing", "short", "malformed", "hole", "own-result-missing", "own-results-missing"])
+@pytest.mark.parametrize("reshape,problem", [
+    (_strip_digests(lambda d: ()), r"folded with 0 commitment\(s\)"),
+    (_strip_digests(lambda d: d[:-1]), r"with 5 commitment\(s\) for its 6 chunks"),
+    (_strip_digests(lambda d: ("sha256:nope",) + d[1:]), "malformed commitments for chunk"),
+    (lambda out: [None if isinstance(e, GroupStats) else e for e in out], "a chunk missing"),
+], ids=["missing", "short", "malformed", "hole"])
+@pytest.mark.parametrize("shipped", [True, False], ids=["own-results-shipped", "revealed"])
 def test_malformed_commitments_are_a_backend_defect_naming_the_group(registered, rows, monkeypatch, reshape, problem,
-                                                                     committed_by):
-    """A group whose commitment is missing, short or malformed is refused before the draw: by digests (own results
-    too large to ship: the size bound set to 0 here) or by the own results the pass brings back."""
-    if committed_by == "digests":
+                                                                     shipped):
+    """Refused before the draw whether the pass also ships every chunk's own result (small statistics) or the
+    opened groups are revealed after it (the size bound set to 0 here)."""
+    if not shipped:
         monkeypatch.setattr(reveal_mode, "OWN_RESULTS_MAX_BYTES", 0)
     name = registered("draw_bad_commit", lambda n: ScriptedRunner("draw_bad_commit", reshape=reshape))
     with pytest.raises(MalformedCommitmentError, match=problem) as caught:

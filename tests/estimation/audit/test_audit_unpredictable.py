@@ -131,11 +131,10 @@ def test_a_backend_that_spares_the_chunks_a_task_names_is_caught_where_a_pass_na
     assert [(r.replay, r.cause) for r in bad] == [("reference", "backend_defect")]
 
 
-@pytest.mark.parametrize("shipped", [True, False], ids=["own-results-shipped", "digests"])
+@pytest.mark.parametrize("shipped", [True, False], ids=["own-results-shipped", "revealed"])
 def test_the_pass_tasks_are_the_same_whichever_chunks_are_audited(rows, monkeypatch, shipped):
-    """Every pass hands the same task, naming no chunk: it asks for every chunk's own result where they are small
-    (they are the commitment: no digest is computed on the workers), else for a digest per chunk (the bound set to
-    0 here)."""
+    """Every pass hands the same task, naming no chunk and asking for a digest per chunk; where the own results are
+    small it also asks for every one of them (else they are revealed after the draw: the bound set to 0 here)."""
     from mixle_parallel.executors.estimation.audit import reveal_mode
 
     if not shipped:
@@ -151,7 +150,7 @@ def test_the_pass_tasks_are_the_same_whichever_chunks_are_audited(rows, monkeypa
             # every chunk, none named: a runner that cannot aim a reveal at the worker that folded brings every
             # chunk's own result on every pass (audit.reveal_mode), so no reveal round follows the draw
             every = tuple(range(handle.num_chunks))
-            assert passes == ([("GroupFold", every, every, False)] if shipped else [("GroupFold", every, (), True)])
+            assert passes == [("GroupFold", every, every if shipped else (), True)]
         sampled = [d.chunks for d in handle.audit.draws]  # drawn after each pass's commitments (audit_draw)
         assert len(set(sampled)) > 1 and all(sampled) and all(r.matched for r in handle.audit_records)
         # the sample is not the published rule's: fresh entropy draws it

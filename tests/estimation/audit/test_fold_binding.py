@@ -89,7 +89,7 @@ class PlacedBlockRunner(BlockRunner):
 
     def _flip(self, entry: Any) -> Any:
         value = entry.value if type(entry).__name__ == "Metered" else entry
-        if not isinstance(value, GroupStats):  # a folded sum, committed by digests or by the shipped own results
+        if not (isinstance(value, GroupStats) and value.digests):
             return entry
         weights = np.array(value.stats[0], copy=True)
         weights.view(np.uint64)[0] ^= np.uint64(1 << 40)
