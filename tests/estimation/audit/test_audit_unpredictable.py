@@ -147,8 +147,9 @@ def test_the_pass_tasks_are_the_same_whichever_chunks_are_audited(rows, monkeypa
             runner.seen.clear()
             handle.estep(estimator(), model)
             passes = [s for s in runner.seen if s[0] == "GroupFold"]
-            # every chunk, none named: a runner that cannot aim a reveal at the worker that folded brings every
-            # chunk's own result on every pass (audit.reveal_mode), so no reveal round follows the draw
+            # every chunk, none named: with small statistics every chunk's own result comes with every pass
+            # (audit.reveal_mode), so no reveal round follows the draw; otherwise none does, and the opened
+            # groups are revealed after it
             every = tuple(range(handle.num_chunks))
             assert passes == [("GroupFold", every, every if shipped else (), True)]
         sampled = [d.chunks for d in handle.audit.draws]  # drawn after each pass's commitments (audit_draw)
