@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ....contracts import EM_AUDIT_POLICIES, AuditPolicy, choose
 from ....contracts.estimation import statistic_digest
@@ -109,7 +109,7 @@ class EMAudit:
         """SPMD: the root's entropy on every rank (a collective), so every rank draws the same sample."""
         self._owner = secrets.token_hex(8)  # names this audit's passes in the workers' retained results
         self._sized: tuple[Any, int | None] | None = None  # an estimator and its empty statistic's pickled bytes
-        self._placer: tuple[ChunkRunner, WorkerPlacement] | None = None  # the runner, once checked to place work
+        self._placement_checked: object = None  # the runner last found to place work (``audit.runner`` may change)
         self.findings = Findings(self.auditor.records)
         """What the audit found and the ledger's owner has not taken yet (``take_events``)."""
 
@@ -117,13 +117,11 @@ class EMAudit:
     def placer(self) -> WorkerPlacement:
         """The runner, as one that places work on chosen workers (only placed passes ask)."""
         runner = self.runner
-        checked = self._placer
-        if checked is not None and checked[0] is runner:  # a Protocol's isinstance walks its members: once per runner
-            return checked[1]
-        if not isinstance(runner, WorkerPlacement):
-            raise RuntimeError(f"the {runner.name!r} runner cannot compute chosen chunks on a chosen worker")
-        self._placer = (runner, runner)
-        return runner
+        if self._placement_checked is not runner:  # a Protocol's isinstance walks its members: once per runner
+            if not isinstance(runner, WorkerPlacement):
+                raise RuntimeError(f"the {runner.name!r} runner cannot compute chosen chunks on a chosen worker")
+            self._placement_checked = runner
+        return cast(WorkerPlacement, runner)
 
     def take_events(self) -> tuple[AuditEvent, ...]:
         """The records and notes found since the last call, in order (the pass writes them to the ledger)."""

@@ -50,6 +50,7 @@ class ServedWork:
     _cache: Callable[[Any, str], None]
 
     def _may_serve(self, partitions: int) -> bool:
+        """Whether ``partitions`` partitions may be served by a stage (the option on, no stage failed, they fit)."""
         return self.direct_channel and self.serving_stopped is None and 0 < partitions <= self.task_slots
 
     def _served_pass(self, task: bytes, ids: list[int], whole: bool) -> dict[int, Any] | None:
@@ -97,9 +98,14 @@ class ServedWork:
         the live serving stage's tasks; None when no stage serves now or it holds no rows (the caller reads them
         with a job). A task lost, outrun (the straggler deadline of the last pass) or hung ends the stage and
         serving, as in a pass: None."""
-        if self._stage is None or self._stage.ended.is_set() or not self._stage.holds_rows:
+        if self._rows_stage() is None:
             return None
         return self._stage_call(fn, asks, "the read of", PARTITION_ROWS)
+
+    def _rows_stage(self) -> SparkPassStage | None:
+        """The live serving stage when its tasks hold a source's rows, else None (reads and encoding go to jobs)."""
+        stage = self._stage
+        return stage if stage is not None and not stage.ended.is_set() and stage.holds_rows else None
 
     def _stage_call(self, fn: Callable[[Any, Any], Any], asks: Mapping[int, Any], what: str,
                     key: int) -> dict[int, Any] | None:
@@ -140,8 +146,8 @@ class ServedWork:
         """Have the tasks holding a source's rows (``open_rows``) encode their chunks (``encode(holdings, asks[p])``,
         the chunk ids added); chunk ``i`` is in partition ``parts[i]``. ``build()``: the same chunks as an RDD,
         built when one is needed. False, nothing placed, when no such stage serves now."""
-        stage = self._stage
-        if stage is None or stage.ended.is_set() or not stage.holds_rows:
+        stage = self._rows_stage()
+        if stage is None:
             return False
         held = self._stage_call(encode, asks, "encoding", HELD)
         if held is None:
