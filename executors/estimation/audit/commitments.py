@@ -2,9 +2,11 @@
 
 Every combine group of an audited pass comes back either per chunk (each chunk's own result) or folded: one
 ``GroupStats`` at the group's last chunk carrying a ``commit_digest`` per chunk (``GroupFold(commit=True)``).
-A group that comes back otherwise (digests missing, short, not digests; a hole where a result belongs) gives
-the audit nothing to bind its sum to, so the pass is refused as a backend defect naming the group and its
-worker, before the sample is drawn.
+A group that comes back otherwise (digests missing, short, not digests; a hole where a result belongs; sealed
+own results, ``SealedResult``, holding no bytes or beside no folded sum) gives the audit nothing to bind its sum
+to, so the pass is refused as a backend defect naming the group and its worker, before the sample is drawn. A
+sealed own result that does not unpickle when its group is opened is refused the same way
+(:func:`unreadable_own_result`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ....verification.sdc.schedule import BackendDefectError
-from ..em_pass.combine_order import GroupStats, combine_groups
+from ..em_pass.combine_order import GroupStats, SealedResult, UnreadableOwnResult, combine_groups, group_of
 
-__all__ = ["MalformedCommitmentError", "check_commitments"]
+__all__ = ["MalformedCommitmentError", "check_commitments", "unreadable_own_result"]
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -37,7 +39,8 @@ def _problem(entries: Sequence[Any], a: int, b: int) -> str | None:
     """What is wrong with group ``[a, b)``'s entries, or None when it is committed or per chunk."""
     group, last = entries[a:b], entries[b - 1]
     if all(e is not None and not isinstance(e, GroupStats) for e in group):
-        return None
+        sealed = [a + i for i, e in enumerate(group) if isinstance(e, SealedResult)]
+        return f"per chunk with sealed own results for chunk(s) {sealed} and no folded sum" if sealed else None
     if not isinstance(last, GroupStats):
         return "with a chunk missing and no folded sum"
     if any(isinstance(e, GroupStats) for e in group[:-1]):
@@ -49,6 +52,10 @@ def _problem(entries: Sequence[Any], a: int, b: int) -> str | None:
     bad = [a + i for i, d in enumerate(digests) if not (isinstance(d, str) and _DIGEST.fullmatch(d))]
     if bad:
         return f"with malformed commitments for chunk(s) {bad}"
+    own = [*group[:-1], last.last]
+    unsealed = [a + i for i, e in enumerate(own) if isinstance(e, SealedResult) and not isinstance(e.data, bytes)]
+    if unsealed:
+        return f"with sealed own results that hold no bytes for chunk(s) {unsealed}"
     return None
 
 
@@ -63,3 +70,11 @@ def check_commitments(entries: Sequence[Any], num_chunks: int, *, backend: str, 
         if problem is not None:
             worker = int(owners[b - 1]) if len(owners) == num_chunks else None
             raise MalformedCommitmentError(backend, iteration, (a, b), worker, problem)
+
+
+def unreadable_own_result(error: UnreadableOwnResult, num_chunks: int, *, backend: str, iteration: int,
+                          owners: Sequence[int] = ()) -> MalformedCommitmentError:
+    """The backend defect for a sealed own result that does not unpickle, naming its group and worker."""
+    a, b = group_of(num_chunks, error.chunk)
+    worker = int(owners[b - 1]) if len(owners) == num_chunks else None
+    return MalformedCommitmentError(backend, iteration, (a, b), worker, f"with {error}")

@@ -208,11 +208,12 @@ class EMAudit:
         return f"{self._owner}:{iteration}"
 
     def fold_entries(self, payload: tuple[Any, Any], n: int, raw: Sequence[int] = (), *, commit: bool = False,
-                     token: str = "") -> list[Any]:
+                     token: str = "", seal: bool = False) -> list[Any]:
         """One pass's entries, every chunk on its worker (healthy ones only), groups folded where a worker holds
-        them whole: the ``raw`` chunks' own results come back, with ``commit`` every chunk's digest, with
-        ``token`` the workers keep their groups' own results for a ``GroupReveal``."""
-        fold = GroupFold(chunk_estep, n, frozenset(int(c) for c in raw), commit, token)
+        them whole: the ``raw`` chunks' own results come back (with ``seal``, folded groups' as ``SealedResult``),
+        with ``commit`` every chunk's digest, with ``token`` the workers keep their groups' own results for a
+        ``GroupReveal``."""
+        fold = GroupFold(chunk_estep, n, frozenset(int(c) for c in raw), commit, token, seal)
         out = placed_map(self, fold, payload, n) if self.excluded else self.runner.map_chunks(fold, payload)  # type: ignore[arg-type]  # NamedTuple __call__
         if len(out) != n:
             raise RuntimeError(f"backend {self.runner.name!r} returned {len(out)} chunk results for {n} chunks; a "
@@ -227,7 +228,7 @@ class EMAudit:
         if self.placement and (self.excluded or self.injection_pending(iteration)):
             return committed_round(self, *payload, iteration, n, struck, token), struck
         own = range(n) if self.ships_own_results(payload[0], n) else ()
-        return self.fold_entries(payload, n, own, commit=True, token="" if own else token), struck
+        return self.fold_entries(payload, n, own, commit=True, token="" if own else token, seal=bool(own)), struck
 
     def ships_own_results(self, estimator: Any, num_chunks: int) -> bool:
         """Whether every chunk of a pass brings its own result back with the pass (``reveal_mode``: no reveal

@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
-    "DEFAULT_CHUNK_MULTIPLE", "GroupFold", "GroupReveal", "GroupStats", "apply_chunk_fn", "chunk_result",
-    "combine_groups", "commit_digest", "committed_result", "fold_group", "fold_pass", "group_of", "own_result",
+    "DEFAULT_CHUNK_MULTIPLE", "GroupFold", "GroupReveal", "GroupStats", "SealedResult", "UnreadableOwnResult",
+    "apply_chunk_fn", "chunk_result", "combine_groups", "commit_digest", "committed_result", "fold_group", "fold_pass",
+    "group_of", "opened", "own_result",
 ]
 
 DEFAULT_CHUNK_MULTIPLE = 12
@@ -103,13 +104,16 @@ class GroupFold(NamedTuple):
     with ``commit`` every folded group brings back the digests of its chunks' own results instead, so the
     task names no chunk and the audit picks one after the results are in (:func:`committed_result`). With a
     ``retain`` token (``"<owner>:<pass>"``) the worker also keeps its folded groups' own results until the
-    owner's next pass, for a :class:`GroupReveal` to hand back (the audit opens a group after the pass)."""
+    owner's next pass, for a :class:`GroupReveal` to hand back (the audit opens a group after the pass). With
+    ``seal`` (and ``commit``) the own results of a folded group's ``raw`` chunks come back as the very bytes their
+    digests are of (:class:`SealedResult`): pickled once on the worker, opened by the driver only where it must."""
 
     fn: Callable[[Any, Any], Any]
     num_chunks: int
     raw: frozenset[int] = frozenset()
     commit: bool = False
     retain: str = ""
+    seal: bool = False
 
     def __call__(self, chunk: Any, payload: Any) -> Any:
         """One chunk, not folded (what a runner that does not use ``apply_chunk_fn`` gets)."""
@@ -128,10 +132,12 @@ class GroupFold(NamedTuple):
                 results = [_call(self.fn, payload, j, chunk_of) for j in range(a, b)]
                 if self.retain:
                     _retain(self.retain, a, results)
-                out.extend(results[j - a] if j in self.raw else None for j in range(a, b - 1))
+                own = [SealedResult.of(r) if self.seal and self.commit and j in self.raw else r
+                       for j, r in zip(range(a, b), results)]
+                out.extend(own[j - a] if j in self.raw else None for j in range(a, b - 1))
                 out.append(fold_group(payload[0], results)._replace(
-                    last=results[-1] if b - 1 in self.raw else None,
-                    digests=tuple(commit_digest(r) for r in results) if self.commit else ()))
+                    last=own[-1] if b - 1 in self.raw else None,
+                    digests=tuple(commit_digest(r) for r in own) if self.commit else ()))
                 i += b - a
             else:
                 out.append(_call(self.fn, payload, c, chunk_of))
@@ -198,13 +204,22 @@ def chunk_result(entries: Sequence[Any], chunk: int) -> Any:
         entry = entry.last
     if entry is None:
         raise KeyError(f"chunk {chunk}'s own result did not come back: pass it in GroupFold(raw=...)")
-    return entry
+    return opened(entry, chunk)
+
+
+def _commit_bytes(result: Any) -> bytes:
+    """The bytes a commitment digests: ``result`` pickled without memo, protocol 4 (see :func:`commit_digest`)."""
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=4)
+    pickler.fast = True  # no memo: the bytes do not depend on object identity
+    pickler.dump(result)
+    return buffer.getvalue()
 
 
 def commit_digest(result: Any) -> str:
     """``sha256:<hex>`` of one chunk's E-step result as pickled: what a worker commits to for each chunk of a
     folded group, cheap enough for every chunk of every pass. Equal digests mean equal bits (floats and arrays
-    pickle exactly); differing ones are settled by a replay.
+    pickle exactly); differing ones are settled by a replay. A :class:`SealedResult` is digested as it stands.
 
     The pickle is a function of the value alone: no memo (``Pickler.fast``), so which objects happen to be shared
     (the one ``dtype`` behind a numpy scalar and an array) leaves no ``BINGET`` in the bytes, and protocol 4, so
@@ -212,16 +227,60 @@ def commit_digest(result: Any) -> str:
     transport therefore digest alike: on SPMD backends the rank that computed a chunk and the ranks that
     received it reach the same verdict, and enter the same collectives (a plain ``pickle.dumps`` of mixle's
     statistics differed between the two, and the ranks fell out of step)."""
-    buffer = io.BytesIO()
-    pickler = pickle.Pickler(buffer, protocol=4)
-    pickler.fast = True  # no memo: the bytes do not depend on object identity
-    pickler.dump(result)
-    return "sha256:" + hashlib.sha256(buffer.getbuffer()).hexdigest()
+    data = result.data if isinstance(result, SealedResult) else _commit_bytes(result)
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class UnreadableOwnResult(ValueError):
+    """A sealed own result whose bytes are not a pickled result (the worker that sent it is at fault)."""
+
+    def __init__(self, chunk: int, problem: str) -> None:
+        super().__init__(f"chunk {chunk}'s sealed own result does not unpickle: {problem}")
+        self.chunk = chunk
+
+
+class SealedResult:
+    """One chunk's own result as the bytes its commitment digests (``_commit_bytes``), shipped beside its folded
+    group's sum: the worker pickles it once for digest and transport alike, and the driver hashes the bytes and
+    opens (unpickles) only the chunks of the groups the audit opens. Unpickling is no new trust: every runner's
+    transport already unpickles what its workers send."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self) -> tuple[type[SealedResult], tuple[bytes]]:
+        return SealedResult, (self.data,)
+
+    def __repr__(self) -> str:
+        size = len(self.data) if isinstance(self.data, (bytes, bytearray)) else "?"
+        return f"SealedResult(<{size} bytes>)"
+
+    @classmethod
+    def of(cls, result: Any) -> SealedResult:
+        """``result`` sealed."""
+        return cls(_commit_bytes(result))
+
+    def open(self, chunk: int) -> Any:
+        """The result sealed in; :class:`UnreadableOwnResult` (naming ``chunk``) where the bytes are not one."""
+        if not isinstance(self.data, (bytes, bytearray)):
+            raise UnreadableOwnResult(chunk, f"it holds a {type(self.data).__name__}, not bytes")
+        try:
+            return pickle.loads(self.data)  # nosec B301 - a worker's own result, as the transport already unpickles
+        except Exception as exc:  # noqa: BLE001 - any unpickling failure is the sender's defect
+            raise UnreadableOwnResult(chunk, f"{type(exc).__name__}: {exc}") from None
+
+
+def opened(value: Any, chunk: int) -> Any:
+    """``value`` itself, or the result inside a :class:`SealedResult` (chunk ``chunk``'s, for the error)."""
+    return value.open(chunk) if isinstance(value, SealedResult) else value
 
 
 def own_result(entries: Sequence[Any], chunk: int) -> Any:
-    """Chunk ``chunk``'s own result among a pass's entries, or None where it did not come back (only its digest,
-    in a group folded with ``GroupFold(commit=True)``)."""
+    """Chunk ``chunk``'s own result among a pass's entries as it came back (a :class:`SealedResult` where it was
+    sealed: read it with :func:`opened`), or None where it did not (only its digest, in a group folded with
+    ``GroupFold(commit=True)``)."""
     entry = entries[chunk]
     if entry is not None and not isinstance(entry, GroupStats):
         return entry
@@ -236,7 +295,7 @@ def committed_result(entries: Sequence[Any], chunk: int) -> tuple[Any, str]:
     result that came back, a ``raw`` chunk's, is preferred: the peer replays compare it)."""
     own = own_result(entries, chunk)
     if own is not None:
-        return own, commit_digest(own)
+        return opened(own, chunk), commit_digest(own)
     a, b = group_of(len(entries), chunk)
     group = entries[b - 1]
     if isinstance(group, GroupStats) and len(group.digests) == b - a:

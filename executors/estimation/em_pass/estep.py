@@ -37,10 +37,10 @@ from ....verification.sdc.schedule import SDCDetectedError
 from ..audit.audit_findings import AuditEvent, AuditNote
 from ..audit.audit_judge import ChunkEvidence, FoldEvidence, Verdict, judge_chunks, judge_folds, replays_needed
 from ..audit.audit_receipt import em_receipt
-from ..audit.commitments import check_commitments
+from ..audit.commitments import check_commitments, unreadable_own_result
 from ..audit.fold_binding import fold_digest, opened_groups, refold_on, reveal_chunks
 from .chunks import ChunkResult, EncodedChunk, EStepResult, chunk_estep
-from .combine_order import commit_digest, committed_result, fold_group, own_result
+from .combine_order import UnreadableOwnResult, commit_digest, committed_result, fold_group, opened, own_result
 from .runner_protocols import RunLedger
 
 if TYPE_CHECKING:
@@ -111,16 +111,20 @@ def judge_pass(audit: EMAudit, committed: CommittedPass, refs: dict[int, Any],
     verdict applied and mending, then the folded groups holding an audited chunk opened and judged. Mending
     rewrites ``committed.entries`` in place."""
     entries, audited, owners = committed.entries, committed.audited, committed.owners
-    outcomes = judge_against_reference(audit, entries, refs, audited, owners, committed.payload,
-                                       committed.iteration, committed.struck if audit.placement else None)
-    folds = open_folded_groups(audit, entries, committed.payload, committed.iteration, audited, owners,
-                               committed.token, revealed)
+    try:
+        outcomes = judge_against_reference(audit, entries, refs, audited, owners, committed.payload,
+                                           committed.iteration, committed.struck if audit.placement else None)
+        folds = open_folded_groups(audit, entries, committed.payload, committed.iteration, audited, owners,
+                                   committed.token, revealed)
+    except UnreadableOwnResult as exc:  # a sealed own result that is no result: the backend's defect
+        raise unreadable_own_result(exc, len(entries), backend=audit.runner.name, iteration=committed.iteration,
+                                    owners=owners) from None
     return outcomes + folds
 
 
 def shipped_own_results(entries: list[Any], chunks: Sequence[int]) -> dict[int, Any] | None:
-    """The own results of the groups opened for ``chunks`` where the pass brought them (``reveal_mode``), else None
-    (a reveal round must ask the workers)."""
+    """The own results of the groups opened for ``chunks`` where the pass brought them (``reveal_mode``; sealed as
+    they came), else None (a reveal round must ask the workers)."""
     ids = [c for a, b in opened_groups(entries, chunks) for c in range(a, b)]
     own = {c: own_result(entries, c) for c in ids}
     return own if all(v is not None for v in own.values()) else None
@@ -191,8 +195,9 @@ def open_folded_groups(audit: EMAudit, entries: list[Any], payload: tuple[Any, A
         revealed = reveal_chunks(audit.runner, audit.placement, wanted, owners, payload, token)
     evidence = []
     for a, b in groups:
-        group, values = entries[b - 1], [revealed[c] for c in range(a, b)]
-        digests = tuple(commit_digest(v) for v in values)
+        group, shipped = entries[b - 1], [revealed[c] for c in range(a, b)]
+        digests = tuple(commit_digest(v) for v in shipped)  # a sealed result's bytes are hashed, not pickled again
+        values = [opened(v, c) for c, v in zip(range(a, b), shipped)]
         expected = fold_digest(group.digests, fold_group(payload[0], values))
         evidence.append(FoldEvidence(a, b - 1, owners[b - 1], expected, fold_digest(digests, group)))
         if digests == tuple(group.digests):

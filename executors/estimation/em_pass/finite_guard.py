@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .combine_order import GroupStats, combine_groups
+from .combine_order import GroupStats, SealedResult, combine_groups
 
 __all__ = [
     "NonFiniteStatisticError", "check_chunk_result", "decode_payload", "finish_accumulator", "finite_guarded_fold",
@@ -74,7 +74,7 @@ def first_non_finite(value: Any, path: str = "stats") -> str | None:
 
 
 def _as_entry(entry: Any, chunk: int) -> Any:
-    if entry is None or isinstance(entry, GroupStats):
+    if entry is None or isinstance(entry, (GroupStats, SealedResult)):  # a sealed one rides beside its group's sum
         return entry
     if isinstance(entry, tuple) and len(entry) == 2:  # mixle's (count, stats) payload
         return (entry[0], 0.0, entry[1])

@@ -24,7 +24,7 @@ from mixle_parallel.executors.estimation.audit import reveal_mode
 from mixle_parallel.executors.estimation.audit.audit_draw import Draw, SystematicDraw, fresh_entropy, recheck_draws
 from mixle_parallel.executors.estimation.audit.commitments import MalformedCommitmentError
 from mixle_parallel.executors.estimation.em_pass.chunks import apply_chunk_fn
-from mixle_parallel.executors.estimation.em_pass.combine_order import GroupStats
+from mixle_parallel.executors.estimation.em_pass.combine_order import GroupStats, SealedResult
 from mixle_parallel.verification.sdc import BackendDefectError, SDCDetectedError
 from tests.estimation.audit.audit_cases import start_model, third_party_backend
 from tests.estimation.audit.conftest import ROWS_PER_CHUNK, estimator
@@ -224,3 +224,33 @@ def test_malformed_commitments_are_a_backend_defect_naming_the_group(registered,
     assert isinstance(caught.value, BackendDefectError)
     assert "draw_bad_commit backend returned the group of chunks" in str(caught.value)
     assert caught.value.group[1] > caught.value.group[0]
+
+
+def _sealed(make: Callable[[SealedResult], Any]) -> Callable[[list[Any]], list[Any]]:
+    """Every sealed own result a worker sends (beside a group's sum or as its last chunk's) replaced by ``make``."""
+    def swap(e: Any) -> Any:
+        if isinstance(e, GroupStats):
+            return e._replace(last=make(e.last)) if isinstance(e.last, SealedResult) else e
+        return make(e) if isinstance(e, SealedResult) else e
+
+    return lambda out: [swap(e) for e in out]
+
+
+@pytest.mark.parametrize("reshape,problem", [
+    (_sealed(lambda s: SealedResult(b"not a pickle")), "sealed own result does not unpickle"),
+    (_sealed(lambda s: SealedResult(None)), r"sealed own results that hold no bytes for chunk\(s\)"),
+    (lambda out: [e.last if isinstance(e, GroupStats) else e for e in out],
+     r"per chunk with sealed own results for chunk\(s\) .* and no folded sum"),
+], ids=["unreadable", "not-bytes", "no-sum"])
+def test_sealed_own_results_that_are_no_results_are_a_backend_defect_naming_the_group(registered, rows, reshape,
+                                                                                    problem):
+    """The own results a pass ships come sealed (the bytes their digests are of): bytes that do not unpickle, a
+    seal holding no bytes, or sealed results standing for a group with no folded sum are refused as a backend
+    defect naming the group, never an unpickling or type error from deep in the fold."""
+    name = registered("draw_bad_seal", lambda n: ScriptedRunner("draw_bad_seal", reshape=reshape))
+    with pytest.raises(MalformedCommitmentError, match=problem) as caught:
+        fit(rows, estimator(), max_its=2, delta=None, prev_estimate=start_model(rows), chunk_size=ROWS_PER_CHUNK,
+            backend=name, num_workers=2, audit_policy="raise")
+    assert isinstance(caught.value, BackendDefectError)
+    assert "draw_bad_seal backend returned the group of chunks" in str(caught.value)
+    assert caught.value.group[1] > caught.value.group[0] and caught.value.worker is not None

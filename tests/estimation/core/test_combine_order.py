@@ -35,6 +35,7 @@ from mixle_parallel.executors.estimation.em_pass.chunks import (
     encode_chunks,
     fold_pass,
 )
+from mixle_parallel.executors.estimation.em_pass.combine_order import SealedResult, UnreadableOwnResult, commit_digest
 
 
 def _bits(total: GroupStats) -> bytes:
@@ -78,6 +79,31 @@ def test_a_pass_folded_per_chunk_or_by_group_has_the_same_bits(case):
     assert sum(isinstance(e, GroupStats) for e in folded) == len(combine_groups(len(chunks))) == 10
     assert sum(e is None for e in folded) == 20
     assert _bits(fold_pass(est, raw)) == _bits(fold_pass(est, folded))
+
+
+def test_sealed_own_results_are_the_bytes_their_digests_are_of_and_open_to_the_chunks_bits(case):
+    """With ``seal`` every raw chunk of a folded group comes back as the bytes its commitment digests: hashing them
+    gives the group's digest, which is also the digest of the opened result pickled again (so a result that crossed
+    a transport digests alike), and the opened result has the chunk's bits; the folded total is unchanged."""
+    est, model, chunks = case
+    n = len(chunks)
+    raw = [chunk_estep(c, (est, model)) for c in chunks]
+    sealed = GroupFold(chunk_estep, n, frozenset(range(n)), True, "", True).apply_block(
+        range(n), chunks.__getitem__, (est, model))
+    plain = GroupFold(chunk_estep, n, frozenset(range(n)), True).apply_block(range(n), chunks.__getitem__, (est, model))
+    for a, b in combine_groups(n):
+        group = sealed[b - 1]
+        own = [*sealed[a:b - 1], group.last]
+        assert all(isinstance(e, SealedResult) for e in own)
+        assert group.digests == plain[b - 1].digests == tuple(commit_digest(e) for e in own)
+        for c, e in zip(range(a, b), own):
+            value = e.open(c)
+            assert commit_digest(value) == commit_digest(e)
+            assert _bits(GroupStats(*value)) == _bits(GroupStats(*raw[c]))
+            assert _bits(GroupStats(*chunk_result(sealed, c))) == _bits(GroupStats(*raw[c]))
+    assert _bits(fold_pass(est, sealed)) == _bits(fold_pass(est, raw))
+    with pytest.raises(UnreadableOwnResult, match="chunk 4's sealed own result does not unpickle"):
+        SealedResult(b"not a pickle").open(4)
 
 
 @settings(max_examples=40, deadline=None)
