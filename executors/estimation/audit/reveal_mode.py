@@ -5,8 +5,9 @@ their workers reveal the chunks' own results (``fold_binding.reveal_chunks``). A
 the pass: an engine job where the worker keeps nothing between jobs (Spark, the task runners), a round trip to the
 worker that folded elsewhere (mp, dask and Ray actors), so an audited pass costs that round more. When the own
 results are small, every pass (audited or not: the tasks stay the same) brings back every chunk's own result
-beside its group's sum and digests instead, which is then the commitment itself: the draw still comes after it,
-the opened groups are checked against their digests and sums exactly as revealed ones, and no reveal round runs.
+beside its group's sum and digests instead: the draw still comes after it, the opened groups are checked against
+their digests and sums exactly as revealed ones, and no reveal round runs. The own results ship sealed
+(``combine_order.SealedResult``: the bytes their digests are of), so the driver unpickles only the opened groups'.
 SPMD ranks (mpi, torchrun) keep their reveal step: it is one of the pass's numbered collectives, the same on
 every rank, and own results would widen every all-gather.
 """
