@@ -232,10 +232,10 @@ def commit_digest(result: Any) -> str:
 
 
 class UnreadableOwnResult(ValueError):
-    """A sealed own result whose bytes are not a pickled result (the worker that sent it is at fault)."""
+    """A sealed own result whose bytes are not a pickled chunk result (the worker that sent it is at fault)."""
 
     def __init__(self, chunk: int, problem: str) -> None:
-        super().__init__(f"chunk {chunk}'s sealed own result does not unpickle: {problem}")
+        super().__init__(f"chunk {chunk}'s sealed own result does not unpickle to a chunk result: {problem}")
         self.chunk = chunk
 
 
@@ -263,13 +263,18 @@ class SealedResult:
         return cls(_commit_bytes(result))
 
     def open(self, chunk: int) -> Any:
-        """The result sealed in; :class:`UnreadableOwnResult` (naming ``chunk``) where the bytes are not one."""
+        """The result sealed in, a ``(count, log_likelihood, stats)`` tuple; :class:`UnreadableOwnResult` (naming
+        ``chunk``) where the bytes are not one."""
         if not isinstance(self.data, (bytes, bytearray)):
             raise UnreadableOwnResult(chunk, f"it holds a {type(self.data).__name__}, not bytes")
         try:
-            return pickle.loads(self.data)  # nosec B301 - a worker's own result, as the transport already unpickles
+            value = pickle.loads(self.data)  # nosec B301 - a worker's own result, as the transport already unpickles
         except Exception as exc:  # noqa: BLE001 - any unpickling failure is the sender's defect
             raise UnreadableOwnResult(chunk, f"{type(exc).__name__}: {exc}") from None
+        if not (isinstance(value, tuple) and len(value) == 3):
+            raise UnreadableOwnResult(chunk, f"it holds a {type(value).__name__}, not a chunk's (count, "
+                                             "log_likelihood, stats)")
+        return value
 
 
 def opened(value: Any, chunk: int) -> Any:

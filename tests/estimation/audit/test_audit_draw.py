@@ -238,15 +238,16 @@ def _sealed(make: Callable[[SealedResult], Any]) -> Callable[[list[Any]], list[A
 
 @pytest.mark.parametrize("reshape,problem", [
     (_sealed(lambda s: SealedResult(b"not a pickle")), "sealed own result does not unpickle"),
+    (_sealed(lambda s: SealedResult.of("not a result")), r"holds a str, not a chunk's \(count, log_likelihood"),
     (_sealed(lambda s: SealedResult(None)), r"sealed own results that hold no bytes for chunk\(s\)"),
     (lambda out: [e.last if isinstance(e, GroupStats) else e for e in out],
      r"per chunk with sealed own results for chunk\(s\) .* and no folded sum"),
-], ids=["unreadable", "not-bytes", "no-sum"])
+], ids=["unreadable", "not-a-result", "not-bytes", "no-sum"])
 def test_sealed_own_results_that_are_no_results_are_a_backend_defect_naming_the_group(registered, rows, reshape,
                                                                                     problem):
-    """The own results a pass ships come sealed (the bytes their digests are of): bytes that do not unpickle, a
-    seal holding no bytes, or sealed results standing for a group with no folded sum are refused as a backend
-    defect naming the group, never an unpickling or type error from deep in the fold."""
+    """The own results a pass ships come sealed (the bytes their digests are of): bytes that do not unpickle (or not
+    to a chunk's result), a seal holding no bytes, or sealed results standing for a group with no folded sum are
+    refused as a backend defect naming the group, never an unpickling or type error from deep in the fold."""
     name = registered("draw_bad_seal", lambda n: ScriptedRunner("draw_bad_seal", reshape=reshape))
     with pytest.raises(MalformedCommitmentError, match=problem) as caught:
         fit(rows, estimator(), max_its=2, delta=None, prev_estimate=start_model(rows), chunk_size=ROWS_PER_CHUNK,

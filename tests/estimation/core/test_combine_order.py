@@ -104,6 +104,8 @@ def test_sealed_own_results_are_the_bytes_their_digests_are_of_and_open_to_the_c
     assert _bits(fold_pass(est, sealed)) == _bits(fold_pass(est, raw))
     with pytest.raises(UnreadableOwnResult, match="chunk 4's sealed own result does not unpickle"):
         SealedResult(b"not a pickle").open(4)
+    with pytest.raises(UnreadableOwnResult, match="holds a dict, not a chunk's"):
+        SealedResult.of({"count": 1.0}).open(4)
 
 
 @settings(max_examples=40, deadline=None)
