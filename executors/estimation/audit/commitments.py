@@ -53,7 +53,7 @@ def _problem(entries: Sequence[Any], a: int, b: int) -> str | None:
     if bad:
         return f"with malformed commitments for chunk(s) {bad}"
     own = [*group[:-1], last.last]
-    unsealed = [a + i for i, e in enumerate(own) if isinstance(e, SealedResult) and not isinstance(e.data, bytes)]
+    unsealed = [a + i for i, e in enumerate(own) if isinstance(e, SealedResult) and not e.holds_bytes]
     if unsealed:
         return f"with sealed own results that hold no bytes for chunk(s) {unsealed}"
     return None
@@ -68,13 +68,16 @@ def check_commitments(entries: Sequence[Any], num_chunks: int, *, backend: str, 
     for a, b in combine_groups(num_chunks):
         problem = _problem(entries, a, b)
         if problem is not None:
-            worker = int(owners[b - 1]) if len(owners) == num_chunks else None
-            raise MalformedCommitmentError(backend, iteration, (a, b), worker, problem)
+            raise MalformedCommitmentError(backend, iteration, (a, b), _worker(owners, b, num_chunks), problem)
 
 
 def unreadable_own_result(error: UnreadableOwnResult, num_chunks: int, *, backend: str, iteration: int,
                           owners: Sequence[int] = ()) -> MalformedCommitmentError:
     """The backend defect for a sealed own result that does not unpickle, naming its group and worker."""
     a, b = group_of(num_chunks, error.chunk)
-    worker = int(owners[b - 1]) if len(owners) == num_chunks else None
-    return MalformedCommitmentError(backend, iteration, (a, b), worker, f"with {error}")
+    return MalformedCommitmentError(backend, iteration, (a, b), _worker(owners, b, num_chunks), f"with {error}")
+
+
+def _worker(owners: Sequence[int], end: int, num_chunks: int) -> int | None:
+    """The worker that folded the group ending before ``end`` (None where the owners are not known)."""
+    return int(owners[end - 1]) if len(owners) == num_chunks else None

@@ -254,8 +254,12 @@ class SealedResult:
         return SealedResult, (self.data,)
 
     def __repr__(self) -> str:
-        size = len(self.data) if isinstance(self.data, (bytes, bytearray)) else "?"
-        return f"SealedResult(<{size} bytes>)"
+        return f"SealedResult(<{len(self.data) if self.holds_bytes else '?'} bytes>)"
+
+    @property
+    def holds_bytes(self) -> bool:
+        """Whether the seal holds bytes at all (one from a worker may hold anything)."""
+        return isinstance(self.data, bytes)
 
     @classmethod
     def of(cls, result: Any) -> SealedResult:
@@ -265,7 +269,7 @@ class SealedResult:
     def open(self, chunk: int) -> Any:
         """The result sealed in, a ``(count, log_likelihood, stats)`` tuple; :class:`UnreadableOwnResult` (naming
         ``chunk``) where the bytes are not one."""
-        if not isinstance(self.data, (bytes, bytearray)):
+        if not self.holds_bytes:
             raise UnreadableOwnResult(chunk, f"it holds a {type(self.data).__name__}, not bytes")
         try:
             value = pickle.loads(self.data)  # nosec B301 - a worker's own result, as the transport already unpickles

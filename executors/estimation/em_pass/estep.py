@@ -196,8 +196,8 @@ def open_folded_groups(audit: EMAudit, entries: list[Any], payload: tuple[Any, A
     evidence = []
     for a, b in groups:
         group, shipped = entries[b - 1], [revealed[c] for c in range(a, b)]
+        values = [opened(v, c) for c, v in zip(range(a, b), shipped)]  # first: a seal that is no result is refused
         digests = tuple(commit_digest(v) for v in shipped)  # a sealed result's bytes are hashed, not pickled again
-        values = [opened(v, c) for c, v in zip(range(a, b), shipped)]
         expected = fold_digest(group.digests, fold_group(payload[0], values))
         evidence.append(FoldEvidence(a, b - 1, owners[b - 1], expected, fold_digest(digests, group)))
         if digests == tuple(group.digests):

@@ -217,13 +217,21 @@ def test_malformed_commitments_are_a_backend_defect_naming_the_group(registered,
     opened groups are revealed after it (the size bound set to 0 here)."""
     if not shipped:
         monkeypatch.setattr(reveal_mode, "OWN_RESULTS_MAX_BYTES", 0)
-    name = registered("draw_bad_commit", lambda n: ScriptedRunner("draw_bad_commit", reshape=reshape))
+    _refused_naming_the_group(registered, rows, "draw_bad_commit", reshape, problem)
+
+
+def _refused_naming_the_group(registered: Any, rows: Any, backend: str, reshape: Callable[[list[Any]], list[Any]],
+                              problem: str) -> MalformedCommitmentError:
+    """A short audited fit on a third-party runner whose passes ``reshape`` spoils: refused as a backend defect
+    matching ``problem`` and naming the group (and its worker)."""
+    name = registered(backend, lambda n: ScriptedRunner(backend, reshape=reshape))
     with pytest.raises(MalformedCommitmentError, match=problem) as caught:
         fit(rows, estimator(), max_its=2, delta=None, prev_estimate=start_model(rows), chunk_size=ROWS_PER_CHUNK,
             backend=name, num_workers=2, audit_policy="raise")
     assert isinstance(caught.value, BackendDefectError)
-    assert "draw_bad_commit backend returned the group of chunks" in str(caught.value)
-    assert caught.value.group[1] > caught.value.group[0]
+    assert f"{backend} backend returned the group of chunks" in str(caught.value)
+    assert caught.value.group[1] > caught.value.group[0] and caught.value.worker is not None
+    return caught.value
 
 
 def _sealed(make: Callable[[SealedResult], Any]) -> Callable[[list[Any]], list[Any]]:
@@ -248,10 +256,4 @@ def test_sealed_own_results_that_are_no_results_are_a_backend_defect_naming_the_
     """The own results a pass ships come sealed (the bytes their digests are of): bytes that do not unpickle (or not
     to a chunk's result), a seal holding no bytes, or sealed results standing for a group with no folded sum are
     refused as a backend defect naming the group, never an unpickling or type error from deep in the fold."""
-    name = registered("draw_bad_seal", lambda n: ScriptedRunner("draw_bad_seal", reshape=reshape))
-    with pytest.raises(MalformedCommitmentError, match=problem) as caught:
-        fit(rows, estimator(), max_its=2, delta=None, prev_estimate=start_model(rows), chunk_size=ROWS_PER_CHUNK,
-            backend=name, num_workers=2, audit_policy="raise")
-    assert isinstance(caught.value, BackendDefectError)
-    assert "draw_bad_seal backend returned the group of chunks" in str(caught.value)
-    assert caught.value.group[1] > caught.value.group[0] and caught.value.worker is not None
+    _refused_naming_the_group(registered, rows, "draw_bad_seal", reshape, problem)
