@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from multiprocessing import connection
 from typing import Any, NamedTuple
 
-from ..em_pass.runner_protocols import PARTITION_ROWS
+from ..em_pass.runner_protocols import PARTITION_ROWS, StageJob, TaskBody
 from .channel import (
     CLOSE_REQUEST,
     HANDSHAKE_TIMEOUT_S,
@@ -49,8 +49,8 @@ from .channel import (
 from .deadline import Deadline, StragglerClock
 from .wire_bytes import WireBytes
 
-__all__ = ["HELD", "IDLE_RELEASE_S", "START_TIMEOUT_S", "ServedPass", "SparkPassStage", "held_chunks", "held_rows",
-           "serving_task"]
+__all__ = ["HELD", "IDLE_RELEASE_S", "START_TIMEOUT_S", "ServedPass", "SparkPassStage", "barrier_partitions",
+           "held_chunks", "held_rows", "serving_task"]
 
 _log = logging.getLogger("mixle_parallel.executors.estimation.backends.spark")
 
@@ -87,8 +87,12 @@ def held_rows(records: Iterable[Any]) -> dict[int, Any]:
 Holds = Callable[[Iterable[Any]], dict[int, Any]]
 """What a serving task makes of its partition's records: its holdings, by key (``held_chunks``, ``held_rows``)."""
 
+def barrier_partitions(rdd: Any) -> StageJob:
+    """The stage as a barrier over ``rdd``'s partitions: each task runs the body over its partition's records."""
+    return lambda body: rdd.barrier().mapPartitions(body)
 
-def serving_task(address: Any, authkey: bytes, hold: Holds = held_chunks) -> Callable[[Iterable[Any]], Iterator[Any]]:
+
+def serving_task(address: Any, authkey: bytes, hold: Holds = held_chunks) -> TaskBody:
     """What each task of the stage runs: keep what ``hold`` makes of the partition's records, dial the driver at
     ``address``, send the keys held (and the rows' count), answer requests until released; nothing is returned
     through Spark. A task that cannot dial (a retried attempt of a stage the driver gave up) ends at once."""
@@ -146,11 +150,11 @@ class SparkPassStage:
         """Passes this stage served."""
 
     @classmethod
-    def start(cls, sc: Any, rdd: Any, partitions: int, wire: WireBytes, timeout: float | None,
+    def start(cls, sc: Any, job: StageJob, partitions: int, wire: WireBytes, timeout: float | None,
               hold: Holds = held_chunks) -> SparkPassStage | str:
-        """Start serving ``rdd``'s ``partitions`` partitions, each task holding what ``hold`` makes of its records
-        (``(chunk id, chunk)`` records by default); the stage once every task dialled in, or why it could not start
-        (it is cancelled then). The driver listens where Spark's own
+        """Start serving ``partitions`` partitions by ``job`` (:func:`barrier_partitions` of an RDD), each task
+        holding what ``hold`` makes of its records (``(chunk id, chunk)`` records by default); the stage once every
+        task dialled in, or why it could not start (it is cancelled then). The driver listens where Spark's own
         driver endpoint does (``spark.driver.bindAddress``), and the tasks dial it as they dial Spark's
         (``spark.driver.host``)."""
         for other in list(_LIVE):  # another runner's stage on this context holds the slots between its passes
@@ -161,7 +165,7 @@ class SparkPassStage:
         listener = connection.Listener((conf.get("spark.driver.bindAddress", host), 0))
         key = new_channel_key()
         group = f"mixle-em-serve-{uuid.uuid4().hex}"
-        served = rdd.barrier().mapPartitions(serving_task((host, listener.address[1]), key, hold))
+        served = job(serving_task((host, listener.address[1]), key, hold))
         box: dict[str, Any] = {}
 
         def run() -> None:

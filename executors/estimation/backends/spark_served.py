@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..em_pass.chunks import WorkerTimeoutError
-from ..em_pass.runner_protocols import PARTITION_ROWS
+from ..em_pass.runner_protocols import PARTITION_ROWS, StageJob
 from .deadline import Deadline, StragglerClock
-from .spark_channel import HELD, SparkPassStage, held_rows
+from .spark_channel import HELD, SparkPassStage, barrier_partitions, held_rows
 from .wire_bytes import WireBytes
 
 __all__ = ["ServedWork"]
@@ -62,7 +62,8 @@ class ServedWork:
         for _ in range(2):
             if self._stage is None:
                 self._ensure_rdd()
-                started = SparkPassStage.start(self.sc, self._rdd, self._partitions, self.wire, self.timeout)
+                started = SparkPassStage.start(self.sc, barrier_partitions(self._rdd), self._partitions, self.wire,
+                                               self.timeout)
                 if isinstance(started, str):
                     self._stop_serving(f"its serving stage did not start: {started}")
                     return None
@@ -126,15 +127,17 @@ class ServedWork:
             return None
         return outcome.results
 
-    def open_rows(self, rows: Any) -> list[int] | None:
+    def open_rows(self, rows: Any, job: StageJob | None = None) -> list[int] | None:
         """Serve ``rows`` (an RDD of one record per partition, its rows; not cached) from a stage whose tasks read
         and keep them: each partition's row count, in order, or None when this runner does not serve (the source
-        then reads them with a job)."""
+        then reads them with a job). ``job``: the stage made another way over the same partitions, each task's
+        record its rows (a DataFrame's Arrow batches read in the serving tasks, ``spark_rows``)."""
         partitions = int(rows.getNumPartitions())
         if not self._may_serve(partitions):
             return None
         self._release_stage()
-        started = SparkPassStage.start(self.sc, rows, partitions, self.wire, self.timeout, hold=held_rows)
+        started = SparkPassStage.start(self.sc, job or barrier_partitions(rows), partitions, self.wire, self.timeout,
+                                       hold=held_rows)
         if isinstance(started, str):  # over the source's own lineage; the passes may still be served from a cache
             _log.warning("spark: a stage reading the source did not start (%s); a job reads it", started)
             return None

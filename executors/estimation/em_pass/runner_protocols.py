@@ -25,7 +25,7 @@ to the run's ledger (:class:`RunLedger`). Every check is an ``isinstance`` again
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -116,6 +116,13 @@ class ClientCluster(WorkerPlacement, Protocol):
     def wait_for_tasks(self, futures: Mapping[str, Any], what: str) -> None: ...
 
 
+TaskBody = Callable[[Iterable[Any]], Iterator[Any]]
+"""What each task of a Spark serving stage runs over its partition's records (``spark_channel.serving_task``)."""
+
+StageJob = Callable[[TaskBody], Any]
+"""A Spark serving stage's job made from what its tasks run: a barrier stage, one task per partition, whose
+``collect()`` runs it (``spark_channel.barrier_partitions``, or a DataFrame's Arrow batches read in the tasks)."""
+
 PARTITION_ROWS = -1
 """The record key of a partition's rows among its encoded ``(chunk id, chunk)`` records (``PlacesPartitions``):
 the rows travel and stay cached with the chunks encoded from them, for the audit's reads."""
@@ -134,7 +141,7 @@ class PlacesPartitions(Protocol):
 
     def run_job(self, job: Callable[[], Any], what: str, partitions: Sequence[int] | None = None) -> Any: ...
 
-    def open_rows(self, rows: Any) -> list[int] | None: ...
+    def open_rows(self, rows: Any, job: StageJob | None = None) -> list[int] | None: ...
 
     def place_held(self, encode: Callable[[Any, Any], list[int]], asks: Mapping[int, Any], parts: Sequence[int],
                    build: Callable[[], Any]) -> bool: ...

@@ -128,7 +128,7 @@ class _SparkLike:
     def read_held(self, fn: Any, asks: Any) -> Any:
         raise AssertionError("not called")
 
-    def open_rows(self, rows: Any) -> Any:
+    def open_rows(self, rows: Any, job: Any = None) -> Any:
         raise AssertionError("not called")
 
     def place_held(self, encode: Any, asks: Any, parts: Any, build: Any) -> Any:

@@ -58,16 +58,29 @@ def test_vector_rows_from_an_array_column_equal_the_rows_in_memory(spark_context
     _assert_fits_the_rows_in_memory(spark_context, frame, rows)
 
 
+def _rows_as_held(rows, ask):
+    """What a serving task holds as its partition's rows (a read of them whole)."""
+    return rows
+
+
 @pytest.mark.parametrize("kinds", [("double",), ("double", "float", "int", "long"), ("int", "short")],
                          ids=["one-double", "mixed", "integers"])
 def test_numeric_columns_read_through_arrow_are_the_rows_the_row_path_reads(spark_context, tmp_path, kinds):
     """Plain numeric columns are read with ``mapInArrow`` (no ``Row`` per record): each partition's array has the
-    Row path's dtype, shape and bits, so a fit of a Parquet table is the fit of the same rows in memory."""
+    Row path's dtype, shape and bits, so a fit of a Parquet table is the fit of the same rows in memory. That holds
+    for the blocks a job reads and for the rows the serving tasks read from the Arrow batches themselves (a barrier
+    ``mapInArrow``, ``spark_rows._arrow_stage``), partition by partition."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark.sql import SparkSession
 
-    from mixle_parallel.executors.estimation.sources.spark_rows import _arrow_rows, _row_reader
+    from mixle_parallel.executors.estimation.backends.spark import SparkRunner
+    from mixle_parallel.executors.estimation.sources.spark_rows import (
+        _arrow_columns,
+        _arrow_rows,
+        _arrow_stage,
+        _row_reader,
+    )
 
     spark = SparkSession(spark_context)
     rng = np.random.default_rng(7)
@@ -79,18 +92,29 @@ def test_numeric_columns_read_through_arrow_are_the_rows_the_row_path_reads(spar
              "long": (pa.int64(), lambda: rng.integers(-50, 50, n))}
     table = pa.table({f"c{j}": pa.array(types[k][1](), types[k][0]) for j, k in enumerate(kinds)})
     pq.write_table(table, str(tmp_path / "rows.parquet"), row_group_size=300)
-    frame = spark.read.parquet(str(tmp_path / "rows.parquet")).repartition(3)
+    frame = spark.read.parquet(str(tmp_path / "rows.parquet")).repartition(2)  # served: as many as task slots
     frame = frame.cache()
-    arrow = _arrow_rows(frame)
-    assert arrow is not None
-    via_arrow = arrow.glom().collect()
+    columns = _arrow_columns(frame)
+    assert columns is not None
+    via_arrow = _arrow_rows(frame, columns).glom().collect()
     via_rows = frame.rdd.glom().collect()
     read = _row_reader(frame.schema)
-    assert len(via_arrow) == len(via_rows) == 3
-    for blocks, records in zip(via_arrow, via_rows):
+    stage = _arrow_stage(frame, columns)
+    assert stage is not None  # pyspark >= 3.5 has a barrier mapInArrow
+    runner = SparkRunner(spark_context, timeout=120.0)
+    try:
+        counts = runner.open_rows(frame.rdd, stage)
+        held = runner.read_held(_rows_as_held, {p: None for p in range(2)})
+    finally:
+        runner._release_stage()
+    assert counts == [len(r) for r in via_rows], runner.serving_stopped
+    assert held is not None
+    assert len(via_arrow) == len(via_rows) == 2
+    for p, (blocks, records) in enumerate(zip(via_arrow, via_rows)):
         got, want = (np.concatenate(blocks) if blocks else np.empty((0,))), read(records)
         assert got.dtype == want.dtype and got.shape == want.shape
         assert got.tobytes() == want.tobytes()
+        assert held[p].dtype == want.dtype and held[p].shape == want.shape and held[p].tobytes() == want.tobytes()
 
 
 def test_a_null_in_a_numeric_column_is_refused_naming_the_column(spark_context, tmp_path):
@@ -102,10 +126,25 @@ def test_a_null_in_a_numeric_column_is_refused_naming_the_column(spark_context, 
         source_case.run(frame, "spark", None, client=spark_context)
 
 
-def test_a_parquet_table_read_as_a_dataframe_fits_the_bits_of_its_rows_in_memory(spark_context, tmp_path):
+def test_a_parquet_table_read_as_a_dataframe_fits_the_bits_of_its_rows_in_memory(spark_context, tmp_path,
+                                                                                   monkeypatch):
+    """The table's rows are read by the serving tasks from its Arrow batches (``_arrow_stage``), and the fit has the
+    bits of the same rows in memory."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark.sql import SparkSession
+
+    from mixle_parallel.executors.estimation.sources import spark_rows
+
+    stages = []
+    real = spark_rows._arrow_stage
+
+    def counted(frame, columns):
+        job = real(frame, columns)
+        assert job is not None
+        return lambda body: stages.append(body) or job(body)
+
+    monkeypatch.setattr(spark_rows, "_arrow_stage", counted)
 
     spark = SparkSession(spark_context)
     rng = np.random.default_rng(11)
@@ -113,6 +152,7 @@ def test_a_parquet_table_read_as_a_dataframe_fits_the_bits_of_its_rows_in_memory
     pq.write_table(pa.table({"x": rows[:, 0], "y": rows[:, 1]}), str(tmp_path / "t.parquet"))
     frame = spark.read.parquet(str(tmp_path / "t.parquet")).coalesce(1)
     _assert_fits_the_rows_in_memory(spark_context, frame, rows)
+    assert len(stages) == 1  # one serving stage read the table, in its tasks
 
 
 @pytest.mark.parametrize("layout", ["one_npy", "parquet"])
