@@ -10,8 +10,9 @@ counts and the audited chunks' rows. An RDD element is one row, as in mixle (num
 fields); numeric rows become one array, as an in-memory fit gets.
 A DataFrame gives numeric columns (one row per record) or one vector / array column; plain integer and floating
 columns are read through Arrow (``mapInArrow``: each batch one numpy block, no ``Row`` object per record, the same
-array the ``Row`` path builds), which a Spark user's Parquet table reads several times faster. Spark recomputes a
-lost partition from its lineage. The source must give the same rows on every evaluation (cache a
+array the ``Row`` path builds), which a Spark user's Parquet table reads several times faster; tasks kept alive read
+those batches themselves (one barrier ``mapInArrow``, :func:`_arrow_stage`), a job through an RDD of the blocks.
+Spark recomputes a lost partition from its lineage. The source must give the same rows on every evaluation (cache a
 random or non-deterministic one first): a partition whose row count changed is refused.
 """
 
