@@ -87,6 +87,7 @@ def held_rows(records: Iterable[Any]) -> dict[int, Any]:
 Holds = Callable[[Iterable[Any]], dict[int, Any]]
 """What a serving task makes of its partition's records: its holdings, by key (``held_chunks``, ``held_rows``)."""
 
+
 def barrier_partitions(rdd: Any) -> StageJob:
     """The stage as a barrier over ``rdd``'s partitions: each task runs the body over its partition's records."""
     return lambda body: rdd.barrier().mapPartitions(body)

@@ -95,13 +95,12 @@ def _batch_block(batch: Any, names: Sequence[str], dtype: Any) -> Any:
     return columns[0] if len(columns) == 1 else np.column_stack(columns)
 
 
-def _arrow_blocks(names: Sequence[str], floating: bool) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def _arrow_blocks(names: Sequence[str], dtype: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """What ``mapInArrow`` runs on each partition: every non-empty Arrow batch as one pickled numpy block
     (:func:`_batch_block`), in order."""
     def blocks(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        dtype = np.float64 if floating else np.int64
         for batch in batches:
             if batch.num_rows:
                 yield pa.RecordBatch.from_pydict({"block": [pickle.dumps(_batch_block(batch, names, dtype),
@@ -119,9 +118,10 @@ def _stacked(blocks: list[Any]) -> Any:
     return np.concatenate(blocks) if blocks else np.empty((0,))
 
 
-def _arrow_columns(frame: Any) -> tuple[list[str], bool] | None:
-    """``frame``'s column names and whether any is floating, when every column is a plain integer or floating
-    column and pyarrow is installed (its rows are read through Arrow); None otherwise (the ``Row`` path reads it)."""
+def _arrow_columns(frame: Any) -> tuple[list[str], Any] | None:
+    """``frame``'s column names and the dtype of its rows (int64, or float64 when any column is floating), when every
+    column is a plain integer or floating column and pyarrow is installed (its rows are read through Arrow); None
+    otherwise (the ``Row`` path reads it)."""
     fields = list(frame.schema.fields)
     kinds = [type(f.dataType).__name__ for f in fields]
     if not fields or any(k not in _ARROW_INTEGER | _ARROW_FLOAT for k in kinds):
@@ -130,27 +130,26 @@ def _arrow_columns(frame: Any) -> tuple[list[str], bool] | None:
         import pyarrow  # noqa: F401 - mapInArrow needs it on the driver and the executors
     except ImportError:
         return None
-    return [f.name for f in fields], any(k in _ARROW_FLOAT for k in kinds)
+    return [f.name for f in fields], np.float64 if any(k in _ARROW_FLOAT for k in kinds) else np.int64
 
 
-def _arrow_rows(frame: Any, columns: tuple[list[str], bool]) -> Any:
+def _arrow_rows(frame: Any, columns: tuple[list[str], Any]) -> Any:
     """``frame``'s rows as an RDD of numpy blocks (same partitions, in order), read through Arrow."""
     blocks = frame.mapInArrow(_arrow_blocks(*columns), "block binary")
     return blocks.rdd.map(_block_of, preservesPartitioning=True)
 
 
-def _arrow_stage(frame: Any, columns: tuple[list[str], bool]) -> StageJob | None:
+def _arrow_stage(frame: Any, columns: tuple[list[str], Any]) -> StageJob | None:
     """A serving stage that reads ``frame``'s Arrow batches in its tasks themselves (``mapInArrow`` in barrier mode):
     each task's one record its partition's rows, the same array :func:`_arrow_rows` stacks, without the round trip of
     pickled blocks through the JVM and back (half the reading time of a Parquet table here). None where this pyspark
     has no barrier ``mapInArrow`` (before 3.5): the stage is then a barrier over :func:`_arrow_rows`."""
     if "barrier" not in inspect.signature(frame.mapInArrow).parameters:
         return None
-    names, floating = columns
+    names, dtype = columns
 
     def job(body: TaskBody) -> Any:
         def task(batches: Iterator[Any]) -> Iterator[Any]:
-            dtype = np.float64 if floating else np.int64
             rows = _stacked([_batch_block(b, names, dtype) for b in batches if b.num_rows])
             return body(iter([rows]))
 

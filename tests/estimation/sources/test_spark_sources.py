@@ -106,7 +106,7 @@ def test_numeric_columns_read_through_arrow_are_the_rows_the_row_path_reads(spar
         counts = runner.open_rows(frame.rdd, stage)
         held = runner.read_held(_rows_as_held, {p: None for p in range(2)})
     finally:
-        runner._release_stage()
+        runner.close()  # releases the stage (the context is the session's)
     assert counts == [len(r) for r in via_rows], runner.serving_stopped
     assert held is not None
     assert len(via_arrow) == len(via_rows) == 2
